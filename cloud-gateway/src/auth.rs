@@ -1,0 +1,440 @@
+//! Who may call what. Every RPC needs a bearer token; each token maps to an
+//! identity with a role, and each role may call only its services. Health
+//! checks and server reflection are open, so probes and tools such as
+//! grpcurl work without a token. Tokens are never logged.
+
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use ccm_proto::reason;
+use serde::Deserialize;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+use tower::{Layer, Service};
+
+/// What a caller may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The node controller: instance lookups.
+    Node,
+    /// The service controller: load balancers.
+    Service,
+    /// The route controller: routes.
+    Route,
+    /// People and tests: everything, including SimAdmin.
+    Admin,
+}
+
+impl Role {
+    /// Every role.
+    pub const ALL: [Role; 4] = [Role::Admin, Role::Node, Role::Service, Role::Route];
+
+    /// The role's name in the tokens file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Node => "node",
+            Self::Service => "service",
+            Self::Route => "route",
+            Self::Admin => "admin",
+        }
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| format!("unknown role {s:?}; use admin, node, service or route"))
+    }
+}
+
+/// The authenticated caller, put into each request's extensions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The identity, for logs and the audit trail.
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+}
+
+/// Which roles may call a gRPC path; `None` means no token is needed.
+pub fn allowed_roles(path: &str) -> Option<&'static [Role]> {
+    const ANY: &[Role] = &Role::ALL;
+    let service = path
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    Some(match service {
+        "grpc.health.v1.Health"
+        | "grpc.reflection.v1.ServerReflection"
+        | "grpc.reflection.v1alpha.ServerReflection" => return None,
+        "cloudgateway.v1.Provider" => ANY,
+        "cloudgateway.v1.Instances" => &[Role::Node, Role::Admin],
+        "cloudgateway.v1.LoadBalancers" => &[Role::Service, Role::Admin],
+        "cloudgateway.v1.Routes" => &[Role::Route, Role::Admin],
+        // SimAdmin and anything unknown: admins only, who then get
+        // UNIMPLEMENTED for a path that does not exist.
+        _ => &[Role::Admin],
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    tokens: Vec<TokenEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenEntry {
+    token: String,
+    role: String,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// The known tokens.
+#[derive(Clone, Default)]
+pub struct Tokens {
+    entries: Vec<(Vec<u8>, Caller)>,
+}
+
+impl fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the tokens themselves.
+        f.debug_struct("Tokens")
+            .field(
+                "callers",
+                &self.entries.iter().map(|(_, c)| c).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// The shortest token accepted; shorter ones are too easy to guess.
+const MIN_TOKEN_LEN: usize = 16;
+
+impl Tokens {
+    /// Reads a tokens file (YAML: `tokens: [{token, role, name}]`),
+    /// reporting every problem in it at once.
+    pub fn from_file(path: &Path) -> Result<Self, Vec<String>> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| vec![format!("tokens file {}: {e}", path.display())])?;
+        Self::parse(&text).map_err(|problems| {
+            problems
+                .into_iter()
+                .map(|p| format!("tokens file {}: {p}", path.display()))
+                .collect()
+        })
+    }
+
+    fn parse(text: &str) -> Result<Self, Vec<String>> {
+        let file: TokensFile = serde_norway::from_str(text).map_err(|e| vec![e.to_string()])?;
+        let mut problems = Vec::new();
+        let mut entries: Vec<(Vec<u8>, Caller)> = Vec::new();
+        for (i, entry) in file.tokens.into_iter().enumerate() {
+            let role = match entry.role.parse::<Role>() {
+                Ok(role) => Some(role),
+                Err(e) => {
+                    problems.push(format!("tokens[{i}].role: {e}"));
+                    None
+                }
+            };
+            if entry.token.len() < MIN_TOKEN_LEN {
+                problems.push(format!(
+                    "tokens[{i}].token: shorter than {MIN_TOKEN_LEN} characters"
+                ));
+            } else if entry.token.chars().any(|c| !c.is_ascii_graphic()) {
+                problems.push(format!(
+                    "tokens[{i}].token: only visible ASCII characters are allowed"
+                ));
+            } else if entries.iter().any(|(t, _)| t == entry.token.as_bytes()) {
+                problems.push(format!("tokens[{i}].token: the same token appears twice"));
+            }
+            if let Some(role) = role {
+                let name = entry
+                    .name
+                    .unwrap_or_else(|| format!("{}-{i}", role.as_str()));
+                entries.push((entry.token.into_bytes(), Caller { name, role }));
+            }
+        }
+        if entries.is_empty() && problems.is_empty() {
+            problems.push("no tokens: every call would be refused".into());
+        }
+        if problems.is_empty() {
+            Ok(Self { entries })
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// Generates one token per role into `dir` (reusing tokens already
+    /// there, so restarts keep them) and returns them with the file paths.
+    pub fn generate(dir: &Path) -> std::io::Result<(Self, Vec<PathBuf>)> {
+        std::fs::create_dir_all(dir)?;
+        let mut tokens = Self::default();
+        let mut paths = Vec::new();
+        for role in Role::ALL {
+            let path = dir.join(format!("{}.token", role.as_str()));
+            let token = match std::fs::read_to_string(&path) {
+                Ok(t) if t.trim().len() >= MIN_TOKEN_LEN => t.trim().to_owned(),
+                _ => {
+                    let token = random_token()?;
+                    write_private(&path, &token)?;
+                    token
+                }
+            };
+            tokens.entries.push((
+                token.into_bytes(),
+                Caller {
+                    name: format!("generated-{}", role.as_str()),
+                    role,
+                },
+            ));
+            paths.push(path);
+        }
+        Ok((tokens, paths))
+    }
+
+    /// The caller a presented token belongs to.
+    pub fn caller(&self, token: &[u8]) -> Option<&Caller> {
+        // Compare against every entry in constant time per entry, so the
+        // time taken says nothing about how much of a token matched.
+        let mut found = None;
+        for (known, caller) in &self.entries {
+            if constant_time_eq(known, token) {
+                found = Some(caller);
+            }
+        }
+        found
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn random_token() -> std::io::Result<String> {
+    let mut bytes = [0u8; 24];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    writeln!(file, "{contents}")
+}
+
+fn refuse(code: Code, reason: &str, message: String) -> Status {
+    Status::with_error_details(
+        code,
+        message,
+        ErrorDetails::with_error_info(reason, reason::DOMAIN, []),
+    )
+}
+
+/// Checks the caller of every request against [`allowed_roles`].
+pub fn authorize(
+    tokens: &Tokens,
+    path: &str,
+    header: Option<&[u8]>,
+) -> Result<Option<Caller>, Status> {
+    let Some(roles) = allowed_roles(path) else {
+        return Ok(None);
+    };
+    let token = header
+        .and_then(|h| {
+            h.strip_prefix(b"Bearer ")
+                .or_else(|| h.strip_prefix(b"bearer "))
+        })
+        .ok_or_else(|| {
+            Status::unauthenticated("missing bearer token in the authorization header")
+        })?;
+    let caller = tokens
+        .caller(token)
+        .ok_or_else(|| Status::unauthenticated("unknown bearer token"))?;
+    if !roles.contains(&caller.role) {
+        return Err(refuse(
+            Code::PermissionDenied,
+            reason::ROLE_NOT_ALLOWED,
+            format!(
+                "role {} may not call {path}; allowed: {}",
+                caller.role.as_str(),
+                roles
+                    .iter()
+                    .map(|r| r.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    Ok(Some(caller.clone()))
+}
+
+/// The tower layer that runs [`authorize`] in front of every service.
+#[derive(Clone)]
+pub struct AuthLayer {
+    tokens: Arc<Tokens>,
+}
+
+impl AuthLayer {
+    /// Checks calls against `tokens`.
+    pub fn new(tokens: Tokens) -> Self {
+        Self {
+            tokens: Arc::new(tokens),
+        }
+    }
+}
+
+impl<S> Layer<S> for AuthLayer {
+    type Service = Auth<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Auth {
+            inner,
+            tokens: self.tokens.clone(),
+        }
+    }
+}
+
+/// The service [`AuthLayer`] makes.
+#[derive(Clone)]
+pub struct Auth<S> {
+    inner: S,
+    tokens: Arc<Tokens>,
+}
+
+impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for Auth<S>
+where
+    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: Default + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
+        let header = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .map(|h| h.as_bytes());
+        match authorize(&self.tokens, req.uri().path(), header) {
+            Ok(caller) => {
+                if let Some(caller) = caller {
+                    req.extensions_mut().insert(caller);
+                }
+                Box::pin(self.inner.call(req))
+            }
+            Err(status) => {
+                tracing::debug!(path = req.uri().path(), code = ?status.code(), "call refused");
+                Box::pin(std::future::ready(Ok(status.into_http())))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "tokens:\n  - {token: nnnnnnnnnnnnnnnnnnnn, role: node, name: node-controller}\n  - {token: aaaaaaaaaaaaaaaaaaaa, role: admin}\n";
+
+    #[test]
+    fn roles_reach_only_their_services() {
+        let tokens = Tokens::parse(FILE).unwrap();
+        let node = Some(&b"Bearer nnnnnnnnnnnnnnnnnnnn"[..]);
+        let admin = Some(&b"Bearer aaaaaaaaaaaaaaaaaaaa"[..]);
+        let cases = [
+            ("/cloudgateway.v1.Instances/GetInstances", node, Ok(true)),
+            ("/cloudgateway.v1.Provider/GetProviderInfo", node, Ok(true)),
+            (
+                "/cloudgateway.v1.LoadBalancers/EnsureLoadBalancer",
+                node,
+                Err(Code::PermissionDenied),
+            ),
+            (
+                "/cloudgateway.v1.SimAdmin/SetFaults",
+                node,
+                Err(Code::PermissionDenied),
+            ),
+            ("/cloudgateway.v1.SimAdmin/SetFaults", admin, Ok(true)),
+            (
+                "/cloudgateway.v1.Routes/ListRoutes",
+                None,
+                Err(Code::Unauthenticated),
+            ),
+            (
+                "/cloudgateway.v1.Routes/ListRoutes",
+                Some(&b"Bearer wrong-token-wrong"[..]),
+                Err(Code::Unauthenticated),
+            ),
+            ("/grpc.health.v1.Health/Check", None, Ok(false)),
+            (
+                "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                None,
+                Ok(false),
+            ),
+        ];
+        for (path, header, want) in cases {
+            let got = authorize(&tokens, path, header)
+                .map(|c| c.is_some())
+                .map_err(|s| s.code());
+            assert_eq!(got, want, "{path}");
+        }
+    }
+
+    #[test]
+    fn every_problem_in_a_tokens_file_is_reported() {
+        let problems = Tokens::parse(
+            "tokens:\n  - {token: short, role: node}\n  - {token: bbbbbbbbbbbbbbbbbbbb, role: wizard}\n",
+        )
+        .unwrap_err();
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].contains("shorter"), "{problems:?}");
+        assert!(problems[1].contains("wizard"), "{problems:?}");
+    }
+
+    #[test]
+    fn tokens_never_show_in_debug_output() {
+        let tokens = Tokens::parse(FILE).unwrap();
+        let text = format!("{tokens:?}");
+        assert!(!text.contains("nnnnnnnnnnnnnnnnnnnn"), "{text}");
+        assert!(text.contains("node-controller"), "{text}");
+    }
+
+    #[test]
+    fn generated_tokens_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, paths) = Tokens::generate(dir.path()).unwrap();
+        let (second, _) = Tokens::generate(dir.path()).unwrap();
+        assert_eq!(paths.len(), 4);
+        let token = std::fs::read_to_string(&paths[0]).unwrap();
+        let token = token.trim().as_bytes();
+        assert_eq!(first.caller(token), second.caller(token));
+        assert_eq!(first.caller(token).map(|c| c.role), Some(Role::Admin));
+    }
+}

@@ -1,0 +1,78 @@
+//! `Instances`: batched instance lookups through the cache and batcher.
+
+use std::sync::Arc;
+
+use ccm_proto::v1::instances_server::Instances;
+use ccm_proto::v1::{
+    GetInstancesRequest, GetInstancesResponse, InstanceResult, InstanceState, LookupPurpose,
+};
+use tonic::{Request, Response, Status};
+
+use super::validate::Violations;
+use crate::budget::Priority;
+use crate::lookup::InstanceLookups;
+use crate::provider::Lookup;
+
+/// The Instances service.
+pub struct InstancesService {
+    lookups: Arc<InstanceLookups>,
+    provider: String,
+}
+
+impl InstancesService {
+    /// Serves lookups through `lookups` for the provider named `provider`.
+    pub fn new(lookups: Arc<InstanceLookups>, provider: impl Into<String>) -> Self {
+        Self {
+            lookups,
+            provider: provider.into(),
+        }
+    }
+}
+
+fn priority(purpose: i32) -> Priority {
+    match LookupPurpose::try_from(purpose) {
+        Ok(LookupPurpose::Initialize | LookupPurpose::Lifecycle) => Priority::High,
+        _ => Priority::Low,
+    }
+}
+
+#[tonic::async_trait]
+impl Instances for InstancesService {
+    #[tracing::instrument(skip_all, fields(nodes = request.get_ref().nodes.len(), fresh = request.get_ref().fresh))]
+    async fn get_instances(
+        &self,
+        request: Request<GetInstancesRequest>,
+    ) -> Result<Response<GetInstancesResponse>, Status> {
+        let req = request.into_inner();
+        let mut v = Violations::default();
+        v.cluster_name(&req.cluster_name);
+        v.nodes(&req.nodes, &self.provider);
+        if LookupPurpose::try_from(req.purpose).is_err() {
+            v.add("purpose", "unknown purpose");
+        }
+        v.finish()?;
+        let answers = self
+            .lookups
+            .lookup(&req.nodes, req.fresh, priority(req.purpose))
+            .await?;
+        let results = req
+            .nodes
+            .into_iter()
+            .zip(answers)
+            .map(|(node, answer)| {
+                let (state, instance) = match answer.lookup {
+                    Lookup::Running(i) => (InstanceState::Running, Some(i)),
+                    Lookup::Shutdown(i) => (InstanceState::Shutdown, Some(i)),
+                    Lookup::NotFound => (InstanceState::NotFound, None),
+                };
+                InstanceResult {
+                    node: Some(node),
+                    state: state as i32,
+                    instance,
+                    cached: answer.cached,
+                }
+            })
+            .collect();
+        Ok(Response::new(GetInstancesResponse { results }))
+    }
+}

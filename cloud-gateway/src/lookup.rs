@@ -1,0 +1,314 @@
+//! Instance lookups: a short-lived cache, coalescing of identical lookups
+//! in flight, and micro-batching. Single-node lookups that arrive within
+//! `batch_window` of each other go to the cloud as one batch call of up to
+//! `max_batch` nodes. A fresh read skips the cache but may join a lookup
+//! already on its way (that answer is no older than the request).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ccm_proto::v1::NodeRef;
+use futures::future::join_all;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use crate::budget::Priority;
+use crate::cloud::Cloud;
+use crate::metrics::CacheLabels;
+use crate::provider::{CloudError, Lookup, Operation, Result};
+
+/// Cache and batching settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LookupConfig {
+    /// How long an answer is served from the cache; zero disables it.
+    pub cache_ttl: Duration,
+    /// How long to gather lookups into one batch; zero sends at once.
+    pub batch_window: Duration,
+    /// The most nodes in one provider call.
+    pub max_batch: usize,
+    /// Whether identical lookups in flight share one provider answer.
+    pub coalesce: bool,
+}
+
+impl Default for LookupConfig {
+    fn default() -> Self {
+        Self {
+            cache_ttl: Duration::from_secs(10),
+            batch_window: Duration::from_millis(5),
+            max_batch: 100,
+            coalesce: true,
+        }
+    }
+}
+
+type Reply = oneshot::Sender<Result<Lookup>>;
+
+struct Pending {
+    key: String,
+    node: NodeRef,
+    priority: Priority,
+    /// Set only without coalescing; with it, replies wait in `inflight`.
+    reply: Option<Reply>,
+}
+
+#[derive(Default)]
+struct State {
+    cache: HashMap<String, (Instant, Lookup)>,
+    inflight: HashMap<String, Vec<Reply>>,
+    pending: Vec<Pending>,
+    last_prune: Option<Instant>,
+}
+
+/// One lookup's answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answer {
+    /// What the cloud said.
+    pub lookup: Lookup,
+    /// Whether it came from the cache.
+    pub cached: bool,
+}
+
+/// The instance lookup path of the gateway.
+pub struct InstanceLookups {
+    cloud: Arc<Cloud>,
+    config: LookupConfig,
+    state: Mutex<State>,
+    wake: Notify,
+    full: Notify,
+}
+
+fn key(node: &NodeRef) -> String {
+    if node.provider_id.is_empty() {
+        format!("name:{}", node.name)
+    } else {
+        node.provider_id.clone()
+    }
+}
+
+enum Slot {
+    Ready(Answer),
+    Waiting(oneshot::Receiver<Result<Lookup>>),
+}
+
+impl InstanceLookups {
+    /// Creates the lookup path and starts its batching task.
+    pub fn start(cloud: Arc<Cloud>, config: LookupConfig) -> Arc<Self> {
+        let lookups = Arc::new(Self {
+            cloud,
+            config,
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+            full: Notify::new(),
+        });
+        tokio::spawn(Self::batcher(Arc::downgrade(&lookups)));
+        lookups
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn count(&self, result: &'static str, n: u64) {
+        if n > 0 {
+            self.cloud
+                .metrics()
+                .instance_cache
+                .get_or_create(&CacheLabels { result })
+                .inc_by(n);
+        }
+    }
+
+    /// Forgets what is cached about an instance, by name and provider ID,
+    /// after a write that changed it.
+    pub fn invalidate(&self, name: &str, provider_id: &str) {
+        let mut state = self.state();
+        state.cache.remove(&format!("name:{name}"));
+        state.cache.remove(provider_id);
+    }
+
+    /// Looks up `nodes`; one answer per node, in order. Fails as a whole if
+    /// any provider call behind it failed: a partial answer could read as
+    /// "not found" where nothing is known.
+    pub async fn lookup(
+        &self,
+        nodes: &[NodeRef],
+        fresh: bool,
+        priority: Priority,
+    ) -> Result<Vec<Answer>> {
+        let now = Instant::now();
+        let (mut hits, mut merged, mut misses) = (0, 0, 0);
+        let slots: Vec<Slot> = {
+            let mut state = self.state();
+            let slots = nodes
+                .iter()
+                .map(|node| {
+                    let key = key(node);
+                    let cached = state
+                        .cache
+                        .get(&key)
+                        .filter(|(at, _)| now.duration_since(*at) < self.config.cache_ttl);
+                    if let (false, Some((_, lookup))) = (fresh, cached) {
+                        hits += 1;
+                        return Slot::Ready(Answer {
+                            lookup: lookup.clone(),
+                            cached: true,
+                        });
+                    }
+                    let (tx, rx) = oneshot::channel();
+                    if self.config.coalesce {
+                        if let Some(waiters) = state.inflight.get_mut(&key) {
+                            waiters.push(tx);
+                            merged += 1;
+                            return Slot::Waiting(rx);
+                        }
+                        state.inflight.insert(key.clone(), vec![tx]);
+                        state.pending.push(Pending {
+                            key,
+                            node: node.clone(),
+                            priority,
+                            reply: None,
+                        });
+                    } else {
+                        state.pending.push(Pending {
+                            key,
+                            node: node.clone(),
+                            priority,
+                            reply: Some(tx),
+                        });
+                    }
+                    misses += 1;
+                    Slot::Waiting(rx)
+                })
+                .collect();
+            if state.pending.len() >= self.config.max_batch {
+                self.full.notify_one();
+            }
+            slots
+        };
+        self.count("hit", hits);
+        self.count("merged", merged);
+        self.count("miss", misses);
+        if misses > 0 {
+            self.wake.notify_one();
+        }
+        let answers = join_all(slots.into_iter().map(|slot| async move {
+            match slot {
+                Slot::Ready(answer) => Ok(answer),
+                Slot::Waiting(rx) => match rx.await {
+                    Ok(Ok(lookup)) => Ok(Answer {
+                        lookup,
+                        cached: false,
+                    }),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(CloudError::Internal("instance lookup was dropped".into())),
+                },
+            }
+        }))
+        .await;
+        answers.into_iter().collect()
+    }
+
+    /// Gathers pending lookups for `batch_window` (or until a batch is
+    /// full) and sends them as batch calls. Ends when the lookups are
+    /// dropped.
+    async fn batcher(this: std::sync::Weak<Self>) {
+        loop {
+            let Some(lookups) = this.upgrade() else {
+                return;
+            };
+            // Wake at least once a second to notice being dropped.
+            tokio::select! {
+                _ = lookups.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+            }
+            if !lookups.config.batch_window.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(lookups.config.batch_window) => {}
+                    _ = lookups.full.notified() => {}
+                }
+            }
+            loop {
+                let batch: Vec<Pending> = {
+                    let mut state = lookups.state();
+                    let n = state.pending.len().min(lookups.config.max_batch);
+                    state.pending.drain(..n).collect()
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                tokio::spawn(lookups.clone().fetch(batch));
+            }
+        }
+    }
+
+    /// Sends one batch to the provider and hands out the answers.
+    async fn fetch(self: Arc<Self>, batch: Vec<Pending>) {
+        let priority = batch
+            .iter()
+            .map(|p| p.priority)
+            .min()
+            .unwrap_or(Priority::Low);
+        let nodes: Vec<NodeRef> = batch.iter().map(|p| p.node.clone()).collect();
+        self.cloud
+            .metrics()
+            .instance_batch_size
+            .observe(nodes.len() as f64);
+        let result = match self.cloud.provider().instances() {
+            Some(instances) => {
+                self.cloud
+                    .call(
+                        Operation::GetInstances,
+                        priority,
+                        None,
+                        instances.get_instances(&nodes),
+                    )
+                    .await
+            }
+            None => Err(CloudError::NotImplemented("instances")),
+        };
+        let result = result.and_then(|lookups| {
+            if lookups.len() == nodes.len() {
+                Ok(lookups)
+            } else {
+                Err(CloudError::Internal(format!(
+                    "provider answered {} of {} lookups",
+                    lookups.len(),
+                    nodes.len()
+                )))
+            }
+        });
+        let now = Instant::now();
+        let mut state = self.state();
+        for (i, pending) in batch.into_iter().enumerate() {
+            let answer = match &result {
+                Ok(lookups) => Ok(lookups[i].clone()),
+                Err(e) => Err(e.clone()),
+            };
+            if let (Ok(lookup), false) = (&answer, self.config.cache_ttl.is_zero()) {
+                state
+                    .cache
+                    .insert(pending.key.clone(), (now, lookup.clone()));
+            }
+            let replies = match pending.reply {
+                Some(reply) => vec![reply],
+                None => state.inflight.remove(&pending.key).unwrap_or_default(),
+            };
+            for reply in replies {
+                let _ = reply.send(answer.clone());
+            }
+        }
+        // Forget expired answers now and then, so nodes long gone do not
+        // pile up.
+        let ttl = self.config.cache_ttl;
+        if state
+            .last_prune
+            .is_none_or(|at| now.duration_since(at) > ttl)
+        {
+            state
+                .cache
+                .retain(|_, (at, _)| now.duration_since(*at) < ttl);
+            state.last_prune = Some(now);
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! The gateway's Prometheus metrics, all under `cloud_gateway_`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of gRPC request metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    /// `/package.Service/Method`.
+    pub method: String,
+    /// The gRPC code name, e.g. `Ok`, `PermissionDenied`.
+    pub code: String,
+}
+
+/// Labels naming a gRPC method.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    /// `/package.Service/Method`.
+    pub method: String,
+}
+
+/// Labels of cloud call metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CloudLabels {
+    /// The operation, e.g. `get_instances`.
+    pub operation: &'static str,
+    /// `ok` or the error's metric label.
+    pub outcome: &'static str,
+}
+
+/// Labels naming a cloud operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    /// The operation.
+    pub operation: &'static str,
+}
+
+/// Labels naming a budget priority class.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PriorityLabels {
+    /// `high`, `normal` or `low`.
+    pub priority: &'static str,
+}
+
+/// Labels of the instance cache counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    /// `hit`, `miss` (sent to the cloud) or `merged` (joined a lookup
+    /// already on its way).
+    pub result: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 0.25 ms to about 8 s.
+    Histogram::new(exponential_buckets(0.00025, 2.0, 16))
+}
+
+fn batch_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 11))
+}
+
+/// Every metric of the gateway.
+#[derive(Clone)]
+pub struct Metrics {
+    pub grpc_requests: Family<RpcLabels, Counter>,
+    pub grpc_duration: HistogramFamily<MethodLabels>,
+    pub cloud_calls: Family<CloudLabels, Counter>,
+    pub cloud_duration: HistogramFamily<OperationLabels>,
+    pub budget_wait: HistogramFamily<PriorityLabels>,
+    pub budget_rejected: Family<PriorityLabels, Counter>,
+    pub budget_throttled: Counter,
+    pub budget_waiting: Gauge,
+    pub instance_cache: Family<CacheLabels, Counter>,
+    pub instance_batch_size: Histogram,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            grpc_requests: Family::default(),
+            grpc_duration: HistogramFamily::new_with_constructor(latency_histogram),
+            cloud_calls: Family::default(),
+            cloud_duration: HistogramFamily::new_with_constructor(latency_histogram),
+            budget_wait: HistogramFamily::new_with_constructor(latency_histogram),
+            budget_rejected: Family::default(),
+            budget_throttled: Counter::default(),
+            budget_waiting: Gauge::default(),
+            instance_cache: Family::default(),
+            instance_batch_size: batch_histogram(),
+        };
+        let r = registry.sub_registry_with_prefix("cloud_gateway");
+        r.register(
+            "grpc_requests",
+            "gRPC requests handled, by method and code",
+            m.grpc_requests.clone(),
+        );
+        r.register(
+            "grpc_request_duration_seconds",
+            "gRPC request latency",
+            m.grpc_duration.clone(),
+        );
+        r.register(
+            "cloud_calls",
+            "Provider calls, by operation and outcome",
+            m.cloud_calls.clone(),
+        );
+        r.register(
+            "cloud_call_duration_seconds",
+            "Provider call latency",
+            m.cloud_duration.clone(),
+        );
+        r.register(
+            "budget_wait_seconds",
+            "Time calls waited for the API budget",
+            m.budget_wait.clone(),
+        );
+        r.register(
+            "budget_rejected",
+            "Calls refused because the budget was exhausted",
+            m.budget_rejected.clone(),
+        );
+        r.register(
+            "budget_throttled",
+            "Throttling answers from the cloud",
+            m.budget_throttled.clone(),
+        );
+        r.register(
+            "budget_waiting",
+            "Calls waiting for the API budget now",
+            m.budget_waiting.clone(),
+        );
+        r.register(
+            "instance_cache",
+            "Instance lookups by cache result",
+            m.instance_cache.clone(),
+        );
+        r.register(
+            "instance_batch_size",
+            "Instances per provider lookup call",
+            m.instance_batch_size.clone(),
+        );
+        m
+    }
+}

@@ -1,0 +1,263 @@
+//! `SimAdmin`: the simulated cloud's console, for the sandbox, tests and
+//! benchmarks. Only the `admin` role may call it (see `auth`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ccm_proto::v1::sim_admin_server::SimAdmin;
+use ccm_proto::v1::{
+    CreateInstanceRequest, Faults, GetFaultsRequest, GetStatsRequest, InstanceId,
+    ListInstancesRequest, ListInstancesResponse, SimInstance, Stats, TerminateInstanceResponse,
+};
+use tonic::{Request, Response, Status};
+
+use super::{FaultSettings, NewInstance, SimCloud};
+use crate::grpc::validate::Violations;
+use crate::lookup::InstanceLookups;
+use crate::provider::{CloudError, Operation};
+
+/// The SimAdmin service over one simulated cloud.
+pub struct SimAdminService {
+    sim: Arc<SimCloud>,
+    lookups: Option<Arc<InstanceLookups>>,
+}
+
+impl SimAdminService {
+    /// Serves `sim`; instance changes made here drop what `lookups` cached
+    /// about that instance.
+    pub fn new(sim: Arc<SimCloud>, lookups: Option<Arc<InstanceLookups>>) -> Self {
+        Self { sim, lookups }
+    }
+
+    fn invalidate(&self, record: &super::store::InstanceRecord) {
+        if let Some(lookups) = &self.lookups {
+            lookups.invalidate(&record.name, &format!("{}://{}", super::NAME, record.id));
+        }
+    }
+}
+
+fn to_proto_duration(d: Duration) -> Option<prost_types::Duration> {
+    (!d.is_zero()).then(|| prost_types::Duration {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    })
+}
+
+fn faults_to_proto(f: &FaultSettings) -> Faults {
+    let mut latency: std::collections::HashMap<_, _> = f
+        .latency
+        .iter()
+        .filter_map(|(op, d)| to_proto_duration(*d).map(|d| (op.as_str().to_owned(), d)))
+        .collect();
+    if let Some(d) = to_proto_duration(f.default_latency) {
+        latency.insert("*".into(), d);
+    }
+    Faults {
+        latency,
+        error_rate: f.error_rate,
+        throttle_rate: f.throttle_rate,
+        throttle_retry_after: to_proto_duration(f.throttle_retry_after),
+        lb_provisioning_delay: to_proto_duration(f.lb_provisioning_delay),
+    }
+}
+
+fn faults_from_proto(f: Faults) -> Result<FaultSettings, CloudError> {
+    let mut v = Violations::default();
+    let mut out = FaultSettings {
+        error_rate: f.error_rate,
+        throttle_rate: f.throttle_rate,
+        ..Default::default()
+    };
+    for (name, rate) in [
+        ("error_rate", f.error_rate),
+        ("throttle_rate", f.throttle_rate),
+    ] {
+        if !(0.0..=1.0).contains(&rate) {
+            v.add(name, format!("{rate} is not a share from 0.0 to 1.0"));
+        }
+    }
+    let mut duration = |field: String, d: Option<prost_types::Duration>| -> Duration {
+        match d.map(Duration::try_from) {
+            None => Duration::ZERO,
+            Some(Ok(d)) if d <= Duration::from_secs(3600) => d,
+            Some(_) => {
+                v.add(field, "must be a duration from 0 to 1h");
+                Duration::ZERO
+            }
+        }
+    };
+    let mut latency = Vec::new();
+    for (key, d) in f.latency {
+        let d = duration(format!("latency[{key:?}]"), Some(d));
+        latency.push((key, d));
+    }
+    out.throttle_retry_after = duration("throttle_retry_after".into(), f.throttle_retry_after);
+    out.lb_provisioning_delay = duration("lb_provisioning_delay".into(), f.lb_provisioning_delay);
+    for (key, d) in latency {
+        if key == "*" {
+            out.default_latency = d;
+        } else {
+            match key.parse::<Operation>() {
+                Ok(op) => {
+                    out.latency.insert(op, d);
+                }
+                Err(e) => v.add(format!("latency[{key:?}]"), e),
+            }
+        }
+    }
+    v.finish()?;
+    Ok(out)
+}
+
+#[tonic::async_trait]
+impl SimAdmin for SimAdminService {
+    async fn create_instance(
+        &self,
+        request: Request<CreateInstanceRequest>,
+    ) -> Result<Response<SimInstance>, Status> {
+        let req = request.into_inner();
+        let mut v = Violations::default();
+        v.name("name", &req.name);
+        v.addresses("addresses", &req.addresses);
+        if req.labels.len() > 64 {
+            v.add("labels", "at most 64 labels");
+        }
+        v.finish()?;
+        let record = self.sim.create_instance(NewInstance {
+            name: req.name,
+            instance_type: req.instance_type,
+            zone: req.zone,
+            addresses: req.addresses,
+            labels: req.labels.into_iter().collect(),
+        })?;
+        tracing::info!(target: "audit", instance = %record.id, name = %record.name, "sim instance created");
+        Ok(Response::new(record.to_sim_instance()))
+    }
+
+    async fn list_instances(
+        &self,
+        _request: Request<ListInstancesRequest>,
+    ) -> Result<Response<ListInstancesResponse>, Status> {
+        let instances = self
+            .sim
+            .list_instances()
+            .iter()
+            .map(|r| r.to_sim_instance())
+            .collect();
+        Ok(Response::new(ListInstancesResponse { instances }))
+    }
+
+    async fn stop_instance(
+        &self,
+        request: Request<InstanceId>,
+    ) -> Result<Response<SimInstance>, Status> {
+        let id = request.into_inner().id;
+        let record = self.sim.set_running(&id, false)?;
+        self.invalidate(&record);
+        tracing::info!(target: "audit", instance = %record.id, "sim instance stopped");
+        Ok(Response::new(record.to_sim_instance()))
+    }
+
+    async fn start_instance(
+        &self,
+        request: Request<InstanceId>,
+    ) -> Result<Response<SimInstance>, Status> {
+        let id = request.into_inner().id;
+        let record = self.sim.set_running(&id, true)?;
+        self.invalidate(&record);
+        tracing::info!(target: "audit", instance = %record.id, "sim instance started");
+        Ok(Response::new(record.to_sim_instance()))
+    }
+
+    async fn terminate_instance(
+        &self,
+        request: Request<InstanceId>,
+    ) -> Result<Response<TerminateInstanceResponse>, Status> {
+        let id = request.into_inner().id;
+        let record = self.sim.terminate(&id)?;
+        self.invalidate(&record);
+        tracing::info!(target: "audit", instance = %id, "sim instance terminated");
+        Ok(Response::new(TerminateInstanceResponse {}))
+    }
+
+    async fn set_faults(&self, request: Request<Faults>) -> Result<Response<Faults>, Status> {
+        let faults = faults_from_proto(request.into_inner())?;
+        tracing::info!(target: "audit", ?faults, "sim faults set");
+        self.sim.set_faults(faults);
+        Ok(Response::new(faults_to_proto(&self.sim.faults())))
+    }
+
+    async fn get_faults(
+        &self,
+        _request: Request<GetFaultsRequest>,
+    ) -> Result<Response<Faults>, Status> {
+        Ok(Response::new(faults_to_proto(&self.sim.faults())))
+    }
+
+    async fn get_stats(
+        &self,
+        request: Request<GetStatsRequest>,
+    ) -> Result<Response<Stats>, Status> {
+        let (calls, looked_up) = self.sim.stats(request.into_inner().reset);
+        Ok(Response::new(Stats {
+            calls: calls
+                .into_iter()
+                .map(|(op, n)| (op.as_str().to_owned(), n))
+                .collect(),
+            instances_looked_up: looked_up,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_round_trip_and_bad_values_are_named() {
+        let mut f = Faults {
+            error_rate: 0.2,
+            lb_provisioning_delay: to_proto_duration(Duration::from_secs(1)),
+            ..Default::default()
+        };
+        f.latency.insert(
+            "*".into(),
+            prost_types::Duration {
+                seconds: 0,
+                nanos: 20_000_000,
+            },
+        );
+        f.latency.insert(
+            "create_route".into(),
+            prost_types::Duration {
+                seconds: 1,
+                nanos: 0,
+            },
+        );
+        let settings = faults_from_proto(f.clone()).unwrap();
+        assert_eq!(settings.default_latency, Duration::from_millis(20));
+        assert_eq!(
+            settings.latency[&Operation::CreateRoute],
+            Duration::from_secs(1)
+        );
+        assert_eq!(faults_to_proto(&settings), f);
+
+        let mut bad = Faults {
+            error_rate: 1.5,
+            ..Default::default()
+        };
+        bad.latency.insert(
+            "teleport".into(),
+            prost_types::Duration {
+                seconds: 1,
+                nanos: 0,
+            },
+        );
+        let CloudError::InvalidArgument(problems) = faults_from_proto(bad).unwrap_err() else {
+            panic!("expected InvalidArgument");
+        };
+        let fields: Vec<_> = problems.iter().map(|(f, _)| f.as_str()).collect();
+        assert!(fields.contains(&"error_rate"), "{fields:?}");
+        assert!(fields.iter().any(|f| f.contains("teleport")), "{fields:?}");
+    }
+}

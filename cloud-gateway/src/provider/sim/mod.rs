@@ -1,0 +1,795 @@
+//! `sim`: the embedded default cloud. It behaves like a real one (instances
+//! that stop and vanish, load balancers with addresses from a pool that
+//! take time to provision, routes per cluster), keeps its state in SQLite
+//! under the state directory so it survives restarts, and injects faults on
+//! request: latency per operation, errors, throttling, slow provisioning.
+//! Tests, the sandbox and the benchmarks all run on it.
+
+pub mod admin;
+pub mod annotations;
+mod pool;
+pub mod store;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use ccm_proto::v1::{
+    Host, Ingress, Instance, IpFamily, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus,
+    NodeAddress, NodeAddressType, NodeRef, Protocol, Route, ServiceRef,
+};
+use ipnet::IpNet;
+
+use self::store::{InstanceRecord, LoadBalancerRecord, RouteRecord, Store};
+use super::{CloudError, Instances, LoadBalancers, Lookup, Operation, Provider, Result, Routes};
+use crate::provider::load_balancer_name;
+
+/// The provider's name and provider-ID scheme.
+pub const NAME: &str = "sim";
+const PROVIDER_ID_PREFIX: &str = "sim://";
+
+const COUNTER_INSTANCE: &str = "next_instance";
+const COUNTER_NODE_ADDRESS: &str = "next_node_address";
+const COUNTER_POOL_CURSOR: &str = "pool_cursor";
+
+/// The simulated cloud's fixed settings.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// The region every instance is in.
+    pub region: String,
+    /// Zones instances are spread over.
+    pub zones: Vec<String>,
+    /// The type of instances created without one.
+    pub default_instance_type: String,
+    /// Addresses for external load balancers (IPv4 and/or IPv6 networks).
+    pub lb_pool: Vec<IpNet>,
+    /// Addresses for internal load balancers.
+    pub internal_lb_pool: Vec<IpNet>,
+    /// The network instances get their internal addresses from.
+    pub node_network: IpNet,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            region: "sim-region-1".into(),
+            zones: vec![
+                "sim-zone-a".into(),
+                "sim-zone-b".into(),
+                "sim-zone-c".into(),
+            ],
+            default_instance_type: "sim.standard-2".into(),
+            lb_pool: vec!["203.0.113.0/24".parse().expect("valid")],
+            internal_lb_pool: vec!["10.255.0.0/24".parse().expect("valid")],
+            node_network: "10.240.0.0/16".parse().expect("valid"),
+        }
+    }
+}
+
+/// Faults injected into provider calls.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FaultSettings {
+    /// Latency per operation.
+    pub latency: BTreeMap<Operation, Duration>,
+    /// Latency for operations without their own entry.
+    pub default_latency: Duration,
+    /// Share of calls that fail as unavailable.
+    pub error_rate: f64,
+    /// Share of calls that are throttled.
+    pub throttle_rate: f64,
+    /// The retry delay of a throttled call.
+    pub throttle_retry_after: Duration,
+    /// How long new load balancers take to provision.
+    pub lb_provisioning_delay: Duration,
+}
+
+struct State {
+    store: Store,
+    instances: BTreeMap<String, InstanceRecord>,
+    by_name: HashMap<String, String>,
+    load_balancers: BTreeMap<(String, String), LoadBalancerRecord>,
+    used_addresses: HashSet<IpAddr>,
+    routes: BTreeMap<(String, String), RouteRecord>,
+    counters: BTreeMap<String, u64>,
+}
+
+/// The simulated cloud.
+pub struct SimCloud {
+    config: SimConfig,
+    state: Mutex<State>,
+    faults: RwLock<FaultSettings>,
+    calls: Mutex<BTreeMap<Operation, u64>>,
+    looked_up: AtomicU64,
+}
+
+/// An instance to create.
+#[derive(Clone, Debug, Default)]
+pub struct NewInstance {
+    pub name: String,
+    pub instance_type: String,
+    pub zone: String,
+    pub addresses: Vec<NodeAddress>,
+    pub labels: BTreeMap<String, String>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+fn address_type_name(kind: i32) -> String {
+    NodeAddressType::try_from(kind)
+        .unwrap_or(NodeAddressType::Unspecified)
+        .as_str_name()
+        .to_owned()
+}
+
+fn address_from_record((kind, address): &(String, String)) -> NodeAddress {
+    NodeAddress {
+        r#type: NodeAddressType::from_str_name(kind).unwrap_or(NodeAddressType::Unspecified) as i32,
+        address: address.clone(),
+    }
+}
+
+impl InstanceRecord {
+    fn to_instance(&self) -> Instance {
+        Instance {
+            provider_id: format!("{PROVIDER_ID_PREFIX}{}", self.id),
+            instance_type: self.instance_type.clone(),
+            zone: self.zone.clone(),
+            region: self.region.clone(),
+            addresses: self.addresses.iter().map(address_from_record).collect(),
+            additional_labels: self.labels.clone().into_iter().collect(),
+        }
+    }
+
+    /// The record as SimAdmin shows it.
+    pub fn to_sim_instance(&self) -> ccm_proto::v1::SimInstance {
+        let instance = self.to_instance();
+        ccm_proto::v1::SimInstance {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            provider_id: instance.provider_id,
+            instance_type: instance.instance_type,
+            zone: instance.zone,
+            region: instance.region,
+            state: if self.running {
+                ccm_proto::v1::InstanceState::Running
+            } else {
+                ccm_proto::v1::InstanceState::Shutdown
+            } as i32,
+            addresses: instance.addresses,
+            labels: instance.additional_labels,
+        }
+    }
+}
+
+impl LoadBalancerRecord {
+    fn status(&self, now_ms: u64) -> LoadBalancerStatus {
+        if now_ms < self.ready_at_ms {
+            return LoadBalancerStatus::default();
+        }
+        LoadBalancerStatus {
+            ingress: self
+                .addresses
+                .iter()
+                .map(|ip| Ingress {
+                    ip: ip.to_string(),
+                    ip_mode: "VIP".into(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    fn service(&self) -> ServiceRef {
+        ServiceRef {
+            namespace: self.service_namespace.clone(),
+            name: self.service_name.clone(),
+            uid: self.service_uid.clone(),
+        }
+    }
+}
+
+impl SimCloud {
+    /// Opens the cloud whose state lives in `state_dir`.
+    pub fn open(state_dir: &Path, config: SimConfig) -> Result<Self> {
+        let (store, snapshot) = Store::open(state_dir)?;
+        let mut state = State {
+            store,
+            instances: BTreeMap::new(),
+            by_name: HashMap::new(),
+            load_balancers: BTreeMap::new(),
+            used_addresses: HashSet::new(),
+            routes: BTreeMap::new(),
+            counters: snapshot.counters,
+        };
+        for instance in snapshot.instances {
+            state
+                .by_name
+                .insert(instance.name.clone(), instance.id.clone());
+            state.instances.insert(instance.id.clone(), instance);
+        }
+        for lb in snapshot.load_balancers {
+            state.used_addresses.extend(lb.addresses.iter().copied());
+            state
+                .load_balancers
+                .insert((lb.cluster.clone(), lb.name.clone()), lb);
+        }
+        for route in snapshot.routes {
+            state
+                .routes
+                .insert((route.cluster.clone(), route.name.clone()), route);
+        }
+        Ok(Self {
+            config,
+            state: Mutex::new(state),
+            faults: RwLock::new(FaultSettings::default()),
+            calls: Mutex::new(BTreeMap::new()),
+            looked_up: AtomicU64::new(0),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts the call and applies the injected faults for `op`.
+    async fn enter(&self, op: Operation) -> Result<()> {
+        *self
+            .calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(op)
+            .or_default() += 1;
+        let faults = self.faults();
+        let latency = faults
+            .latency
+            .get(&op)
+            .copied()
+            .unwrap_or(faults.default_latency);
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        if faults.throttle_rate > 0.0 && fastrand::f64() < faults.throttle_rate {
+            return Err(CloudError::Throttled {
+                retry_after: if faults.throttle_retry_after.is_zero() {
+                    Duration::from_secs(1)
+                } else {
+                    faults.throttle_retry_after
+                },
+            });
+        }
+        if faults.error_rate > 0.0 && fastrand::f64() < faults.error_rate {
+            return Err(CloudError::Unavailable(format!("injected fault in {op}")));
+        }
+        Ok(())
+    }
+
+    /// The injected faults.
+    pub fn faults(&self) -> FaultSettings {
+        self.faults
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the injected faults.
+    pub fn set_faults(&self, faults: FaultSettings) {
+        *self.faults.write().unwrap_or_else(|e| e.into_inner()) = faults;
+    }
+
+    /// Provider calls answered per operation, and instances looked up.
+    pub fn stats(&self, reset: bool) -> (BTreeMap<Operation, u64>, u64) {
+        let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let out = (calls.clone(), self.looked_up.load(Ordering::Relaxed));
+        if reset {
+            calls.clear();
+            self.looked_up.store(0, Ordering::Relaxed);
+        }
+        out
+    }
+
+    /// Creates a running instance.
+    pub fn create_instance(&self, new: NewInstance) -> Result<InstanceRecord> {
+        let mut state = self.state();
+        if state.by_name.contains_key(&new.name) {
+            return Err(CloudError::Conflict(format!(
+                "an instance named {:?} exists",
+                new.name
+            )));
+        }
+        let number = state.counters.get(COUNTER_INSTANCE).copied().unwrap_or(1);
+        let mut counters = vec![(COUNTER_INSTANCE, number + 1)];
+        let addresses = if new.addresses.is_empty() {
+            let offset = state
+                .counters
+                .get(COUNTER_NODE_ADDRESS)
+                .copied()
+                .unwrap_or(0);
+            let ip = pool::address_at(std::slice::from_ref(&self.config.node_network), offset)
+                .ok_or_else(|| {
+                    CloudError::PoolExhausted(format!(
+                        "node network {} is full",
+                        self.config.node_network
+                    ))
+                })?;
+            counters.push((COUNTER_NODE_ADDRESS, offset + 1));
+            vec![
+                ("NODE_ADDRESS_TYPE_HOSTNAME".to_owned(), new.name.clone()),
+                ("NODE_ADDRESS_TYPE_INTERNAL_IP".to_owned(), ip.to_string()),
+            ]
+        } else {
+            new.addresses
+                .iter()
+                .map(|a| (address_type_name(a.r#type), a.address.clone()))
+                .collect()
+        };
+        let zone = if new.zone.is_empty() {
+            self.config.zones[(number as usize - 1) % self.config.zones.len()].clone()
+        } else {
+            new.zone
+        };
+        let record = InstanceRecord {
+            id: format!("i-{number:06}"),
+            name: new.name,
+            instance_type: if new.instance_type.is_empty() {
+                self.config.default_instance_type.clone()
+            } else {
+                new.instance_type
+            },
+            zone,
+            region: self.config.region.clone(),
+            running: true,
+            addresses,
+            labels: new.labels,
+        };
+        state.store.put_instance(&record, &counters)?;
+        for (name, value) in counters {
+            state.counters.insert(name.to_owned(), value);
+        }
+        state.by_name.insert(record.name.clone(), record.id.clone());
+        state.instances.insert(record.id.clone(), record.clone());
+        Ok(record)
+    }
+
+    fn find_id(state: &State, id_or_name: &str) -> Option<String> {
+        let id = id_or_name
+            .strip_prefix(PROVIDER_ID_PREFIX)
+            .unwrap_or(id_or_name);
+        if state.instances.contains_key(id) {
+            return Some(id.to_owned());
+        }
+        state.by_name.get(id_or_name).cloned()
+    }
+
+    /// Every instance, ordered by ID.
+    pub fn list_instances(&self) -> Vec<InstanceRecord> {
+        self.state().instances.values().cloned().collect()
+    }
+
+    /// Stops or starts an instance.
+    pub fn set_running(&self, id_or_name: &str, running: bool) -> Result<InstanceRecord> {
+        let mut state = self.state();
+        let id = Self::find_id(&state, id_or_name)
+            .ok_or_else(|| CloudError::NotFound(format!("instance {id_or_name:?}")))?;
+        let mut record = state.instances[&id].clone();
+        record.running = running;
+        state.store.put_instance(&record, &[])?;
+        state.instances.insert(id, record.clone());
+        Ok(record)
+    }
+
+    /// Terminates an instance: it is gone for good. Returns what it was.
+    pub fn terminate(&self, id_or_name: &str) -> Result<InstanceRecord> {
+        let mut state = self.state();
+        let id = Self::find_id(&state, id_or_name)
+            .ok_or_else(|| CloudError::NotFound(format!("instance {id_or_name:?}")))?;
+        state.store.delete_instance(&id)?;
+        let record = state
+            .instances
+            .remove(&id)
+            .ok_or_else(|| CloudError::Internal(format!("instance {id} vanished")))?;
+        state.by_name.remove(&record.name);
+        Ok(record)
+    }
+
+    fn lookup(state: &State, node: &NodeRef) -> Lookup {
+        let id = if node.provider_id.is_empty() {
+            state.by_name.get(&node.name).cloned()
+        } else {
+            node.provider_id
+                .strip_prefix(PROVIDER_ID_PREFIX)
+                .map(str::to_owned)
+        };
+        match id.and_then(|id| state.instances.get(&id)) {
+            Some(record) if record.running => Lookup::Running(record.to_instance()),
+            Some(record) => Lookup::Shutdown(record.to_instance()),
+            None => Lookup::NotFound,
+        }
+    }
+
+    /// Picks one address per requested family for a load balancer, honouring
+    /// a requested address. `keep` are addresses the load balancer holds.
+    fn allocate(
+        &self,
+        state: &State,
+        spec: &LoadBalancerSpec,
+        internal: bool,
+        keep: &[IpAddr],
+    ) -> Result<(Vec<IpAddr>, u64)> {
+        let pools = if internal {
+            &self.config.internal_lb_pool
+        } else {
+            &self.config.lb_pool
+        };
+        let mut families: Vec<IpFamily> = spec
+            .ip_families
+            .iter()
+            .filter_map(|f| IpFamily::try_from(*f).ok())
+            .filter(|f| *f != IpFamily::Unspecified)
+            .collect();
+        if families.is_empty() {
+            families.push(IpFamily::Ipv4);
+        }
+        let requested: Option<IpAddr> = spec.load_balancer_ip.parse().ok();
+        let mut cursor = state
+            .counters
+            .get(COUNTER_POOL_CURSOR)
+            .copied()
+            .unwrap_or(0);
+        let mut out = Vec::new();
+        for family in families {
+            let v6 = family == IpFamily::Ipv6;
+            let family_pools: Vec<IpNet> = pools
+                .iter()
+                .filter(|n| matches!(n, IpNet::V6(_)) == v6)
+                .copied()
+                .collect();
+            if family_pools.is_empty() {
+                return Err(CloudError::invalid(
+                    "spec.ip_families",
+                    format!(
+                        "this cloud has no {} pool for {} load balancers",
+                        if v6 { "IPv6" } else { "IPv4" },
+                        if internal { "internal" } else { "external" }
+                    ),
+                ));
+            }
+            if let Some(ip) = requested.filter(|ip| ip.is_ipv6() == v6) {
+                if !family_pools.iter().any(|n| n.contains(&ip)) {
+                    let pools: Vec<_> = family_pools.iter().map(ToString::to_string).collect();
+                    return Err(CloudError::invalid(
+                        "spec.load_balancer_ip",
+                        format!("{ip} is not in the pool ({})", pools.join(", ")),
+                    ));
+                }
+                if state.used_addresses.contains(&ip) && !keep.contains(&ip) {
+                    return Err(CloudError::Conflict(format!(
+                        "address {ip} belongs to another load balancer"
+                    )));
+                }
+                out.push(ip);
+                continue;
+            }
+            if let Some(ip) = keep
+                .iter()
+                .find(|ip| ip.is_ipv6() == v6 && family_pools.iter().any(|n| n.contains(*ip)))
+            {
+                out.push(*ip);
+                continue;
+            }
+            let (ip, next) = pool::next_free(&family_pools, cursor, &state.used_addresses)
+                .ok_or_else(|| {
+                    CloudError::PoolExhausted(format!(
+                        "no free address in {}",
+                        family_pools
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?;
+            cursor = next;
+            out.push(ip);
+        }
+        Ok((out, cursor))
+    }
+}
+
+#[async_trait]
+impl Provider for SimCloud {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn instances(&self) -> Option<&dyn Instances> {
+        Some(self)
+    }
+
+    fn load_balancers(&self) -> Option<&dyn LoadBalancers> {
+        Some(self)
+    }
+
+    fn routes(&self) -> Option<&dyn Routes> {
+        Some(self)
+    }
+
+    async fn check(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Instances for SimCloud {
+    async fn get_instances(&self, nodes: &[NodeRef]) -> Result<Vec<Lookup>> {
+        self.enter(Operation::GetInstances).await?;
+        self.looked_up
+            .fetch_add(nodes.len() as u64, Ordering::Relaxed);
+        let state = self.state();
+        Ok(nodes
+            .iter()
+            .map(|node| Self::lookup(&state, node))
+            .collect())
+    }
+}
+
+fn protocol_name(protocol: i32) -> String {
+    Protocol::try_from(protocol)
+        .unwrap_or(Protocol::Unspecified)
+        .as_str_name()
+        .to_owned()
+}
+
+#[async_trait]
+impl LoadBalancers for SimCloud {
+    async fn get(&self, cluster: &str, service: &ServiceRef) -> Result<Option<LoadBalancerStatus>> {
+        self.enter(Operation::GetLoadBalancer).await?;
+        let key = (cluster.to_owned(), load_balancer_name(&service.uid));
+        Ok(self
+            .state()
+            .load_balancers
+            .get(&key)
+            .map(|lb| lb.status(now_ms())))
+    }
+
+    async fn ensure(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        hosts: &[Host],
+    ) -> Result<LoadBalancerStatus> {
+        self.enter(Operation::EnsureLoadBalancer).await?;
+        let options = annotations::parse(&spec.annotations)?;
+        let service = spec.service.clone().unwrap_or_default();
+        let name = load_balancer_name(&service.uid);
+        let key = (cluster.to_owned(), name.clone());
+        let now = now_ms();
+        let mut state = self.state();
+        let existing = state.load_balancers.get(&key).cloned();
+        let keep = existing
+            .as_ref()
+            .filter(|lb| lb.internal == options.internal)
+            .map(|lb| lb.addresses.clone())
+            .unwrap_or_default();
+        let (addresses, cursor) = self.allocate(&state, spec, options.internal, &keep)?;
+        let provisioning = self.faults().lb_provisioning_delay;
+        let record = LoadBalancerRecord {
+            cluster: cluster.to_owned(),
+            name: name.clone(),
+            service_namespace: service.namespace,
+            service_name: service.name,
+            service_uid: service.uid,
+            addresses,
+            internal: options.internal,
+            algorithm: options.algorithm,
+            health_check_interval_ms: options.health_check_interval.as_millis() as u64,
+            ports: spec
+                .ports
+                .iter()
+                .map(|p| (p.port, protocol_name(p.protocol), p.node_port))
+                .collect(),
+            source_ranges: spec.source_ranges.clone(),
+            hosts: hosts.iter().map(|h| h.name.clone()).collect(),
+            ready_at_ms: existing
+                .as_ref()
+                .map(|lb| lb.ready_at_ms)
+                .unwrap_or(now + provisioning.as_millis() as u64),
+        };
+        if existing.as_ref() != Some(&record) {
+            state
+                .store
+                .put_load_balancer(&record, &[(COUNTER_POOL_CURSOR, cursor)])?;
+            if let Some(old) = &existing {
+                for ip in &old.addresses {
+                    state.used_addresses.remove(ip);
+                }
+            }
+            state
+                .used_addresses
+                .extend(record.addresses.iter().copied());
+            state.counters.insert(COUNTER_POOL_CURSOR.into(), cursor);
+            state.load_balancers.insert(key, record.clone());
+        }
+        if now < record.ready_at_ms {
+            return Err(CloudError::Provisioning {
+                retry_after: Duration::from_millis(record.ready_at_ms - now),
+                message: format!("load balancer {name} is being provisioned"),
+            });
+        }
+        Ok(record.status(now))
+    }
+
+    async fn update_hosts(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        hosts: &[Host],
+    ) -> Result<()> {
+        self.enter(Operation::UpdateLoadBalancerHosts).await?;
+        let uid = spec
+            .service
+            .as_ref()
+            .map(|s| s.uid.as_str())
+            .unwrap_or_default();
+        let key = (cluster.to_owned(), load_balancer_name(uid));
+        let mut state = self.state();
+        let mut record = state
+            .load_balancers
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| CloudError::NotFound(format!("load balancer {}", key.1)))?;
+        record.hosts = hosts.iter().map(|h| h.name.clone()).collect();
+        state.store.put_load_balancer(&record, &[])?;
+        state.load_balancers.insert(key, record);
+        Ok(())
+    }
+
+    async fn delete(&self, cluster: &str, service: &ServiceRef) -> Result<()> {
+        self.enter(Operation::DeleteLoadBalancer).await?;
+        let key = (cluster.to_owned(), load_balancer_name(&service.uid));
+        let mut state = self.state();
+        if state.load_balancers.contains_key(&key) {
+            state.store.delete_load_balancer(&key.0, &key.1)?;
+            if let Some(old) = state.load_balancers.remove(&key) {
+                for ip in &old.addresses {
+                    state.used_addresses.remove(ip);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn list(&self, cluster: &str) -> Result<Vec<LoadBalancer>> {
+        self.enter(Operation::ListLoadBalancers).await?;
+        let now = now_ms();
+        Ok(self
+            .state()
+            .load_balancers
+            .values()
+            .filter(|lb| lb.cluster == cluster)
+            .map(|lb| LoadBalancer {
+                name: lb.name.clone(),
+                service: Some(lb.service()),
+                status: Some(lb.status(now)),
+                hosts: lb.hosts.clone(),
+            })
+            .collect())
+    }
+}
+
+fn route_name(cluster: &str, name_hint: &str, cidr: &IpNet) -> String {
+    let cidr: String = cidr
+        .to_string()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    format!("{cluster}-{name_hint}-{cidr}")
+}
+
+fn canonical_cidr(cidr: &str) -> Result<IpNet> {
+    cidr.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| {
+        CloudError::invalid("route.destination_cidr", format!("{cidr:?} is not a CIDR"))
+    })
+}
+
+#[async_trait]
+impl Routes for SimCloud {
+    async fn list(&self, cluster: &str) -> Result<Vec<Route>> {
+        self.enter(Operation::ListRoutes).await?;
+        let state = self.state();
+        Ok(state
+            .routes
+            .values()
+            .filter(|r| r.cluster == cluster)
+            .map(|r| Route {
+                name: r.name.clone(),
+                target_node: r.target_node.clone(),
+                target_node_addresses: r.target_addresses.iter().map(address_from_record).collect(),
+                destination_cidr: r.destination_cidr.clone(),
+                // A route whose target instance is gone goes nowhere, as a
+                // real cloud reports it.
+                blackhole: !state.by_name.contains_key(&r.target_node),
+            })
+            .collect())
+    }
+
+    async fn create(&self, cluster: &str, name_hint: &str, route: &Route) -> Result<Route> {
+        self.enter(Operation::CreateRoute).await?;
+        let cidr = canonical_cidr(&route.destination_cidr)?;
+        let destination = cidr.to_string();
+        let mut state = self.state();
+        if let Some(existing) = state
+            .routes
+            .values()
+            .find(|r| r.cluster == cluster && r.destination_cidr == destination)
+        {
+            if existing.target_node != route.target_node {
+                return Err(CloudError::Conflict(format!(
+                    "route {} already sends {destination} to node {}",
+                    existing.name, existing.target_node
+                )));
+            }
+            let mut out = route.clone();
+            out.name = existing.name.clone();
+            out.destination_cidr = destination;
+            return Ok(out);
+        }
+        let hint = if name_hint.is_empty() {
+            &route.target_node
+        } else {
+            name_hint
+        };
+        let record = RouteRecord {
+            cluster: cluster.to_owned(),
+            name: route_name(cluster, hint, &cidr),
+            target_node: route.target_node.clone(),
+            destination_cidr: destination,
+            target_addresses: route
+                .target_node_addresses
+                .iter()
+                .map(|a| (address_type_name(a.r#type), a.address.clone()))
+                .collect(),
+        };
+        state.store.put_route(&record)?;
+        state
+            .routes
+            .insert((cluster.to_owned(), record.name.clone()), record.clone());
+        Ok(Route {
+            name: record.name,
+            target_node: record.target_node,
+            target_node_addresses: route.target_node_addresses.clone(),
+            destination_cidr: record.destination_cidr,
+            blackhole: false,
+        })
+    }
+
+    async fn delete(&self, cluster: &str, route: &Route) -> Result<()> {
+        self.enter(Operation::DeleteRoute).await?;
+        let mut state = self.state();
+        let name = if route.name.is_empty() {
+            let destination = canonical_cidr(&route.destination_cidr)?.to_string();
+            state
+                .routes
+                .values()
+                .find(|r| r.cluster == cluster && r.destination_cidr == destination)
+                .map(|r| r.name.clone())
+        } else {
+            Some(route.name.clone())
+        };
+        if let Some(name) = name {
+            let key = (cluster.to_owned(), name);
+            if state.routes.contains_key(&key) {
+                state.store.delete_route(&key.0, &key.1)?;
+                state.routes.remove(&key);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,503 @@
+//! The typed gateway client every controller uses: it names the cluster on
+//! every call, sends the bearer token, sets a deadline, and retries
+//! retryable failures with jittered exponential backoff.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::{Request, Response, Status};
+
+use crate::error::{Error, Result};
+use crate::reason;
+use crate::v1::instances_client::InstancesClient;
+use crate::v1::load_balancers_client::LoadBalancersClient;
+use crate::v1::provider_client::ProviderClient;
+use crate::v1::routes_client::RoutesClient;
+use crate::v1::sim_admin_client::SimAdminClient;
+use crate::v1::{
+    CreateRouteRequest, DeleteLoadBalancerRequest, DeleteRouteRequest, EnsureLoadBalancerRequest,
+    GetInstancesRequest, GetLoadBalancerRequest, GetLoadBalancerResponse, GetProviderInfoRequest,
+    GetProviderInfoResponse, Host, InstanceResult, ListLoadBalancersRequest, ListRoutesRequest,
+    LoadBalancer, LoadBalancerSpec, LoadBalancerStatus, LookupPurpose, NodeRef, Route, ServiceRef,
+    UpdateLoadBalancerHostsRequest,
+};
+
+/// How often a token file is read again, so rotated tokens are picked up.
+const TOKEN_FILE_REFRESH: Duration = Duration::from_secs(30);
+
+/// Where the client gets its bearer token.
+#[derive(Clone, Debug)]
+pub enum TokenSource {
+    /// A fixed token.
+    Static(String),
+    /// A file holding the token, read again every 30 s (projected
+    /// ServiceAccount tokens rotate).
+    File(PathBuf),
+}
+
+/// When and how often to retry.
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included; 1 disables retries.
+    pub max_attempts: u32,
+    /// The first backoff; it doubles per attempt.
+    pub base_backoff: Duration,
+    /// The largest backoff.
+    pub max_backoff: Duration,
+    /// A "retry after" longer than this is handed to the caller instead of
+    /// being waited out inside the call.
+    pub max_retry_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 4,
+            base_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            max_retry_after: Duration::from_secs(2),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// No retries: every failure goes straight to the caller.
+    pub fn none() -> Self {
+        Self {
+            max_attempts: 1,
+            ..Self::default()
+        }
+    }
+
+    /// How long to wait before attempt `attempt + 1` after `err`, or `None`
+    /// to give up. Attempts count from 1.
+    pub fn delay_after(&self, err: &Error, attempt: u32) -> Option<Duration> {
+        if attempt >= self.max_attempts {
+            return None;
+        }
+        match err {
+            // Provisioning delays are the caller's to schedule (requeue
+            // after D), never to be slept through inside one call.
+            Error::RetryAfter { delay, reason, .. }
+                if reason != reason::PROVISIONING && *delay <= self.max_retry_after =>
+            {
+                Some(*delay + jitter(*delay / 10))
+            }
+            Error::Unavailable { .. } => {
+                let exp = self
+                    .base_backoff
+                    .saturating_mul(1 << (attempt - 1).min(16))
+                    .min(self.max_backoff);
+                // Full jitter spreads out callers that failed together.
+                Some(exp / 2 + jitter(exp / 2))
+            }
+            _ => None,
+        }
+    }
+}
+
+fn jitter(max: Duration) -> Duration {
+    let nanos = max.as_nanos().min(u64::MAX as u128) as u64;
+    if nanos == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(fastrand::u64(0..=nanos))
+}
+
+/// How to reach the gateway.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// The gateway's address, `http://host:port` or `https://host:port`.
+    pub address: String,
+    /// The cluster this client acts for; sent on every call.
+    pub cluster_name: String,
+    /// The bearer token.
+    pub token: TokenSource,
+    /// The deadline of each attempt.
+    pub timeout: Duration,
+    /// Retries.
+    pub retry: RetryPolicy,
+    /// A PEM CA bundle to verify the gateway's certificate (https only).
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl ClientConfig {
+    /// A config with default timeout (10 s) and retries.
+    pub fn new(
+        address: impl Into<String>,
+        cluster_name: impl Into<String>,
+        token: TokenSource,
+    ) -> Self {
+        Self {
+            address: address.into(),
+            cluster_name: cluster_name.into(),
+            token,
+            timeout: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
+            tls_ca: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Token {
+    source: TokenSource,
+    cached: Mutex<Option<(Instant, String)>>,
+}
+
+impl Token {
+    fn header(&self) -> Result<MetadataValue<tonic::metadata::Ascii>> {
+        let token = match &self.source {
+            TokenSource::Static(token) => token.clone(),
+            TokenSource::File(path) => {
+                let mut cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
+                match &*cached {
+                    Some((read_at, token)) if read_at.elapsed() < TOKEN_FILE_REFRESH => {
+                        token.clone()
+                    }
+                    _ => {
+                        let token = std::fs::read_to_string(path)
+                            .map_err(|e| {
+                                Error::Config(format!("read token file {}: {e}", path.display()))
+                            })?
+                            .trim()
+                            .to_owned();
+                        *cached = Some((Instant::now(), token.clone()));
+                        token
+                    }
+                }
+            }
+        };
+        format!("Bearer {token}")
+            .parse()
+            .map_err(|_| Error::Config("the token has characters not allowed in a header".into()))
+    }
+}
+
+/// A typed, cheaply cloneable client of every gateway service.
+#[derive(Clone, Debug)]
+pub struct GatewayClient {
+    channel: Channel,
+    cluster_name: String,
+    token: Arc<Token>,
+    timeout: Duration,
+    retry: RetryPolicy,
+}
+
+impl GatewayClient {
+    /// Builds a client. The connection is made on first use, so a gateway
+    /// that is not up yet is not an error here.
+    pub fn new(config: ClientConfig) -> Result<Self> {
+        let mut endpoint = Endpoint::from_shared(config.address.clone())
+            .map_err(|e| Error::Config(format!("gateway address {:?}: {e}", config.address)))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_while_idle(true);
+        if config.address.starts_with("https://") {
+            let mut tls = ClientTlsConfig::new().with_enabled_roots();
+            if let Some(ca) = &config.tls_ca {
+                let pem = std::fs::read(ca)
+                    .map_err(|e| Error::Config(format!("read CA file {}: {e}", ca.display())))?;
+                tls = tls.ca_certificate(Certificate::from_pem(pem));
+            }
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| Error::Config(format!("TLS: {e}")))?;
+        }
+        Ok(Self {
+            channel: endpoint.connect_lazy(),
+            cluster_name: config.cluster_name,
+            token: Arc::new(Token {
+                source: config.token,
+                cached: Mutex::new(None),
+            }),
+            timeout: config.timeout,
+            retry: config.retry,
+        })
+    }
+
+    /// The cluster this client names on every call.
+    pub fn cluster_name(&self) -> &str {
+        &self.cluster_name
+    }
+
+    /// Runs one RPC with token, deadline and retries.
+    async fn call<Req, Resp, F, Fut>(&self, req: Req, rpc: F) -> Result<Resp>
+    where
+        Req: Clone,
+        F: Fn(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = std::result::Result<Response<Resp>, Status>>,
+    {
+        let mut attempt = 1;
+        loop {
+            let mut request = Request::new(req.clone());
+            request.set_timeout(self.timeout);
+            request
+                .metadata_mut()
+                .insert("authorization", self.token.header()?);
+            let err = match rpc(self.channel.clone(), request).await {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status) => Error::from_status(status),
+            };
+            let Some(delay) = self.retry.delay_after(&err, attempt) else {
+                return Err(err);
+            };
+            tracing::debug!(attempt, ?delay, error = %err, "retrying gateway call");
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+        }
+    }
+
+    /// What the provider is and supports.
+    pub async fn provider_info(&self) -> Result<GetProviderInfoResponse> {
+        self.call(GetProviderInfoRequest {}, |ch, r| async move {
+            ProviderClient::new(ch).get_provider_info(r).await
+        })
+        .await
+    }
+
+    /// Looks up the instances behind `nodes`, one result per node in order.
+    pub async fn get_instances(
+        &self,
+        nodes: Vec<NodeRef>,
+        purpose: LookupPurpose,
+        fresh: bool,
+    ) -> Result<Vec<InstanceResult>> {
+        let req = GetInstancesRequest {
+            cluster_name: self.cluster_name.clone(),
+            nodes,
+            fresh,
+            purpose: purpose.into(),
+        };
+        let resp = self
+            .call(req, |ch, r| async move {
+                InstancesClient::new(ch).get_instances(r).await
+            })
+            .await?;
+        Ok(resp.results)
+    }
+
+    /// Whether the Service's load balancer exists, and its status.
+    pub async fn get_load_balancer(&self, service: ServiceRef) -> Result<GetLoadBalancerResponse> {
+        let req = GetLoadBalancerRequest {
+            cluster_name: self.cluster_name.clone(),
+            service: Some(service),
+        };
+        self.call(req, |ch, r| async move {
+            LoadBalancersClient::new(ch).get_load_balancer(r).await
+        })
+        .await
+    }
+
+    /// Creates or updates the Service's load balancer.
+    pub async fn ensure_load_balancer(
+        &self,
+        spec: LoadBalancerSpec,
+        hosts: Vec<Host>,
+    ) -> Result<LoadBalancerStatus> {
+        let req = EnsureLoadBalancerRequest {
+            cluster_name: self.cluster_name.clone(),
+            spec: Some(spec),
+            hosts,
+        };
+        let resp = self
+            .call(req, |ch, r| async move {
+                LoadBalancersClient::new(ch).ensure_load_balancer(r).await
+            })
+            .await?;
+        Ok(resp.status.unwrap_or_default())
+    }
+
+    /// Replaces the backend hosts of the Service's load balancer.
+    pub async fn update_load_balancer_hosts(
+        &self,
+        spec: LoadBalancerSpec,
+        hosts: Vec<Host>,
+    ) -> Result<()> {
+        let req = UpdateLoadBalancerHostsRequest {
+            cluster_name: self.cluster_name.clone(),
+            spec: Some(spec),
+            hosts,
+        };
+        self.call(req, |ch, r| async move {
+            LoadBalancersClient::new(ch)
+                .update_load_balancer_hosts(r)
+                .await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Deletes the Service's load balancer; succeeds when it is gone already.
+    pub async fn delete_load_balancer(&self, service: ServiceRef) -> Result<()> {
+        let req = DeleteLoadBalancerRequest {
+            cluster_name: self.cluster_name.clone(),
+            service: Some(service),
+        };
+        self.call(req, |ch, r| async move {
+            LoadBalancersClient::new(ch).delete_load_balancer(r).await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Every load balancer this cluster owns.
+    pub async fn list_load_balancers(&self) -> Result<Vec<LoadBalancer>> {
+        let req = ListLoadBalancersRequest {
+            cluster_name: self.cluster_name.clone(),
+        };
+        let resp = self
+            .call(req, |ch, r| async move {
+                LoadBalancersClient::new(ch).list_load_balancers(r).await
+            })
+            .await?;
+        Ok(resp.load_balancers)
+    }
+
+    /// Every route this cluster owns.
+    pub async fn list_routes(&self) -> Result<Vec<Route>> {
+        let req = ListRoutesRequest {
+            cluster_name: self.cluster_name.clone(),
+        };
+        let resp = self
+            .call(req, |ch, r| async move {
+                RoutesClient::new(ch).list_routes(r).await
+            })
+            .await?;
+        Ok(resp.routes)
+    }
+
+    /// Creates a route (idempotent); `name_hint` is the target Node's UID.
+    pub async fn create_route(&self, name_hint: impl Into<String>, route: Route) -> Result<Route> {
+        let req = CreateRouteRequest {
+            cluster_name: self.cluster_name.clone(),
+            name_hint: name_hint.into(),
+            route: Some(route),
+        };
+        let resp = self
+            .call(req, |ch, r| async move {
+                RoutesClient::new(ch).create_route(r).await
+            })
+            .await?;
+        resp.route
+            .ok_or_else(|| Error::Config("gateway answered CreateRoute without a route".into()))
+    }
+
+    /// Deletes a route; succeeds when it is gone already.
+    pub async fn delete_route(&self, route: Route) -> Result<()> {
+        let req = DeleteRouteRequest {
+            cluster_name: self.cluster_name.clone(),
+            route: Some(route),
+        };
+        self.call(req, |ch, r| async move {
+            RoutesClient::new(ch).delete_route(r).await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// The raw SimAdmin client with this client's token, for the sandbox,
+    /// tests and the command line. Calls through it are not retried.
+    pub fn sim_admin(
+        &self,
+    ) -> Result<
+        SimAdminClient<tonic::service::interceptor::InterceptedService<Channel, AuthInterceptor>>,
+    > {
+        let header = self.token.header()?;
+        Ok(SimAdminClient::with_interceptor(
+            self.channel.clone(),
+            AuthInterceptor { header },
+        ))
+    }
+}
+
+/// Adds a fixed `authorization` header to every request.
+#[derive(Clone, Debug)]
+pub struct AuthInterceptor {
+    header: MetadataValue<tonic::metadata::Ascii>,
+}
+
+impl tonic::service::Interceptor for AuthInterceptor {
+    fn call(&mut self, mut request: Request<()>) -> std::result::Result<Request<()>, Status> {
+        request
+            .metadata_mut()
+            .insert("authorization", self.header.clone());
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unavailable() -> Error {
+        Error::Unavailable {
+            message: String::new(),
+        }
+    }
+
+    fn retry_after(reason: &str, secs: u64) -> Error {
+        Error::RetryAfter {
+            delay: Duration::from_secs(secs),
+            reason: reason.into(),
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn unavailable_is_retried_with_bounded_backoff_until_attempts_run_out() {
+        let policy = RetryPolicy::default();
+        for attempt in 1..policy.max_attempts {
+            let delay = policy
+                .delay_after(&unavailable(), attempt)
+                .expect("retried");
+            assert!(delay <= policy.max_backoff);
+        }
+        assert_eq!(
+            policy.delay_after(&unavailable(), policy.max_attempts),
+            None
+        );
+    }
+
+    #[test]
+    fn provisioning_is_left_to_the_caller() {
+        let policy = RetryPolicy::default();
+        assert_eq!(
+            policy.delay_after(&retry_after(reason::PROVISIONING, 1), 1),
+            None
+        );
+    }
+
+    #[test]
+    fn short_throttling_delays_are_waited_out_long_ones_are_not() {
+        let policy = RetryPolicy::default();
+        let short = policy
+            .delay_after(&retry_after(reason::CLOUD_THROTTLED, 1), 1)
+            .expect("short delay retried");
+        assert!(short >= Duration::from_secs(1));
+        assert_eq!(
+            policy.delay_after(&retry_after(reason::CLOUD_THROTTLED, 60), 1),
+            None
+        );
+    }
+
+    #[test]
+    fn caller_errors_are_never_retried() {
+        let policy = RetryPolicy::default();
+        let invalid = Error::InvalidArgument {
+            violations: vec![],
+            message: String::new(),
+        };
+        let denied = Error::PermissionDenied {
+            reason: String::new(),
+            message: String::new(),
+        };
+        assert_eq!(policy.delay_after(&invalid, 1), None);
+        assert_eq!(policy.delay_after(&denied, 1), None);
+    }
+}

@@ -1,0 +1,23 @@
+//! The `cloudgateway.v1` contract between the controllers and the
+//! cloud-gateway: generated message and service types ([`v1`]), the
+//! machine-readable error reasons both sides share ([`reason`]), and the
+//! typed client every controller uses ([`GatewayClient`]).
+
+pub mod client;
+pub mod codec;
+pub mod error;
+pub mod reason;
+
+pub use client::{ClientConfig, GatewayClient, RetryPolicy, TokenSource};
+pub use error::{Error, FieldViolation, Result};
+
+/// Generated types and service stubs of `cloudgateway.v1`.
+pub mod v1 {
+    #![allow(clippy::all, missing_docs, reason = "generated code")]
+    tonic::include_proto!("cloudgateway.v1");
+}
+
+/// The encoded `FileDescriptorSet` of `cloudgateway.v1`, for server
+/// reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    tonic::include_file_descriptor_set!("cloudgateway_v1_descriptor");

@@ -1,0 +1,101 @@
+//! The admin HTTP server every process runs: `/livez` answers 200 while the
+//! process runs, `/readyz` 200 only once the process is ready (caches
+//! synced, or for the gateway: the provider answers) and not draining, and
+//! `/metrics` the process's Prometheus registry in text format.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+/// A shared readiness flag; clones see the same value.
+#[derive(Clone, Debug, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    /// A flag that starts not ready.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Marks the process ready or not ready.
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Release);
+    }
+
+    /// Whether the process is ready.
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+#[derive(Clone)]
+struct AdminState {
+    registry: Arc<Registry>,
+    readiness: Readiness,
+}
+
+/// A bound admin server, not yet serving.
+pub struct AdminServer {
+    listener: TcpListener,
+}
+
+impl AdminServer {
+    /// Binds the admin address (port 0 picks a free port).
+    pub async fn bind(addr: SocketAddr) -> std::io::Result<Self> {
+        Ok(Self {
+            listener: TcpListener::bind(addr).await?,
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until the task is dropped. It keeps answering while the
+    /// process drains, so probes see `/readyz` fail rather than a refused
+    /// connection.
+    pub async fn serve(self, registry: Arc<Registry>, readiness: Readiness) -> std::io::Result<()> {
+        let app = Router::new()
+            .route("/livez", get(|| async { "ok\n" }))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics))
+            .with_state(AdminState {
+                registry,
+                readiness,
+            });
+        axum::serve(self.listener, app).await
+    }
+}
+
+async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
+    if state.readiness.is_ready() {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
