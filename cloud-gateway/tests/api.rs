@@ -882,3 +882,68 @@ async fn unknown_sim_instances_are_not_found() {
     };
     assert_eq!(reason, reason::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn a_call_past_its_deadline_is_deadline_exceeded() {
+    let gw = TestGateway::start(|s| s.lookups.cache_ttl = Duration::ZERO).await;
+    gw.create_instance("node-a").await;
+    gw.admin()
+        .set_faults(Faults {
+            latency: [("*".to_owned(), duration(Duration::from_secs(2)).unwrap())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut config = ccm_proto::ClientConfig::new(
+        gw.address(),
+        "kubernetes",
+        ccm_proto::TokenSource::File(gw.token_file(Role::Node)),
+    );
+    config.timeout = Duration::from_millis(200);
+    config.retry = RetryPolicy::none();
+    let node = ccm_proto::GatewayClient::new(config).unwrap();
+    let err = timed(node.get_instances(vec![by_name("node-a")], LookupPurpose::Refresh, false))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::DeadlineExceeded { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn updating_hosts_of_a_missing_load_balancer_is_not_found() {
+    let gw = TestGateway::start(|_| {}).await;
+    let err = gw
+        .client(Role::Service)
+        .update_load_balancer_hosts(spec(&uid(9)), vec![host("node-a")])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotFound { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn with_tls_configured_clients_connect_over_https_and_verify_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+    let gw = TestGateway::start(|s| s.tls = Some((cert_file.clone(), key_file.clone()))).await;
+    let port = gw.gateway.grpc_addr.port();
+    let mut config = ccm_proto::ClientConfig::new(
+        format!("https://localhost:{port}"),
+        "kubernetes",
+        ccm_proto::TokenSource::File(gw.token_file(Role::Node)),
+    );
+    config.tls_ca = Some(cert_file.clone());
+    let client = ccm_proto::GatewayClient::new(config).unwrap();
+    let info = timed(client.provider_info()).await.unwrap();
+    assert_eq!(info.name, "sim");
+
+    // Plain text to a TLS port fails; it never silently downgrades.
+    let plain = ccm_proto::GatewayClient::new(ccm_proto::ClientConfig::new(
+        format!("http://localhost:{port}"),
+        "kubernetes",
+        ccm_proto::TokenSource::File(gw.token_file(Role::Node)),
+    ))
+    .unwrap();
+    assert!(timed(plain.provider_info()).await.is_err());
+}

@@ -240,9 +240,23 @@ impl GatewayClient {
             request
                 .metadata_mut()
                 .insert("authorization", self.token.header()?);
-            let err = match rpc(self.channel.clone(), request).await {
-                Ok(response) => return Ok(response.into_inner()),
-                Err(status) => Error::from_status(status),
+            let started = Instant::now();
+            // The deadline is enforced here as well as sent: a gateway that
+            // stops answering must not hang the caller.
+            let err = match tokio::time::timeout(self.timeout, rpc(self.channel.clone(), request))
+                .await
+            {
+                Ok(Ok(response)) => return Ok(response.into_inner()),
+                // tonic's server answers an expired grpc-timeout with
+                // CANCELLED; past our own deadline, that is what it means.
+                Ok(Err(status))
+                    if status.code() == tonic::Code::Cancelled
+                        && started.elapsed() >= self.timeout =>
+                {
+                    deadline_exceeded(self.timeout)
+                }
+                Ok(Err(status)) => Error::from_status(status),
+                Err(_) => deadline_exceeded(self.timeout),
             };
             let Some(delay) = self.retry.delay_after(&err, attempt) else {
                 return Err(err);
@@ -413,6 +427,12 @@ impl GatewayClient {
             self.channel.clone(),
             AuthInterceptor { header },
         ))
+    }
+}
+
+fn deadline_exceeded(timeout: Duration) -> Error {
+    Error::DeadlineExceeded {
+        message: format!("no answer within {timeout:?}"),
     }
 }
 
