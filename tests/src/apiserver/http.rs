@@ -1,0 +1,617 @@
+//! The HTTP face of the test server: discovery, the resource verbs, the
+//! four patch types, watches, and TokenReview.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::Shared;
+use super::patch::strategic_merge;
+use super::resources::{self, RESOURCES, Resource};
+use super::schema::{self, FieldValidation};
+use super::selectors::Selector;
+use super::store::{ApiError, Change, ChangeType, Store};
+
+fn json_response(code: u16, body: &Value) -> Response {
+    (
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        json_response(self.code, &self.to_status())
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'+', _) => out.push(b' '),
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 2;
+            }
+            (b, _) => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn query(uri: &Uri) -> HashMap<String, String> {
+    uri.query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+struct Target {
+    resource: &'static Resource,
+    namespace: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+fn target(group: &str, version: &str, segs: &[&str]) -> Option<Target> {
+    let namespaced = segs.len() >= 3
+        && segs[0] == "namespaces"
+        && resources::find(group, version, segs[2]).is_some_and(|r| r.namespaced);
+    if namespaced {
+        return Some(Target {
+            resource: resources::find(group, version, segs[2])?,
+            namespace: Some(segs[1].to_owned()),
+            name: segs.get(3).map(|s| s.to_string()),
+            sub: segs.get(4).map(|s| s.to_string()),
+        });
+    }
+    Some(Target {
+        resource: resources::find(group, version, segs.first()?)?,
+        namespace: None,
+        name: segs.get(1).map(|s| s.to_string()),
+        sub: segs.get(2).map(|s| s.to_string()),
+    })
+}
+
+/// Every request lands here.
+pub async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().trim_end_matches('/');
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let response = match segs.as_slice() {
+        ["version"] => Ok(json_response(200, &version())),
+        ["healthz"] | ["livez"] | ["readyz"] => Ok((StatusCode::OK, "ok").into_response()),
+        ["api"] => Ok(json_response(
+            200,
+            &json!({
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": shared.address}],
+            }),
+        )),
+        ["apis"] => Ok(json_response(200, &api_groups())),
+        ["api", "v1"] => Ok(json_response(200, &resource_list("", "v1"))),
+        ["apis", group, version] if resources::groups().contains(group) => {
+            Ok(json_response(200, &resource_list(group, version)))
+        }
+        ["openapi", "v3"] => Ok(json_response(200, &schema::openapi_root())),
+        ["openapi", "v3", rest @ ..] => schema::openapi_group_version(&rest.join("/"))
+            .map(|doc| json_response(200, &doc))
+            .ok_or_else(|| ApiError::new(404, "NotFound", "no such group version")),
+        ["api", "v1", rest @ ..] => {
+            dispatch(&shared, "", "v1", rest, method, &uri, &headers, body).await
+        }
+        ["apis", group, version, rest @ ..] => {
+            dispatch(&shared, group, version, rest, method, &uri, &headers, body).await
+        }
+        _ => Err(ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )),
+    };
+    response.unwrap_or_else(IntoResponse::into_response)
+}
+
+fn version() -> Value {
+    json!({
+        "major": "1", "minor": "32", "gitVersion": "v1.32.0-ccm-test",
+        "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23", "compiler": "gc",
+        "platform": "linux/amd64",
+    })
+}
+
+fn api_groups() -> Value {
+    let groups: Vec<Value> = resources::groups()
+        .into_iter()
+        .map(|g| {
+            let gv = json!({"groupVersion": format!("{g}/v1"), "version": "v1"});
+            json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+        })
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+fn resource_list(group: &str, version: &str) -> Value {
+    let verbs = json!([
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch"
+    ]);
+    let mut out = Vec::new();
+    for r in RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
+        out.push(json!({
+            "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
+            "kind": r.kind, "verbs": if r.create_only { json!(["create"]) } else { verbs.clone() },
+            "shortNames": r.short_names,
+        }));
+        if r.has_status {
+            out.push(json!({
+                "name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced,
+                "kind": r.kind, "verbs": ["get", "patch", "update"],
+            }));
+        }
+    }
+    let gv = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out})
+}
+
+fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .or_else(|_| serde_norway::from_slice(body))
+        .map_err(|e| {
+            ApiError::bad_request(format!("the request body is not valid JSON or YAML: {e}"))
+        })
+}
+
+#[allow(clippy::too_many_arguments, reason = "one request's parts")]
+async fn dispatch(
+    shared: &Arc<Shared>,
+    group: &str,
+    version: &str,
+    segs: &[&str],
+    method: Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let t = target(group, version, segs).ok_or_else(|| {
+        ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    })?;
+    let resource = t.resource;
+    let q = query(uri);
+    if let Some(sub) = t
+        .sub
+        .as_ref()
+        .filter(|s| !(*s == "status" && resource.has_status))
+    {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            format!("{} has no subresource {sub}", resource.plural),
+        ));
+    }
+    if resource.namespaced && t.name.is_some() && t.namespace.is_none() {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            "namespaced resources are addressed in a namespace",
+        ));
+    }
+    let ns = t.namespace.clone().unwrap_or_default();
+    let status = t.sub.is_some();
+    let mode = FieldValidation::parse(q.get("fieldValidation").map(String::as_str));
+    let mut warnings = Vec::new();
+    let store = &shared.store;
+    if resource.create_only {
+        return match (method, t.name) {
+            (Method::POST, None) => {
+                Ok(json_response(201, &shared.token_review(parse_body(&body)?)))
+            }
+            _ => Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                format!("only create is allowed on {}", resource.plural),
+            )),
+        };
+    }
+    match (method, t.name) {
+        (Method::GET, None) => {
+            let selector = Selector::parse(
+                q.get("labelSelector").map(String::as_str),
+                q.get("fieldSelector").map(String::as_str),
+            )
+            .map_err(ApiError::bad_request)?;
+            if matches!(q.get("watch").map(String::as_str), Some("true" | "1")) {
+                return watch(shared, resource, t.namespace, selector, &q);
+            }
+            Ok(json_response(
+                200,
+                &list(store, resource, t.namespace.as_deref(), &selector, &q)?,
+            ))
+        }
+        (Method::GET, Some(name)) => Ok(json_response(200, &store.get(resource, &ns, &name)?)),
+        (Method::POST, None) => {
+            let obj = parse_body(&body)?;
+            check_kind(resource, &obj)?;
+            let obj = checked(resource, obj, mode, &mut warnings)?;
+            let created = store.create(resource, &ns, obj)?;
+            Ok(with_warnings(json_response(201, &created), &warnings))
+        }
+        (Method::PUT, Some(name)) => {
+            let obj = parse_body(&body)?;
+            check_kind(resource, &obj)?;
+            let obj = checked(resource, obj, mode, &mut warnings)?;
+            let updated = store.update(resource, &ns, &name, status, |_| Ok(obj))?;
+            Ok(with_warnings(json_response(200, &updated), &warnings))
+        }
+        (Method::PATCH, Some(name)) => {
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_owned();
+            let response = patch(
+                store,
+                resource,
+                &ns,
+                &name,
+                status,
+                &content_type,
+                &body,
+                mode,
+                &mut warnings,
+            )?;
+            Ok(with_warnings(response, &warnings))
+        }
+        (Method::DELETE, Some(name)) => {
+            let options: Value = if body.is_empty() {
+                json!({})
+            } else {
+                parse_body(&body)?
+            };
+            let pre = &options["preconditions"];
+            let preconditions = (
+                pre["uid"].as_str().map(str::to_owned),
+                pre["resourceVersion"].as_str().map(str::to_owned),
+            );
+            Ok(json_response(
+                200,
+                &store.delete(resource, &ns, &name, preconditions)?,
+            ))
+        }
+        (method, _) => Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            format!("{method} is not allowed here"),
+        )),
+    }
+}
+
+/// Checks an object against its type, handling unknown fields per `mode`;
+/// returns it as it is to be stored.
+fn checked(
+    resource: &Resource,
+    obj: Value,
+    mode: FieldValidation,
+    warnings: &mut Vec<String>,
+) -> Result<Value, ApiError> {
+    let (stored, found) = schema::validate(resource, &obj, mode).map_err(|e| {
+        ApiError::bad_request(format!(
+            "{} in version \"{}\" cannot be handled as a {}: {e}",
+            resource.kind, resource.version, resource.kind
+        ))
+    })?;
+    warnings.extend(found);
+    Ok(stored)
+}
+
+fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        let value = format!("299 - {:?}", w);
+        if let Ok(v) = value.parse() {
+            response.headers_mut().append("Warning", v);
+        }
+    }
+    response
+}
+
+fn check_kind(resource: &Resource, obj: &Value) -> Result<(), ApiError> {
+    match obj["kind"].as_str() {
+        Some(kind) if kind != resource.kind => Err(ApiError::bad_request(format!(
+            "the kind of the body ({kind}) does not match the resource ({})",
+            resource.kind
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[allow(clippy::too_many_arguments, reason = "one request's parts")]
+fn patch(
+    store: &Store,
+    resource: &'static Resource,
+    ns: &str,
+    name: &str,
+    status: bool,
+    content_type: &str,
+    body: &[u8],
+    mode: FieldValidation,
+    warnings: &mut Vec<String>,
+) -> Result<Response, ApiError> {
+    let apply = content_type == "application/apply-patch+yaml";
+    if apply {
+        // Server-side apply creates what does not exist yet.
+        if let Err(e) = store.get(resource, ns, name) {
+            if e.code != 404 {
+                return Err(e);
+            }
+            let mut obj = parse_body(body)?;
+            obj["metadata"]["name"] = json!(name);
+            let obj = checked(resource, obj, mode, warnings)?;
+            return Ok(json_response(201, &store.create(resource, ns, obj)?));
+        }
+    }
+    let updated = store.update(resource, ns, name, status, |old| {
+        let mut doc = old.clone();
+        match content_type {
+            "application/json-patch+json" => {
+                let ops: json_patch::Patch = serde_json::from_slice(body)
+                    .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+                json_patch::patch(&mut doc, &ops).map_err(|e| ApiError::invalid(resource, name, e.to_string()))?;
+            }
+            "application/merge-patch+json" => json_patch::merge(&mut doc, &parse_body(body)?),
+            "application/strategic-merge-patch+json" | "application/apply-patch+yaml" => {
+                strategic_merge(resource.kind, &mut doc, &parse_body(body)?)
+                    .map_err(|e| ApiError::invalid(resource, name, e))?;
+            }
+            other => {
+                return Err(ApiError::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {other:?})")));
+            }
+        }
+        checked(resource, doc, mode, warnings)
+    })?;
+    Ok(json_response(200, &updated))
+}
+
+fn list(
+    store: &Store,
+    resource: &'static Resource,
+    namespace: Option<&str>,
+    selector: &Selector,
+    q: &HashMap<String, String>,
+) -> Result<Value, ApiError> {
+    let (items, rv) = store.list(resource, namespace);
+    let after = q.get("continue").filter(|c| !c.is_empty()).cloned();
+    let limit: usize = q
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .filter(|l| *l > 0)
+        .unwrap_or(usize::MAX);
+    let position = |o: &Value| {
+        format!(
+            "{}/{}",
+            o["metadata"]["namespace"].as_str().unwrap_or_default(),
+            o["metadata"]["name"].as_str().unwrap_or_default()
+        )
+    };
+    let mut page: Vec<Value> = items
+        .into_iter()
+        .filter(|o| after.as_ref().is_none_or(|a| position(o) > *a))
+        .filter(|o| selector.matches(o))
+        .take(limit.saturating_add(1))
+        .collect();
+    let more = page.len() > limit;
+    page.truncate(limit);
+    let mut metadata = json!({"resourceVersion": rv.to_string()});
+    if more {
+        metadata["continue"] = json!(page.last().map(position).unwrap_or_default());
+    }
+    Ok(json!({
+        "kind": format!("{}List", resource.kind),
+        "apiVersion": resource.api_version(),
+        "metadata": metadata,
+        "items": page,
+    }))
+}
+
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": kind, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+fn bookmark(resource: &Resource, rv: u64, initial_end: bool) -> Bytes {
+    let mut object = json!({
+        "kind": resource.kind,
+        "apiVersion": resource.api_version(),
+        "metadata": {"resourceVersion": rv.to_string()},
+    });
+    if initial_end {
+        object["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    event_line("BOOKMARK", &object)
+}
+
+/// What a watcher with `selector` sees of `change`, if anything.
+fn view(
+    change: &Change,
+    resource: &Resource,
+    namespace: Option<&str>,
+    selector: &Selector,
+) -> Option<Bytes> {
+    if change.resource.group != resource.group || change.resource.plural != resource.plural {
+        return None;
+    }
+    if namespace.is_some_and(|ns| ns != change.namespace) {
+        return None;
+    }
+    let now = change.kind != ChangeType::Deleted && selector.matches(&change.object);
+    let before = change.old.as_ref().is_some_and(|o| selector.matches(o));
+    let kind = match (change.kind, before, now) {
+        (ChangeType::Deleted, true, _) => "DELETED",
+        (ChangeType::Added, _, true) => "ADDED",
+        (ChangeType::Modified, true, true) => "MODIFIED",
+        (ChangeType::Modified, false, true) => "ADDED",
+        (ChangeType::Modified, true, false) => "DELETED",
+        _ => return None,
+    };
+    Some(event_line(kind, &change.object))
+}
+
+fn watch(
+    shared: &Arc<Shared>,
+    resource: &'static Resource,
+    namespace: Option<String>,
+    selector: Selector,
+    q: &HashMap<String, String>,
+) -> Result<Response, ApiError> {
+    let since: u64 = q
+        .get("resourceVersion")
+        .and_then(|rv| rv.parse().ok())
+        .unwrap_or(0);
+    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+    let initial_events = q.get("sendInitialEvents").is_some_and(|v| v == "true");
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(1800));
+    let store = shared.store.clone();
+    let interval = shared.bookmark_interval;
+    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(256);
+
+    // Without a resourceVersion (or with 0) a watch starts with the current
+    // objects as ADDED events, as the real server does.
+    let mut initial = Vec::new();
+    let start = if since == 0 || initial_events {
+        let (items, rv) = store.list(resource, namespace.as_deref());
+        initial = items.into_iter().filter(|o| selector.matches(o)).collect();
+        rv
+    } else {
+        since
+    };
+    let subscription = store.watch(start);
+    let mut disconnect = shared.disconnect.subscribe();
+    disconnect.mark_unchanged();
+    tokio::spawn(async move {
+        let send = |bytes: Bytes| {
+            let tx = tx.clone();
+            async move { tx.send(Ok(bytes)).await.is_ok() }
+        };
+        let (replay, mut live) = match subscription {
+            Ok(s) => s,
+            Err(floor) => {
+                let gone = ApiError::new(
+                    410,
+                    "Expired",
+                    format!("too old resource version: {since} ({floor})"),
+                );
+                send(event_line("ERROR", &gone.to_status())).await;
+                return;
+            }
+        };
+        for object in initial {
+            if !send(event_line("ADDED", &object)).await {
+                return;
+            }
+        }
+        let mut last = start;
+        if initial_events {
+            send(bookmark(resource, last, true)).await;
+        }
+        for change in replay {
+            last = change.rv;
+            if let Some(line) = view(&change, resource, namespace.as_deref(), &selector)
+                && !send(line).await
+            {
+                return;
+            }
+        }
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                change = live.recv() => match change {
+                    Ok(change) if change.rv > last => {
+                        last = change.rv;
+                        if let Some(line) = view(&change, resource, namespace.as_deref(), &selector)
+                                && !send(line).await
+                        {
+                                return;
+                        }
+                    }
+                    Ok(_) => {}
+                    // A watcher too slow to keep up is cut off; the client
+                    // watches again from its last resourceVersion.
+                    Err(_) => return,
+                },
+                _ = ticker.tick(), if bookmarks => {
+                    if !send(bookmark(resource, last, false)).await {
+                        return;
+                    }
+                }
+                _ = tx.closed() => return,
+                _ = &mut deadline => return,
+                _ = disconnect.changed() => return,
+            }
+        }
+    });
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Ok(Response::builder()
+        .status(200)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("Transfer-Encoding", "chunked")
+        .body(body)
+        .expect("valid response"))
+}

@@ -1,0 +1,151 @@
+//! The resources the test server serves, with what discovery says of them
+//! and how strategic merge patches treat their lists.
+
+/// How a strategic merge patch treats a list field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListStrategy {
+    /// The patch's list replaces the object's.
+    Replace,
+    /// Elements are merged by the named key.
+    MergeByKey(&'static str),
+    /// A set of scalars: the patch's values are added.
+    MergePrimitive,
+}
+
+/// One served resource.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Resource {
+    /// API group; empty for core.
+    pub group: &'static str,
+    pub version: &'static str,
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+    /// Whether it has a `status` subresource.
+    pub has_status: bool,
+    pub short_names: &'static [&'static str],
+    /// Only `create` is served (reviews).
+    pub create_only: bool,
+}
+
+impl Resource {
+    /// `v1` or `group/version`.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_owned()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// `nodes` or `leases.coordination.k8s.io`, as errors name it.
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_owned()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+}
+
+const fn resource(
+    group: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    has_status: bool,
+    short_names: &'static [&'static str],
+) -> Resource {
+    Resource {
+        group,
+        version: "v1",
+        plural,
+        singular,
+        kind,
+        namespaced,
+        has_status,
+        short_names,
+        create_only: false,
+    }
+}
+
+/// Every served resource.
+pub static RESOURCES: &[Resource] = &[
+    resource("", "nodes", "node", "Node", false, true, &["no"]),
+    resource("", "services", "service", "Service", true, true, &["svc"]),
+    resource("", "events", "event", "Event", true, false, &["ev"]),
+    resource(
+        "",
+        "namespaces",
+        "namespace",
+        "Namespace",
+        false,
+        true,
+        &["ns"],
+    ),
+    resource(
+        "events.k8s.io",
+        "events",
+        "event",
+        "Event",
+        true,
+        false,
+        &["ev"],
+    ),
+    resource(
+        "coordination.k8s.io",
+        "leases",
+        "lease",
+        "Lease",
+        true,
+        false,
+        &[],
+    ),
+    Resource {
+        create_only: true,
+        ..resource(
+            "authentication.k8s.io",
+            "tokenreviews",
+            "tokenreview",
+            "TokenReview",
+            false,
+            false,
+            &[],
+        )
+    },
+];
+
+/// The resource at `group`/`version`/`plural`.
+pub fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// The API groups served (besides core), in discovery order.
+pub fn groups() -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for r in RESOURCES {
+        if !r.group.is_empty() && !out.contains(&r.group) {
+            out.push(r.group);
+        }
+    }
+    out
+}
+
+/// The strategic-merge list strategy of the field at `path` in `kind`, as
+/// the Kubernetes API types declare it.
+pub fn list_strategy(kind: &str, path: &[&str]) -> ListStrategy {
+    match (kind, path) {
+        (_, ["metadata", "finalizers"]) => ListStrategy::MergePrimitive,
+        (_, ["metadata", "ownerReferences"]) => ListStrategy::MergeByKey("uid"),
+        (_, ["status", "conditions"]) => ListStrategy::MergeByKey("type"),
+        ("Node", ["status", "addresses"]) => ListStrategy::MergeByKey("type"),
+        ("Node", ["spec", "podCIDRs"]) => ListStrategy::MergePrimitive,
+        ("Node", ["status", "images"]) => ListStrategy::Replace,
+        ("Service", ["spec", "ports"]) => ListStrategy::MergeByKey("port"),
+        _ => ListStrategy::Replace,
+    }
+}

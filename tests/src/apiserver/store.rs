@@ -1,0 +1,676 @@
+//! The objects the test server holds, with the semantics clients rely on:
+//! one resourceVersion counter, uid / generation / creationTimestamp set by
+//! the server, optimistic concurrency, status subresources, finalizers and
+//! deletionTimestamp, and a bounded history of changes so watches can
+//! resume from a resourceVersion (or get 410 Gone when it is too old).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+
+use super::resources::Resource;
+
+/// An API error, returned to clients as a `Status` object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+    pub details: Option<Value>,
+}
+
+impl ApiError {
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    pub fn not_found(resource: &Resource, name: &str) -> Self {
+        Self {
+            details: Some(json!({"name": name, "group": resource.group, "kind": resource.plural})),
+            ..Self::new(
+                404,
+                "NotFound",
+                format!("{} \"{name}\" not found", resource.qualified()),
+            )
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    pub fn invalid(resource: &Resource, name: &str, message: impl Into<String>) -> Self {
+        let message = message.into();
+        Self {
+            details: Some(json!({
+                "name": name, "group": resource.group, "kind": resource.kind,
+                "causes": [{"reason": "FieldValueInvalid", "message": message}],
+            })),
+            ..Self::new(
+                422,
+                "Invalid",
+                format!("{} \"{name}\" is invalid: {message}", resource.kind),
+            )
+        }
+    }
+
+    fn conflict(resource: &Resource, name: &str) -> Self {
+        Self {
+            details: Some(json!({"name": name, "group": resource.group, "kind": resource.plural})),
+            ..Self::new(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                    resource.qualified()
+                ),
+            )
+        }
+    }
+
+    /// The `Status` body.
+    pub fn to_status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        });
+        if let Some(details) = &self.details {
+            status["details"] = details.clone();
+        }
+        status
+    }
+}
+
+/// What happened to an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl ChangeType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, as watches see it.
+#[derive(Debug)]
+pub struct Change {
+    pub rv: u64,
+    pub kind: ChangeType,
+    pub resource: &'static Resource,
+    pub namespace: String,
+    /// The object after the change (its last state for a delete).
+    pub object: Value,
+    /// The object before the change.
+    pub old: Option<Value>,
+}
+
+type Key = (&'static str, &'static str, String, String);
+
+/// Changes to replay, then the live feed.
+pub type Subscription = (Vec<Arc<Change>>, broadcast::Receiver<Arc<Change>>);
+
+fn key(resource: &'static Resource, namespace: &str, name: &str) -> Key {
+    (
+        resource.group,
+        resource.plural,
+        namespace.to_owned(),
+        name.to_owned(),
+    )
+}
+
+struct Inner {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    history: VecDeque<Arc<Change>>,
+    /// Watches from a resourceVersion below this get 410 Gone.
+    floor: u64,
+    max_history: usize,
+    node_ports: BTreeSet<i64>,
+    next_cluster_ip: u32,
+}
+
+/// The store; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Mutex<Inner>>,
+    changes: broadcast::Sender<Arc<Change>>,
+}
+
+fn now() -> String {
+    // RFC 3339 in UTC, whole seconds, as Kubernetes writes timestamps.
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let days = secs / 86_400;
+    let (h, m, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+    let (y, mo, d) = civil_from_days(days as i64);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}Z")
+}
+
+/// Days since 1970-01-01 to (year, month, day), after Howard Hinnant's
+/// public-domain algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn meta(obj: &Value) -> &Value {
+    &obj["metadata"]
+}
+
+fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj["metadata"].is_object() {
+        obj["metadata"] = json!({});
+    }
+    obj["metadata"].as_object_mut().expect("object")
+}
+
+fn finalizers_empty(obj: &Value) -> bool {
+    meta(obj)["finalizers"].as_array().is_none_or(Vec::is_empty)
+}
+
+/// A random suffix for `generateName`, from the uid generator.
+fn suffix() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..5].to_owned()
+}
+
+impl Store {
+    /// An empty store keeping `max_history` changes for watch replay.
+    pub fn new(max_history: usize) -> Self {
+        let (changes, _) = broadcast::channel(65_536);
+        Self {
+            inner: Arc::new(Mutex::new(Inner {
+                rv: 1,
+                objects: BTreeMap::new(),
+                history: VecDeque::new(),
+                floor: 0,
+                max_history,
+                node_ports: BTreeSet::new(),
+                next_cluster_ip: 1,
+            })),
+            changes,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// Forgets all history: watches from any earlier resourceVersion get
+    /// 410 Gone, as after an etcd compaction.
+    pub fn compact(&self) {
+        let mut inner = self.lock();
+        inner.history.clear();
+        inner.floor = inner.rv;
+    }
+
+    fn record(&self, inner: &mut Inner, change: Change) {
+        let change = Arc::new(change);
+        inner.history.push_back(change.clone());
+        while inner.history.len() > inner.max_history {
+            if let Some(dropped) = inner.history.pop_front() {
+                inner.floor = dropped.rv;
+            }
+        }
+        let _ = self.changes.send(change);
+    }
+
+    /// One object.
+    pub fn get(
+        &self,
+        resource: &'static Resource,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Value, ApiError> {
+        self.lock()
+            .objects
+            .get(&key(resource, namespace, name))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(resource, name))
+    }
+
+    /// Every object of `resource` (in `namespace`, if given), sorted by
+    /// namespace and name, with the resourceVersion of the snapshot.
+    pub fn list(&self, resource: &'static Resource, namespace: Option<&str>) -> (Vec<Value>, u64) {
+        let inner = self.lock();
+        let items = inner
+            .objects
+            .iter()
+            .filter(|((g, p, ns, _), _)| {
+                *g == resource.group && *p == resource.plural && namespace.is_none_or(|n| n == ns)
+            })
+            .map(|(_, v)| v.clone())
+            .collect();
+        (items, inner.rv)
+    }
+
+    /// Subscribes to changes after `since`: the changes to replay, then the
+    /// live feed. `Err` when `since` is older than the history kept.
+    pub fn watch(&self, since: u64) -> Result<Subscription, u64> {
+        let inner = self.lock();
+        if since < inner.floor {
+            return Err(inner.floor);
+        }
+        let receiver = self.changes.subscribe();
+        let replay = inner
+            .history
+            .iter()
+            .filter(|c| c.rv > since)
+            .cloned()
+            .collect();
+        Ok((replay, receiver))
+    }
+
+    fn namespace_exists(inner: &Inner, namespace: &str) -> bool {
+        inner
+            .objects
+            .contains_key(&("", "namespaces", String::new(), namespace.to_owned()))
+    }
+
+    /// Creates an object.
+    pub fn create(
+        &self,
+        resource: &'static Resource,
+        namespace: &str,
+        mut obj: Value,
+    ) -> Result<Value, ApiError> {
+        let mut inner = self.lock();
+        if resource.namespaced && !Self::namespace_exists(&inner, namespace) {
+            return Err(ApiError::new(
+                404,
+                "NotFound",
+                format!("namespaces \"{namespace}\" not found"),
+            ));
+        }
+        let given_ns = meta(&obj)["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if resource.namespaced && !given_ns.is_empty() && given_ns != namespace {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        let mut name = meta(&obj)["name"].as_str().unwrap_or_default().to_owned();
+        if name.is_empty() {
+            match meta(&obj)["generateName"].as_str() {
+                Some(prefix) if !prefix.is_empty() => name = format!("{prefix}{}", suffix()),
+                _ => {
+                    return Err(ApiError::invalid(
+                        resource,
+                        "",
+                        "metadata.name: Required value: name or generateName is required",
+                    ));
+                }
+            }
+        }
+        let k = key(resource, namespace, &name);
+        if inner.objects.contains_key(&k) {
+            return Err(ApiError {
+                details: Some(
+                    json!({"name": name, "group": resource.group, "kind": resource.plural}),
+                ),
+                ..ApiError::new(
+                    409,
+                    "AlreadyExists",
+                    format!("{} \"{name}\" already exists", resource.qualified()),
+                )
+            });
+        }
+        if resource.kind == "Service" && resource.group.is_empty() {
+            obj["status"] = json!({});
+            allocate_service(&mut inner, &mut obj)?;
+        }
+        inner.rv += 1;
+        let rv = inner.rv;
+        obj["apiVersion"] = json!(resource.api_version());
+        obj["kind"] = json!(resource.kind);
+        let m = meta_mut(&mut obj);
+        m.insert("name".into(), json!(name));
+        if resource.namespaced {
+            m.insert("namespace".into(), json!(namespace));
+        } else {
+            m.remove("namespace");
+        }
+        m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+        m.insert("resourceVersion".into(), json!(rv.to_string()));
+        m.insert("creationTimestamp".into(), json!(now()));
+        m.insert("generation".into(), json!(1));
+        m.remove("deletionTimestamp");
+        m.remove("deletionGracePeriodSeconds");
+        m.remove("managedFields");
+        inner.objects.insert(k, obj.clone());
+        self.record(
+            &mut inner,
+            Change {
+                rv,
+                kind: ChangeType::Added,
+                resource,
+                namespace: namespace.to_owned(),
+                object: obj.clone(),
+                old: None,
+            },
+        );
+        Ok(obj)
+    }
+
+    /// Replaces an object, or its status when `status` is set, after
+    /// `mutate` turned the current object into the desired one. `mutate`
+    /// runs under the store's lock, so read-modify-write is atomic.
+    pub fn update(
+        &self,
+        resource: &'static Resource,
+        namespace: &str,
+        name: &str,
+        status: bool,
+        mutate: impl FnOnce(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        let mut inner = self.lock();
+        let k = key(resource, namespace, name);
+        let old = inner
+            .objects
+            .get(&k)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(resource, name))?;
+        let mut new = mutate(&old)?;
+        let old_meta = meta(&old).clone();
+        let wanted_rv = meta(&new)["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if !wanted_rv.is_empty()
+            && wanted_rv != old_meta["resourceVersion"].as_str().unwrap_or_default()
+        {
+            return Err(ApiError::conflict(resource, name));
+        }
+        let new_name = meta(&new)["name"].as_str().unwrap_or(name).to_owned();
+        if new_name != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({new_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        if status {
+            // The status subresource changes status only.
+            let mut merged = old.clone();
+            merged["status"] = new.get("status").cloned().unwrap_or(Value::Null);
+            new = merged;
+        } else if resource.has_status {
+            new["status"] = old.get("status").cloned().unwrap_or(Value::Null);
+        }
+        if new.get("status") == Some(&Value::Null) {
+            new.as_object_mut().expect("object").remove("status");
+        }
+        new["apiVersion"] = json!(resource.api_version());
+        new["kind"] = json!(resource.kind);
+        {
+            let m = meta_mut(&mut new);
+            for field in [
+                "uid",
+                "creationTimestamp",
+                "namespace",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+            ] {
+                match old_meta.get(field) {
+                    Some(v) => m.insert(field.into(), v.clone()),
+                    None => m.remove(field),
+                };
+            }
+            m.insert("name".into(), json!(name));
+            m.insert(
+                "resourceVersion".into(),
+                old_meta["resourceVersion"].clone(),
+            );
+            m.remove("managedFields");
+        }
+        if new.get("spec") != old.get("spec") {
+            let generation = old_meta["generation"].as_i64().unwrap_or(1) + 1;
+            meta_mut(&mut new).insert("generation".into(), json!(generation));
+        }
+        let deleting = !old_meta["deletionTimestamp"].is_null();
+        if deleting && finalizers_empty(&new) {
+            // The last finalizer is gone: the object goes.
+            inner.objects.remove(&k);
+            inner.rv += 1;
+            let rv = inner.rv;
+            meta_mut(&mut new).insert("resourceVersion".into(), json!(rv.to_string()));
+            self.record(
+                &mut inner,
+                Change {
+                    rv,
+                    kind: ChangeType::Deleted,
+                    resource,
+                    namespace: namespace.to_owned(),
+                    object: new.clone(),
+                    old: Some(old),
+                },
+            );
+            return Ok(new);
+        }
+        if new == old {
+            // No change, no new resourceVersion and no event.
+            return Ok(old);
+        }
+        inner.rv += 1;
+        let rv = inner.rv;
+        meta_mut(&mut new).insert("resourceVersion".into(), json!(rv.to_string()));
+        inner.objects.insert(k, new.clone());
+        self.record(
+            &mut inner,
+            Change {
+                rv,
+                kind: ChangeType::Modified,
+                resource,
+                namespace: namespace.to_owned(),
+                object: new.clone(),
+                old: Some(old),
+            },
+        );
+        Ok(new)
+    }
+
+    /// Deletes an object: at once without finalizers, else it gets a
+    /// deletionTimestamp and goes when the last finalizer is removed.
+    /// `preconditions` are the uid and resourceVersion the caller expects.
+    pub fn delete(
+        &self,
+        resource: &'static Resource,
+        namespace: &str,
+        name: &str,
+        preconditions: (Option<String>, Option<String>),
+    ) -> Result<Value, ApiError> {
+        let mut inner = self.lock();
+        let k = key(resource, namespace, name);
+        let old = inner
+            .objects
+            .get(&k)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(resource, name))?;
+        let (uid, rv) = preconditions;
+        if uid.is_some_and(|u| Some(u.as_str()) != meta(&old)["uid"].as_str())
+            || rv.is_some_and(|r| Some(r.as_str()) != meta(&old)["resourceVersion"].as_str())
+        {
+            return Err(ApiError::conflict(resource, name));
+        }
+        inner.rv += 1;
+        let rv = inner.rv;
+        let mut obj = old.clone();
+        if !finalizers_empty(&old) {
+            if !meta(&old)["deletionTimestamp"].is_null() {
+                inner.rv -= 1;
+                return Ok(old);
+            }
+            let m = meta_mut(&mut obj);
+            m.insert("deletionTimestamp".into(), json!(now()));
+            m.insert("deletionGracePeriodSeconds".into(), json!(0));
+            m.insert("resourceVersion".into(), json!(rv.to_string()));
+            inner.objects.insert(k, obj.clone());
+            self.record(
+                &mut inner,
+                Change {
+                    rv,
+                    kind: ChangeType::Modified,
+                    resource,
+                    namespace: namespace.to_owned(),
+                    object: obj.clone(),
+                    old: Some(old),
+                },
+            );
+            return Ok(obj);
+        }
+        inner.objects.remove(&k);
+        if resource.kind == "Service" {
+            release_service(&mut inner, &old);
+        }
+        meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
+        self.record(
+            &mut inner,
+            Change {
+                rv,
+                kind: ChangeType::Deleted,
+                resource,
+                namespace: namespace.to_owned(),
+                object: obj.clone(),
+                old: Some(old),
+            },
+        );
+        Ok(obj)
+    }
+}
+
+const NODE_PORTS: std::ops::RangeInclusive<i64> = 30000..=32767;
+
+fn next_node_port(inner: &mut Inner) -> Result<i64, ApiError> {
+    let port = NODE_PORTS
+        .clone()
+        .find(|p| !inner.node_ports.contains(p))
+        .ok_or_else(|| ApiError::new(500, "InternalError", "no node ports left"))?;
+    inner.node_ports.insert(port);
+    Ok(port)
+}
+
+/// Defaults and allocations the real API server makes for a new Service:
+/// type, cluster IP, node ports, health check node port, IP families.
+fn allocate_service(inner: &mut Inner, obj: &mut Value) -> Result<(), ApiError> {
+    let spec = obj["spec"]
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("spec is required"))?;
+    let kind = spec
+        .entry("type")
+        .or_insert(json!("ClusterIP"))
+        .as_str()
+        .unwrap_or("ClusterIP")
+        .to_owned();
+    spec.entry("sessionAffinity").or_insert(json!("None"));
+    spec.entry("ipFamilies").or_insert(json!(["IPv4"]));
+    spec.entry("ipFamilyPolicy").or_insert(json!("SingleStack"));
+    spec.entry("internalTrafficPolicy")
+        .or_insert(json!("Cluster"));
+    if !spec.contains_key("clusterIP") {
+        let n = inner.next_cluster_ip;
+        inner.next_cluster_ip += 1;
+        let ip = format!("10.96.{}.{}", n / 250, n % 250 + 1);
+        spec.insert("clusterIP".into(), json!(ip));
+        spec.insert("clusterIPs".into(), json!([ip]));
+    }
+    let external = kind == "NodePort" || kind == "LoadBalancer";
+    if external {
+        spec.entry("externalTrafficPolicy")
+            .or_insert(json!("Cluster"));
+    }
+    let allocate = external && spec.get("allocateLoadBalancerNodePorts") != Some(&json!(false));
+    if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+        for port in ports {
+            let p = port
+                .as_object_mut()
+                .ok_or_else(|| ApiError::bad_request("ports must be objects"))?;
+            p.entry("protocol").or_insert(json!("TCP"));
+            if let Some(number) = p.get("port").cloned() {
+                p.entry("targetPort").or_insert(number);
+            }
+            match p.get("nodePort").and_then(Value::as_i64) {
+                Some(np) if !inner.node_ports.insert(np) => {
+                    return Err(ApiError::new(
+                        422,
+                        "Invalid",
+                        format!(
+                            "spec.ports.nodePort: Invalid value: {np}: provided port is already allocated"
+                        ),
+                    ));
+                }
+                Some(_) => {}
+                None if allocate => {
+                    p.insert("nodePort".into(), json!(next_node_port(inner)?));
+                }
+                None => {}
+            }
+        }
+    }
+    if kind == "LoadBalancer"
+        && spec.get("externalTrafficPolicy") == Some(&json!("Local"))
+        && !spec.contains_key("healthCheckNodePort")
+    {
+        spec.insert("healthCheckNodePort".into(), json!(next_node_port(inner)?));
+    }
+    Ok(())
+}
+
+fn release_service(inner: &mut Inner, obj: &Value) {
+    if let Some(ports) = obj["spec"]["ports"].as_array() {
+        for p in ports {
+            if let Some(np) = p["nodePort"].as_i64() {
+                inner.node_ports.remove(&np);
+            }
+        }
+    }
+    if let Some(hc) = obj["spec"]["healthCheckNodePort"].as_i64() {
+        inner.node_ports.remove(&hc);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_rfc3339() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_779), (2026, 11, 22));
+        assert!(now().ends_with('Z') && now().len() == 20);
+    }
+}

@@ -1,0 +1,5 @@
+//! Test infrastructure of the cloud controller manager: the Kubernetes API
+//! test server ([`apiserver`]), and later the end-to-end scenarios, the
+//! local sandbox and the benchmarks.
+
+pub mod apiserver;

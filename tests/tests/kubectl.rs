@@ -1,0 +1,333 @@
+//! kubectl, an independent and real Kubernetes client, against the test
+//! API server: if kubectl cannot tell it from a real cluster for nodes,
+//! services, events and leases, neither can our controllers.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use ccm_testkit::apiserver::ApiServer;
+use serde_json::Value;
+
+struct Kubectl {
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Kubectl {
+    fn new(server: &ApiServer) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).unwrap();
+        Self {
+            kubeconfig,
+            _dir: dir,
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--request-timeout", "20s"])
+            .args(args)
+            .env("KUBECACHEDIR", self._dir.path().join("cache"));
+        cmd
+    }
+
+    /// Runs kubectl (optionally with `stdin`), returning stdout; panics with
+    /// stderr on failure.
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let (code, out, err) = self.try_run(args, stdin);
+        assert_eq!(code, 0, "kubectl {args:?} failed:\n{err}");
+        out
+    }
+
+    fn try_run(&self, args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+        use std::io::Write;
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl is installed");
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(input.as_bytes())
+                .unwrap();
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&self.run(&all, None)).unwrap()
+    }
+}
+
+const NODE: &str = r#"
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+  labels: {tier: a}
+spec:
+  podCIDR: 10.244.1.0/24
+  taints:
+  - {key: node.cloudprovider.kubernetes.io/uninitialized, value: "true", effect: NoSchedule}
+status:
+  conditions:
+  - {type: Ready, status: "True", reason: KubeletReady}
+  addresses:
+  - {type: InternalIP, address: 10.0.0.1}
+  - {type: Hostname, address: node-1}
+"#;
+
+const SERVICE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: LoadBalancer
+  selector: {app: web}
+  ports: [{name: http, port: 80}]
+"#;
+
+/// kubectl blocks; keep it off the async runtime.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::time::timeout(Duration::from_secs(60), tokio::task::spawn_blocking(f))
+        .await
+        .expect("kubectl finished in time")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_gets_and_reapplies_nodes_and_services() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    blocking(move || {
+        assert!(
+            k.run(&["apply", "-f", "-"], Some(NODE))
+                .contains("node/node-1 created")
+        );
+        assert!(
+            k.run(&["apply", "-f", "-"], Some(SERVICE))
+                .contains("service/web created")
+        );
+
+        let node = k.json(&["get", "node", "node-1"]);
+        assert_eq!(node["kind"], "Node");
+        assert_eq!(node["metadata"]["labels"]["tier"], "a");
+        assert!(
+            node["metadata"]["uid"]
+                .as_str()
+                .is_some_and(|u| u.len() == 36)
+        );
+        assert!(
+            node["metadata"]["creationTimestamp"]
+                .as_str()
+                .is_some_and(|t| t.ends_with('Z'))
+        );
+        assert_eq!(node["status"]["addresses"][0]["address"], "10.0.0.1");
+
+        let svc = k.json(&["get", "svc", "web"]);
+        assert_eq!(svc["spec"]["type"], "LoadBalancer");
+        let node_port = svc["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
+        assert!(
+            (30000..=32767).contains(&node_port),
+            "the server allocates node ports"
+        );
+        assert!(svc["spec"]["clusterIP"].as_str().is_some());
+
+        // A changed manifest applies as a three-way patch.
+        let changed = NODE.replace("tier: a", "tier: b");
+        assert!(
+            k.run(&["apply", "-f", "-"], Some(&changed))
+                .contains("configured")
+        );
+        let node = k.json(&["get", "node", "node-1"]);
+        assert_eq!(node["metadata"]["labels"]["tier"], "b");
+        assert_eq!(node["metadata"]["generation"], 1, "labels are not spec");
+
+        let list = k.json(&["get", "nodes"]);
+        assert_eq!(list["items"].as_array().unwrap().len(), 1);
+        let names = k.run(&["get", "nodes,svc", "-A", "-o", "name"], None);
+        assert!(
+            names.contains("node/node-1") && names.contains("service/web"),
+            "{names}"
+        );
+        // Unknown fields are refused when kubectl asks for strict checks.
+        let bad = NODE.replace("podCIDR:", "podCIDRR:");
+        let (code, _, err) = k.try_run(&["apply", "-f", "-", "--validate=strict"], Some(&bad));
+        assert_ne!(code, 0);
+        assert!(err.contains("unknown field \"spec.podCIDRR\""), "{err}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_patches_labels_and_taints() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    blocking(move || {
+        k.run(&["apply", "-f", "-"], Some(NODE));
+        k.run(&["patch", "node", "node-1", "--type", "merge", "-p", r#"{"metadata":{"labels":{"m":"1"}}}"#], None);
+        k.run(
+            &["patch", "node", "node-1", "--type", "json", "-p",
+              r#"[{"op":"test","path":"/metadata/labels/m","value":"1"},{"op":"add","path":"/metadata/labels/j","value":"2"}]"#],
+            None,
+        );
+        let (code, _, _) = k.try_run(
+            &["patch", "node", "node-1", "--type", "json", "-p", r#"[{"op":"test","path":"/metadata/labels/m","value":"no"}]"#],
+            None,
+        );
+        assert_ne!(code, 0, "a failed JSON patch test changes nothing");
+        // Strategic merge of conditions by type, through the status subresource.
+        k.run(
+            &["patch", "node", "node-1", "--subresource", "status", "--type", "strategic", "-p",
+              r#"{"status":{"conditions":[{"type":"NetworkUnavailable","status":"False","reason":"RouteCreated"}]}}"#],
+            None,
+        );
+        k.run(&["label", "node", "node-1", "zone=z1"], None);
+        k.run(&["taint", "node", "node-1", "node.cloudprovider.kubernetes.io/uninitialized-"], None);
+        k.run(&["taint", "node", "node-1", "dedicated=ccm:NoSchedule"], None);
+
+        let node = k.json(&["get", "node", "node-1"]);
+        let labels = &node["metadata"]["labels"];
+        assert_eq!((labels["m"].as_str(), labels["j"].as_str(), labels["zone"].as_str()), (Some("1"), Some("2"), Some("z1")));
+        let conditions: Vec<&str> = node["status"]["conditions"]
+            .as_array().unwrap().iter().map(|c| c["type"].as_str().unwrap()).collect();
+        assert_eq!(conditions, ["Ready", "NetworkUnavailable"]);
+        let taints = node["spec"]["taints"].as_array().unwrap();
+        assert_eq!(taints.len(), 1);
+        assert_eq!(taints[0]["key"], "dedicated");
+        assert_eq!(node["metadata"]["generation"], 3, "each taint change is a spec change");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_delete_waits_for_finalizers() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    blocking(move || {
+        k.run(&["apply", "-f", "-"], Some(SERVICE));
+        k.run(
+            &[
+                "patch",
+                "svc",
+                "web",
+                "--type",
+                "merge",
+                "-p",
+                r#"{"metadata":{"finalizers":["service.kubernetes.io/load-balancer-cleanup"]}}"#,
+            ],
+            None,
+        );
+        k.run(&["delete", "svc", "web", "--wait=false"], None);
+        let svc = k.json(&["get", "svc", "web"]);
+        assert!(svc["metadata"]["deletionTimestamp"].is_string(), "{svc}");
+        k.run(
+            &[
+                "patch",
+                "svc",
+                "web",
+                "--type",
+                "json",
+                "-p",
+                r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+            ],
+            None,
+        );
+        let (code, _, err) = k.try_run(&["get", "svc", "web"], None);
+        assert_ne!(code, 0);
+        assert!(
+            err.contains("NotFound") || err.contains("not found"),
+            "{err}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_wait_and_watch_see_changes_as_they_happen() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    let kubeconfig = k.kubeconfig.clone();
+    blocking(move || {
+        k.run(&["apply", "-f", "-"], Some(NODE));
+        let mut watch = k
+            .command(&["get", "nodes", "-w", "-o", "name"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut waiter = k
+            .command(&["wait", "--for=condition=Ready=False", "node/node-1", "--timeout=30s"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        k.run(
+            &["patch", "node", "node-1", "--subresource", "status", "--type", "strategic", "-p",
+              r#"{"status":{"conditions":[{"type":"Ready","status":"False","reason":"KubeletNotReady"}]}}"#],
+            None,
+        );
+        let status = waiter.wait().unwrap();
+        assert!(status.success(), "kubectl wait saw the condition");
+        k.run(&["apply", "-f", "-"], Some(&NODE.replace("node-1", "node-2")));
+        std::thread::sleep(Duration::from_millis(500));
+        watch.kill().unwrap();
+        let out = watch.wait_with_output().unwrap();
+        let seen = String::from_utf8_lossy(&out.stdout);
+        assert!(seen.contains("node/node-2"), "the watch saw node-2 arrive: {seen}");
+        let _ = kubeconfig;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_sees_events_and_leases_and_discovery() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    blocking(move || {
+        let resources = k.run(&["api-resources", "-o", "name"], None);
+        for name in ["nodes", "services", "events", "namespaces", "leases.coordination.k8s.io", "events.events.k8s.io", "tokenreviews.authentication.k8s.io"] {
+            assert!(resources.lines().any(|l| l == name), "{name} missing:\n{resources}");
+        }
+        k.run(&["create", "-f", "-"], Some(r#"
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: node-controller, namespace: kube-system}
+spec: {holderIdentity: pod-a, leaseDurationSeconds: 15}
+"#));
+        let lease = k.json(&["get", "lease", "-n", "kube-system", "node-controller"]);
+        assert_eq!(lease["spec"]["holderIdentity"], "pod-a");
+        k.run(&["create", "-f", "-"], Some(r#"
+apiVersion: v1
+kind: Event
+metadata: {name: node-1.synced, namespace: default}
+involvedObject: {kind: Node, name: node-1}
+reason: Synced
+message: Node synced successfully
+type: Normal
+"#));
+        let events = k.run(&["get", "events", "-o", "jsonpath={.items[*].reason}"], None);
+        assert_eq!(events, "Synced");
+        let (code, _, err) = k.try_run(&["create", "-f", "-"], Some("apiVersion: v1\nkind: Service\nmetadata: {name: x, namespace: nowhere}\nspec: {ports: [{port: 1}]}\n"));
+        assert_ne!(code, 0);
+        assert!(err.contains("namespaces \"nowhere\" not found"), "{err}");
+    })
+    .await;
+}
