@@ -1,10 +1,19 @@
 //! What every process of the cloud controller manager needs, once: logging
 //! ([`telemetry`]), the admin HTTP server with `/livez`, `/readyz` and
-//! `/metrics` ([`admin`]), graceful shutdown on signals ([`shutdown`]), and
-//! layering of config file, environment and flags ([`settings`]). It stays
-//! small and boring: nothing here knows about clouds or controllers.
+//! `/metrics` ([`admin`]), graceful shutdown on signals ([`shutdown`]),
+//! config layering ([`settings`], [`cli`]), the flags every controller
+//! shares ([`args`]), Kubernetes well-known names ([`names`]), the
+//! Kubernetes and gateway clients ([`kube`], [`gateway`]), and leader
+//! election ([`leader`]). It stays small and boring: nothing here knows what
+//! a controller does.
 
 pub mod admin;
+pub mod args;
+pub mod cli;
+pub mod gateway;
+pub mod kube;
+pub mod leader;
+pub mod names;
 pub mod settings;
 pub mod shutdown;
 pub mod telemetry;

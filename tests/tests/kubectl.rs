@@ -331,3 +331,64 @@ type: Normal
     })
     .await;
 }
+
+#[test]
+fn the_server_binary_writes_a_kubeconfig_kubectl_can_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kube-test-apiserver"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--kubeconfig"])
+        .arg(&kubeconfig)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !kubeconfig.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no kubeconfig written"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let kubectl = |args: &[&str], stdin: Option<&str>| {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(args)
+            .env("KUBECACHEDIR", dir.path().join("cache"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(input.as_bytes())
+                .unwrap();
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    kubectl(&["apply", "-f", "-"], Some(NODE));
+    assert_eq!(
+        kubectl(&["get", "nodes", "-o", "name"], None).trim(),
+        "node/node-1"
+    );
+    assert!(kubectl(&["version"], None).contains("v1.32.0-ccm-test"));
+    server.kill().unwrap();
+    server.wait().unwrap();
+}

@@ -1,0 +1,299 @@
+//! The flags every controller shares, flattened into each binary's own
+//! arguments: logging, Kubernetes, the admin server, the cloud gateway and
+//! leader election. Values are strings until [`CommonArgs::resolve`] checks
+//! them all, so one run reports every problem.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::settings::{Problems, parse_duration};
+use crate::telemetry::LogFormat;
+
+/// Flags shared by every controller.
+#[derive(Args, Clone, Debug)]
+pub struct CommonArgs {
+    /// Config file (YAML or TOML) with settings named as the flags; flags and environment win over it.
+    #[arg(long, env = "CCM_CONFIG")]
+    pub config: Option<String>,
+    /// Kubeconfig to use; without it, the in-cluster config or $KUBECONFIG.
+    #[arg(long)]
+    pub kubeconfig: Option<String>,
+    /// The cluster's name; cloud resources are tagged with it.
+    #[arg(long, env = "CCM_CLUSTER_NAME", default_value = "kubernetes")]
+    pub cluster_name: String,
+    /// Address of the admin HTTP server (/livez, /readyz, /metrics).
+    #[arg(long, env = "CCM_ADMIN_LISTEN")]
+    pub admin_listen: Option<String>,
+    /// The cloud gateway's gRPC address, http://host:port or https://host:port.
+    #[arg(
+        long,
+        env = "CCM_GATEWAY_ADDRESS",
+        default_value = "http://127.0.0.1:7400"
+    )]
+    pub gateway_address: String,
+    /// File holding the bearer token for the gateway; read again when it rotates.
+    #[arg(long, env = "CCM_GATEWAY_TOKEN_FILE")]
+    pub gateway_token_file: Option<String>,
+    /// PEM CA bundle to verify the gateway's certificate (https only).
+    #[arg(long, env = "CCM_GATEWAY_CA_FILE")]
+    pub gateway_ca_file: Option<String>,
+    /// Deadline of each gateway call.
+    #[arg(long, env = "CCM_GATEWAY_TIMEOUT", default_value = "10s")]
+    pub gateway_timeout: String,
+    /// Run only while holding the leader lease: true or false.
+    #[arg(long, env = "CCM_LEADER_ELECT", default_value = "true", num_args = 0..=1, default_missing_value = "true")]
+    pub leader_elect: String,
+    /// How long a lease lasts without renewal before another replica may take it.
+    #[arg(long, default_value = "15s")]
+    pub leader_elect_lease_duration: String,
+    /// How long a leader keeps trying to renew before it stops work.
+    #[arg(long, default_value = "10s")]
+    pub leader_elect_renew_deadline: String,
+    /// How often to try to acquire or renew the lease.
+    #[arg(long, default_value = "2s")]
+    pub leader_elect_retry_period: String,
+    /// Name of the lease; each controller has its own default.
+    #[arg(long)]
+    pub leader_elect_resource_name: Option<String>,
+    /// Namespace of the lease.
+    #[arg(long, default_value = "kube-system")]
+    pub leader_elect_resource_namespace: String,
+    /// Log format: plain or json.
+    #[arg(long, env = "CCM_LOG_FORMAT", default_value = "plain")]
+    pub log_format: String,
+    /// Log filter, e.g. info or info,node_controller=debug; RUST_LOG wins.
+    #[arg(long, env = "CCM_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+/// Leader election settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// Whether to elect at all.
+    pub enabled: bool,
+    pub name: String,
+    pub namespace: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+/// The checked shared settings.
+#[derive(Clone, Debug)]
+pub struct Common {
+    pub kubeconfig: Option<PathBuf>,
+    pub cluster_name: String,
+    pub admin_listen: SocketAddr,
+    pub gateway: ccm_proto::ClientConfig,
+    pub lease: LeaseSettings,
+    pub log_format: LogFormat,
+    pub log_level: String,
+}
+
+fn is_dns_label(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+impl CommonArgs {
+    /// Checks every shared setting; `default_admin` and `default_lease`
+    /// are the controller's own defaults.
+    pub fn resolve(
+        &self,
+        p: &mut Problems,
+        default_admin: &str,
+        default_lease: &str,
+    ) -> Option<Common> {
+        if !is_dns_label(&self.cluster_name) {
+            p.push(
+                "cluster-name",
+                format!(
+                    "{:?} is not a DNS label (1-63 of a-z, 0-9 and -)",
+                    self.cluster_name
+                ),
+            );
+        }
+        let admin = self.admin_listen.as_deref().unwrap_or(default_admin);
+        let admin_listen = p.parse("admin-listen", admin, str::parse::<SocketAddr>);
+        if !(self.gateway_address.starts_with("http://")
+            || self.gateway_address.starts_with("https://"))
+        {
+            p.push(
+                "gateway-address",
+                format!(
+                    "{:?} must start with http:// or https://",
+                    self.gateway_address
+                ),
+            );
+        }
+        let token = match &self.gateway_token_file {
+            Some(path) if std::path::Path::new(path).is_file() => Some(PathBuf::from(path)),
+            Some(path) => {
+                p.push("gateway-token-file", format!("{path}: no such file"));
+                None
+            }
+            None => {
+                p.push(
+                    "gateway-token-file",
+                    "is required: the gateway refuses calls without a token",
+                );
+                None
+            }
+        };
+        if let Some(ca) = self
+            .gateway_ca_file
+            .as_ref()
+            .filter(|f| !std::path::Path::new(f).is_file())
+        {
+            p.push("gateway-ca-file", format!("{ca}: no such file"));
+        }
+        let timeout = p.parse("gateway-timeout", &self.gateway_timeout, parse_duration);
+        let enabled = p.parse("leader-elect", &self.leader_elect, |s| {
+            s.parse::<bool>().map_err(|_| "use true or false")
+        });
+        let lease_duration = p.parse(
+            "leader-elect-lease-duration",
+            &self.leader_elect_lease_duration,
+            parse_duration,
+        );
+        let renew_deadline = p.parse(
+            "leader-elect-renew-deadline",
+            &self.leader_elect_renew_deadline,
+            parse_duration,
+        );
+        let retry_period = p.parse(
+            "leader-elect-retry-period",
+            &self.leader_elect_retry_period,
+            parse_duration,
+        );
+        if let (Some(lease), Some(renew), Some(retry)) =
+            (lease_duration, renew_deadline, retry_period)
+        {
+            // The same rules upstream's leader election enforces.
+            if lease <= renew {
+                p.push(
+                    "leader-elect-lease-duration",
+                    "must be greater than leader-elect-renew-deadline",
+                );
+            }
+            if renew.as_secs_f64() <= 1.2 * retry.as_secs_f64() {
+                p.push(
+                    "leader-elect-renew-deadline",
+                    "must be greater than 1.2 x leader-elect-retry-period",
+                );
+            }
+            if retry.is_zero() {
+                p.push("leader-elect-retry-period", "must be greater than 0");
+            }
+        }
+        let log_format = p.parse("log-format", &self.log_format, str::parse::<LogFormat>);
+        p.parse("log-level", &self.log_level, crate::telemetry::parse_filter);
+        if let Some(kubeconfig) = self
+            .kubeconfig
+            .as_ref()
+            .filter(|f| !std::path::Path::new(f).is_file())
+        {
+            p.push("kubeconfig", format!("{kubeconfig}: no such file"));
+        }
+        let mut gateway = ccm_proto::ClientConfig::new(
+            self.gateway_address.clone(),
+            self.cluster_name.clone(),
+            ccm_proto::TokenSource::File(token?),
+        );
+        gateway.timeout = timeout?;
+        gateway.tls_ca = self.gateway_ca_file.as_ref().map(PathBuf::from);
+        Some(Common {
+            kubeconfig: self.kubeconfig.as_ref().map(PathBuf::from),
+            cluster_name: self.cluster_name.clone(),
+            admin_listen: admin_listen?,
+            gateway,
+            lease: LeaseSettings {
+                enabled: enabled?,
+                name: self
+                    .leader_elect_resource_name
+                    .clone()
+                    .unwrap_or_else(|| default_lease.to_owned()),
+                namespace: self.leader_elect_resource_namespace.clone(),
+                lease_duration: lease_duration?,
+                renew_deadline: renew_deadline?,
+                retry_period: retry_period?,
+            },
+            log_format: log_format?,
+            log_level: self.log_level.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Bin {
+        #[command(flatten)]
+        common: CommonArgs,
+    }
+
+    fn resolve(args: &[&str]) -> Result<Common, Problems> {
+        let bin = Bin::try_parse_from(std::iter::once("bin").chain(args.iter().copied())).unwrap();
+        let mut p = Problems::new();
+        let common = bin.common.resolve(&mut p, "127.0.0.1:9000", "ccm-test");
+        p.finish(|| common.expect("no problems means a value"))
+    }
+
+    #[test]
+    fn defaults_follow_upstream_leader_election() {
+        let token = std::env::temp_dir().join(format!("ccm-args-{}.token", std::process::id()));
+        std::fs::write(&token, "t").unwrap();
+        let common = resolve(&["--gateway-token-file", token.to_str().unwrap()]).unwrap();
+        assert_eq!(common.lease.lease_duration, Duration::from_secs(15));
+        assert_eq!(common.lease.renew_deadline, Duration::from_secs(10));
+        assert_eq!(common.lease.retry_period, Duration::from_secs(2));
+        assert_eq!(common.lease.name, "ccm-test");
+        assert!(common.lease.enabled);
+        let off = resolve(&[
+            "--gateway-token-file",
+            token.to_str().unwrap(),
+            "--leader-elect=false",
+        ])
+        .unwrap();
+        assert!(!off.lease.enabled);
+        std::fs::remove_file(token).unwrap();
+    }
+
+    #[test]
+    fn every_problem_is_listed() {
+        let problems = resolve(&[
+            "--cluster-name",
+            "Bad_Name",
+            "--gateway-address",
+            "localhost:1",
+            "--leader-elect-renew-deadline",
+            "20s",
+            "--log-format",
+            "xml",
+            "--admin-listen",
+            "x",
+        ])
+        .unwrap_err();
+        let text = problems.to_string();
+        for key in [
+            "cluster-name",
+            "gateway-address",
+            "gateway-token-file",
+            "leader-elect-lease-duration",
+            "log-format",
+            "admin-listen",
+        ] {
+            assert!(text.contains(key), "{key} missing: {text}");
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! The gateway client every controller builds the same way, and the check
+//! controllers make at start that the provider has their capability.
+
+use ccm_proto::GatewayClient;
+
+/// Which capability a controller needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Capability {
+    Instances,
+    LoadBalancers,
+    Routes,
+}
+
+/// Builds the client.
+pub fn client(config: &ccm_proto::ClientConfig) -> anyhow::Result<GatewayClient> {
+    Ok(GatewayClient::new(config.clone())?)
+}
+
+/// Whether the provider behind the gateway has `capability`; waits for the
+/// gateway to answer (it may start after the controller).
+pub async fn supports(client: &GatewayClient, capability: Capability) -> anyhow::Result<bool> {
+    let mut delay = std::time::Duration::from_millis(200);
+    loop {
+        match client.provider_info().await {
+            Ok(info) => {
+                return Ok(match capability {
+                    Capability::Instances => info.instances,
+                    Capability::LoadBalancers => info.load_balancers,
+                    Capability::Routes => info.routes,
+                });
+            }
+            Err(
+                e @ (ccm_proto::Error::Unauthenticated { .. }
+                | ccm_proto::Error::PermissionDenied { .. }),
+            ) => {
+                anyhow::bail!("the gateway refused this controller's token: {e}");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "waiting for the cloud gateway");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(10));
+            }
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, through
+//! kube-leader-election, with upstream's timing (15 s lease, 10 s renew
+//! deadline, 2 s retry) and two guarantees on top:
+//!
+//! - Writes stop at once: [`Leadership::is_leader`] turns false the moment
+//!   the renew deadline has passed since the last successful renewal, even
+//!   if the renewing task is stuck. The lease lasts longer than the
+//!   deadline, so no other replica can lead before this one has stopped.
+//! - No two leaders: kube-leader-election takes an expired lease with a
+//!   patch that has no resourceVersion precondition, so two replicas that
+//!   saw it expire together may both believe they won. After acquiring,
+//!   this module reads the lease again after a short settle delay and leads
+//!   only if it is still the holder.
+//!
+//! A replica that loses the lease reports it through [`Leadership::lost`];
+//! controllers then exit, and Kubernetes restarts them as standbys.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::args::LeaseSettings;
+
+/// What this replica knows of its leadership.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Not leading (yet).
+    Standby,
+    /// Leading; the lease was last renewed at the instant.
+    Leading(Instant),
+    /// Was leading and lost the lease; never leads again in this process.
+    Lost,
+}
+
+/// A handle on this replica's leadership; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Leadership {
+    state: watch::Receiver<State>,
+    renew_deadline: Duration,
+    identity: Arc<str>,
+}
+
+impl Leadership {
+    /// A replica that always leads (leader election off).
+    pub fn always() -> Self {
+        let (tx, rx) = watch::channel(State::Leading(far_future()));
+        // Keep the sender alive for the life of the process.
+        std::mem::forget(tx);
+        Self {
+            state: rx,
+            renew_deadline: Duration::MAX,
+            identity: "no-leader-election".into(),
+        }
+    }
+
+    /// Whether this replica may write now.
+    pub fn is_leader(&self) -> bool {
+        match *self.state.borrow() {
+            State::Leading(renewed) => renewed.elapsed() < self.renew_deadline,
+            _ => false,
+        }
+    }
+
+    /// This replica's identity in the lease.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// Waits until this replica leads. Returns `false` if it never will
+    /// (the election stopped or was lost).
+    pub async fn acquired(&self) -> bool {
+        let mut state = self.state.clone();
+        loop {
+            match *state.borrow_and_update() {
+                State::Leading(_) => return true,
+                State::Lost => return false,
+                State::Standby => {}
+            }
+            if state.changed().await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Resolves once a replica that led has lost the lease (or has gone
+    /// past its renew deadline without renewing).
+    pub async fn lost(&self) {
+        let mut state = self.state.clone();
+        loop {
+            let deadline = match *state.borrow_and_update() {
+                State::Lost => return,
+                State::Leading(renewed) => Some(renewed + self.renew_deadline),
+                State::Standby => None,
+            };
+            match deadline {
+                Some(deadline) => {
+                    tokio::select! {
+                        changed = state.changed() => if changed.is_err() { return },
+                        _ = tokio::time::sleep_until(deadline.into()) => return,
+                    }
+                }
+                None => {
+                    if state.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
+}
+
+/// The identity upstream uses: the host (pod) name and a unique suffix.
+pub fn default_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .or_else(|_| std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()))
+        .unwrap_or_else(|_| "unknown".into());
+    format!("{host}_{}", uuid::Uuid::new_v4())
+}
+
+fn holder(lease: &Lease) -> Option<&str> {
+    lease.spec.as_ref()?.holder_identity.as_deref()
+}
+
+/// Starts electing; the returned handle tracks leadership until
+/// `shutdown`, when a leader releases the lease so a standby takes over at
+/// once.
+pub fn start(
+    client: kube::Client,
+    settings: &LeaseSettings,
+    identity: String,
+    shutdown: CancellationToken,
+) -> Leadership {
+    if !settings.enabled {
+        return Leadership::always();
+    }
+    let (tx, rx) = watch::channel(State::Standby);
+    let lock = LeaseLock::new(
+        client.clone(),
+        &settings.namespace,
+        LeaseLockParams {
+            lease_name: settings.name.clone(),
+            holder_id: identity.clone(),
+            lease_ttl: settings.lease_duration,
+        },
+    );
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client, &settings.namespace);
+    let handle = Leadership {
+        state: rx,
+        renew_deadline: settings.renew_deadline,
+        identity: identity.clone().into(),
+    };
+    let settings = settings.clone();
+    tokio::spawn(async move {
+        // A changed error is logged once, not every retry.
+        let mut last_error = None::<String>;
+        let mut note = |error: String| {
+            if last_error.as_deref() != Some(error.as_str()) {
+                tracing::warn!(lease = %settings.name, %error, "leader election request failed");
+                last_error = Some(error);
+            }
+        };
+        let settle = (settings.retry_period / 2).min(Duration::from_secs(1));
+        let mut ticker = tokio::time::interval(settings.retry_period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = shutdown.cancelled() => break,
+            }
+            let leading = matches!(*tx.borrow(), State::Leading(_));
+            let attempt =
+                tokio::time::timeout(settings.retry_period, lock.try_acquire_or_renew()).await;
+            match attempt {
+                Ok(Ok(LeaseLockResult::Acquired(_))) if leading => {
+                    tx.send_replace(State::Leading(Instant::now()));
+                }
+                Ok(Ok(LeaseLockResult::Acquired(_))) => {
+                    let acquired_at = Instant::now();
+                    tokio::time::sleep(settle).await;
+                    match leases.get(&settings.name).await {
+                        Ok(lease) if holder(&lease) == Some(identity.as_str()) => {
+                            tracing::info!(lease = %settings.name, %identity, "became leader");
+                            tx.send_replace(State::Leading(acquired_at));
+                        }
+                        Ok(lease) => tracing::info!(
+                            lease = %settings.name,
+                            holder = holder(&lease).unwrap_or_default(),
+                            "another replica took the lease at the same moment; staying standby"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not confirm the lease; staying standby")
+                        }
+                    }
+                }
+                Ok(Ok(LeaseLockResult::NotAcquired(lease))) => {
+                    if leading {
+                        tracing::error!(lease = %settings.name, holder = holder(&lease).unwrap_or_default(), "leader lease lost to another replica");
+                        tx.send_replace(State::Lost);
+                        return;
+                    }
+                }
+                Ok(Err(e)) => note(e.to_string()),
+                Err(_) => note("lease request timed out".into()),
+            }
+            // Copy the state out: a borrow held across send_replace deadlocks.
+            let state = *tx.borrow();
+            if let State::Leading(renewed) = state
+                && renewed.elapsed() >= settings.renew_deadline
+            {
+                tracing::error!(lease = %settings.name, "could not renew the lease within the renew deadline; stopping");
+                tx.send_replace(State::Lost);
+                return;
+            }
+        }
+        // Shutting down: hand the lease over at once rather than letting
+        // standbys wait for it to expire.
+        let state = *tx.borrow();
+        if matches!(state, State::Leading(_)) {
+            tx.send_replace(State::Lost);
+            match lock.step_down().await {
+                Ok(()) => tracing::info!(lease = %settings.name, "released the lease"),
+                Err(e) => tracing::warn!(error = %e, "could not release the lease"),
+            }
+        }
+    });
+    handle
+}

@@ -1,0 +1,55 @@
+//! Kubernetes well-known names, in one place. Those marked "never change"
+//! are shared with Kubernetes itself or with running clusters: changing one
+//! breaks nodes, Services or upgrades.
+
+/// Taint kubelets set with `--cloud-provider=external` until a cloud
+/// controller initialises the node. Never change.
+pub const TAINT_UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+/// Taint for nodes whose instance is shut down. Never change.
+pub const TAINT_SHUTDOWN: &str = "node.cloudprovider.kubernetes.io/shutdown";
+/// Taint the cluster autoscaler puts on nodes it is removing. Never change.
+pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+/// Taint for nodes that are not ready. Never change.
+pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
+
+/// The IP a kubelet was told to use (`--node-ip`). Never change.
+pub const ANNOTATION_PROVIDED_NODE_IP: &str = "alpha.kubernetes.io/provided-node-ip";
+/// Service annotation with client CIDRs allowed to reach a load balancer.
+/// Never change.
+pub const ANNOTATION_LB_SOURCE_RANGES: &str =
+    "service.beta.kubernetes.io/load-balancer-source-ranges";
+
+/// Label: the node's zone. Never change.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Label: the node's region. Never change.
+pub const LABEL_REGION: &str = "topology.kubernetes.io/region";
+/// Label: the node's instance type. Never change.
+pub const LABEL_INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
+/// Deprecated zone label, still written as upstream does. Never change.
+pub const LABEL_ZONE_BETA: &str = "failure-domain.beta.kubernetes.io/zone";
+/// Deprecated region label, still written as upstream does. Never change.
+pub const LABEL_REGION_BETA: &str = "failure-domain.beta.kubernetes.io/region";
+/// Deprecated instance type label, still written as upstream does. Never change.
+pub const LABEL_INSTANCE_TYPE_BETA: &str = "beta.kubernetes.io/instance-type";
+/// Label that keeps a node out of load balancer backends. Never change.
+pub const LABEL_EXCLUDE_FROM_LB: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+
+/// Finalizer on Services whose load balancer must be cleaned up. Never change.
+pub const FINALIZER_LB_CLEANUP: &str = "service.kubernetes.io/load-balancer-cleanup";
+
+/// Namespace of the leader election leases.
+pub const LEASE_NAMESPACE: &str = "kube-system";
+/// Lease of the node controller. Changing it lets two versions lead at
+/// once during an upgrade: never change.
+pub const LEASE_NODE_CONTROLLER: &str = "ccm-node-controller";
+/// Lease of the service controller. Never change.
+pub const LEASE_SERVICE_CONTROLLER: &str = "ccm-service-controller";
+/// Lease of the route controller. Never change.
+pub const LEASE_ROUTE_CONTROLLER: &str = "ccm-route-controller";
+
+/// Field manager of the node controller's writes.
+pub const MANAGER_NODE_CONTROLLER: &str = "ccm-node-controller";
+/// Field manager of the service controller's writes.
+pub const MANAGER_SERVICE_CONTROLLER: &str = "ccm-service-controller";
+/// Field manager of the route controller's writes.
+pub const MANAGER_ROUTE_CONTROLLER: &str = "ccm-route-controller";

@@ -1,0 +1,159 @@
+//! Leader election against the test API server: one leader among
+//! candidates, takeover within the lease duration when the leader stops
+//! renewing, a leader that cannot renew stops at its deadline, and a clean
+//! shutdown hands the lease over at once.
+
+use std::time::{Duration, Instant};
+
+use ccm_runtime::args::LeaseSettings;
+use ccm_runtime::leader::{self, Leadership};
+use ccm_testkit::apiserver::ApiServer;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+fn settings() -> LeaseSettings {
+    LeaseSettings {
+        enabled: true,
+        name: "test-controller".into(),
+        namespace: "kube-system".into(),
+        lease_duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: Duration::from_millis(500),
+    }
+}
+
+async fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
+/// A TCP proxy to the API server that can be cut, as a network partition.
+struct Proxy {
+    url: String,
+    tasks: JoinSet<()>,
+}
+
+impl Proxy {
+    async fn to(server: &ApiServer) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let target = server.addr();
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async move {
+            let mut connections = JoinSet::new();
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                connections.spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Self { url, tasks }
+    }
+
+    async fn client(&self) -> kube::Client {
+        kube::Client::try_from(kube::Config::new(self.url.parse().unwrap())).unwrap()
+    }
+
+    fn cut(&mut self) {
+        self.tasks.abort_all();
+    }
+}
+
+fn candidate(client: kube::Client, name: &str) -> (Leadership, CancellationToken) {
+    let shutdown = CancellationToken::new();
+    let leadership = leader::start(client, &settings(), name.into(), shutdown.clone());
+    (leadership, shutdown)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_one_of_two_candidates_leads() {
+    let server = ApiServer::start().await.unwrap();
+    let (a, _stop_a) = candidate(server.client().await.unwrap(), "a");
+    let (b, _stop_b) = candidate(server.client().await.unwrap(), "b");
+    wait_for("a leader", Duration::from_secs(10), || {
+        a.is_leader() || b.is_leader()
+    })
+    .await;
+    // Over several renewals, never both and never neither.
+    for _ in 0..60 {
+        assert!(
+            a.is_leader() != b.is_leader(),
+            "a={} b={}",
+            a.is_leader(),
+            b.is_leader()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_leader_stops_renewing_it_stops_and_the_standby_takes_over() {
+    let server = ApiServer::start().await.unwrap();
+    let mut proxy = Proxy::to(&server).await;
+    let (a, _stop_a) = candidate(proxy.client().await, "a");
+    wait_for("a leads", Duration::from_secs(10), || a.is_leader()).await;
+    let (b, _stop_b) = candidate(server.client().await.unwrap(), "b");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(a.is_leader() && !b.is_leader());
+
+    // The leader is cut off from the API server.
+    let cut_at = Instant::now();
+    proxy.cut();
+    let lost = tokio::time::timeout(Duration::from_secs(10), a.lost()).await;
+    assert!(lost.is_ok(), "the cut-off leader noticed");
+    assert!(
+        !a.is_leader(),
+        "a leader past its renew deadline stops writing"
+    );
+    assert!(
+        !b.is_leader(),
+        "the old leader stopped before anyone else could lead"
+    );
+    let stopped = cut_at.elapsed();
+    assert!(
+        stopped <= settings().renew_deadline + Duration::from_millis(600),
+        "stopped after {stopped:?}"
+    );
+
+    wait_for("b takes over", Duration::from_secs(10), || b.is_leader()).await;
+    let takeover = cut_at.elapsed();
+    // The lease was last renewed before the cut; b needs it expired, plus
+    // one retry period and the settle check to notice.
+    let limit = settings().lease_duration + 2 * settings().retry_period + Duration::from_secs(1);
+    assert!(
+        takeover <= limit,
+        "took over after {takeover:?}, limit {limit:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_shuts_down_hands_the_lease_over_at_once() {
+    let server = ApiServer::start().await.unwrap();
+    let (a, stop_a) = candidate(server.client().await.unwrap(), "a");
+    wait_for("a leads", Duration::from_secs(10), || a.is_leader()).await;
+    let (b, _stop_b) = candidate(server.client().await.unwrap(), "b");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let stopped_at = Instant::now();
+    stop_a.cancel();
+    wait_for("b takes over", Duration::from_secs(10), || b.is_leader()).await;
+    assert!(!a.is_leader());
+    let handover = stopped_at.elapsed();
+    assert!(
+        handover < settings().lease_duration,
+        "handed over after {handover:?}, before the lease could expire"
+    );
+}
+
+#[tokio::test]
+async fn without_leader_election_a_replica_always_leads() {
+    let always = Leadership::always();
+    assert!(always.is_leader());
+    assert!(always.acquired().await);
+}
