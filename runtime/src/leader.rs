@@ -93,7 +93,7 @@ impl Leadership {
         loop {
             let deadline = match *state.borrow_and_update() {
                 State::Lost => return,
-                State::Leading(renewed) => Some(renewed + self.renew_deadline),
+                State::Leading(renewed) => renewed.checked_add(self.renew_deadline),
                 State::Standby => None,
             };
             match deadline {

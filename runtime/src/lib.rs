@@ -14,6 +14,8 @@ pub mod gateway;
 pub mod kube;
 pub mod leader;
 pub mod names;
+pub mod process;
+pub mod queue;
 pub mod settings;
 pub mod shutdown;
 pub mod telemetry;

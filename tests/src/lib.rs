@@ -3,3 +3,5 @@
 //! local sandbox and the benchmarks.
 
 pub mod apiserver;
+pub mod env;
+pub mod fixtures;

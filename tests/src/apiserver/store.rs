@@ -147,6 +147,8 @@ struct Inner {
     max_history: usize,
     node_ports: BTreeSet<i64>,
     next_cluster_ip: u32,
+    /// Updates of these resources still to be answered with 409 Conflict.
+    injected_conflicts: BTreeMap<&'static str, u32>,
 }
 
 /// The store; cheap to clone.
@@ -216,6 +218,7 @@ impl Store {
                 max_history,
                 node_ports: BTreeSet::new(),
                 next_cluster_ip: 1,
+                injected_conflicts: BTreeMap::new(),
             })),
             changes,
         }
@@ -236,6 +239,12 @@ impl Store {
         let mut inner = self.lock();
         inner.history.clear();
         inner.floor = inner.rv;
+    }
+
+    /// Answers the next `count` updates of `plural` with 409 Conflict, as
+    /// a busy cluster with other writers would.
+    pub fn inject_conflicts(&self, plural: &'static str, count: u32) {
+        self.lock().injected_conflicts.insert(plural, count);
     }
 
     fn record(&self, inner: &mut Inner, change: Change) {
@@ -406,6 +415,14 @@ impl Store {
             .get(&k)
             .cloned()
             .ok_or_else(|| ApiError::not_found(resource, name))?;
+        if let Some(left) = inner
+            .injected_conflicts
+            .get_mut(resource.plural)
+            .filter(|n| **n > 0)
+        {
+            *left -= 1;
+            return Err(ApiError::conflict(resource, name));
+        }
         let mut new = mutate(&old)?;
         let old_meta = meta(&old).clone();
         let wanted_rv = meta(&new)["resourceVersion"]

@@ -7,7 +7,8 @@ use std::time::Duration;
 use ccm_proto::v1::sim_admin_server::SimAdmin;
 use ccm_proto::v1::{
     CreateInstanceRequest, Faults, GetFaultsRequest, GetStatsRequest, InstanceId,
-    ListInstancesRequest, ListInstancesResponse, SimInstance, Stats, TerminateInstanceResponse,
+    ListInstancesRequest, ListInstancesResponse, SetInstanceAddressesRequest, SimInstance, Stats,
+    TerminateInstanceResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -178,6 +179,23 @@ impl SimAdmin for SimAdminService {
         self.invalidate(&record);
         tracing::info!(target: "audit", instance = %id, "sim instance terminated");
         Ok(Response::new(TerminateInstanceResponse {}))
+    }
+
+    async fn set_instance_addresses(
+        &self,
+        request: Request<SetInstanceAddressesRequest>,
+    ) -> Result<Response<SimInstance>, Status> {
+        let req = request.into_inner();
+        let mut v = Violations::default();
+        if req.addresses.is_empty() {
+            v.add("addresses", "at least one address");
+        }
+        v.addresses("addresses", &req.addresses);
+        v.finish()?;
+        let record = self.sim.set_addresses(&req.id, &req.addresses)?;
+        self.invalidate(&record);
+        tracing::info!(target: "audit", instance = %record.id, "sim instance addresses set");
+        Ok(Response::new(record.to_sim_instance()))
     }
 
     async fn set_faults(&self, request: Request<Faults>) -> Result<Response<Faults>, Status> {

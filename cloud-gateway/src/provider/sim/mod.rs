@@ -386,6 +386,25 @@ impl SimCloud {
         Ok(record)
     }
 
+    /// Replaces an instance's addresses.
+    pub fn set_addresses(
+        &self,
+        id_or_name: &str,
+        addresses: &[NodeAddress],
+    ) -> Result<InstanceRecord> {
+        let mut state = self.state();
+        let id = Self::find_id(&state, id_or_name)
+            .ok_or_else(|| CloudError::NotFound(format!("instance {id_or_name:?}")))?;
+        let mut record = state.instances[&id].clone();
+        record.addresses = addresses
+            .iter()
+            .map(|a| (address_type_name(a.r#type), a.address.clone()))
+            .collect();
+        state.store.put_instance(&record, &[])?;
+        state.instances.insert(id, record.clone());
+        Ok(record)
+    }
+
     /// Terminates an instance: it is gone for good. Returns what it was.
     pub fn terminate(&self, id_or_name: &str) -> Result<InstanceRecord> {
         let mut state = self.state();

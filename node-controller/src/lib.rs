@@ -1,0 +1,220 @@
+//! The node controller initialises nodes that kubelets registered with
+//! `--cloud-provider=external` (provider ID, topology and instance-type
+//! labels, addresses, then the uninitialized taint comes off), keeps their
+//! addresses current, and removes Nodes whose instance is gone or taints
+//! those whose instance is shut down. It talks to the cloud only through
+//! the gateway, in batches, and writes only while it holds its lease.
+
+pub mod args;
+pub mod context;
+pub mod error;
+pub mod metrics;
+pub mod plan;
+pub mod reconcile;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ccm_runtime::admin::{AdminServer, Readiness};
+use ccm_runtime::gateway::Capability;
+use ccm_runtime::queue::{Backoff, WorkQueue};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, ResourceExt};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::args::Settings;
+use crate::context::Context;
+use crate::metrics::{ErrorLabels, Metrics};
+
+/// The name events are reported under, as upstream's.
+pub const CONTROLLER_NAME: &str = "cloud-node-controller";
+
+/// Failed syncs retry after 50 ms, doubling up to 5 minutes.
+const BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(50),
+    max: Duration::from_secs(300),
+};
+
+/// A started node controller.
+pub struct Running {
+    /// The admin server's address.
+    pub admin_addr: SocketAddr,
+    /// Its leadership, for tests and status.
+    pub leadership: ccm_runtime::leader::Leadership,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Waits until the controller stops: `Ok` after shutdown, an error if
+    /// it lost its lease or failed.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("node controller task")?
+    }
+}
+
+/// Starts the controller; it runs until `shutdown`.
+pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    let client = ccm_runtime::kube::client(settings.common.kubeconfig.as_deref()).await?;
+    let gateway = ccm_runtime::gateway::client(&settings.common.gateway)?;
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let readiness = Readiness::new();
+    let admin = AdminServer::bind(settings.common.admin_listen)
+        .await
+        .with_context(|| format!("bind admin address {}", settings.common.admin_listen))?;
+    let admin_addr = admin.local_addr()?;
+    tokio::spawn({
+        let (registry, readiness) = (Arc::new(registry), readiness.clone());
+        async move {
+            if let Err(e) = admin.serve(registry, readiness).await {
+                tracing::error!(error = %e, "admin server failed");
+            }
+        }
+    });
+
+    let identity = ccm_runtime::leader::default_identity();
+    let leadership = ccm_runtime::leader::start(
+        client.clone(),
+        &settings.common.lease,
+        identity.clone(),
+        shutdown.clone(),
+    );
+    let nodes: Api<Node> = Api::all(client.clone());
+    let (store, writer) = reflector::store();
+    let ctx = Arc::new(Context {
+        nodes: nodes.clone(),
+        store,
+        gateway,
+        recorder: Recorder::new(
+            client,
+            Reporter {
+                controller: CONTROLLER_NAME.into(),
+                instance: Some(identity),
+            },
+        ),
+        metrics,
+        leadership: leadership.clone(),
+        settings,
+        queue: WorkQueue::new(BACKOFF),
+    });
+
+    // The cache runs on every replica, so a standby is warm when it takes
+    // over; only a leader queues work from it.
+    let stream = reflector(
+        writer,
+        watcher(nodes, watcher::Config::default())
+            .modify(|node| node.managed_fields_mut().clear())
+            .default_backoff(),
+    );
+    tokio::spawn({
+        let ctx = ctx.clone();
+        let readiness = readiness.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                let event = tokio::select! {
+                    event = stream.next() => event,
+                    _ = shutdown.cancelled() => return,
+                };
+                match event {
+                    Some(Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node))) => {
+                        if ctx.leadership.is_leader() {
+                            ctx.queue.add(node.name_any());
+                        }
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => readiness.set(true),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => tracing::warn!(error = %e, "node watch failed; retrying"),
+                    None => return,
+                }
+            }
+        }
+    });
+
+    let task = tokio::spawn(run(ctx, shutdown));
+    Ok(Running {
+        admin_addr,
+        leadership,
+        task,
+    })
+}
+
+async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    if !ccm_runtime::gateway::supports(&ctx.gateway, Capability::Instances).await? {
+        anyhow::bail!("the cloud provider does not support instances");
+    }
+    tokio::select! {
+        acquired = ctx.leadership.acquired() => if !acquired { return Ok(()) },
+        _ = shutdown.cancelled() => return Ok(()),
+    }
+    tracing::info!("leading; starting node initialisation, address sync and lifecycle checks");
+    ctx.store.wait_until_ready().await.context("node cache")?;
+    for node in ctx.store.state() {
+        ctx.queue.add(node.name_any());
+    }
+    for _ in 0..ctx.settings.workers {
+        tokio::spawn(worker(ctx.clone()));
+    }
+    tokio::spawn(every(
+        ctx.clone(),
+        ctx.settings.status_period,
+        |ctx| async move { reconcile::sync_addresses(&ctx).await },
+    ));
+    tokio::spawn(every(
+        ctx.clone(),
+        ctx.settings.monitor_period,
+        |ctx| async move { reconcile::monitor(&ctx).await },
+    ));
+    let result = tokio::select! {
+        _ = ctx.leadership.lost() => Err(anyhow::anyhow!("leader election lost")),
+        _ = shutdown.cancelled() => Ok(()),
+    };
+    ctx.queue.close();
+    result
+}
+
+async fn worker(ctx: Arc<Context>) {
+    while let Some(name) = ctx.queue.next().await {
+        let started = std::time::Instant::now();
+        ctx.metrics.reconciles.inc();
+        match reconcile::sync_node(&ctx, &name).await {
+            Ok(()) => ctx.queue.forget(&name),
+            Err(crate::error::Error::NotLeader) => {}
+            Err(e) => {
+                ctx.metrics
+                    .reconcile_errors
+                    .get_or_create(&ErrorLabels {
+                        error: e.metric_label(),
+                    })
+                    .inc();
+                let delay = ctx.queue.add_failed(name.clone());
+                tracing::warn!(node = %name, error = %e, retry_in = ?delay, "node sync failed");
+            }
+        }
+        ctx.metrics
+            .reconcile_duration
+            .observe(started.elapsed().as_secs_f64());
+        ctx.queue.done(&name);
+    }
+}
+
+/// Runs `pass` now and then every `period` after the previous pass ended,
+/// while this replica leads.
+async fn every<F, Fut>(ctx: Arc<Context>, period: Duration, pass: F)
+where
+    F: Fn(Arc<Context>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    while ctx.leadership.is_leader() {
+        pass(ctx.clone()).await;
+        tokio::time::sleep(period).await;
+    }
+}

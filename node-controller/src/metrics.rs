@@ -1,0 +1,97 @@
+//! The node controller's metrics, under `node_controller_`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub error: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GatewayLabels {
+    pub operation: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    pub action: &'static str,
+}
+
+/// Every metric of the node controller.
+#[derive(Clone)]
+pub struct Metrics {
+    pub reconciles: Counter,
+    pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub reconcile_duration: Histogram,
+    pub taint_removal_delay: Histogram,
+    pub gateway_calls: Family<GatewayLabels, Counter>,
+    pub address_updates: Counter,
+    pub nodes_deleted: Counter,
+    pub deletions_held_back: Counter,
+    pub shutdown_taints: Family<ActionLabels, Counter>,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            reconciles: Counter::default(),
+            reconcile_errors: Family::default(),
+            reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            // Upstream's buckets: 1 s to about 17 min.
+            taint_removal_delay: Histogram::new(exponential_buckets(1.0, 4.0, 6)),
+            gateway_calls: Family::default(),
+            address_updates: Counter::default(),
+            nodes_deleted: Counter::default(),
+            deletions_held_back: Counter::default(),
+            shutdown_taints: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("node_controller");
+        r.register("reconciles", "Node syncs run", m.reconciles.clone());
+        r.register(
+            "reconcile_errors",
+            "Node syncs failed, by error",
+            m.reconcile_errors.clone(),
+        );
+        r.register(
+            "reconcile_duration_seconds",
+            "Time per node sync",
+            m.reconcile_duration.clone(),
+        );
+        r.register(
+            "taint_removal_delay_seconds",
+            "Time from a node's creation to the removal of its uninitialized taint",
+            m.taint_removal_delay.clone(),
+        );
+        r.register(
+            "gateway_calls",
+            "Gateway calls, by operation and outcome",
+            m.gateway_calls.clone(),
+        );
+        r.register(
+            "address_updates",
+            "Node address lists rewritten",
+            m.address_updates.clone(),
+        );
+        r.register(
+            "nodes_deleted",
+            "Nodes deleted because their instance is gone",
+            m.nodes_deleted.clone(),
+        );
+        r.register(
+            "deletions_held_back",
+            "Lifecycle passes whose deletions were held back by the safeguard",
+            m.deletions_held_back.clone(),
+        );
+        r.register(
+            "shutdown_taints",
+            "Shutdown taints added or removed",
+            m.shutdown_taints.clone(),
+        );
+        m
+    }
+}

@@ -1,0 +1,390 @@
+//! Reads state, asks the gateway, calls `plan`, writes. Three entry points:
+//! [`sync_node`] (per node, from the work queue: initialisation or label
+//! reconciliation), [`sync_addresses`] (periodic, batched) and [`monitor`]
+//! (the lifecycle pass, batched).
+
+use std::time::Duration;
+
+use ccm_proto::v1::{InstanceResult, InstanceState, LookupPurpose};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, NodeAddress};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::context::{Context, node_ref};
+use crate::error::{Error, Result};
+use crate::metrics::ActionLabels;
+use crate::plan::{self, Triage, Verdict};
+
+const FIELD_MANAGER: &str = ccm_runtime::names::MANAGER_NODE_CONTROLLER;
+
+/// Reads the node fresh, lets `change` modify it, and replaces it with
+/// optimistic concurrency, retrying conflicts up to `attempts` times.
+/// `change` returns false when there is nothing to write.
+async fn update_node(
+    ctx: &Context,
+    name: &str,
+    attempts: u32,
+    mut change: impl FnMut(&mut Node) -> bool,
+) -> Result<Option<Node>> {
+    for attempt in 1..=attempts {
+        let mut node = ctx.nodes.get(name).await?;
+        if !change(&mut node) {
+            return Ok(None);
+        }
+        ctx.ensure_leader()?;
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match ctx.nodes.replace(name, &params, &node).await {
+            Ok(node) => return Ok(Some(node)),
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < attempts => {
+                // Someone else wrote in between; read again and re-apply.
+                let jitter = Duration::from_millis(fastrand::u64(0..50));
+                tokio::time::sleep(Duration::from_millis(50) + jitter).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    unreachable!("the last attempt returns")
+}
+
+async fn publish(
+    ctx: &Context,
+    node: &Node,
+    kind: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    let event = Event {
+        type_: kind,
+        reason: reason.into(),
+        note: Some(note),
+        action: action.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
+        tracing::warn!(node = %node.name_any(), error = %e, reason, "could not publish event");
+    }
+}
+
+/// Syncs one node: initialises it if it carries the uninitialized taint,
+/// else reconciles its topology labels.
+#[tracing::instrument(skip(ctx, name), fields(node = %name))]
+pub async fn sync_node(ctx: &Context, name: &str) -> Result<()> {
+    let Some(node) = ctx
+        .store
+        .get(&kube::runtime::reflector::ObjectRef::new(name))
+    else {
+        return Ok(());
+    };
+    if !plan::is_uninitialized(&node) {
+        let labels = plan::reconcile_labels(&node);
+        if !labels.is_empty() {
+            ctx.ensure_leader()?;
+            let patch = json!({"metadata": {"labels": labels}});
+            ctx.nodes
+                .patch(
+                    name,
+                    &PatchParams::apply(FIELD_MANAGER),
+                    &Patch::Merge(patch),
+                )
+                .await?;
+        }
+        return Ok(());
+    }
+    initialize(ctx, &node).await
+}
+
+async fn initialize(ctx: &Context, node: &Node) -> Result<()> {
+    let name = node.name_any();
+    let results = ctx
+        .lookup(vec![node_ref(node)], LookupPurpose::Initialize, false)
+        .await?;
+    let result = results
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Invalid("the gateway answered no result".into()))?;
+    let instance = match (result.state(), result.instance) {
+        (InstanceState::NotFound, _) => return Err(Error::InstanceNotFound(name)),
+        (_, Some(instance)) => instance,
+        (state, None) => {
+            return Err(Error::Invalid(format!(
+                "the gateway answered {state:?} without metadata"
+            )));
+        }
+    };
+    // Plan against the node as cached, so a bad node-ip fails before any write.
+    let init = plan::initialize(node, &instance).map_err(Error::Invalid)?;
+    for key in &init.discarded_labels {
+        tracing::warn!(label = %key, "discarding provider label in a Kubernetes namespace");
+    }
+    let updated = update_node(ctx, &name, 20, |fresh| {
+        if !plan::is_uninitialized(fresh) {
+            return false;
+        }
+        // Re-plan on the fresh copy: labels present now are kept.
+        let init = plan::initialize(fresh, &instance).unwrap_or_else(|_| init.clone());
+        plan::apply_init(fresh, &init);
+        true
+    })
+    .await?;
+    let Some(updated) = updated else {
+        return Ok(());
+    };
+    if let Some(created) = updated.metadata.creation_timestamp.as_ref() {
+        let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+        ctx.metrics
+            .taint_removal_delay
+            .observe(age.as_secs_f64().max(0.0));
+    }
+    // Addresses go to status in a second write, as upstream; a failure is
+    // logged and the periodic sync mends it.
+    match plan::desired_addresses(&updated, &plan::cloud_addresses(&instance)) {
+        Ok(Some(addresses)) => {
+            if let Err(e) = write_addresses(ctx, &name, &addresses).await {
+                tracing::warn!(error = %e, "could not write node addresses");
+            }
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %e, "node addresses not written"),
+    }
+    tracing::info!("node initialised");
+    publish(
+        ctx,
+        &updated,
+        EventType::Normal,
+        "Synced",
+        "Initialize",
+        "Node synced successfully".into(),
+    )
+    .await;
+    Ok(())
+}
+
+/// Replaces the node's addresses. A JSON merge patch replaces the whole
+/// list; a strategic merge would merge it by address type, which is wrong.
+async fn write_addresses(ctx: &Context, name: &str, addresses: &[NodeAddress]) -> Result<()> {
+    ctx.ensure_leader()?;
+    let patch = json!({"status": {"addresses": addresses}});
+    ctx.nodes
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(patch),
+        )
+        .await?;
+    ctx.metrics.address_updates.inc();
+    Ok(())
+}
+
+/// Looks `nodes` up in batches of the configured size. A batch whose
+/// lookup fails is left out (and logged): nothing is known about its
+/// nodes, so nothing may be done to them this round.
+async fn lookup_batches<N: std::borrow::Borrow<Node>>(
+    ctx: &Context,
+    nodes: Vec<N>,
+    purpose: LookupPurpose,
+    fresh: bool,
+) -> Vec<(N, InstanceResult)> {
+    let mut out = Vec::with_capacity(nodes.len());
+    let mut nodes = nodes.into_iter().peekable();
+    while nodes.peek().is_some() {
+        let chunk: Vec<N> = nodes.by_ref().take(ctx.settings.batch_size).collect();
+        let refs = chunk.iter().map(|n| node_ref(n.borrow())).collect();
+        match ctx.lookup(refs, purpose, fresh).await {
+            Ok(results) => out.extend(chunk.into_iter().zip(results)),
+            Err(e) => {
+                tracing::warn!(error = %e, nodes = chunk.len(), ?purpose, "lookup failed; these nodes are left alone this round")
+            }
+        }
+    }
+    out
+}
+
+/// One pass of the periodic address sync: initialised nodes, looked up in
+/// batches, addresses rewritten where they changed.
+pub async fn sync_addresses(ctx: &Context) {
+    let nodes: Vec<_> = ctx
+        .store
+        .state()
+        .into_iter()
+        .filter(|n| !plan::is_uninitialized(n))
+        .collect();
+    let mut writes = Vec::new();
+    for (node, result) in lookup_batches(ctx, nodes, LookupPurpose::Refresh, false).await {
+        let Some(instance) = result.instance else {
+            continue;
+        };
+        match plan::desired_addresses(&node, &plan::cloud_addresses(&instance)) {
+            Ok(Some(addresses)) => writes.push((node.name_any(), addresses)),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(node = %node.name_any(), error = %e, "address sync skipped"),
+        }
+    }
+    futures::stream::iter(writes)
+        .for_each_concurrent(
+            ctx.settings.status_workers,
+            |(name, addresses)| async move {
+                if let Err(e) = write_addresses(ctx, &name, &addresses).await {
+                    tracing::warn!(node = %name, error = %e, "could not update node addresses");
+                }
+            },
+        )
+        .await;
+}
+
+/// Adds or removes the shutdown taint (idempotent), counting changes.
+async fn set_shutdown_taint(ctx: &Context, name: &str, present: bool) {
+    let result = update_node(ctx, name, 5, |node| {
+        if plan::has_shutdown_taint(node) == present {
+            return false;
+        }
+        let taints = node
+            .spec
+            .get_or_insert_with(Default::default)
+            .taints
+            .get_or_insert_with(Vec::new);
+        if present {
+            taints.push(plan::shutdown_taint());
+        } else {
+            taints.retain(|t| {
+                !(t.key == ccm_runtime::names::TAINT_SHUTDOWN && t.effect == "NoSchedule")
+            });
+        }
+        true
+    })
+    .await;
+    let action = if present { "added" } else { "removed" };
+    match result {
+        Ok(Some(_)) => {
+            ctx.metrics
+                .shutdown_taints
+                .get_or_create(&ActionLabels { action })
+                .inc();
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(node = %name, error = %e, action, "could not change the shutdown taint")
+        }
+    }
+}
+
+/// One lifecycle pass: ready nodes lose the shutdown taint; not-ready nodes
+/// are looked up in batches; a shut-down instance taints its node; a node
+/// is deleted only on a fresh, confirmed "not found", and none is when too
+/// many would be.
+pub async fn monitor(ctx: &Context) {
+    let nodes = ctx.store.state();
+    let total = nodes.len();
+    let mut ask = Vec::new();
+    for node in nodes {
+        match plan::triage(&node) {
+            Triage::Healthy => {}
+            Triage::RemoveShutdownTaint => set_shutdown_taint(ctx, &node.name_any(), false).await,
+            Triage::AskCloud => ask.push(node),
+        }
+    }
+    // Fresh "not found" answers count; cached ones are asked again, fresh.
+    let mut confirmed = Vec::new();
+    let mut recheck = Vec::new();
+    for (node, result) in lookup_batches(ctx, ask, LookupPurpose::Lifecycle, false).await {
+        match plan::verdict(&node, result.state(), result.cached) {
+            Verdict::TaintShutdown => set_shutdown_taint(ctx, &node.name_any(), true).await,
+            Verdict::Delete => confirmed.push(node),
+            Verdict::Keep if result.state() == InstanceState::NotFound => recheck.push(node),
+            Verdict::Keep => {}
+        }
+    }
+    for (node, result) in lookup_batches(ctx, recheck, LookupPurpose::Lifecycle, true).await {
+        if plan::verdict(&node, result.state(), result.cached) == Verdict::Delete {
+            confirmed.push(node);
+        }
+    }
+    if confirmed.is_empty() {
+        return;
+    }
+    if plan::hold_deletions(
+        confirmed.len(),
+        total,
+        ctx.settings.deletion_max_share,
+        ctx.settings.deletion_min_nodes,
+    ) {
+        ctx.metrics.deletions_held_back.inc();
+        tracing::error!(
+            would_delete = confirmed.len(),
+            nodes = total,
+            max_share = ctx.settings.deletion_max_share,
+            "the cloud reports too many instances gone at once; deleting no node this pass"
+        );
+        for node in &confirmed {
+            let note = format!(
+                "Not deleting node {}: {} of {} nodes look gone at once, above the safeguard share of {}",
+                node.name_any(),
+                confirmed.len(),
+                total,
+                ctx.settings.deletion_max_share
+            );
+            publish(
+                ctx,
+                node,
+                EventType::Warning,
+                "NodeDeletionHeldBack",
+                "DeleteNode",
+                note,
+            )
+            .await;
+        }
+        return;
+    }
+    for node in confirmed {
+        delete_node(ctx, &node).await;
+    }
+}
+
+async fn delete_node(ctx: &Context, node: &Node) {
+    let name = node.name_any();
+    if ctx.ensure_leader().is_err() {
+        return;
+    }
+    publish(
+        ctx,
+        node,
+        EventType::Normal,
+        "DeletingNode",
+        "DeleteNode",
+        format!("Deleting node {name} because it does not exist in the cloud provider"),
+    )
+    .await;
+    // The precondition makes sure it is the node that was checked, not a
+    // new one registered under the same name meanwhile.
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: node.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match ctx.nodes.delete(&name, &params).await {
+        Ok(_) => {
+            ctx.metrics.nodes_deleted.inc();
+            tracing::info!(node = %name, "deleted node whose instance is gone");
+        }
+        Err(e) => {
+            tracing::warn!(node = %name, error = %e, "could not delete node");
+            publish(
+                ctx,
+                node,
+                EventType::Warning,
+                "DeletingNodeFailed",
+                "DeleteNode",
+                format!("Failed deleting node {name}: {e}"),
+            )
+            .await;
+        }
+    }
+}

@@ -1,0 +1,795 @@
+//! The node controller against the test API server and an in-process
+//! gateway on the simulated cloud, over real HTTP and gRPC: upstream's
+//! checklists for node initialisation and lifecycle, plus batching, the
+//! deletion safeguard, and leader-only writes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ccm_proto::v1::{
+    CreateInstanceRequest, Faults, InstanceId, LookupPurpose, NodeAddress as CloudAddress,
+    NodeAddressType, NodeRef, SetInstanceAddressesRequest,
+};
+use ccm_runtime::names;
+use ccm_testkit::env::{TestEnv, eventually};
+use ccm_testkit::fixtures::node;
+use clap::Parser;
+use cloud_gateway::auth::Role;
+use cloud_gateway::provider::Operation;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use node_controller::args::{Args, Settings};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+struct Controller {
+    running: Option<node_controller::Running>,
+    stop: CancellationToken,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn start_controller(env: &TestEnv, role: Role, extra: &[&str]) -> Controller {
+    let mut flags = vec!["node-controller".to_owned()];
+    flags.extend(env.controller_flags(role));
+    flags.extend(
+        [
+            "--node-monitor-period",
+            "200ms",
+            "--node-status-update-frequency",
+            "500ms",
+        ]
+        .map(String::from),
+    );
+    flags.extend(extra.iter().map(|s| s.to_string()));
+    let settings = Settings::from_args(&Args::try_parse_from(flags).unwrap()).unwrap();
+    let stop = CancellationToken::new();
+    let running = node_controller::start(settings, stop.clone())
+        .await
+        .unwrap();
+    Controller {
+        running: Some(running),
+        stop,
+    }
+}
+
+async fn create(nodes: &Api<Node>, n: impl Into<Node>) -> Node {
+    let n: Node = n.into();
+    let created = nodes.create(&PostParams::default(), &n).await.unwrap();
+    // Kubelets write status separately; so does the test.
+    if let Some(status) = n.status {
+        nodes
+            .patch_status(
+                &created.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await
+            .unwrap()
+    } else {
+        created
+    }
+}
+
+async fn initialised(nodes: &Api<Node>, name: &str) -> Node {
+    eventually(&format!("{name} initialised"), || async {
+        let n = nodes.get(name).await.ok()?;
+        let tainted = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == names::TAINT_UNINITIALIZED));
+        (!tainted).then_some(n)
+    })
+    .await
+}
+
+/// The controller's /metrics text.
+async fn metrics(c: &Controller) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = c.running.as_ref().unwrap().admin_addr;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    body
+}
+
+fn taint_keys(n: &Node) -> Vec<String> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| t.iter().map(|t| t.key.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn addresses(n: &Node) -> Vec<(String, String)> {
+    n.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .map(|a| {
+            a.iter()
+                .map(|a| (a.type_.clone(), a.address.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn events(env: &TestEnv, reason: &str) -> Vec<Event> {
+    let api: Api<Event> = Api::all(env.client().await);
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninitialized_node_gets_provider_id_labels_addresses_and_loses_taint() {
+    let env = TestEnv::start().await;
+    let instance = env.create_instance("node-a").await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(&env, Role::Node, &[]).await;
+    create(
+        &nodes,
+        node("node-a")
+            .uninitialized()
+            .taint(names::TAINT_UNINITIALIZED, None, "NoExecute")
+            .taint("dedicated", Some("ccm"), "NoSchedule")
+            .address("Hostname", "node-a"),
+    )
+    .await;
+    let n = initialised(&nodes, "node-a").await;
+    assert_eq!(
+        n.spec.as_ref().unwrap().provider_id.as_deref(),
+        Some(instance.provider_id.as_str())
+    );
+    assert_eq!(
+        taint_keys(&n),
+        ["dedicated"],
+        "every uninitialized taint goes, others stay"
+    );
+    let labels = n.labels();
+    for (k, v) in [
+        (names::LABEL_INSTANCE_TYPE, instance.instance_type.as_str()),
+        (
+            names::LABEL_INSTANCE_TYPE_BETA,
+            instance.instance_type.as_str(),
+        ),
+        (names::LABEL_ZONE, instance.zone.as_str()),
+        (names::LABEL_ZONE_BETA, instance.zone.as_str()),
+        (names::LABEL_REGION, instance.region.as_str()),
+        (names::LABEL_REGION_BETA, instance.region.as_str()),
+    ] {
+        assert_eq!(labels.get(k).map(String::as_str), Some(v), "{k}");
+    }
+    let n = eventually("addresses written", || async {
+        let n = nodes.get("node-a").await.ok()?;
+        (addresses(&n).len() == 2).then_some(n)
+    })
+    .await;
+    assert_eq!(
+        addresses(&n),
+        [
+            ("Hostname".into(), "node-a".into()),
+            ("InternalIP".into(), "10.240.0.1".into())
+        ]
+    );
+    let synced = eventually("a Synced event", || async {
+        let e = events(&env, "Synced").await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    assert_eq!(synced.len(), 1);
+    assert_eq!(synced[0].note.as_deref(), Some("Node synced successfully"));
+    assert_eq!(
+        synced[0].regarding.as_ref().unwrap().name.as_deref(),
+        Some("node-a")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelet_hostname_stays_when_the_cloud_reports_none() {
+    let env = TestEnv::start().await;
+    env.sim_admin()
+        .create_instance(CreateInstanceRequest {
+            name: "node-a".into(),
+            addresses: vec![CloudAddress {
+                r#type: NodeAddressType::InternalIp as i32,
+                address: "10.1.1.1".into(),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(&env, Role::Node, &[]).await;
+    create(
+        &nodes,
+        node("node-a")
+            .uninitialized()
+            .address("Hostname", "kubelet-host"),
+    )
+    .await;
+    initialised(&nodes, "node-a").await;
+    let n = eventually("addresses", || async {
+        let n = nodes.get("node-a").await.ok()?;
+        (addresses(&n).len() == 2).then_some(n)
+    })
+    .await;
+    assert_eq!(
+        addresses(&n),
+        [
+            ("InternalIP".into(), "10.1.1.1".into()),
+            ("Hostname".into(), "kubelet-host".into())
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_ip_annotation_orders_addresses_and_a_bad_one_keeps_the_taint() {
+    let env = TestEnv::start().await;
+    for (name, ips) in [
+        ("good", ["10.1.1.1", "55.55.55.55"]),
+        ("bad", ["10.2.2.2", "66.66.66.66"]),
+    ] {
+        env.sim_admin()
+            .create_instance(CreateInstanceRequest {
+                name: name.into(),
+                addresses: vec![
+                    CloudAddress {
+                        r#type: NodeAddressType::InternalIp as i32,
+                        address: ips[0].into(),
+                    },
+                    CloudAddress {
+                        r#type: NodeAddressType::ExternalIp as i32,
+                        address: ips[1].into(),
+                    },
+                    CloudAddress {
+                        r#type: NodeAddressType::Hostname as i32,
+                        address: name.into(),
+                    },
+                ],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(&env, Role::Node, &[]).await;
+    create(
+        &nodes,
+        node("good")
+            .uninitialized()
+            .annotation(names::ANNOTATION_PROVIDED_NODE_IP, "55.55.55.55"),
+    )
+    .await;
+    create(
+        &nodes,
+        node("bad")
+            .uninitialized()
+            .annotation(names::ANNOTATION_PROVIDED_NODE_IP, "10.9.9.9"),
+    )
+    .await;
+    initialised(&nodes, "good").await;
+    let n = eventually("addresses", || async {
+        let n = nodes.get("good").await.ok()?;
+        (addresses(&n).len() == 3).then_some(n)
+    })
+    .await;
+    assert_eq!(
+        addresses(&n)[0],
+        ("ExternalIP".into(), "55.55.55.55".into()),
+        "the node IP comes first"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let bad = nodes.get("bad").await.unwrap();
+    assert!(
+        taint_keys(&bad).contains(&names::TAINT_UNINITIALIZED.to_owned()),
+        "an unmatched node IP keeps the taint"
+    );
+    assert!(
+        bad.spec.unwrap().provider_id.is_none(),
+        "and nothing was written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_provider_id_is_used_and_never_overwritten() {
+    let env = TestEnv::start().await;
+    let instance = env.create_instance("cloud-name").await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(&env, Role::Node, &[]).await;
+    create(
+        &nodes,
+        node("k8s-name")
+            .uninitialized()
+            .provider_id(&instance.provider_id),
+    )
+    .await;
+    let n = initialised(&nodes, "k8s-name").await;
+    assert_eq!(
+        n.spec.as_ref().unwrap().provider_id.as_deref(),
+        Some(instance.provider_id.as_str())
+    );
+    assert_eq!(n.labels().get(names::LABEL_ZONE), Some(&instance.zone));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_an_instance_keeps_its_taint_until_the_instance_appears() {
+    let env = TestEnv::start_with(|s| s.lookups.cache_ttl = Duration::ZERO).await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(&env, Role::Node, &[]).await;
+    create(&nodes, node("early").uninitialized().ready()).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let n = nodes.get("early").await.unwrap();
+    assert!(taint_keys(&n).contains(&names::TAINT_UNINITIALIZED.to_owned()));
+    env.create_instance("early").await;
+    initialised(&nodes, "early").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_labels_are_filtered_and_never_overwrite() {
+    let env = TestEnv::start().await;
+    let labels: std::collections::HashMap<String, String> = [
+        ("kubernetes.io/hijack", "x"),
+        ("foo.k8s.io/x", "x"),
+        ("team", "cloud"),
+        ("rack", "r7"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.into(), v.into()))
+    .collect();
+    env.sim_admin()
+        .create_instance(CreateInstanceRequest {
+            name: "node-a".into(),
+            labels,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(&env, Role::Node, &[]).await;
+    create(&nodes, node("node-a").uninitialized().label("team", "mine")).await;
+    let n = initialised(&nodes, "node-a").await;
+    let labels: BTreeMap<_, _> = n.labels().clone();
+    assert_eq!(labels.get("rack").map(String::as_str), Some("r7"));
+    assert_eq!(labels.get("team").map(String::as_str), Some("mine"));
+    assert!(!labels.contains_key("kubernetes.io/hijack") && !labels.contains_key("foo.k8s.io/x"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initialised_nodes_get_ga_labels_matching_beta_labels_without_cloud_calls() {
+    let env = TestEnv::start().await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(&env, Role::Node, &[]).await;
+    create(
+        &nodes,
+        node("old")
+            .ready()
+            .label(names::LABEL_ZONE_BETA, "z1")
+            .label(names::LABEL_ZONE, "stale"),
+    )
+    .await;
+    eventually("GA label fixed", || async {
+        let n = nodes.get("old").await.ok()?;
+        (n.labels().get(names::LABEL_ZONE).map(String::as_str) == Some("z1")).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        env.calls(Operation::GetInstances),
+        1,
+        "only the periodic address sync asked the cloud"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_periodic_sync_follows_address_changes_in_one_call_per_batch() {
+    let env = TestEnv::start_with(|s| s.lookups.cache_ttl = Duration::ZERO).await;
+    for i in 0..6 {
+        env.create_instance(&format!("n{i}")).await;
+    }
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(&env, Role::Node, &["--lookup-batch-size", "3"]).await;
+    for i in 0..6 {
+        create(&nodes, node(&format!("n{i}")).uninitialized().ready()).await;
+    }
+    for i in 0..6 {
+        initialised(&nodes, &format!("n{i}")).await;
+    }
+    env.sim_admin()
+        .set_instance_addresses(SetInstanceAddressesRequest {
+            id: "n3".into(),
+            addresses: vec![CloudAddress {
+                r#type: NodeAddressType::InternalIp as i32,
+                address: "10.99.0.3".into(),
+            }],
+        })
+        .await
+        .unwrap();
+    let n = eventually("n3's new address", || async {
+        let n = nodes.get("n3").await.ok()?;
+        addresses(&n)
+            .iter()
+            .any(|(_, a)| a == "10.99.0.3")
+            .then_some(n)
+    })
+    .await;
+    // The kubelet's hostname is kept; the old internal IP is gone.
+    assert_eq!(
+        addresses(&n),
+        [
+            ("InternalIP".into(), "10.99.0.3".into()),
+            ("Hostname".into(), "n3".into())
+        ]
+    );
+    let before = env.calls(Operation::GetInstances);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let per_pass = (env.calls(Operation::GetInstances) - before) as f64 / 2.0;
+    assert!(
+        per_pass <= 3.0,
+        "6 nodes in batches of 3: about 2 calls a pass, saw {per_pass}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_nodes_cost_no_cloud_calls_in_the_lifecycle_pass() {
+    let env = TestEnv::start().await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    // The address sync is made rare so only lifecycle passes could call.
+    let _c = start_controller(&env, Role::Node, &["--node-status-update-frequency", "1h"]).await;
+    for i in 0..5 {
+        create(&nodes, node(&format!("n{i}")).ready()).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        env.calls(Operation::GetInstances) <= 1,
+        "at most the first address sync"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_not_ready_node_whose_instance_is_gone_is_deleted_with_an_event() {
+    let env = TestEnv::start().await;
+    for name in ["gone", "unknown-gone", "alive"] {
+        env.create_instance(name).await;
+    }
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(&env, Role::Node, &["--node-deletion-max-share", "1.0"]).await;
+    create(&nodes, node("gone").not_ready()).await;
+    create(&nodes, node("unknown-gone")).await;
+    create(&nodes, node("alive").not_ready()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for name in ["gone", "unknown-gone"] {
+        env.sim_admin()
+            .terminate_instance(InstanceId { id: name.into() })
+            .await
+            .unwrap();
+    }
+    for name in ["gone", "unknown-gone"] {
+        eventually(&format!("{name} deleted"), || async {
+            nodes.get_opt(name).await.unwrap().is_none().then_some(())
+        })
+        .await;
+    }
+    assert!(
+        nodes.get_opt("alive").await.unwrap().is_some(),
+        "a running instance's node stays"
+    );
+    let deleting = events(&env, "DeletingNode").await;
+    assert_eq!(deleting.len(), 2);
+    assert!(
+        deleting[0]
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("does not exist in the cloud provider")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shut_down_instance_taints_its_node_once_and_ready_removes_it() {
+    let env = TestEnv::start_with(|s| s.lookups.cache_ttl = Duration::ZERO).await;
+    env.create_instance("n1").await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let c = start_controller(&env, Role::Node, &["--node-status-update-frequency", "1h"]).await;
+    create(&nodes, node("n1").not_ready()).await;
+    env.sim_admin()
+        .stop_instance(InstanceId { id: "n1".into() })
+        .await
+        .unwrap();
+    eventually("shutdown taint", || async {
+        let n = nodes.get("n1").await.ok()?;
+        taint_keys(&n)
+            .contains(&names::TAINT_SHUTDOWN.to_owned())
+            .then_some(n)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        taint_keys(&nodes.get("n1").await.unwrap()),
+        [names::TAINT_SHUTDOWN]
+    );
+    let text = metrics(&c).await;
+    assert!(
+        text.contains(r#"node_controller_shutdown_taints_total{action="added"} 1"#),
+        "the taint is added once over several passes:\n{text}"
+    );
+    // Running again but still not ready: the taint stays (as upstream).
+    env.sim_admin()
+        .start_instance(InstanceId { id: "n1".into() })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        taint_keys(&nodes.get("n1").await.unwrap()),
+        [names::TAINT_SHUTDOWN]
+    );
+    nodes
+        .patch_status(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Strategic(
+                json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually("taint removed", || async {
+        let n = nodes.get("n1").await.ok()?;
+        taint_keys(&n).is_empty().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cloud_errors_never_delete_a_node() {
+    let env = TestEnv::start_with(|s| s.lookups.cache_ttl = Duration::ZERO).await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    env.sim_admin()
+        .set_faults(Faults {
+            error_rate: 1.0,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let _c = start_controller(&env, Role::Node, &["--node-deletion-max-share", "1.0"]).await;
+    create(&nodes, node("n1").not_ready()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(nodes.get_opt("n1").await.unwrap().is_some());
+    assert!(
+        env.calls(Operation::GetInstances) > 0,
+        "the controller did ask"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permission_denied_never_deletes_a_node() {
+    let env = TestEnv::start().await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    // The route role may not look up instances: every lookup is refused.
+    let _c = start_controller(&env, Role::Route, &["--node-deletion-max-share", "1.0"]).await;
+    create(&nodes, node("n1").not_ready()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(nodes.get_opt("n1").await.unwrap().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_not_found_is_checked_fresh_and_never_deletes_a_live_node() {
+    let env = TestEnv::start_with(|s| s.lookups.cache_ttl = Duration::from_secs(600)).await;
+    // The gateway learns "n1 does not exist" and caches it...
+    let node_client = env.gateway_client(Role::Node);
+    let answer = node_client
+        .get_instances(
+            vec![NodeRef {
+                name: "n1".into(),
+                provider_id: String::new(),
+            }],
+            LookupPurpose::Refresh,
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(answer[0].state(), ccm_proto::v1::InstanceState::NotFound);
+    // ...then the instance appears behind the cache's back.
+    env.sim()
+        .create_instance(cloud_gateway::provider::sim::NewInstance {
+            name: "n1".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(&env, Role::Node, &["--node-deletion-max-share", "1.0"]).await;
+    create(&nodes, node("n1").not_ready()).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        nodes.get_opt("n1").await.unwrap().is_some(),
+        "the fresh read found the instance"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_nodes_gone_at_once_deletes_none_and_warns() {
+    let env = TestEnv::start().await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    env.create_instance("survivor").await;
+    // All four exist before the first pass: three of four look gone.
+    for name in ["a", "b", "c"] {
+        create(&nodes, node(name).not_ready()).await;
+    }
+    create(&nodes, node("survivor").not_ready()).await;
+    let _c = start_controller(&env, Role::Node, &[]).await;
+    let held = eventually("a held-back warning", || async {
+        let e = events(&env, "NodeDeletionHeldBack").await;
+        (e.len() >= 3).then_some(e)
+    })
+    .await;
+    assert_eq!(held[0].type_.as_deref(), Some("Warning"));
+    for name in ["a", "b", "c", "survivor"] {
+        assert!(nodes.get_opt(name).await.unwrap().is_some(), "{name} kept");
+    }
+    assert!(events(&env, "DeletingNode").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_nodes_joining_at_once_take_far_fewer_provider_calls() {
+    let env = TestEnv::start().await;
+    env.sim_admin()
+        .set_faults(Faults {
+            latency: [(
+                "get_instances".to_owned(),
+                prost_types::Duration {
+                    seconds: 0,
+                    nanos: 20_000_000,
+                },
+            )]
+            .into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for i in 0..200 {
+        env.create_instance(&format!("n{i:03}")).await;
+    }
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(&env, Role::Node, &["--node-status-update-frequency", "1h"]).await;
+    futures::future::join_all((0..200).map(|i| {
+        let nodes = nodes.clone();
+        async move { create(&nodes, node(&format!("n{i:03}")).uninitialized().ready()).await }
+    }))
+    .await;
+    for i in 0..200 {
+        initialised(&nodes, &format!("n{i:03}")).await;
+    }
+    let calls = env.calls(Operation::GetInstances);
+    eprintln!("200 nodes initialised with {calls} get_instances provider calls");
+    assert!(
+        calls <= 50,
+        "200 nodes initialised with {calls} provider calls"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_replicas_only_the_leader_writes() {
+    let env = TestEnv::start().await;
+    for i in 0..10 {
+        env.create_instance(&format!("n{i}")).await;
+    }
+    let lease = [
+        "--leader-elect=true",
+        "--leader-elect-lease-duration",
+        "3s",
+        "--leader-elect-renew-deadline",
+        "2s",
+        "--leader-elect-retry-period",
+        "500ms",
+    ];
+    let a = start_controller(&env, Role::Node, &lease).await;
+    let b = start_controller(&env, Role::Node, &lease).await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    for i in 0..10 {
+        create(&nodes, node(&format!("n{i}")).uninitialized()).await;
+    }
+    for i in 0..10 {
+        initialised(&nodes, &format!("n{i}")).await;
+    }
+    let (la, lb) = (
+        &a.running.as_ref().unwrap().leadership,
+        &b.running.as_ref().unwrap().leadership,
+    );
+    assert!(la.is_leader() != lb.is_leader(), "exactly one leads");
+    let leader = if la.is_leader() {
+        la.identity()
+    } else {
+        lb.identity()
+    };
+    let synced = eventually("10 Synced events", || async {
+        let e = events(&env, "Synced").await;
+        (e.len() == 10).then_some(e)
+    })
+    .await;
+    for e in synced {
+        assert_eq!(
+            e.reporting_instance.as_deref(),
+            Some(leader),
+            "written by the leader only"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_writes_are_retried_and_the_node_still_initialises() {
+    let env = TestEnv::start().await;
+    env.create_instance("busy").await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    create(&nodes, node("busy").uninitialized()).await;
+    // More conflicts than one sync retries (20): the sync fails, backs off,
+    // and a later one succeeds.
+    env.api.store().inject_conflicts("nodes", 25);
+    let c = start_controller(&env, Role::Node, &["--node-status-update-frequency", "1h"]).await;
+    initialised(&nodes, "busy").await;
+    let text = metrics(&c).await;
+    assert!(
+        text.contains("node_controller_reconcile_errors_total{error=\"kubernetes\"} 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_reports_ready_once_the_node_cache_has_synced() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let env = TestEnv::start().await;
+    let c = start_controller(&env, Role::Node, &[]).await;
+    let addr = c.running.as_ref().unwrap().admin_addr;
+    eventually("/readyz 200", || async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        stream
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        response.starts_with("HTTP/1.1 200").then_some(())
+    })
+    .await;
+}
+
+#[test]
+fn invalid_flags_exit_non_zero_listing_every_problem() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_node-controller"))
+        .args([
+            "--concurrent-node-syncs",
+            "0",
+            "--node-monitor-period",
+            "soon",
+            "--cluster-name",
+            "Not_OK",
+            "--node-deletion-max-share",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for key in [
+        "concurrent-node-syncs",
+        "node-monitor-period",
+        "cluster-name",
+        "node-deletion-max-share",
+        "gateway-token-file",
+    ] {
+        assert!(stderr.contains(key), "{key} missing:\n{stderr}");
+    }
+}

@@ -1,0 +1,57 @@
+//! The `main` every controller binary shares: parse flags (with a config
+//! file under them), check them all, start logging, run until SIGTERM.
+//! Invalid settings exit with code 2 and list every problem.
+
+use std::future::Future;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+use crate::settings::Problems;
+use crate::telemetry::LogFormat;
+
+/// Runs a binary: `resolve` checks the parsed flags into settings, `log`
+/// says how to log, `run` does the work until the token is cancelled.
+pub fn main<A, S, R, Fut>(
+    name: &str,
+    resolve: impl FnOnce(&A) -> Result<S, Problems>,
+    log: impl FnOnce(&S) -> (LogFormat, String),
+    run: R,
+) -> ExitCode
+where
+    A: Parser,
+    R: FnOnce(S, CancellationToken) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let settings = match crate::cli::parse::<A>().and_then(|args| resolve(&args)) {
+        Ok(settings) => settings,
+        Err(problems) => {
+            eprint!("{name}: {problems}");
+            return ExitCode::from(2);
+        }
+    };
+    let (format, level) = log(&settings);
+    crate::telemetry::init(format, &level);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("{name}: start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let shutdown = crate::shutdown::on_signals()?;
+        run(settings, shutdown).await
+    });
+    match result {
+        Ok(()) => {
+            tracing::info!("{name} stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "{name} failed");
+            ExitCode::FAILURE
+        }
+    }
+}

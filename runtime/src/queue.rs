@@ -1,0 +1,242 @@
+//! A work queue of object keys, as controllers use: a key is queued at most
+//! once; a key added while a worker holds it is processed again once that
+//! worker is done (never by two workers at once); failures back off
+//! exponentially per key; and keys can come back after a delay.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+/// Per-key exponential backoff bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Backoff {
+    /// The delay after `failures` consecutive failures (1 = first).
+    pub fn delay(&self, failures: u32) -> Duration {
+        self.base
+            .saturating_mul(1u32 << failures.saturating_sub(1).min(30))
+            .min(self.max)
+    }
+}
+
+struct Inner<K> {
+    queue: VecDeque<K>,
+    queued: HashSet<K>,
+    processing: HashSet<K>,
+    dirty: HashSet<K>,
+    failures: HashMap<K, u32>,
+    closed: bool,
+}
+
+/// The queue; cheap to clone.
+pub struct WorkQueue<K> {
+    inner: Arc<Mutex<Inner<K>>>,
+    ready: Arc<Notify>,
+    backoff: Backoff,
+}
+
+impl<K> Clone for WorkQueue<K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            ready: self.ready.clone(),
+            backoff: self.backoff,
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
+    /// An empty queue with `backoff` for failures.
+    pub fn new(backoff: Backoff) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Inner {
+                queue: VecDeque::new(),
+                queued: HashSet::new(),
+                processing: HashSet::new(),
+                dirty: HashSet::new(),
+                failures: HashMap::new(),
+                closed: false,
+            })),
+            ready: Arc::new(Notify::new()),
+            backoff,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<K>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `key` now.
+    pub fn add(&self, key: K) {
+        let mut inner = self.lock();
+        if inner.closed || inner.queued.contains(&key) {
+            return;
+        }
+        if inner.processing.contains(&key) {
+            inner.dirty.insert(key);
+            return;
+        }
+        inner.queued.insert(key.clone());
+        inner.queue.push_back(key);
+        drop(inner);
+        self.ready.notify_one();
+    }
+
+    /// Queues `key` after `delay`.
+    pub fn add_after(&self, key: K, delay: Duration) {
+        if delay.is_zero() {
+            return self.add(key);
+        }
+        let queue = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            queue.add(key);
+        });
+    }
+
+    /// Counts a failure of `key` and queues it after its backoff; returns
+    /// the delay.
+    pub fn add_failed(&self, key: K) -> Duration {
+        let failures = {
+            let mut inner = self.lock();
+            let n = inner.failures.entry(key.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        let delay = self.backoff.delay(failures);
+        self.add_after(key, delay);
+        delay
+    }
+
+    /// Forgets the failures of `key` (after a success).
+    pub fn forget(&self, key: &K) {
+        self.lock().failures.remove(key);
+    }
+
+    /// The next key to work on; `None` once the queue is closed. The
+    /// caller must call [`Self::done`] with it.
+    pub async fn next(&self) -> Option<K> {
+        loop {
+            let notified = self.ready.notified();
+            {
+                let mut inner = self.lock();
+                if let Some(key) = inner.queue.pop_front() {
+                    inner.queued.remove(&key);
+                    inner.processing.insert(key.clone());
+                    let more = !inner.queue.is_empty();
+                    drop(inner);
+                    if more {
+                        // Let another worker take the next one.
+                        self.ready.notify_one();
+                    }
+                    return Some(key);
+                }
+                if inner.closed {
+                    return None;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Marks `key` done; if it was added meanwhile, it is queued again.
+    pub fn done(&self, key: &K) {
+        let again = {
+            let mut inner = self.lock();
+            inner.processing.remove(key);
+            inner.dirty.remove(key)
+        };
+        if again {
+            self.add(key.clone());
+        }
+    }
+
+    /// Keys waiting now.
+    pub fn len(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// Whether no key waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stops handing out keys; workers' `next` returns `None`.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue() -> WorkQueue<&'static str> {
+        WorkQueue::new(Backoff {
+            base: Duration::from_millis(5),
+            max: Duration::from_millis(40),
+        })
+    }
+
+    #[tokio::test]
+    async fn keys_are_deduplicated_and_come_out_in_order() {
+        let q = queue();
+        q.add("a");
+        q.add("b");
+        q.add("a");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(q.next().await, Some("b"));
+    }
+
+    #[tokio::test]
+    async fn a_key_added_while_processing_comes_back_after_done() {
+        let q = queue();
+        q.add("a");
+        let key = q.next().await.unwrap();
+        q.add("a");
+        assert!(q.is_empty(), "not handed to a second worker while held");
+        q.done(&key);
+        assert_eq!(q.next().await, Some("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_exponentially_up_to_the_cap() {
+        let q = queue();
+        let delays: Vec<_> = (0..5).map(|_| q.add_failed("a")).collect();
+        let ms: Vec<_> = delays.iter().map(|d| d.as_millis()).collect();
+        assert_eq!(ms, [5, 10, 20, 40, 40]);
+        q.forget(&"a");
+        assert_eq!(q.add_failed("a"), Duration::from_millis(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_keys_arrive_after_their_delay() {
+        let q = queue();
+        q.add_after("a", Duration::from_secs(3));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(q.is_empty());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(q.next().await, Some("a"));
+    }
+
+    #[tokio::test]
+    async fn closing_releases_waiting_workers() {
+        let q = queue();
+        let worker = tokio::spawn({
+            let q = q.clone();
+            async move { q.next().await }
+        });
+        tokio::task::yield_now().await;
+        q.close();
+        assert_eq!(worker.await.unwrap(), None);
+    }
+}

@@ -1,0 +1,185 @@
+//! Object builders shared by every test: small chainable modifiers, e.g.
+//! `node("n1").uninitialized().pod_cidr("10.244.1.0/24").ready()`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec,
+    Taint,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// The taint kubelets register with `--cloud-provider=external`.
+pub const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+
+/// A Node with nothing but a name.
+pub fn node(name: &str) -> NodeBuilder {
+    NodeBuilder(Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec::default()),
+        status: Some(NodeStatus::default()),
+    })
+}
+
+/// Builds a [`Node`].
+#[derive(Clone, Debug)]
+pub struct NodeBuilder(Node);
+
+impl NodeBuilder {
+    fn spec(&mut self) -> &mut NodeSpec {
+        self.0.spec.get_or_insert_with(Default::default)
+    }
+
+    fn status(&mut self) -> &mut NodeStatus {
+        self.0.status.get_or_insert_with(Default::default)
+    }
+
+    /// As a kubelet with `--cloud-provider=external` registers it.
+    pub fn uninitialized(self) -> Self {
+        self.taint(UNINITIALIZED, Some("true"), "NoSchedule")
+    }
+
+    pub fn taint(mut self, key: &str, value: Option<&str>, effect: &str) -> Self {
+        self.spec().taints.get_or_insert_with(Vec::new).push(Taint {
+            key: key.into(),
+            value: value.map(Into::into),
+            effect: effect.into(),
+            time_added: None,
+        });
+        self
+    }
+
+    pub fn provider_id(mut self, id: &str) -> Self {
+        self.spec().provider_id = Some(id.into());
+        self
+    }
+
+    pub fn pod_cidr(mut self, cidr: &str) -> Self {
+        let spec = self.spec();
+        spec.pod_cidr.get_or_insert_with(|| cidr.into());
+        spec.pod_cidrs
+            .get_or_insert_with(Vec::new)
+            .push(cidr.into());
+        self
+    }
+
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.0
+            .metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.into(), value.into());
+        self
+    }
+
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.0
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds an address of `kind` (`InternalIP`, `Hostname`, ...).
+    pub fn address(mut self, kind: &str, address: &str) -> Self {
+        self.status()
+            .addresses
+            .get_or_insert_with(Vec::new)
+            .push(NodeAddress {
+                type_: kind.into(),
+                address: address.into(),
+            });
+        self
+    }
+
+    fn condition(mut self, kind: &str, status: &str) -> Self {
+        let conditions = self.status().conditions.get_or_insert_with(Vec::new);
+        conditions.retain(|c| c.type_ != kind);
+        conditions.push(NodeCondition {
+            type_: kind.into(),
+            status: status.into(),
+            ..Default::default()
+        });
+        self
+    }
+
+    pub fn ready(self) -> Self {
+        self.condition("Ready", "True")
+    }
+
+    pub fn not_ready(self) -> Self {
+        self.condition("Ready", "False")
+    }
+
+    pub fn ready_unknown(self) -> Self {
+        self.condition("Ready", "Unknown")
+    }
+
+    pub fn uid(mut self, uid: &str) -> Self {
+        self.0.metadata.uid = Some(uid.into());
+        self
+    }
+
+    pub fn build(self) -> Node {
+        self.0
+    }
+}
+
+impl From<NodeBuilder> for Node {
+    fn from(b: NodeBuilder) -> Node {
+        b.0
+    }
+}
+
+/// A Service of type LoadBalancer with one TCP port.
+pub fn load_balancer(namespace: &str, name: &str) -> ServiceBuilder {
+    ServiceBuilder(Service {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            ports: Some(vec![ServicePort {
+                name: Some("http".into()),
+                port: 80,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// Builds a [`Service`].
+#[derive(Clone, Debug)]
+pub struct ServiceBuilder(Service);
+
+impl ServiceBuilder {
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.0
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.into(), value.into());
+        self
+    }
+
+    pub fn class(mut self, class: &str) -> Self {
+        self.0
+            .spec
+            .get_or_insert_with(Default::default)
+            .load_balancer_class = Some(class.into());
+        self
+    }
+
+    pub fn build(self) -> Service {
+        self.0
+    }
+}
