@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ccm_runtime::admin::{AdminServer, Readiness};
+use ccm_runtime::admin::Readiness;
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
 use futures::StreamExt;
@@ -66,18 +66,10 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let readiness = Readiness::new();
-    let admin = AdminServer::bind(settings.common.admin_listen)
-        .await
-        .with_context(|| format!("bind admin address {}", settings.common.admin_listen))?;
-    let admin_addr = admin.local_addr()?;
-    tokio::spawn({
-        let (registry, readiness) = (Arc::new(registry), readiness.clone());
-        async move {
-            if let Err(e) = admin.serve(registry, readiness).await {
-                tracing::error!(error = %e, "admin server failed");
-            }
-        }
-    });
+    let admin_addr =
+        ccm_runtime::admin::spawn(settings.common.admin_listen, registry, readiness.clone())
+            .await
+            .with_context(|| format!("bind admin address {}", settings.common.admin_listen))?;
 
     let identity = ccm_runtime::leader::default_identity();
     let leadership = ccm_runtime::leader::start(

@@ -35,26 +35,14 @@ fn provider_id(node: &Node) -> &str {
         .unwrap_or_default()
 }
 
-/// The Kubernetes name of a cloud address kind.
-pub fn address_kind(kind: i32) -> &'static str {
-    match NodeAddressType::try_from(kind).unwrap_or(NodeAddressType::Unspecified) {
-        NodeAddressType::Hostname => "Hostname",
-        NodeAddressType::InternalIp => "InternalIP",
-        NodeAddressType::ExternalIp => "ExternalIP",
-        NodeAddressType::InternalDns => "InternalDNS",
-        NodeAddressType::ExternalDns => "ExternalDNS",
-        NodeAddressType::Unspecified => "",
-    }
-}
-
 /// The cloud's addresses as Kubernetes writes them.
 pub fn cloud_addresses(instance: &Instance) -> Vec<NodeAddress> {
     instance
         .addresses
         .iter()
-        .filter(|a| !address_kind(a.r#type).is_empty())
+        .filter(|a| !NodeAddressType::kubernetes_name_of(a.r#type).is_empty())
         .map(|a| NodeAddress {
-            type_: address_kind(a.r#type).into(),
+            type_: NodeAddressType::kubernetes_name_of(a.r#type).into(),
             address: a.address.clone(),
         })
         .collect()

@@ -92,16 +92,9 @@ async fn initialised(nodes: &Api<Node>, name: &str) -> Node {
 
 /// The controller's /metrics text.
 async fn metrics(c: &Controller) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = c.running.as_ref().unwrap().admin_addr;
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    ccm_testkit::env::http_get(c.running.as_ref().unwrap().admin_addr, "/metrics")
         .await
-        .unwrap();
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.unwrap();
-    body
+        .1
 }
 
 fn taint_keys(n: &Node) -> Vec<String> {
@@ -749,19 +742,11 @@ async fn conflicting_writes_are_retried_and_the_node_still_initialises() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_reports_ready_once_the_node_cache_has_synced() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let env = TestEnv::start().await;
     let c = start_controller(&env, Role::Node, &[]).await;
     let addr = c.running.as_ref().unwrap().admin_addr;
     eventually("/readyz 200", || async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-        stream
-            .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.ok()?;
-        response.starts_with("HTTP/1.1 200").then_some(())
+        (ccm_testkit::env::http_get(addr, "/readyz").await.0 == 200).then_some(())
     })
     .await;
 }

@@ -21,3 +21,39 @@ pub mod v1 {
 /// reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     tonic::include_file_descriptor_set!("cloudgateway_v1_descriptor");
+
+impl v1::NodeAddressType {
+    /// The Kubernetes name of the address type (`InternalIP`, ...); empty
+    /// for an unspecified type.
+    pub fn kubernetes_name(self) -> &'static str {
+        match self {
+            Self::Hostname => "Hostname",
+            Self::InternalIp => "InternalIP",
+            Self::ExternalIp => "ExternalIP",
+            Self::InternalDns => "InternalDNS",
+            Self::ExternalDns => "ExternalDNS",
+            Self::Unspecified => "",
+        }
+    }
+
+    /// The address type Kubernetes calls `name`.
+    pub fn from_kubernetes_name(name: &str) -> Self {
+        [
+            Self::Hostname,
+            Self::InternalIp,
+            Self::ExternalIp,
+            Self::InternalDns,
+            Self::ExternalDns,
+        ]
+        .into_iter()
+        .find(|t| t.kubernetes_name() == name)
+        .unwrap_or(Self::Unspecified)
+    }
+
+    /// The Kubernetes name of the wire value `value`.
+    pub fn kubernetes_name_of(value: i32) -> &'static str {
+        Self::try_from(value)
+            .unwrap_or(Self::Unspecified)
+            .kubernetes_name()
+    }
+}

@@ -76,6 +76,24 @@ impl AdminServer {
     }
 }
 
+/// Binds the admin address and serves it in the background; returns the
+/// address bound.
+pub async fn spawn(
+    addr: SocketAddr,
+    registry: Registry,
+    readiness: Readiness,
+) -> std::io::Result<SocketAddr> {
+    let server = AdminServer::bind(addr).await?;
+    let bound = server.local_addr()?;
+    let registry = Arc::new(registry);
+    tokio::spawn(async move {
+        if let Err(e) = server.serve(registry, readiness).await {
+            tracing::error!(error = %e, "admin server failed");
+        }
+    });
+    Ok(bound)
+}
+
 async fn readyz(State(state): State<AdminState>) -> impl IntoResponse {
     if state.readiness.is_ready() {
         (StatusCode::OK, "ok\n")

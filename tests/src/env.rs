@@ -167,3 +167,37 @@ where
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// A plain HTTP GET (admin endpoints): `(status, body)`.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of the first sample of `metric` (with its labels, e.g.
+/// `x_total{a="b"}`) in a Prometheus text body, 0 when absent.
+pub fn metric_value(body: &str, metric: &str) -> f64 {
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix(metric)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}

@@ -55,6 +55,11 @@ fn faults_to_proto(f: &FaultSettings) -> Faults {
     }
     Faults {
         latency,
+        error_rate_by_operation: f
+            .error_rates
+            .iter()
+            .map(|(op, rate)| (op.as_str().to_owned(), *rate))
+            .collect(),
         error_rate: f.error_rate,
         throttle_rate: f.throttle_rate,
         throttle_retry_after: to_proto_duration(f.throttle_retry_after),
@@ -75,6 +80,21 @@ fn faults_from_proto(f: Faults) -> Result<FaultSettings, CloudError> {
     ] {
         if !(0.0..=1.0).contains(&rate) {
             v.add(name, format!("{rate} is not a share from 0.0 to 1.0"));
+        }
+    }
+    for (key, rate) in &f.error_rate_by_operation {
+        let field = format!("error_rate_by_operation[{key:?}]");
+        if !(0.0..=1.0).contains(rate) {
+            v.add(
+                field.clone(),
+                format!("{rate} is not a share from 0.0 to 1.0"),
+            );
+        }
+        match key.parse::<Operation>() {
+            Ok(op) => {
+                out.error_rates.insert(op, *rate);
+            }
+            Err(e) => v.add(field, e),
         }
     }
     let mut duration = |field: String, d: Option<prost_types::Duration>| -> Duration {
@@ -217,7 +237,14 @@ impl SimAdmin for SimAdminService {
         request: Request<GetStatsRequest>,
     ) -> Result<Response<Stats>, Status> {
         let (calls, looked_up) = self.sim.stats(request.into_inner().reset);
+        let max_in_flight = self
+            .sim
+            .max_in_flight()
+            .into_iter()
+            .map(|(op, n)| (op.as_str().to_owned(), n))
+            .collect();
         Ok(Response::new(Stats {
+            max_in_flight,
             calls: calls
                 .into_iter()
                 .map(|(op, n)| (op.as_str().to_owned(), n))
@@ -252,7 +279,9 @@ mod tests {
                 nanos: 0,
             },
         );
+        f.error_rate_by_operation.insert("create_route".into(), 1.0);
         let settings = faults_from_proto(f.clone()).unwrap();
+        assert_eq!(settings.error_rates[&Operation::CreateRoute], 1.0);
         assert_eq!(settings.default_latency, Duration::from_millis(20));
         assert_eq!(
             settings.latency[&Operation::CreateRoute],

@@ -79,6 +79,8 @@ pub struct FaultSettings {
     pub default_latency: Duration,
     /// Share of calls that fail as unavailable.
     pub error_rate: f64,
+    /// Error rates of single operations, in place of `error_rate`.
+    pub error_rates: BTreeMap<Operation, f64>,
     /// Share of calls that are throttled.
     pub throttle_rate: f64,
     /// The retry delay of a throttled call.
@@ -103,7 +105,23 @@ pub struct SimCloud {
     state: Mutex<State>,
     faults: RwLock<FaultSettings>,
     calls: Mutex<BTreeMap<Operation, u64>>,
+    in_flight: Mutex<BTreeMap<Operation, (u64, u64)>>,
     looked_up: AtomicU64,
+}
+
+/// Counts one call in progress until dropped.
+struct InFlight<'a> {
+    sim: &'a SimCloud,
+    op: Operation,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut map = self.sim.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((now, _)) = map.get_mut(&self.op) {
+            *now = now.saturating_sub(1);
+        }
+    }
 }
 
 /// An instance to create.
@@ -232,6 +250,7 @@ impl SimCloud {
             state: Mutex::new(state),
             faults: RwLock::new(FaultSettings::default()),
             calls: Mutex::new(BTreeMap::new()),
+            in_flight: Mutex::new(BTreeMap::new()),
             looked_up: AtomicU64::new(0),
         })
     }
@@ -240,14 +259,22 @@ impl SimCloud {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Counts the call and applies the injected faults for `op`.
-    async fn enter(&self, op: Operation) -> Result<()> {
+    /// Counts the call and applies the injected faults for `op`. The guard
+    /// counts the call as in progress until the operation is done.
+    async fn enter(&self, op: Operation) -> Result<InFlight<'_>> {
         *self
             .calls
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(op)
             .or_default() += 1;
+        {
+            let mut map = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            let (now, max) = map.entry(op).or_default();
+            *now += 1;
+            *max = (*max).max(*now);
+        }
+        let guard = InFlight { sim: self, op };
         let faults = self.faults();
         let latency = faults
             .latency
@@ -266,10 +293,15 @@ impl SimCloud {
                 },
             });
         }
-        if faults.error_rate > 0.0 && fastrand::f64() < faults.error_rate {
+        let error_rate = faults
+            .error_rates
+            .get(&op)
+            .copied()
+            .unwrap_or(faults.error_rate);
+        if error_rate > 0.0 && fastrand::f64() < error_rate {
             return Err(CloudError::Unavailable(format!("injected fault in {op}")));
         }
-        Ok(())
+        Ok(guard)
     }
 
     /// The injected faults.
@@ -292,8 +324,26 @@ impl SimCloud {
         if reset {
             calls.clear();
             self.looked_up.store(0, Ordering::Relaxed);
+            for (_, max) in self
+                .in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values_mut()
+            {
+                *max = 0;
+            }
         }
         out
+    }
+
+    /// The most calls of each operation in progress at once.
+    pub fn max_in_flight(&self) -> BTreeMap<Operation, u64> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(op, (_, max))| (*op, *max))
+            .collect()
     }
 
     /// Creates a running instance.
@@ -548,7 +598,7 @@ impl Provider for SimCloud {
 #[async_trait]
 impl Instances for SimCloud {
     async fn get_instances(&self, nodes: &[NodeRef]) -> Result<Vec<Lookup>> {
-        self.enter(Operation::GetInstances).await?;
+        let _call = self.enter(Operation::GetInstances).await?;
         self.looked_up
             .fetch_add(nodes.len() as u64, Ordering::Relaxed);
         let state = self.state();
@@ -569,7 +619,7 @@ fn protocol_name(protocol: i32) -> String {
 #[async_trait]
 impl LoadBalancers for SimCloud {
     async fn get(&self, cluster: &str, service: &ServiceRef) -> Result<Option<LoadBalancerStatus>> {
-        self.enter(Operation::GetLoadBalancer).await?;
+        let _call = self.enter(Operation::GetLoadBalancer).await?;
         let key = (cluster.to_owned(), load_balancer_name(&service.uid));
         Ok(self
             .state()
@@ -584,7 +634,7 @@ impl LoadBalancers for SimCloud {
         spec: &LoadBalancerSpec,
         hosts: &[Host],
     ) -> Result<LoadBalancerStatus> {
-        self.enter(Operation::EnsureLoadBalancer).await?;
+        let _call = self.enter(Operation::EnsureLoadBalancer).await?;
         let options = annotations::parse(&spec.annotations)?;
         let service = spec.service.clone().unwrap_or_default();
         let name = load_balancer_name(&service.uid);
@@ -651,7 +701,7 @@ impl LoadBalancers for SimCloud {
         spec: &LoadBalancerSpec,
         hosts: &[Host],
     ) -> Result<()> {
-        self.enter(Operation::UpdateLoadBalancerHosts).await?;
+        let _call = self.enter(Operation::UpdateLoadBalancerHosts).await?;
         let uid = spec
             .service
             .as_ref()
@@ -671,7 +721,7 @@ impl LoadBalancers for SimCloud {
     }
 
     async fn delete(&self, cluster: &str, service: &ServiceRef) -> Result<()> {
-        self.enter(Operation::DeleteLoadBalancer).await?;
+        let _call = self.enter(Operation::DeleteLoadBalancer).await?;
         let key = (cluster.to_owned(), load_balancer_name(&service.uid));
         let mut state = self.state();
         if state.load_balancers.contains_key(&key) {
@@ -686,7 +736,7 @@ impl LoadBalancers for SimCloud {
     }
 
     async fn list(&self, cluster: &str) -> Result<Vec<LoadBalancer>> {
-        self.enter(Operation::ListLoadBalancers).await?;
+        let _call = self.enter(Operation::ListLoadBalancers).await?;
         let now = now_ms();
         Ok(self
             .state()
@@ -721,7 +771,7 @@ fn canonical_cidr(cidr: &str) -> Result<IpNet> {
 #[async_trait]
 impl Routes for SimCloud {
     async fn list(&self, cluster: &str) -> Result<Vec<Route>> {
-        self.enter(Operation::ListRoutes).await?;
+        let _call = self.enter(Operation::ListRoutes).await?;
         let state = self.state();
         Ok(state
             .routes
@@ -735,12 +785,13 @@ impl Routes for SimCloud {
                 // A route whose target instance is gone goes nowhere, as a
                 // real cloud reports it.
                 blackhole: !state.by_name.contains_key(&r.target_node),
+                enable_node_addresses: false,
             })
             .collect())
     }
 
     async fn create(&self, cluster: &str, name_hint: &str, route: &Route) -> Result<Route> {
-        self.enter(Operation::CreateRoute).await?;
+        let _call = self.enter(Operation::CreateRoute).await?;
         let cidr = canonical_cidr(&route.destination_cidr)?;
         let destination = cidr.to_string();
         let mut state = self.state();
@@ -786,11 +837,12 @@ impl Routes for SimCloud {
             target_node_addresses: route.target_node_addresses.clone(),
             destination_cidr: record.destination_cidr,
             blackhole: false,
+            enable_node_addresses: false,
         })
     }
 
     async fn delete(&self, cluster: &str, route: &Route) -> Result<()> {
-        self.enter(Operation::DeleteRoute).await?;
+        let _call = self.enter(Operation::DeleteRoute).await?;
         let mut state = self.state();
         let name = if route.name.is_empty() {
             let destination = canonical_cidr(&route.destination_cidr)?.to_string();

@@ -1,0 +1,218 @@
+//! The route controller programs one cloud route per pod CIDR of every
+//! node (two for dual-stack), deletes this cluster's routes nobody wants
+//! (only inside `--cluster-cidr`), and reports the result in each node's
+//! `NetworkUnavailable` condition. Node changes that matter trigger a
+//! reconcile (at most one per `--min-route-reconcile-interval`), and a slow
+//! resync catches the rest, instead of upstream's fixed 10 s poll.
+
+pub mod args;
+pub mod context;
+pub mod error;
+pub mod metrics;
+pub mod plan;
+pub mod reconcile;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ccm_runtime::admin::Readiness;
+use ccm_runtime::gateway::Capability;
+use ccm_runtime::queue::{Backoff, WorkQueue};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, ResourceExt};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::args::Settings;
+use crate::context::Context;
+use crate::metrics::{ErrorLabels, Metrics};
+
+/// The name events are reported under, as upstream's.
+pub const CONTROLLER_NAME: &str = "route_controller";
+
+/// A failed reconcile retries after 1 s, doubling up to 5 minutes.
+const BACKOFF: Backoff = Backoff {
+    base: Duration::from_secs(1),
+    max: Duration::from_secs(300),
+};
+
+/// A started route controller.
+pub struct Running {
+    pub admin_addr: SocketAddr,
+    pub leadership: ccm_runtime::leader::Leadership,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Waits until the controller stops.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("route controller task")?
+    }
+}
+
+/// What of a node makes routes change.
+fn fingerprint(node: &Node) -> (Vec<String>, Vec<(String, String)>) {
+    let info = reconcile::node_info(node);
+    (info.pod_cidrs, info.addresses)
+}
+
+/// Starts the controller; it runs until `shutdown`.
+pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    let client = ccm_runtime::kube::client(settings.common.kubeconfig.as_deref()).await?;
+    let gateway = ccm_runtime::gateway::client(&settings.common.gateway)?;
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let readiness = Readiness::new();
+    let admin_addr =
+        ccm_runtime::admin::spawn(settings.common.admin_listen, registry, readiness.clone())
+            .await
+            .with_context(|| format!("bind admin address {}", settings.common.admin_listen))?;
+
+    let identity = ccm_runtime::leader::default_identity();
+    let leadership = ccm_runtime::leader::start(
+        client.clone(),
+        &settings.common.lease,
+        identity.clone(),
+        shutdown.clone(),
+    );
+    let nodes: Api<Node> = Api::all(client.clone());
+    let (store, writer) = reflector::store();
+    let ctx = Arc::new(Context {
+        nodes: nodes.clone(),
+        store,
+        gateway,
+        recorder: Recorder::new(
+            client,
+            Reporter {
+                controller: CONTROLLER_NAME.into(),
+                instance: Some(identity),
+            },
+        ),
+        metrics,
+        leadership: leadership.clone(),
+        settings,
+        queue: WorkQueue::new(BACKOFF),
+    });
+
+    // The cache runs on every replica; only changes that matter to routes
+    // (new or deleted nodes, pod CIDRs, addresses) trigger a reconcile.
+    let stream = reflector(
+        writer,
+        watcher(nodes, watcher::Config::default())
+            .modify(|node| node.managed_fields_mut().clear())
+            .default_backoff(),
+    );
+    tokio::spawn({
+        let (ctx, readiness, shutdown) = (ctx.clone(), readiness.clone(), shutdown.clone());
+        async move {
+            let mut seen = HashMap::new();
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                let event = tokio::select! {
+                    event = stream.next() => event,
+                    _ = shutdown.cancelled() => return,
+                };
+                let changed = match event {
+                    Some(Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node))) => {
+                        seen.insert(node.name_any(), fingerprint(&node)) != Some(fingerprint(&node))
+                    }
+                    Some(Ok(watcher::Event::Delete(node))) => {
+                        seen.remove(&node.name_any());
+                        true
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        readiness.set(true);
+                        true
+                    }
+                    Some(Ok(watcher::Event::Init)) => false,
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "node watch failed; retrying");
+                        false
+                    }
+                    None => return,
+                };
+                if changed {
+                    ctx.queue.add(());
+                }
+            }
+        }
+    });
+
+    let task = tokio::spawn(run(ctx, shutdown));
+    Ok(Running {
+        admin_addr,
+        leadership,
+        task,
+    })
+}
+
+async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // Upstream skips the controller in these cases; a Deployment that
+    // exited would restart forever, so it idles (and stays ready).
+    if !ctx.settings.enabled {
+        tracing::info!("--configure-cloud-routes=false: not programming routes");
+        shutdown.cancelled().await;
+        return Ok(());
+    }
+    if !ccm_runtime::gateway::supports(&ctx.gateway, Capability::Routes).await? {
+        tracing::warn!("the cloud provider does not support routes: not programming routes");
+        shutdown.cancelled().await;
+        return Ok(());
+    }
+    tokio::select! {
+        acquired = ctx.leadership.acquired() => if !acquired { return Ok(()) },
+        _ = shutdown.cancelled() => return Ok(()),
+    }
+    tracing::info!(cluster_cidrs = ?ctx.settings.cluster_cidrs, "leading; reconciling routes");
+    ctx.store.wait_until_ready().await.context("node cache")?;
+    ctx.queue.add(());
+    tokio::spawn(worker(ctx.clone()));
+    tokio::spawn({
+        let ctx = ctx.clone();
+        async move {
+            loop {
+                tokio::time::sleep(ctx.settings.resync_period).await;
+                ctx.queue.add(());
+            }
+        }
+    });
+    let result = tokio::select! {
+        _ = ctx.leadership.lost() => Err(anyhow::anyhow!("leader election lost")),
+        _ = shutdown.cancelled() => Ok(()),
+    };
+    ctx.queue.close();
+    result
+}
+
+/// Reconciles whenever triggered, never twice within the minimum interval.
+async fn worker(ctx: Arc<Context>) {
+    while let Some(key) = ctx.queue.next().await {
+        let started = std::time::Instant::now();
+        ctx.metrics.reconciles.inc();
+        match reconcile::reconcile(&ctx).await {
+            Ok(()) => ctx.queue.forget(&key),
+            Err(crate::error::Error::NotLeader) => {}
+            Err(e) => {
+                ctx.metrics
+                    .reconcile_errors
+                    .get_or_create(&ErrorLabels {
+                        error: e.metric_label(),
+                    })
+                    .inc();
+                let delay = ctx.queue.add_failed(key);
+                tracing::warn!(error = %e, retry_in = ?delay, "route reconcile failed");
+            }
+        }
+        ctx.metrics
+            .reconcile_duration
+            .observe(started.elapsed().as_secs_f64());
+        ctx.queue.done(&key);
+        tokio::time::sleep(ctx.settings.min_interval).await;
+    }
+}

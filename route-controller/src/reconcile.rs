@@ -1,0 +1,215 @@
+//! One reconcile: list the cloud's routes, plan against the cached nodes,
+//! delete then create with bounded concurrency, and write each node's
+//! `NetworkUnavailable` condition where it changed.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use ccm_proto::v1::{NodeAddress as CloudAddress, NodeAddressType, Route};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::metrics::ErrorLabels;
+use crate::plan::{self, Create, NodeInfo};
+
+const FIELD_MANAGER: &str = ccm_runtime::names::MANAGER_ROUTE_CONTROLLER;
+
+/// What routing needs of a node: name, UID, pod CIDRs and addresses.
+pub fn node_info(node: &Node) -> NodeInfo {
+    let spec = node.spec.as_ref();
+    let mut pod_cidrs = spec.and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
+    if pod_cidrs.is_empty() {
+        pod_cidrs.extend(spec.and_then(|s| s.pod_cidr.clone()));
+    }
+    NodeInfo {
+        name: node.name_any(),
+        uid: node.metadata.uid.clone().unwrap_or_default(),
+        pod_cidrs,
+        addresses: node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .map(|a| {
+                a.iter()
+                    .map(|a| (a.type_.clone(), a.address.clone()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+fn network_condition(node: &Node) -> Option<(&str, &str)> {
+    let c = node
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "NetworkUnavailable")?;
+    Some((c.status.as_str(), c.reason.as_deref().unwrap_or_default()))
+}
+
+/// Reconciles every route of the cluster once.
+#[tracing::instrument(skip(ctx))]
+pub async fn reconcile(ctx: &Context) -> Result<()> {
+    let routes = ctx.gateway.list_routes().await?;
+    let nodes: HashMap<String, std::sync::Arc<Node>> = ctx
+        .store
+        .state()
+        .into_iter()
+        .map(|n| (n.name_any(), n))
+        .collect();
+    let infos: Vec<NodeInfo> = nodes.values().map(|n| node_info(n)).collect();
+    let plan = plan::plan(&infos, &routes, &ctx.settings.cluster_cidrs);
+    ctx.ensure_leader()?;
+
+    // Deletes first: a CIDR that moved between nodes must be free before
+    // its new route is created.
+    futures::stream::iter(plan.delete)
+        .for_each_concurrent(ctx.settings.concurrency, |route| async move {
+            delete(ctx, route).await;
+        })
+        .await;
+    let failures: Vec<String> = futures::stream::iter(plan.create)
+        .map(|create| async { create_route(ctx, &nodes, create).await })
+        .buffer_unordered(ctx.settings.concurrency)
+        .filter_map(|failed| async move { failed })
+        .collect()
+        .await;
+
+    for (name, cidrs) in &plan.nodes {
+        let Some(node) = nodes.get(name) else {
+            continue;
+        };
+        let failed = failures.iter().filter(|f| *f == name).count();
+        let (status, reason, message) = plan::condition(*cidrs, failed);
+        if plan::condition_changed(network_condition(node), (status, reason))
+            && let Err(e) = write_condition(ctx, name, status, reason, message).await
+        {
+            tracing::warn!(node = %name, error = %e, "could not write the NetworkUnavailable condition");
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::CreateFailed(failures.len()))
+    }
+}
+
+async fn delete(ctx: &Context, route: Route) {
+    if ctx.ensure_leader().is_err() {
+        return;
+    }
+    let description = format!("{} -> {}", route.destination_cidr, route.target_node);
+    match ctx.gateway.delete_route(route).await {
+        Ok(()) => {
+            ctx.metrics.routes_deleted.inc();
+            tracing::info!(route = %description, "deleted route");
+        }
+        Err(e) => {
+            ctx.metrics
+                .route_errors
+                .get_or_create(&ErrorLabels {
+                    error: e.metric_label(),
+                })
+                .inc();
+            tracing::warn!(route = %description, error = %e, "could not delete route");
+        }
+    }
+}
+
+/// Creates one route; returns the node's name if it failed.
+async fn create_route(
+    ctx: &Context,
+    nodes: &HashMap<String, std::sync::Arc<Node>>,
+    create: Create,
+) -> Option<String> {
+    if ctx.ensure_leader().is_err() {
+        return Some(create.node);
+    }
+    let started = Instant::now();
+    let route = Route {
+        target_node: create.node.clone(),
+        destination_cidr: create.cidr.clone(),
+        target_node_addresses: create
+            .addresses
+            .iter()
+            .map(|(kind, address)| CloudAddress {
+                r#type: NodeAddressType::from_kubernetes_name(kind) as i32,
+                address: address.clone(),
+            })
+            .filter(|a| a.r#type != NodeAddressType::Unspecified as i32)
+            .collect(),
+        ..Default::default()
+    };
+    match ctx.gateway.create_route(create.uid.clone(), route).await {
+        Ok(_) => {
+            ctx.metrics.routes_created.inc();
+            tracing::info!(node = %create.node, cidr = %create.cidr, "created route");
+            None
+        }
+        Err(e) => {
+            ctx.metrics
+                .route_errors
+                .get_or_create(&ErrorLabels {
+                    error: e.metric_label(),
+                })
+                .inc();
+            tracing::warn!(node = %create.node, cidr = %create.cidr, error = %e, "could not create route");
+            if let Some(node) = nodes.get(&create.node) {
+                let event = Event {
+                    type_: EventType::Warning,
+                    reason: "FailedToCreateRoute".into(),
+                    note: Some(format!(
+                        "Could not create route {} {} for node {} after {:?}: {e}",
+                        create.uid,
+                        create.cidr,
+                        create.node,
+                        started.elapsed()
+                    )),
+                    action: "CreateRoute".into(),
+                    secondary: None,
+                };
+                if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
+                    tracing::warn!(error = %e, "could not publish event");
+                }
+            }
+            Some(create.node)
+        }
+    }
+}
+
+/// Writes the node's `NetworkUnavailable` condition; conditions merge by
+/// type, so the others are left alone.
+async fn write_condition(
+    ctx: &Context,
+    name: &str,
+    status: &str,
+    reason: &str,
+    message: &str,
+) -> Result<()> {
+    ctx.ensure_leader()?;
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let patch = json!({"status": {"conditions": [{
+        "type": "NetworkUnavailable",
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now,
+        "lastHeartbeatTime": now,
+    }]}});
+    ctx.nodes
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Strategic(patch),
+        )
+        .await?;
+    Ok(())
+}
