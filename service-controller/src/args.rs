@@ -1,0 +1,123 @@
+//! The service controller's flags, upstream's names where they exist.
+
+use std::time::Duration;
+
+use ccm_runtime::args::{Common, CommonArgs};
+use ccm_runtime::names;
+use ccm_runtime::settings::{Problems, parse_duration};
+use clap::Parser;
+
+use crate::plan::ClassPolicy;
+
+/// Cloud load balancers for Services of type LoadBalancer.
+#[derive(Parser, Debug)]
+#[command(name = "service-controller", version, args_override_self = true)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Services synced at once (upstream: 1).
+    #[arg(long, default_value = "16")]
+    pub concurrent_service_syncs: String,
+    /// Named loadBalancerClass values to serve as well, comma-separated.
+    #[arg(long, default_value = "")]
+    pub load_balancer_class: String,
+    /// Serve only the named classes, not Services without a class: true or false.
+    #[arg(long, default_value = "false", num_args = 0..=1, default_missing_value = "true")]
+    pub ignore_default_class: String,
+    /// How long node changes are gathered before load balancer hosts are updated, one update per load balancer.
+    #[arg(long, default_value = "1s")]
+    pub node_sync_debounce: String,
+    /// How often this cluster's load balancers are compared with its Services.
+    #[arg(long, default_value = "5m")]
+    pub orphan_check_period: String,
+    /// Delete load balancers whose Service is gone: true or false. Off, they are only reported.
+    #[arg(long, default_value = "false", num_args = 0..=1, default_missing_value = "true")]
+    pub delete_orphaned_load_balancers: String,
+    /// How long a load balancer must stay orphaned before it is deleted.
+    #[arg(long, default_value = "10m")]
+    pub orphan_grace_period: String,
+}
+
+/// The checked settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub common: Common,
+    pub workers: usize,
+    pub classes: ClassPolicy,
+    pub debounce: Duration,
+    pub orphan_period: Duration,
+    pub delete_orphans: bool,
+    pub orphan_grace: Duration,
+}
+
+fn boolean(s: &str) -> Result<bool, &'static str> {
+    s.parse::<bool>().map_err(|_| "use true or false")
+}
+
+impl Settings {
+    /// Checks every flag; all problems are reported together.
+    pub fn from_args(args: &Args) -> Result<Self, Problems> {
+        let mut p = Problems::new();
+        let common = args
+            .common
+            .resolve(&mut p, "0.0.0.0:7421", names::LEASE_SERVICE_CONTROLLER);
+        let workers = p.parse(
+            "concurrent-service-syncs",
+            &args.concurrent_service_syncs,
+            |s| match s.parse::<usize>() {
+                Ok(0) => Err("must be greater than 0".to_owned()),
+                Ok(n) => Ok(n),
+                Err(e) => Err(e.to_string()),
+            },
+        );
+        let named: Vec<String> = args
+            .load_balancer_class
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let ignore_default = p.parse("ignore-default-class", &args.ignore_default_class, boolean);
+        if ignore_default == Some(true) && named.is_empty() {
+            p.push(
+                "ignore-default-class",
+                "needs --load-balancer-class, or no Service would be served",
+            );
+        }
+        let debounce = p.parse(
+            "node-sync-debounce",
+            &args.node_sync_debounce,
+            parse_duration,
+        );
+        let orphan_period = p.parse(
+            "orphan-check-period",
+            &args.orphan_check_period,
+            parse_duration,
+        );
+        let delete_orphans = p.parse(
+            "delete-orphaned-load-balancers",
+            &args.delete_orphaned_load_balancers,
+            boolean,
+        );
+        let orphan_grace = p.parse(
+            "orphan-grace-period",
+            &args.orphan_grace_period,
+            parse_duration,
+        );
+        if orphan_period.is_some_and(|d| d.is_zero()) {
+            p.push("orphan-check-period", "must be greater than 0");
+        }
+        p.finish(|| Settings {
+            common: common.expect("checked"),
+            workers: workers.expect("checked"),
+            classes: ClassPolicy {
+                default: !ignore_default.expect("checked"),
+                named,
+            },
+            debounce: debounce.expect("checked"),
+            orphan_period: orphan_period.expect("checked"),
+            delete_orphans: delete_orphans.expect("checked"),
+            orphan_grace: orphan_grace.expect("checked"),
+        })
+    }
+}

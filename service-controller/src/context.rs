@@ -1,0 +1,73 @@
+//! What every part of the service controller shares.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use ccm_proto::GatewayClient;
+use ccm_proto::v1::Host;
+use ccm_runtime::leader::Leadership;
+use ccm_runtime::queue::WorkQueue;
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::Store;
+
+use crate::args::Settings;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// A Service's key: `namespace/name`.
+pub type Key = (String, String);
+
+/// The shared state of one service controller process.
+pub struct Context {
+    pub client: kube::Client,
+    pub services: Store<Service>,
+    pub nodes: Store<Node>,
+    pub gateway: GatewayClient,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub leadership: Leadership,
+    pub settings: Settings,
+    pub queue: WorkQueue<Key>,
+    /// The hosts each load balancer was last given, stored before the call.
+    pub last_hosts: Mutex<HashMap<Key, Vec<Host>>>,
+}
+
+impl Context {
+    /// Fails unless this replica leads now. Every write checks it first.
+    pub fn ensure_leader(&self) -> Result<()> {
+        if self.leadership.is_leader() {
+            Ok(())
+        } else {
+            Err(Error::NotLeader)
+        }
+    }
+
+    /// The current backing hosts of every load balancer.
+    pub fn hosts(&self) -> Vec<Host> {
+        let nodes = self.nodes.state();
+        crate::plan::hosts(nodes.iter().map(|n| n.as_ref()))
+    }
+
+    pub fn remember_hosts(&self, key: &Key, hosts: Vec<Host>) {
+        self.last_hosts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), hosts);
+    }
+
+    pub fn remembered_hosts(&self, key: &Key) -> Option<Vec<Host>> {
+        self.last_hosts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    pub fn forget_hosts(&self, key: &Key) {
+        self.last_hosts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+}

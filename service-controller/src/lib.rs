@@ -1,0 +1,289 @@
+//! The service controller gives every Service of type LoadBalancer (of the
+//! classes it serves) a cloud load balancer through the gateway: finalizer
+//! first, then ensure, then the ingress in the Service's status; on type
+//! change or deletion it deletes the load balancer and releases the
+//! finalizer. Node changes are gathered for a short window and sent as one
+//! host update per load balancer. Errors the user can fix (an invalid
+//! annotation) become a Warning event and a Service condition, never a
+//! cloud write.
+
+pub mod args;
+pub mod context;
+pub mod error;
+pub mod metrics;
+pub mod plan;
+pub mod reconcile;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ccm_runtime::admin::Readiness;
+use ccm_runtime::gateway::Capability;
+use ccm_runtime::queue::{Backoff, WorkQueue};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, ResourceExt};
+use prometheus_client::registry::Registry;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::args::Settings;
+use crate::context::Context;
+use crate::error::Error;
+use crate::metrics::{ErrorLabels, Metrics};
+
+/// The name events are reported under, as upstream's.
+pub const CONTROLLER_NAME: &str = "service-controller";
+
+/// Upstream's per-Service backoff: 5 s doubling to 300 s.
+const BACKOFF: Backoff = Backoff {
+    base: Duration::from_secs(5),
+    max: Duration::from_secs(300),
+};
+
+/// A started service controller.
+pub struct Running {
+    pub admin_addr: SocketAddr,
+    pub leadership: ccm_runtime::leader::Leadership,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Waits until the controller stops.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("service controller task")?
+    }
+}
+
+/// Starts the controller; it runs until `shutdown`.
+pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    let client = ccm_runtime::kube::client(settings.common.kubeconfig.as_deref()).await?;
+    let gateway = ccm_runtime::gateway::client(&settings.common.gateway)?;
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let readiness = Readiness::new();
+    let admin_addr =
+        ccm_runtime::admin::spawn(settings.common.admin_listen, registry, readiness.clone())
+            .await
+            .with_context(|| format!("bind admin address {}", settings.common.admin_listen))?;
+    let identity = ccm_runtime::leader::default_identity();
+    let leadership = ccm_runtime::leader::start(
+        client.clone(),
+        &settings.common.lease,
+        identity.clone(),
+        shutdown.clone(),
+    );
+
+    let (services, service_writer) = reflector::store();
+    let (nodes, node_writer) = reflector::store();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        services,
+        nodes,
+        gateway,
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: CONTROLLER_NAME.into(),
+                instance: Some(identity),
+            },
+        ),
+        metrics,
+        leadership: leadership.clone(),
+        settings,
+        queue: WorkQueue::new(BACKOFF),
+        last_hosts: Mutex::new(HashMap::new()),
+    });
+    let nodes_changed = Arc::new(Notify::new());
+
+    // Services: a sync when what matters changed, or cleanup is due.
+    let service_stream = reflector(
+        service_writer,
+        watcher(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .modify(|s| s.managed_fields_mut().clear())
+        .default_backoff(),
+    );
+    let synced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    tokio::spawn({
+        let (ctx, readiness, shutdown, synced) = (
+            ctx.clone(),
+            readiness.clone(),
+            shutdown.clone(),
+            synced.clone(),
+        );
+        async move {
+            let mut seen = HashMap::new();
+            let mut stream = std::pin::pin!(service_stream);
+            loop {
+                let event =
+                    tokio::select! { e = stream.next() => e, _ = shutdown.cancelled() => return };
+                match event {
+                    Some(Ok(watcher::Event::Apply(svc) | watcher::Event::InitApply(svc))) => {
+                        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+                        let changed = seen.insert(key.clone(), plan::fingerprint(&svc))
+                            != Some(plan::fingerprint(&svc));
+                        let relevant = plan::wants_load_balancer(&svc, &ctx.settings.classes)
+                            || plan::has_finalizer(&svc);
+                        if (changed && relevant) || plan::needs_cleanup(&svc) {
+                            ctx.queue.add(key);
+                        }
+                    }
+                    Some(Ok(watcher::Event::Delete(svc))) => {
+                        seen.remove(&(svc.namespace().unwrap_or_default(), svc.name_any()));
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        if synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+                            readiness.set(true);
+                        }
+                    }
+                    Some(Ok(watcher::Event::Init)) => {}
+                    Some(Err(e)) => tracing::warn!(error = %e, "service watch failed; retrying"),
+                    None => return,
+                }
+            }
+        }
+    });
+    // Nodes: only membership and provider ID changes matter; they wake the
+    // debounced host pass.
+    let node_stream = reflector(
+        node_writer,
+        watcher(Api::<Node>::all(client), watcher::Config::default())
+            .modify(|n| n.managed_fields_mut().clear())
+            .default_backoff(),
+    );
+    tokio::spawn({
+        let (readiness, shutdown, nodes_changed, synced) =
+            (readiness, shutdown.clone(), nodes_changed.clone(), synced);
+        async move {
+            let mut seen = HashMap::new();
+            let mut stream = std::pin::pin!(node_stream);
+            loop {
+                let event =
+                    tokio::select! { e = stream.next() => e, _ = shutdown.cancelled() => return };
+                let changed = match event {
+                    Some(Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) => {
+                        seen.insert(n.name_any(), plan::node_fingerprint(&n))
+                            != Some(plan::node_fingerprint(&n))
+                    }
+                    Some(Ok(watcher::Event::Delete(n))) => seen.remove(&n.name_any()).is_some(),
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        if synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+                            readiness.set(true);
+                        }
+                        true
+                    }
+                    Some(Ok(watcher::Event::Init)) => false,
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "node watch failed; retrying");
+                        false
+                    }
+                    None => return,
+                };
+                if changed {
+                    nodes_changed.notify_one();
+                }
+            }
+        }
+    });
+
+    let task = tokio::spawn(run(ctx, nodes_changed, shutdown));
+    Ok(Running {
+        admin_addr,
+        leadership,
+        task,
+    })
+}
+
+async fn run(
+    ctx: Arc<Context>,
+    nodes_changed: Arc<Notify>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    if !ccm_runtime::gateway::supports(&ctx.gateway, Capability::LoadBalancers).await? {
+        anyhow::bail!("the cloud provider does not support external load balancers");
+    }
+    tokio::select! {
+        acquired = ctx.leadership.acquired() => if !acquired { return Ok(()) },
+        _ = shutdown.cancelled() => return Ok(()),
+    }
+    tracing::info!(classes = ?ctx.settings.classes, "leading; syncing load balancers");
+    ctx.services
+        .wait_until_ready()
+        .await
+        .context("service cache")?;
+    ctx.nodes.wait_until_ready().await.context("node cache")?;
+    for svc in ctx.services.state() {
+        if plan::wants_load_balancer(&svc, &ctx.settings.classes) || plan::has_finalizer(&svc) {
+            ctx.queue
+                .add((svc.namespace().unwrap_or_default(), svc.name_any()));
+        }
+    }
+    for _ in 0..ctx.settings.workers {
+        tokio::spawn(worker(ctx.clone()));
+    }
+    tokio::spawn({
+        let ctx = ctx.clone();
+        async move {
+            loop {
+                nodes_changed.notified().await;
+                // Gather what else changes within the window, then one pass.
+                tokio::time::sleep(ctx.settings.debounce).await;
+                if !ctx.leadership.is_leader() {
+                    return;
+                }
+                reconcile::sync_hosts(&ctx).await;
+            }
+        }
+    });
+    tokio::spawn({
+        let ctx = ctx.clone();
+        async move {
+            let mut orphans = reconcile::Orphans::default();
+            while ctx.leadership.is_leader() {
+                reconcile::check_orphans(&ctx, &mut orphans).await;
+                tokio::time::sleep(ctx.settings.orphan_period).await;
+            }
+        }
+    });
+    let result = tokio::select! {
+        _ = ctx.leadership.lost() => Err(anyhow::anyhow!("leader election lost")),
+        _ = shutdown.cancelled() => Ok(()),
+    };
+    ctx.queue.close();
+    result
+}
+
+async fn worker(ctx: Arc<Context>) {
+    while let Some(key) = ctx.queue.next().await {
+        let started = std::time::Instant::now();
+        ctx.metrics.syncs.inc();
+        match reconcile::sync_service(&ctx, &key).await {
+            Ok(()) => ctx.queue.forget(&key),
+            Err(Error::NotLeader) => {}
+            // The cloud said when: come back exactly then.
+            Err(Error::RetryAfter(delay)) => ctx.queue.add_after(key.clone(), delay),
+            Err(e) => {
+                ctx.metrics
+                    .sync_errors
+                    .get_or_create(&ErrorLabels {
+                        error: e.metric_label(),
+                    })
+                    .inc();
+                let delay = ctx.queue.add_failed(key.clone());
+                tracing::warn!(service = %format!("{}/{}", key.0, key.1), error = %e, retry_in = ?delay, "service sync failed");
+            }
+        }
+        ctx.metrics
+            .sync_duration
+            .observe(started.elapsed().as_secs_f64());
+        ctx.queue.done(&key);
+    }
+}

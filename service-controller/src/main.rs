@@ -1,0 +1,17 @@
+use std::process::ExitCode;
+
+use service_controller::args::{Args, Settings};
+
+fn main() -> ExitCode {
+    ccm_runtime::process::main::<Args, Settings, _, _>(
+        "service-controller",
+        Settings::from_args,
+        |s| (s.common.log_format, s.common.log_level.clone()),
+        |settings, shutdown| async move {
+            service_controller::start(settings, shutdown)
+                .await?
+                .wait()
+                .await
+        },
+    )
+}

@@ -1,0 +1,79 @@
+//! The service controller's metrics, under `service_controller_`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub error: &'static str,
+}
+
+/// Every metric of the service controller.
+#[derive(Clone)]
+pub struct Metrics {
+    pub syncs: Counter,
+    pub sync_errors: Family<ErrorLabels, Counter>,
+    pub sync_duration: Histogram,
+    pub time_to_ingress: Histogram,
+    pub host_updates: Counter,
+    pub host_update_errors: Counter,
+    pub orphans: Gauge,
+    pub orphans_deleted: Counter,
+}
+
+impl Metrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            syncs: Counter::default(),
+            sync_errors: Family::default(),
+            sync_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            time_to_ingress: Histogram::new(exponential_buckets(0.25, 2.0, 14)),
+            host_updates: Counter::default(),
+            host_update_errors: Counter::default(),
+            orphans: Gauge::default(),
+            orphans_deleted: Counter::default(),
+        };
+        let r = registry.sub_registry_with_prefix("service_controller");
+        r.register("syncs", "Service syncs run", m.syncs.clone());
+        r.register(
+            "sync_errors",
+            "Service syncs failed, by error",
+            m.sync_errors.clone(),
+        );
+        r.register(
+            "sync_duration_seconds",
+            "Time per Service sync",
+            m.sync_duration.clone(),
+        );
+        r.register(
+            "time_to_ingress_seconds",
+            "Time from a Service's creation to its first ingress",
+            m.time_to_ingress.clone(),
+        );
+        r.register(
+            "host_updates",
+            "Load balancer host updates sent",
+            m.host_updates.clone(),
+        );
+        r.register(
+            "host_update_errors",
+            "Load balancer host updates that failed",
+            m.host_update_errors.clone(),
+        );
+        r.register(
+            "orphaned_load_balancers",
+            "This cluster's load balancers without a Service",
+            m.orphans.clone(),
+        );
+        r.register(
+            "orphans_deleted",
+            "Orphaned load balancers deleted",
+            m.orphans_deleted.clone(),
+        );
+        m
+    }
+}

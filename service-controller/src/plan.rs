@@ -1,0 +1,422 @@
+//! The service controller's decisions, pure: which Services are ours, what
+//! the gateway is asked for, which nodes back a load balancer, and whether
+//! anything changed enough to act.
+
+use std::collections::{BTreeMap, HashMap};
+
+use ccm_proto::v1::{
+    Host, Ingress as CloudIngress, IpFamily, LoadBalancerSpec, LoadBalancerStatus as CloudStatus,
+    NodeAddress as CloudAddress, NodeAddressType, Protocol, ServicePort, ServiceRef,
+    SessionAffinity, TrafficPolicy,
+};
+use ccm_runtime::names;
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, Node, PortStatus, Service};
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+/// Which `spec.loadBalancerClass` values this controller serves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClassPolicy {
+    /// Serve Services without a class (upstream's only case).
+    pub default: bool,
+    /// Named classes served as well.
+    pub named: Vec<String>,
+}
+
+fn spec(svc: &Service) -> Option<&k8s_openapi::api::core::v1::ServiceSpec> {
+    svc.spec.as_ref()
+}
+
+fn is_type_lb(svc: &Service) -> bool {
+    spec(svc).and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+}
+
+/// Whether `svc` should have a load balancer from us.
+pub fn wants_load_balancer(svc: &Service, classes: &ClassPolicy) -> bool {
+    is_type_lb(svc)
+        && match spec(svc).and_then(|s| s.load_balancer_class.as_deref()) {
+            None => classes.default,
+            Some(class) => classes.named.iter().any(|c| c == class),
+        }
+}
+
+/// Whether `svc` carries our finalizer.
+pub fn has_finalizer(svc: &Service) -> bool {
+    svc.finalizers()
+        .iter()
+        .any(|f| f == names::FINALIZER_LB_CLEANUP)
+}
+
+/// Whether a load balancer of `svc` must go: it has our finalizer and is
+/// being deleted or no longer of type LoadBalancer.
+pub fn needs_cleanup(svc: &Service) -> bool {
+    has_finalizer(svc) && (svc.metadata.deletion_timestamp.is_some() || !is_type_lb(svc))
+}
+
+/// What of a Service makes its load balancer change (upstream's
+/// `needsUpdate` fields), plus deletion. Two Services with the same
+/// fingerprint need no new sync. Our own finalizer is left out: adding it
+/// must not cause a second ensure.
+pub fn fingerprint(svc: &Service) -> Value {
+    let s = spec(svc);
+    json!({
+        "uid": svc.metadata.uid,
+        "deleting": svc.metadata.deletion_timestamp.is_some(),
+        "annotations": svc.metadata.annotations,
+        "type": s.and_then(|s| s.type_.clone()),
+        "class": s.and_then(|s| s.load_balancer_class.clone()),
+        "ports": s.and_then(|s| s.ports.as_ref()).map(|ports| ports.iter().map(|p| json!([
+            p.name, p.protocol, p.port, p.node_port, p.target_port, p.app_protocol
+        ])).collect::<Vec<_>>()),
+        "sourceRanges": s.and_then(|s| s.load_balancer_source_ranges.clone()),
+        "affinity": s.and_then(|s| s.session_affinity.clone()),
+        "affinityConfig": s.and_then(|s| s.session_affinity_config.as_ref()).map(|c| serde_json::to_value(c).unwrap_or_default()),
+        "lbIP": s.and_then(|s| s.load_balancer_ip.clone()),
+        "externalIPs": s.and_then(|s| s.external_ips.clone()),
+        "eTP": s.and_then(|s| s.external_traffic_policy.clone()),
+        "hcnp": s.and_then(|s| s.health_check_node_port),
+        "families": s.and_then(|s| s.ip_families.as_ref()).map(Vec::len),
+    })
+}
+
+/// Parses the exclusion label as Go's `strconv.ParseBool`: unparsable
+/// values (including "") exclude, as upstream.
+fn excluded(value: &str) -> bool {
+    !matches!(value, "false" | "0" | "f" | "F" | "FALSE" | "False")
+}
+
+/// Whether `node` backs load balancers: not being deleted, not excluded by
+/// label, not being removed by the cluster autoscaler. Readiness does not
+/// matter (upstream's stable node set).
+pub fn backs_load_balancers(node: &Node) -> bool {
+    node.metadata.deletion_timestamp.is_none()
+        && !node
+            .labels()
+            .get(names::LABEL_EXCLUDE_FROM_LB)
+            .is_some_and(|v| excluded(v))
+        && !node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == names::TAINT_TO_BE_DELETED))
+}
+
+/// What of a node matters to load balancers.
+pub fn node_fingerprint(node: &Node) -> (bool, String) {
+    (
+        backs_load_balancers(node),
+        node.spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .unwrap_or_default(),
+    )
+}
+
+/// The hosts of every load balancer, sorted by name.
+pub fn hosts<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Vec<Host> {
+    let mut out: Vec<Host> = nodes
+        .into_iter()
+        .filter(|n| backs_load_balancers(n))
+        .map(|n| Host {
+            name: n.name_any(),
+            provider_id: n
+                .spec
+                .as_ref()
+                .and_then(|s| s.provider_id.clone())
+                .unwrap_or_default(),
+            addresses: n
+                .status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .map(|a| {
+                    a.iter()
+                        .map(|a| CloudAddress {
+                            r#type: NodeAddressType::from_kubernetes_name(&a.type_) as i32,
+                            address: a.address.clone(),
+                        })
+                        .filter(|a| a.r#type != NodeAddressType::Unspecified as i32)
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Upstream's `nodesSufficientlyEqual`: same count, same names with the
+/// same provider IDs.
+pub fn hosts_equal(a: &[Host], b: &[Host]) -> bool {
+    let map = |h: &[Host]| -> HashMap<String, String> {
+        h.iter()
+            .map(|h| (h.name.clone(), h.provider_id.clone()))
+            .collect()
+    };
+    a.len() == b.len() && map(a) == map(b)
+}
+
+fn protocol(p: Option<&str>) -> Protocol {
+    match p.unwrap_or("TCP") {
+        "UDP" => Protocol::Udp,
+        "SCTP" => Protocol::Sctp,
+        "TCP" => Protocol::Tcp,
+        _ => Protocol::Unspecified,
+    }
+}
+
+/// The Service reference the gateway keys load balancers by.
+pub fn service_ref(svc: &Service) -> ServiceRef {
+    ServiceRef {
+        namespace: svc.namespace().unwrap_or_default(),
+        name: svc.name_any(),
+        uid: svc.metadata.uid.clone().unwrap_or_default(),
+    }
+}
+
+/// What the gateway needs to know of `svc`. Source ranges come from the
+/// spec field, else the annotation; the gateway validates them.
+pub fn lb_spec(svc: &Service) -> LoadBalancerSpec {
+    let s = spec(svc).cloned().unwrap_or_default();
+    let annotations = svc.annotations().clone();
+    let source_ranges = match s
+        .load_balancer_source_ranges
+        .clone()
+        .filter(|r| !r.is_empty())
+    {
+        Some(ranges) => ranges,
+        None => annotations
+            .get(names::ANNOTATION_LB_SOURCE_RANGES)
+            .map(|v| {
+                v.split(',')
+                    .map(|r| r.trim().to_owned())
+                    .filter(|r| !r.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    LoadBalancerSpec {
+        service: Some(service_ref(svc)),
+        ports: s
+            .ports
+            .unwrap_or_default()
+            .iter()
+            .map(|p| ServicePort {
+                name: p.name.clone().unwrap_or_default(),
+                protocol: protocol(p.protocol.as_deref()) as i32,
+                port: p.port,
+                node_port: p.node_port.unwrap_or_default(),
+            })
+            .collect(),
+        load_balancer_class: s.load_balancer_class.unwrap_or_default(),
+        load_balancer_ip: s.load_balancer_ip.unwrap_or_default(),
+        source_ranges,
+        ip_families: s
+            .ip_families
+            .unwrap_or_default()
+            .iter()
+            .map(|f| match f.as_str() {
+                "IPv6" => IpFamily::Ipv6,
+                _ => IpFamily::Ipv4,
+            } as i32)
+            .collect(),
+        external_traffic_policy: match s.external_traffic_policy.as_deref() {
+            Some("Local") => TrafficPolicy::Local,
+            _ => TrafficPolicy::Cluster,
+        } as i32,
+        health_check_node_port: s.health_check_node_port.unwrap_or_default(),
+        session_affinity: match s.session_affinity.as_deref() {
+            Some("ClientIP") => SessionAffinity::ClientIp,
+            _ => SessionAffinity::None,
+        } as i32,
+        annotations: annotations.into_iter().collect(),
+    }
+}
+
+/// The gateway's status as Kubernetes writes it.
+pub fn ingress(status: &CloudStatus) -> Vec<LoadBalancerIngress> {
+    status
+        .ingress
+        .iter()
+        .map(|i: &CloudIngress| LoadBalancerIngress {
+            ip: (!i.ip.is_empty()).then(|| i.ip.clone()),
+            hostname: (!i.hostname.is_empty()).then(|| i.hostname.clone()),
+            ip_mode: (!i.ip_mode.is_empty() && !i.ip.is_empty()).then(|| i.ip_mode.clone()),
+            ports: (!i.ports.is_empty()).then(|| {
+                i.ports
+                    .iter()
+                    .map(|p| PortStatus {
+                        port: p.port,
+                        protocol: match Protocol::try_from(p.protocol).unwrap_or(Protocol::Tcp) {
+                            Protocol::Udp => "UDP",
+                            Protocol::Sctp => "SCTP",
+                            _ => "TCP",
+                        }
+                        .into(),
+                        error: (!p.error.is_empty()).then(|| p.error.clone()),
+                    })
+                    .collect()
+            }),
+        })
+        .collect()
+}
+
+/// The Service's current ingress.
+pub fn current_ingress(svc: &Service) -> Vec<LoadBalancerIngress> {
+    svc.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.clone())
+        .unwrap_or_default()
+}
+
+/// The condition type this controller writes on Services.
+pub const CONDITION: &str = "LoadBalancerSynced";
+
+/// The Service's `LoadBalancerSynced` condition: `(status, reason)`.
+pub fn current_condition(svc: &Service) -> Option<(String, String)> {
+    let c = svc
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == CONDITION)?;
+    Some((c.status.clone(), c.reason.clone()))
+}
+
+/// A message naming every invalid field, for events and the condition.
+pub fn describe_violations(violations: &[ccm_proto::FieldViolation]) -> String {
+    let parts: BTreeMap<&str, &str> = violations
+        .iter()
+        .map(|v| (v.field.as_str(), v.description.as_str()))
+        .collect();
+    parts
+        .iter()
+        .map(|(f, d)| format!("{f}: {d}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use ccm_testkit::fixtures::{load_balancer, node};
+
+    use super::*;
+
+    fn classes() -> ClassPolicy {
+        ClassPolicy {
+            default: true,
+            named: vec!["sim/internal".into()],
+        }
+    }
+
+    #[test]
+    fn only_load_balancers_of_served_classes_are_ours() {
+        assert!(wants_load_balancer(
+            &load_balancer("d", "a").build(),
+            &classes()
+        ));
+        assert!(wants_load_balancer(
+            &load_balancer("d", "a").class("sim/internal").build(),
+            &classes()
+        ));
+        assert!(!wants_load_balancer(
+            &load_balancer("d", "a").class("other").build(),
+            &classes()
+        ));
+        let upstream = ClassPolicy {
+            default: true,
+            named: vec![],
+        };
+        assert!(!wants_load_balancer(
+            &load_balancer("d", "a").class("sim/internal").build(),
+            &upstream
+        ));
+        let mut cluster_ip = load_balancer("d", "a").build();
+        cluster_ip.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
+        assert!(!wants_load_balancer(&cluster_ip, &classes()));
+    }
+
+    #[test]
+    fn cleanup_needs_the_finalizer_and_deletion_or_a_type_change() {
+        let mut svc = load_balancer("d", "a").build();
+        assert!(!needs_cleanup(&svc));
+        svc.metadata.finalizers = Some(vec![names::FINALIZER_LB_CLEANUP.into()]);
+        assert!(!needs_cleanup(&svc));
+        svc.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
+        assert!(needs_cleanup(&svc));
+        let mut deleting = load_balancer("d", "a").build();
+        deleting.metadata.finalizers = Some(vec![names::FINALIZER_LB_CLEANUP.into()]);
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        assert!(needs_cleanup(&deleting));
+    }
+
+    #[test]
+    fn fingerprints_change_on_what_matters_only() {
+        let svc = load_balancer("d", "a").build();
+        let base = fingerprint(&svc);
+        let mut labelled = svc.clone();
+        labelled.metadata.labels = Some([("x".to_owned(), "y".to_owned())].into());
+        assert_eq!(fingerprint(&labelled), base, "labels do not matter");
+        let mut status = svc.clone();
+        status.status = Some(Default::default());
+        assert_eq!(fingerprint(&status), base, "status does not matter");
+        let annotated = load_balancer("d", "a").annotation("k", "v").build();
+        assert_ne!(fingerprint(&annotated), base, "any annotation matters");
+        let mut ports = svc.clone();
+        ports.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 443;
+        assert_ne!(fingerprint(&ports), base);
+    }
+
+    #[test]
+    fn the_exclusion_label_parses_like_go() {
+        let label = |v: &str| node("n").label(names::LABEL_EXCLUDE_FROM_LB, v).build();
+        for (value, backs) in [
+            ("false", true),
+            ("0", true),
+            ("False", true),
+            ("true", false),
+            ("", false),
+            ("garbage", false),
+        ] {
+            assert_eq!(backs_load_balancers(&label(value)), backs, "{value:?}");
+        }
+        assert!(
+            backs_load_balancers(&node("n").not_ready().build()),
+            "readiness does not matter"
+        );
+        assert!(!backs_load_balancers(
+            &node("n")
+                .taint(names::TAINT_TO_BE_DELETED, None, "NoSchedule")
+                .build()
+        ));
+    }
+
+    #[test]
+    fn host_sets_compare_names_and_provider_ids() {
+        let a = hosts(&[node("a").provider_id("sim://1").build(), node("b").build()]);
+        let b = hosts(&[node("b").build(), node("a").provider_id("sim://1").build()]);
+        assert!(hosts_equal(&a, &b));
+        let c = hosts(&[node("a").provider_id("sim://2").build(), node("b").build()]);
+        assert!(!hosts_equal(&a, &c));
+        assert!(!hosts_equal(&a, &a[..1]));
+    }
+
+    #[test]
+    fn the_spec_carries_what_providers_need() {
+        let svc = load_balancer("d", "web")
+            .annotation(
+                names::ANNOTATION_LB_SOURCE_RANGES,
+                "10.0.0.0/8, 192.168.0.0/16",
+            )
+            .build();
+        let spec = lb_spec(&svc);
+        assert_eq!(spec.ports[0].port, 80);
+        assert_eq!(spec.ports[0].protocol, Protocol::Tcp as i32);
+        assert_eq!(spec.source_ranges, ["10.0.0.0/8", "192.168.0.0/16"]);
+        assert_eq!(spec.service.unwrap().name, "web");
+    }
+}

@@ -1,0 +1,423 @@
+//! Reads state, asks the gateway, calls `plan`, writes: [`sync_service`]
+//! (per Service, from the work queue), [`sync_hosts`] (one pass after a
+//! debounced batch of node changes) and [`check_orphans`] (periodic).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use ccm_proto::Error as GatewayError;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::context::{Context, Key};
+use crate::error::{Error, Result};
+use crate::plan;
+
+const FIELD_MANAGER: &str = ccm_runtime::names::MANAGER_SERVICE_CONTROLLER;
+
+async fn publish(ctx: &Context, svc: &Service, kind: EventType, reason: &str, note: String) {
+    let event = Event {
+        type_: kind,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Sync".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &svc.object_ref(&())).await {
+        tracing::warn!(service = %svc.name_any(), error = %e, reason, "could not publish event");
+    }
+}
+
+fn api(ctx: &Context, namespace: &str) -> Api<Service> {
+    Api::namespaced(ctx.client.clone(), namespace)
+}
+
+/// Adds or removes our finalizer; set semantics, so other finalizers stay.
+async fn set_finalizer(ctx: &Context, svc: &Service, present: bool) -> Result<()> {
+    if plan::has_finalizer(svc) == present {
+        return Ok(());
+    }
+    ctx.ensure_leader()?;
+    let finalizer = ccm_runtime::names::FINALIZER_LB_CLEANUP;
+    let patch = if present {
+        json!({"metadata": {"finalizers": [finalizer]}})
+    } else {
+        json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}})
+    };
+    let result = api(ctx, &svc.namespace().unwrap_or_default())
+        .patch(
+            &svc.name_any(),
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Strategic(patch),
+        )
+        .await;
+    match result {
+        Ok(_) => Ok(()),
+        // Gone once the last finalizer went: nothing left to do.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes the ingress when it changed (a merge patch replaces the list).
+async fn write_ingress(
+    ctx: &Context,
+    svc: &Service,
+    ingress: Vec<k8s_openapi::api::core::v1::LoadBalancerIngress>,
+) -> Result<()> {
+    if plan::current_ingress(svc) == ingress {
+        return Ok(());
+    }
+    ctx.ensure_leader()?;
+    let patch = json!({"status": {"loadBalancer": {"ingress": ingress}}});
+    match api(ctx, &svc.namespace().unwrap_or_default())
+        .patch_status(
+            &svc.name_any(),
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes the `LoadBalancerSynced` condition when status or reason change.
+async fn write_condition(
+    ctx: &Context,
+    svc: &Service,
+    ok: bool,
+    reason: &str,
+    message: &str,
+) -> Result<()> {
+    let status = if ok { "True" } else { "False" };
+    if plan::current_condition(svc) == Some((status.into(), reason.into())) {
+        return Ok(());
+    }
+    ctx.ensure_leader()?;
+    let patch = json!({"status": {"conditions": [{
+        "type": plan::CONDITION,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+        "observedGeneration": svc.metadata.generation,
+    }]}});
+    api(ctx, &svc.namespace().unwrap_or_default())
+        .patch_status(
+            &svc.name_any(),
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Strategic(patch),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Syncs one Service: ensures its load balancer, or deletes it and
+/// releases the finalizer.
+#[tracing::instrument(skip(ctx, key), fields(service = %format!("{}/{}", key.0, key.1)))]
+pub async fn sync_service(ctx: &Context, key: &Key) -> Result<()> {
+    let Some(svc) = ctx.services.get(&ObjectRef::new(&key.1).within(&key.0)) else {
+        ctx.forget_hosts(key);
+        return Ok(());
+    };
+    if !plan::wants_load_balancer(&svc, &ctx.settings.classes) || plan::needs_cleanup(&svc) {
+        if plan::has_finalizer(&svc) {
+            delete(ctx, &svc).await?;
+        }
+        ctx.forget_hosts(key);
+        return Ok(());
+    }
+    ensure(ctx, key, &svc).await
+}
+
+async fn delete(ctx: &Context, svc: &Service) -> Result<()> {
+    let service = plan::service_ref(svc);
+    let exists = ctx.gateway.get_load_balancer(service.clone()).await?.exists;
+    if exists {
+        ctx.ensure_leader()?;
+        publish(
+            ctx,
+            svc,
+            EventType::Normal,
+            "DeletingLoadBalancer",
+            "Deleting load balancer".into(),
+        )
+        .await;
+        match ctx.gateway.delete_load_balancer(service).await {
+            Ok(()) | Err(GatewayError::ImplementedElsewhere { .. }) => {}
+            Err(e) => {
+                publish(
+                    ctx,
+                    svc,
+                    EventType::Warning,
+                    "DeleteLoadBalancerFailed",
+                    format!("Error deleting load balancer: {e}"),
+                )
+                .await;
+                return Err(e.into());
+            }
+        }
+    }
+    write_ingress(ctx, svc, Vec::new()).await?;
+    set_finalizer(ctx, svc, false).await?;
+    publish(
+        ctx,
+        svc,
+        EventType::Normal,
+        "DeletedLoadBalancer",
+        "Deleted load balancer".into(),
+    )
+    .await;
+    Ok(())
+}
+
+async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
+    ctx.ensure_leader()?;
+    publish(
+        ctx,
+        svc,
+        EventType::Normal,
+        "EnsuringLoadBalancer",
+        "Ensuring load balancer".into(),
+    )
+    .await;
+    // The finalizer goes on before any cloud call, so a load balancer is
+    // never created that nothing would clean up.
+    set_finalizer(ctx, svc, true).await?;
+    let hosts = ctx.hosts();
+    if hosts.is_empty() {
+        publish(
+            ctx,
+            svc,
+            EventType::Warning,
+            "UnAvailableLoadBalancer",
+            "There are no available nodes for LoadBalancer".into(),
+        )
+        .await;
+    }
+    ctx.remember_hosts(key, hosts.clone());
+    let had_ingress = !plan::current_ingress(svc).is_empty();
+    match ctx
+        .gateway
+        .ensure_load_balancer(plan::lb_spec(svc), hosts)
+        .await
+    {
+        Ok(status) => {
+            publish(
+                ctx,
+                svc,
+                EventType::Normal,
+                "EnsuredLoadBalancer",
+                "Ensured load balancer".into(),
+            )
+            .await;
+            let ingress = plan::ingress(&status);
+            if let Some(created) = svc.metadata.creation_timestamp.as_ref()
+                && !had_ingress
+                && !ingress.is_empty()
+            {
+                let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+                ctx.metrics
+                    .time_to_ingress
+                    .observe(age.as_secs_f64().max(0.0));
+            }
+            write_ingress(ctx, svc, ingress).await?;
+            if plan::current_condition(svc).is_some() {
+                write_condition(
+                    ctx,
+                    svc,
+                    true,
+                    "Synced",
+                    "The load balancer matches the Service",
+                )
+                .await?;
+            }
+            Ok(())
+        }
+        Err(GatewayError::ImplementedElsewhere { .. }) => Ok(()),
+        Err(GatewayError::InvalidArgument {
+            violations,
+            message,
+        }) => {
+            // The user can fix this; nothing was written to the cloud.
+            let detail = if violations.is_empty() {
+                message
+            } else {
+                plan::describe_violations(&violations)
+            };
+            publish(
+                ctx,
+                svc,
+                EventType::Warning,
+                "SyncLoadBalancerFailed",
+                format!("Error syncing load balancer: {detail}"),
+            )
+            .await;
+            write_condition(ctx, svc, false, "InvalidConfiguration", &detail).await?;
+            Err(Error::Gateway(GatewayError::InvalidArgument {
+                violations: Vec::new(),
+                message: detail,
+            }))
+        }
+        Err(GatewayError::RetryAfter { delay, message, .. }) => {
+            publish(
+                ctx,
+                svc,
+                EventType::Normal,
+                "SyncLoadBalancerFailed",
+                format!("Error syncing load balancer: {message}"),
+            )
+            .await;
+            Err(Error::RetryAfter(delay))
+        }
+        Err(e) => {
+            publish(
+                ctx,
+                svc,
+                EventType::Warning,
+                "SyncLoadBalancerFailed",
+                format!("Error syncing load balancer: {e}"),
+            )
+            .await;
+            Err(e.into())
+        }
+    }
+}
+
+/// One host pass: every load balancer whose host set changed gets one
+/// update. A failed update falls back to a full ensure of that Service.
+pub async fn sync_hosts(ctx: &Context) {
+    let hosts = ctx.hosts();
+    let services: Vec<_> = ctx
+        .services
+        .state()
+        .into_iter()
+        .filter(|s| plan::wants_load_balancer(s, &ctx.settings.classes) && !plan::needs_cleanup(s))
+        .collect();
+    let changed: Vec<_> = services
+        .into_iter()
+        .filter_map(|svc| {
+            let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+            let last = ctx.remembered_hosts(&key)?;
+            (!plan::hosts_equal(&last, &hosts)).then_some((key, svc))
+        })
+        .collect();
+    let ctx_ref = ctx;
+    futures::future::join_all(changed.into_iter().map(|(key, svc)| {
+        let hosts = hosts.clone();
+        async move {
+            if ctx_ref.ensure_leader().is_err() {
+                return;
+            }
+            ctx_ref.remember_hosts(&key, hosts.clone());
+            ctx_ref.metrics.host_updates.inc();
+            let count = hosts.len();
+            match ctx_ref
+                .gateway
+                .update_load_balancer_hosts(plan::lb_spec(&svc), hosts)
+                .await
+            {
+                Ok(()) if count == 0 => {
+                    publish(
+                        ctx_ref,
+                        &svc,
+                        EventType::Warning,
+                        "UnAvailableLoadBalancer",
+                        "There are no available nodes for LoadBalancer".into(),
+                    )
+                    .await
+                }
+                Ok(()) => {
+                    publish(
+                        ctx_ref,
+                        &svc,
+                        EventType::Normal,
+                        "UpdatedLoadBalancer",
+                        "Updated load balancer with new hosts".into(),
+                    )
+                    .await
+                }
+                // Gone or handled elsewhere: nothing to update.
+                Err(GatewayError::ImplementedElsewhere { .. } | GatewayError::NotFound { .. }) => {}
+                Err(e) => {
+                    ctx_ref.metrics.host_update_errors.inc();
+                    publish(
+                        ctx_ref,
+                        &svc,
+                        EventType::Warning,
+                        "UpdateLoadBalancerFailed",
+                        format!("Error updating load balancer with new hosts ({count} nodes): {e}"),
+                    )
+                    .await;
+                    ctx_ref.queue.add(key);
+                }
+            }
+        }
+    }))
+    .await;
+}
+
+/// Tracks load balancers of this cluster whose Service is gone.
+#[derive(Default)]
+pub struct Orphans {
+    first_seen: HashMap<String, Instant>,
+}
+
+/// One orphan check: reports orphans, and deletes those orphaned longer
+/// than the grace period when enabled. Runs only on a synced cache, or
+/// every load balancer would look orphaned.
+pub async fn check_orphans(ctx: &Context, orphans: &mut Orphans) {
+    let lbs = match ctx.gateway.list_load_balancers().await {
+        Ok(lbs) => lbs,
+        Err(e) => {
+            tracing::warn!(error = %e, "orphan check: could not list load balancers");
+            return;
+        }
+    };
+    let owners: HashSet<String> = ctx
+        .services
+        .state()
+        .iter()
+        .filter_map(|s| s.metadata.uid.clone())
+        .collect();
+    let orphaned: Vec<_> = lbs
+        .into_iter()
+        .filter(|lb| {
+            lb.service
+                .as_ref()
+                .is_some_and(|s| !owners.contains(&s.uid))
+        })
+        .collect();
+    ctx.metrics.orphans.set(orphaned.len() as i64);
+    let now = Instant::now();
+    orphans
+        .first_seen
+        .retain(|name, _| orphaned.iter().any(|lb| &lb.name == name));
+    for lb in orphaned {
+        let since = *orphans.first_seen.entry(lb.name.clone()).or_insert(now);
+        let service = lb.service.clone().unwrap_or_default();
+        tracing::warn!(load_balancer = %lb.name, service = %format!("{}/{}", service.namespace, service.name), "orphaned load balancer: its Service is gone");
+        if ctx.settings.delete_orphans
+            && now.duration_since(since) >= ctx.settings.orphan_grace
+            && ctx.ensure_leader().is_ok()
+        {
+            match ctx.gateway.delete_load_balancer(service).await {
+                Ok(()) => {
+                    ctx.metrics.orphans_deleted.inc();
+                    orphans.first_seen.remove(&lb.name);
+                    tracing::info!(load_balancer = %lb.name, "deleted orphaned load balancer");
+                }
+                Err(e) => {
+                    tracing::warn!(load_balancer = %lb.name, error = %e, "could not delete orphaned load balancer")
+                }
+            }
+        }
+    }
+}
