@@ -12,20 +12,17 @@ pub mod metrics;
 pub mod plan;
 pub mod reconcile;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ccm_runtime::admin::Readiness;
+use ccm_runtime::controller::Base;
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, ResourceExt};
-use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::Settings;
@@ -41,58 +38,27 @@ const BACKOFF: Backoff = Backoff {
     max: Duration::from_secs(300),
 };
 
-/// A started node controller.
-pub struct Running {
-    /// The admin server's address.
-    pub admin_addr: SocketAddr,
-    /// Its leadership, for tests and status.
-    pub leadership: ccm_runtime::leader::Leadership,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-impl Running {
-    /// Waits until the controller stops: `Ok` after shutdown, an error if
-    /// it lost its lease or failed.
-    pub async fn wait(self) -> anyhow::Result<()> {
-        self.task.await.context("node controller task")?
-    }
-}
+pub use ccm_runtime::controller::Running;
 
 /// Starts the controller; it runs until `shutdown`.
 pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    let client = ccm_runtime::kube::client(settings.common.kubeconfig.as_deref()).await?;
-    let gateway = ccm_runtime::gateway::client(&settings.common.gateway)?;
-
-    let mut registry = Registry::default();
-    let metrics = Metrics::register(&mut registry);
-    let readiness = Readiness::new();
-    let admin_addr =
-        ccm_runtime::admin::spawn(settings.common.admin_listen, registry, readiness.clone())
-            .await
-            .with_context(|| format!("bind admin address {}", settings.common.admin_listen))?;
-
-    let identity = ccm_runtime::leader::default_identity();
-    let leadership = ccm_runtime::leader::start(
-        client.clone(),
-        &settings.common.lease,
-        identity.clone(),
-        shutdown.clone(),
-    );
-    let nodes: Api<Node> = Api::all(client.clone());
+    let base = Base::start(
+        &settings.common,
+        CONTROLLER_NAME,
+        Metrics::register,
+        &shutdown,
+    )
+    .await?;
+    let readiness = base.readiness.clone();
+    let nodes: Api<Node> = Api::all(base.client.clone());
     let (store, writer) = reflector::store();
     let ctx = Arc::new(Context {
         nodes: nodes.clone(),
         store,
-        gateway,
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: CONTROLLER_NAME.into(),
-                instance: Some(identity),
-            },
-        ),
-        metrics,
-        leadership: leadership.clone(),
+        gateway: base.gateway.clone(),
+        recorder: base.recorder.clone(),
+        metrics: base.metrics.clone(),
+        leadership: base.leadership.clone(),
         settings,
         queue: WorkQueue::new(BACKOFF),
     });
@@ -132,11 +98,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     });
 
     let task = tokio::spawn(run(ctx, shutdown));
-    Ok(Running {
-        admin_addr,
-        leadership,
-        task,
-    })
+    Ok(base.running(task))
 }
 
 async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {

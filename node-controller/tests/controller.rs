@@ -11,7 +11,7 @@ use ccm_proto::v1::{
     NodeAddressType, NodeRef, SetInstanceAddressesRequest,
 };
 use ccm_runtime::names;
-use ccm_testkit::env::{TestEnv, eventually};
+use ccm_testkit::env::{TestController, TestEnv, eventually};
 use ccm_testkit::fixtures::node;
 use clap::Parser;
 use cloud_gateway::auth::Role;
@@ -24,16 +24,7 @@ use node_controller::args::{Args, Settings};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-struct Controller {
-    running: Option<node_controller::Running>,
-    stop: CancellationToken,
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
+type Controller = TestController;
 
 async fn start_controller(env: &TestEnv, role: Role, extra: &[&str]) -> Controller {
     let mut flags = vec!["node-controller".to_owned()];
@@ -53,10 +44,7 @@ async fn start_controller(env: &TestEnv, role: Role, extra: &[&str]) -> Controll
     let running = node_controller::start(settings, stop.clone())
         .await
         .unwrap();
-    Controller {
-        running: Some(running),
-        stop,
-    }
+    TestController::new(running, stop)
 }
 
 async fn create(nodes: &Api<Node>, n: impl Into<Node>) -> Node {
@@ -88,13 +76,6 @@ async fn initialised(nodes: &Api<Node>, name: &str) -> Node {
         (!tainted).then_some(n)
     })
     .await
-}
-
-/// The controller's /metrics text.
-async fn metrics(c: &Controller) -> String {
-    ccm_testkit::env::http_get(c.running.as_ref().unwrap().admin_addr, "/metrics")
-        .await
-        .1
 }
 
 fn taint_keys(n: &Node) -> Vec<String> {
@@ -515,7 +496,7 @@ async fn a_shut_down_instance_taints_its_node_once_and_ready_removes_it() {
         taint_keys(&nodes.get("n1").await.unwrap()),
         [names::TAINT_SHUTDOWN]
     );
-    let text = metrics(&c).await;
+    let text = c.metrics().await;
     assert!(
         text.contains(r#"node_controller_shutdown_taints_total{action="added"} 1"#),
         "the taint is added once over several passes:\n{text}"
@@ -698,10 +679,7 @@ async fn of_two_replicas_only_the_leader_writes() {
     for i in 0..10 {
         initialised(&nodes, &format!("n{i}")).await;
     }
-    let (la, lb) = (
-        &a.running.as_ref().unwrap().leadership,
-        &b.running.as_ref().unwrap().leadership,
-    );
+    let (la, lb) = (&a.running.leadership, &b.running.leadership);
     assert!(la.is_leader() != lb.is_leader(), "exactly one leads");
     let leader = if la.is_leader() {
         la.identity()
@@ -733,7 +711,7 @@ async fn conflicting_writes_are_retried_and_the_node_still_initialises() {
     env.api.store().inject_conflicts("nodes", 25);
     let c = start_controller(&env, Role::Node, &["--node-status-update-frequency", "1h"]).await;
     initialised(&nodes, "busy").await;
-    let text = metrics(&c).await;
+    let text = c.metrics().await;
     assert!(
         text.contains("node_controller_reconcile_errors_total{error=\"kubernetes\"} 1"),
         "{text}"
@@ -744,7 +722,7 @@ async fn conflicting_writes_are_retried_and_the_node_still_initialises() {
 async fn readyz_reports_ready_once_the_node_cache_has_synced() {
     let env = TestEnv::start().await;
     let c = start_controller(&env, Role::Node, &[]).await;
-    let addr = c.running.as_ref().unwrap().admin_addr;
+    let addr = c.running.admin_addr;
     eventually("/readyz 200", || async {
         (ccm_testkit::env::http_get(addr, "/readyz").await.0 == 200).then_some(())
     })

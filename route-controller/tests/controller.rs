@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ccm_proto::RetryPolicy;
 use ccm_proto::v1::{Faults, Route};
-use ccm_testkit::env::{TestEnv, eventually, http_get, metric_value};
+use ccm_testkit::env::{TestController, TestEnv, eventually};
 use ccm_testkit::fixtures::node;
 use clap::Parser;
 use cloud_gateway::auth::Role;
@@ -20,22 +20,7 @@ use route_controller::args::{Args, Settings};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-struct Controller {
-    running: route_controller::Running,
-    stop: CancellationToken,
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-impl Controller {
-    async fn metric(&self, name: &str) -> f64 {
-        metric_value(&http_get(self.running.admin_addr, "/metrics").await.1, name)
-    }
-}
+type Controller = TestController;
 
 async fn start(env: &TestEnv, extra: &[&str]) -> Controller {
     let mut flags = vec!["route-controller".to_owned()];
@@ -57,7 +42,7 @@ async fn start(env: &TestEnv, extra: &[&str]) -> Controller {
     let running = route_controller::start(settings, stop.clone())
         .await
         .unwrap();
-    Controller { running, stop }
+    TestController::new(running, stop)
 }
 
 async fn routes(env: &TestEnv) -> Vec<Route> {

@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod args;
 pub mod cli;
+pub mod controller;
 pub mod gateway;
 pub mod kube;
 pub mod leader;

@@ -201,3 +201,32 @@ pub fn metric_value(body: &str, metric: &str) -> f64 {
         })
         .unwrap_or(0.0)
 }
+
+/// A controller started in-process for a test; stopped when dropped.
+pub struct TestController {
+    pub running: ccm_runtime::controller::Running,
+    stop: CancellationToken,
+}
+
+impl TestController {
+    /// Wraps a controller started with `stop` as its shutdown token.
+    pub fn new(running: ccm_runtime::controller::Running, stop: CancellationToken) -> Self {
+        Self { running, stop }
+    }
+
+    /// Its `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        http_get(self.running.admin_addr, "/metrics").await.1
+    }
+
+    /// One sample of its metrics (see [`metric_value`]).
+    pub async fn metric(&self, name: &str) -> f64 {
+        metric_value(&self.metrics().await, name)
+    }
+}
+
+impl Drop for TestController {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
