@@ -1,39 +1,16 @@
 use std::process::ExitCode;
 
-use clap::Parser;
-use cloud_gateway::settings::Settings;
-use cloud_gateway::{Args, Gateway};
+use cloud_gateway::Gateway;
+use cloud_gateway::settings::{Args, Settings};
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let settings = match Settings::from_args(&args) {
-        Ok(settings) => settings,
-        Err(problems) => {
-            eprint!("cloud-gateway: {problems}");
-            return ExitCode::from(2);
-        }
-    };
-    ccm_runtime::telemetry::init(settings.log_format, &settings.log_level);
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("cloud-gateway: start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(settings)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "cloud-gateway failed");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-async fn run(settings: Settings) -> anyhow::Result<()> {
-    let shutdown = ccm_runtime::shutdown::on_signals()?;
-    let gateway = Gateway::start(settings, shutdown).await?;
-    gateway.wait().await?;
-    tracing::info!("cloud-gateway stopped");
-    Ok(())
+    ccm_runtime::process::main::<Args, Settings, _, _>(
+        "cloud-gateway",
+        Settings::from_args,
+        |s| (s.log_format, s.log_level.clone()),
+        |settings, shutdown| async move {
+            let gateway = Gateway::start(settings, shutdown).await?;
+            gateway.wait().await
+        },
+    )
 }

@@ -1,15 +1,15 @@
-//! The gateway's configuration: flags (each with an environment variable)
-//! over an optional config file over defaults. Everything is checked before
-//! start, and every problem is reported at once.
+//! The gateway's configuration: flags (most with an environment variable)
+//! over an optional config file (`--config`, keys named as the flags) over
+//! defaults, as for every binary here (`ccm_runtime::cli`). Everything is
+//! checked before start, and every problem is reported at once.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use ccm_runtime::settings::{Problems, load, parse_duration};
+use ccm_runtime::settings::{Problems, parse_duration};
 use ccm_runtime::telemetry::{LogFormat, parse_filter};
 use clap::Parser;
 use ipnet::IpNet;
-use serde::Deserialize;
 
 use crate::auth::Tokens;
 use crate::budget::BudgetConfig;
@@ -18,169 +18,93 @@ use crate::provider::sim::SimConfig;
 
 /// The cloud gateway: the only component of the cloud controller manager
 /// that talks to the cloud.
-#[derive(Debug, Default, Parser)]
-#[command(name = "cloud-gateway", version)]
+#[derive(Debug, Parser)]
+#[command(name = "cloud-gateway", version, args_override_self = true)]
 pub struct Args {
-    /// Config file, YAML or TOML (by extension); flags and environment win over it.
+    /// Config file (YAML or TOML) with settings named as the flags; flags and environment win over it.
     #[arg(long, env = "CLOUD_GATEWAY_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// gRPC listen address [default: 0.0.0.0:7400].
-    #[arg(long, env = "CLOUD_GATEWAY_LISTEN")]
-    pub listen: Option<String>,
-    /// Admin HTTP address for /livez, /readyz and /metrics [default: 0.0.0.0:7401].
-    #[arg(long, env = "CLOUD_GATEWAY_ADMIN_LISTEN")]
-    pub admin_listen: Option<String>,
-    /// Directory for the simulated cloud's state and generated tokens [default: .cloud-gateway].
-    #[arg(long, env = "CLOUD_GATEWAY_STATE_DIR")]
-    pub state_dir: Option<String>,
+    pub config: Option<String>,
+    /// gRPC listen address.
+    #[arg(long, env = "CLOUD_GATEWAY_LISTEN", default_value = "0.0.0.0:7400")]
+    pub listen: String,
+    /// Admin HTTP address for /livez, /readyz and /metrics.
+    #[arg(
+        long,
+        env = "CLOUD_GATEWAY_ADMIN_LISTEN",
+        default_value = "0.0.0.0:7401"
+    )]
+    pub admin_listen: String,
+    /// Directory for the simulated cloud's state and generated tokens.
+    #[arg(
+        long,
+        env = "CLOUD_GATEWAY_STATE_DIR",
+        default_value = ".cloud-gateway"
+    )]
+    pub state_dir: String,
     /// YAML file of bearer tokens and roles; without it, one token per role is generated into <state-dir>/tokens/.
     #[arg(long, env = "CLOUD_GATEWAY_TOKENS_FILE")]
     pub tokens_file: Option<String>,
-    /// The cloud provider [default: sim].
-    #[arg(long, env = "CLOUD_GATEWAY_PROVIDER")]
-    pub provider: Option<String>,
-    /// Log format: plain or json [default: plain].
-    #[arg(long, env = "CLOUD_GATEWAY_LOG_FORMAT")]
-    pub log_format: Option<String>,
-    /// Log filter, e.g. info or info,cloud_gateway=debug; RUST_LOG wins [default: info].
-    #[arg(long, env = "CLOUD_GATEWAY_LOG_LEVEL")]
-    pub log_level: Option<String>,
+    /// The cloud provider.
+    #[arg(long, env = "CLOUD_GATEWAY_PROVIDER", default_value = "sim")]
+    pub provider: String,
+    /// Log format: plain or json.
+    #[arg(long, env = "CLOUD_GATEWAY_LOG_FORMAT", default_value = "plain")]
+    pub log_format: String,
+    /// Log filter, e.g. info or info,cloud_gateway=debug; RUST_LOG wins.
+    #[arg(long, env = "CLOUD_GATEWAY_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
     /// PEM certificate for gRPC over TLS (with --tls-key).
     #[arg(long, env = "CLOUD_GATEWAY_TLS_CERT")]
     pub tls_cert: Option<String>,
     /// PEM private key for gRPC over TLS (with --tls-cert).
     #[arg(long, env = "CLOUD_GATEWAY_TLS_KEY")]
     pub tls_key: Option<String>,
-    /// Cloud calls per second for the whole account [default: 20].
-    #[arg(long, env = "CLOUD_GATEWAY_BUDGET_RATE")]
-    pub budget_rate: Option<String>,
-    /// Calls that may go at once after a quiet spell [default: 40].
-    #[arg(long, env = "CLOUD_GATEWAY_BUDGET_BURST")]
-    pub budget_burst: Option<String>,
-    /// Longest wait for the budget before RESOURCE_EXHAUSTED [default: 10s].
-    #[arg(long, env = "CLOUD_GATEWAY_BUDGET_MAX_WAIT")]
-    pub budget_max_wait: Option<String>,
-    /// How long instance lookups are cached; 0s disables the cache [default: 10s].
-    #[arg(long, env = "CLOUD_GATEWAY_CACHE_TTL")]
-    pub cache_ttl: Option<String>,
-    /// How long single lookups are gathered into one batch; 0s sends at once [default: 5ms].
-    #[arg(long, env = "CLOUD_GATEWAY_BATCH_WINDOW")]
-    pub batch_window: Option<String>,
-    /// Most nodes in one provider lookup call [default: 100].
-    #[arg(long, env = "CLOUD_GATEWAY_MAX_BATCH")]
-    pub max_batch: Option<String>,
-    /// Share one provider answer among identical lookups in flight: true or false [default: true].
-    #[arg(long, env = "CLOUD_GATEWAY_COALESCE")]
-    pub coalesce: Option<String>,
-    /// Comma-separated CIDRs the sim hands load balancer addresses out of [default: 203.0.113.0/24].
-    #[arg(long, env = "CLOUD_GATEWAY_SIM_LB_POOL", value_delimiter = ',')]
-    pub sim_lb_pool: Option<Vec<String>>,
-}
-
-/// The file and override layout; every leaf is read as a string and parsed
-/// afterwards, so all problems can be listed together.
-#[derive(Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct Raw {
-    listen: String,
-    admin_listen: String,
-    state_dir: String,
-    tokens_file: String,
-    provider: String,
-    log_format: String,
-    log_level: String,
-    tls_cert: String,
-    tls_key: String,
-    budget: RawBudget,
-    lookups: RawLookups,
-    sim: RawSim,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct RawBudget {
-    rate: String,
-    burst: String,
-    max_wait: String,
-    max_waiting: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct RawLookups {
-    cache_ttl: String,
-    batch_window: String,
-    max_batch: String,
-    coalesce: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct RawSim {
-    region: String,
-    zones: Vec<String>,
-    default_instance_type: String,
-    lb_pool: Vec<String>,
-    internal_lb_pool: Vec<String>,
-    node_network: String,
-}
-
-impl Default for Raw {
-    fn default() -> Self {
-        Self {
-            listen: "0.0.0.0:7400".into(),
-            admin_listen: "0.0.0.0:7401".into(),
-            state_dir: ".cloud-gateway".into(),
-            tokens_file: String::new(),
-            provider: "sim".into(),
-            log_format: "plain".into(),
-            log_level: "info".into(),
-            tls_cert: String::new(),
-            tls_key: String::new(),
-            budget: RawBudget::default(),
-            lookups: RawLookups::default(),
-            sim: RawSim::default(),
-        }
-    }
-}
-
-impl Default for RawBudget {
-    fn default() -> Self {
-        let d = BudgetConfig::default();
-        Self {
-            rate: d.rate.to_string(),
-            burst: d.burst.to_string(),
-            max_wait: format!("{}ms", d.max_wait.as_millis()),
-            max_waiting: d.max_waiting.to_string(),
-        }
-    }
-}
-
-impl Default for RawLookups {
-    fn default() -> Self {
-        let d = LookupConfig::default();
-        Self {
-            cache_ttl: format!("{}ms", d.cache_ttl.as_millis()),
-            batch_window: format!("{}ms", d.batch_window.as_millis()),
-            max_batch: d.max_batch.to_string(),
-            coalesce: d.coalesce.to_string(),
-        }
-    }
-}
-
-impl Default for RawSim {
-    fn default() -> Self {
-        let d = SimConfig::default();
-        let nets = |v: &[IpNet]| v.iter().map(ToString::to_string).collect();
-        Self {
-            region: d.region,
-            zones: d.zones,
-            default_instance_type: d.default_instance_type,
-            lb_pool: nets(&d.lb_pool),
-            internal_lb_pool: nets(&d.internal_lb_pool),
-            node_network: d.node_network.to_string(),
-        }
-    }
+    /// Cloud calls per second for the whole account.
+    #[arg(long, env = "CLOUD_GATEWAY_BUDGET_RATE", default_value = "20")]
+    pub budget_rate: String,
+    /// Calls that may go at once after a quiet spell.
+    #[arg(long, env = "CLOUD_GATEWAY_BUDGET_BURST", default_value = "40")]
+    pub budget_burst: String,
+    /// Longest wait for the budget before RESOURCE_EXHAUSTED.
+    #[arg(long, env = "CLOUD_GATEWAY_BUDGET_MAX_WAIT", default_value = "10s")]
+    pub budget_max_wait: String,
+    /// Most calls waiting for the budget at once.
+    #[arg(long, default_value = "10000")]
+    pub budget_max_waiting: String,
+    /// How long instance lookups are cached; 0s disables the cache.
+    #[arg(long, env = "CLOUD_GATEWAY_CACHE_TTL", default_value = "10s")]
+    pub cache_ttl: String,
+    /// How long single lookups are gathered into one batch; 0s sends at once.
+    #[arg(long, env = "CLOUD_GATEWAY_BATCH_WINDOW", default_value = "5ms")]
+    pub batch_window: String,
+    /// Most nodes in one provider lookup call.
+    #[arg(long, env = "CLOUD_GATEWAY_MAX_BATCH", default_value = "100")]
+    pub max_batch: String,
+    /// Share one provider answer among identical lookups in flight: true or false.
+    #[arg(long, env = "CLOUD_GATEWAY_COALESCE", default_value = "true")]
+    pub coalesce: String,
+    /// The sim's region.
+    #[arg(long, default_value = "sim-region-1")]
+    pub sim_region: String,
+    /// The sim's zones, comma-separated; instances are spread over them.
+    #[arg(long, default_value = "sim-zone-a,sim-zone-b,sim-zone-c")]
+    pub sim_zones: String,
+    /// The type of sim instances created without one.
+    #[arg(long, default_value = "sim.standard-2")]
+    pub sim_default_instance_type: String,
+    /// CIDRs the sim hands external load balancer addresses out of, comma-separated.
+    #[arg(
+        long,
+        env = "CLOUD_GATEWAY_SIM_LB_POOL",
+        default_value = "203.0.113.0/24"
+    )]
+    pub sim_lb_pool: String,
+    /// CIDRs for internal load balancers, comma-separated.
+    #[arg(long, default_value = "10.255.0.0/24")]
+    pub sim_internal_lb_pool: String,
+    /// The network sim instances get their internal addresses from.
+    #[arg(long, default_value = "10.240.0.0/16")]
+    pub sim_node_network: String,
 }
 
 /// The one provider built in so far.
@@ -208,52 +132,6 @@ pub struct Settings {
     pub sim: SimConfig,
 }
 
-impl Settings {
-    /// Defaults on loopback with free ports and generated tokens, for tests
-    /// and the sandbox.
-    pub fn local(state_dir: impl Into<PathBuf>) -> Self {
-        let raw = Raw {
-            listen: "127.0.0.1:0".into(),
-            admin_listen: "127.0.0.1:0".into(),
-            ..Raw::default()
-        };
-        let mut settings = check(raw).expect("the defaults are valid");
-        settings.state_dir = state_dir.into();
-        settings
-    }
-
-    /// Layers defaults, the config file and `args`, and checks the result.
-    pub fn from_args(args: &Args) -> Result<Self, Problems> {
-        let mut overrides: Vec<(&str, config::Value)> = Vec::new();
-        let mut set = |key, value: &Option<String>| {
-            if let Some(v) = value {
-                overrides.push((key, v.clone().into()));
-            }
-        };
-        set("listen", &args.listen);
-        set("admin_listen", &args.admin_listen);
-        set("state_dir", &args.state_dir);
-        set("tokens_file", &args.tokens_file);
-        set("provider", &args.provider);
-        set("log_format", &args.log_format);
-        set("log_level", &args.log_level);
-        set("tls_cert", &args.tls_cert);
-        set("tls_key", &args.tls_key);
-        set("budget.rate", &args.budget_rate);
-        set("budget.burst", &args.budget_burst);
-        set("budget.max_wait", &args.budget_max_wait);
-        set("lookups.cache_ttl", &args.cache_ttl);
-        set("lookups.batch_window", &args.batch_window);
-        set("lookups.max_batch", &args.max_batch);
-        set("lookups.coalesce", &args.coalesce);
-        if let Some(pool) = &args.sim_lb_pool {
-            overrides.push(("sim.lb_pool", pool.clone().into()));
-        }
-        let raw: Raw = load(args.config.as_deref(), overrides)?;
-        check(raw)
-    }
-}
-
 fn positive<T: PartialOrd + Default + std::fmt::Display + std::str::FromStr>(
     s: &str,
 ) -> Result<T, String>
@@ -268,163 +146,201 @@ where
     }
 }
 
-fn cidrs(p: &mut Problems, key: &str, list: &[String]) -> Vec<IpNet> {
-    list.iter()
-        .enumerate()
-        .filter_map(|(i, s)| p.parse(&format!("{key}[{i}]"), s, |s| s.trim().parse::<IpNet>()))
+fn list(s: &str) -> Vec<&str> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
         .collect()
 }
 
-fn check(raw: Raw) -> Result<Settings, Problems> {
-    let mut p = Problems::new();
-    let listen = p.parse("listen", &raw.listen, str::parse::<SocketAddr>);
-    let admin_listen = p.parse("admin_listen", &raw.admin_listen, str::parse::<SocketAddr>);
-    if raw.state_dir.is_empty() {
-        p.push("state_dir", "must not be empty");
+fn cidrs(p: &mut Problems, key: &str, value: &str) -> Vec<IpNet> {
+    let nets: Vec<_> = list(value)
+        .into_iter()
+        .filter_map(|s| p.parse(key, s, |s| s.parse::<IpNet>()))
+        .collect();
+    if list(value).is_empty() {
+        p.push(key, "needs at least one CIDR");
     }
-    let provider = p.parse("provider", &raw.provider, |s| match s {
-        "sim" => Ok(ProviderKind::Sim),
-        other => Err(format!("unknown provider {other:?}; available: sim")),
-    });
-    let log_format = p.parse("log_format", &raw.log_format, str::parse::<LogFormat>);
-    p.parse("log_level", &raw.log_level, parse_filter);
-    let tokens = if raw.tokens_file.is_empty() {
-        None
-    } else {
-        match Tokens::from_file(raw.tokens_file.as_ref()) {
-            Ok(tokens) => Some(tokens),
-            Err(problems) => {
-                for problem in problems {
-                    p.push("tokens_file", problem);
+    nets
+}
+
+impl Settings {
+    /// Defaults on loopback with free ports and generated tokens, for tests
+    /// and the sandbox.
+    pub fn local(state_dir: impl Into<PathBuf>) -> Self {
+        let args = Args::try_parse_from([
+            "cloud-gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .expect("the defaults parse");
+        let mut settings = Self::from_args(&args).expect("the defaults are valid");
+        settings.state_dir = state_dir.into();
+        settings
+    }
+
+    /// Checks every flag; all problems are reported together.
+    pub fn from_args(args: &Args) -> Result<Self, Problems> {
+        let mut p = Problems::new();
+        let listen = p.parse("listen", &args.listen, str::parse::<SocketAddr>);
+        let admin_listen = p.parse("admin-listen", &args.admin_listen, str::parse::<SocketAddr>);
+        if args.state_dir.is_empty() {
+            p.push("state-dir", "must not be empty");
+        }
+        let provider = p.parse("provider", &args.provider, |s| match s {
+            "sim" => Ok(ProviderKind::Sim),
+            other => Err(format!("unknown provider {other:?}; available: sim")),
+        });
+        let log_format = p.parse("log-format", &args.log_format, str::parse::<LogFormat>);
+        p.parse("log-level", &args.log_level, parse_filter);
+        let tokens = match &args.tokens_file {
+            None => None,
+            Some(file) => match Tokens::from_file(file.as_ref()) {
+                Ok(tokens) => Some(tokens),
+                Err(problems) => {
+                    for problem in problems {
+                        p.push("tokens-file", problem);
+                    }
+                    None
                 }
+            },
+        };
+        let tls = match (&args.tls_cert, &args.tls_key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => {
+                for (flag, path) in [("tls-cert", cert), ("tls-key", key)] {
+                    if !std::path::Path::new(path).is_file() {
+                        p.push(flag, format!("{path}: no such file"));
+                    }
+                }
+                Some((PathBuf::from(cert), PathBuf::from(key)))
+            }
+            _ => {
+                p.push("tls-cert", "--tls-cert and --tls-key go together");
                 None
             }
-        }
-    };
-    let tls = match (raw.tls_cert.is_empty(), raw.tls_key.is_empty()) {
-        (true, true) => None,
-        (false, false) => {
-            for (key, path) in [("tls_cert", &raw.tls_cert), ("tls_key", &raw.tls_key)] {
-                if !std::path::Path::new(path).is_file() {
-                    p.push(key, format!("{path}: no such file"));
+        };
+        let rate = p.parse("budget-rate", &args.budget_rate, positive::<f64>);
+        let burst = p.parse("budget-burst", &args.budget_burst, |s| {
+            positive::<f64>(s).and_then(|b| {
+                if b >= 1.0 {
+                    Ok(b)
+                } else {
+                    Err("must be at least 1".into())
                 }
-            }
-            Some((PathBuf::from(&raw.tls_cert), PathBuf::from(&raw.tls_key)))
+            })
+        });
+        let max_wait = p.parse("budget-max-wait", &args.budget_max_wait, parse_duration);
+        let max_waiting = p.parse(
+            "budget-max-waiting",
+            &args.budget_max_waiting,
+            positive::<usize>,
+        );
+        let cache_ttl = p.parse("cache-ttl", &args.cache_ttl, parse_duration);
+        let batch_window = p.parse("batch-window", &args.batch_window, |s| {
+            parse_duration(s).and_then(|d| {
+                if d <= std::time::Duration::from_secs(1) {
+                    Ok(d)
+                } else {
+                    Err("must be at most 1s".into())
+                }
+            })
+        });
+        let max_batch = p.parse("max-batch", &args.max_batch, |s| {
+            positive::<usize>(s).and_then(|n| {
+                if n <= crate::grpc::validate::MAX_NODES {
+                    Ok(n)
+                } else {
+                    Err("must be at most 1000".into())
+                }
+            })
+        });
+        let coalesce = p.parse("coalesce", &args.coalesce, |s| {
+            s.parse::<bool>().map_err(|_| "use true or false")
+        });
+        let zones: Vec<String> = list(&args.sim_zones)
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        if zones.is_empty() {
+            p.push("sim-zones", "needs at least one zone");
         }
-        _ => {
-            p.push("tls_cert", "tls_cert and tls_key go together");
-            None
-        }
-    };
-    let rate = p.parse("budget.rate", &raw.budget.rate, positive::<f64>);
-    let burst = p.parse("budget.burst", &raw.budget.burst, |s| {
-        positive::<f64>(s).and_then(|b| {
-            if b >= 1.0 {
-                Ok(b)
-            } else {
-                Err("must be at least 1".into())
-            }
+        let lb_pool = cidrs(&mut p, "sim-lb-pool", &args.sim_lb_pool);
+        let internal_lb_pool = cidrs(&mut p, "sim-internal-lb-pool", &args.sim_internal_lb_pool);
+        let node_network = p.parse("sim-node-network", &args.sim_node_network, |s| {
+            s.parse::<IpNet>()
+        });
+        p.finish(|| Settings {
+            listen: listen.expect("checked"),
+            admin_listen: admin_listen.expect("checked"),
+            state_dir: PathBuf::from(&args.state_dir),
+            tokens,
+            provider: provider.expect("checked"),
+            log_format: log_format.expect("checked"),
+            log_level: args.log_level.clone(),
+            tls,
+            budget: BudgetConfig {
+                rate: rate.expect("checked"),
+                burst: burst.expect("checked"),
+                max_wait: max_wait.expect("checked"),
+                max_waiting: max_waiting.expect("checked"),
+            },
+            lookups: LookupConfig {
+                cache_ttl: cache_ttl.expect("checked"),
+                batch_window: batch_window.expect("checked"),
+                max_batch: max_batch.expect("checked"),
+                coalesce: coalesce.expect("checked"),
+            },
+            sim: SimConfig {
+                region: args.sim_region.clone(),
+                zones,
+                default_instance_type: args.sim_default_instance_type.clone(),
+                lb_pool,
+                internal_lb_pool,
+                node_network: node_network.expect("checked"),
+            },
         })
-    });
-    let max_wait = p.parse("budget.max_wait", &raw.budget.max_wait, parse_duration);
-    let max_waiting = p.parse(
-        "budget.max_waiting",
-        &raw.budget.max_waiting,
-        positive::<usize>,
-    );
-    let cache_ttl = p.parse("lookups.cache_ttl", &raw.lookups.cache_ttl, parse_duration);
-    let batch_window = p.parse("lookups.batch_window", &raw.lookups.batch_window, |s| {
-        parse_duration(s).and_then(|d| {
-            if d <= std::time::Duration::from_secs(1) {
-                Ok(d)
-            } else {
-                Err("must be at most 1s".into())
-            }
-        })
-    });
-    let max_batch = p.parse("lookups.max_batch", &raw.lookups.max_batch, |s| {
-        positive::<usize>(s).and_then(|n| {
-            if n <= crate::grpc::validate::MAX_NODES {
-                Ok(n)
-            } else {
-                Err("must be at most 1000".into())
-            }
-        })
-    });
-    let coalesce = p.parse("lookups.coalesce", &raw.lookups.coalesce, |s| {
-        s.parse::<bool>().map_err(|_| "use true or false")
-    });
-    if raw.sim.zones.is_empty() || raw.sim.zones.iter().any(String::is_empty) {
-        p.push("sim.zones", "needs at least one non-empty zone");
     }
-    let lb_pool = cidrs(&mut p, "sim.lb_pool", &raw.sim.lb_pool);
-    let internal_lb_pool = cidrs(&mut p, "sim.internal_lb_pool", &raw.sim.internal_lb_pool);
-    if raw.sim.lb_pool.is_empty() {
-        p.push("sim.lb_pool", "needs at least one CIDR");
-    }
-    let node_network = p.parse("sim.node_network", &raw.sim.node_network, |s| {
-        s.parse::<IpNet>()
-    });
-    p.finish(|| Settings {
-        listen: listen.expect("checked"),
-        admin_listen: admin_listen.expect("checked"),
-        state_dir: PathBuf::from(raw.state_dir),
-        tokens,
-        provider: provider.expect("checked"),
-        log_format: log_format.expect("checked"),
-        log_level: raw.log_level,
-        tls,
-        budget: BudgetConfig {
-            rate: rate.expect("checked"),
-            burst: burst.expect("checked"),
-            max_wait: max_wait.expect("checked"),
-            max_waiting: max_waiting.expect("checked"),
-        },
-        lookups: LookupConfig {
-            cache_ttl: cache_ttl.expect("checked"),
-            batch_window: batch_window.expect("checked"),
-            max_batch: max_batch.expect("checked"),
-            coalesce: coalesce.expect("checked"),
-        },
-        sim: SimConfig {
-            region: raw.sim.region,
-            zones: raw.sim.zones,
-            default_instance_type: raw.sim.default_instance_type,
-            lb_pool,
-            internal_lb_pool,
-            node_network: node_network.expect("checked"),
-        },
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn args(f: impl FnOnce(&mut Args)) -> Args {
-        let mut a = Args::default();
-        f(&mut a);
-        a
+    fn parse(args: &[&str]) -> Result<Settings, Problems> {
+        let argv: Vec<std::ffi::OsString> = std::iter::once("cloud-gateway")
+            .chain(args.iter().copied())
+            .map(Into::into)
+            .collect();
+        ccm_runtime::cli::parse_from::<Args>(argv).and_then(|a| Settings::from_args(&a))
     }
 
     #[test]
     fn defaults_are_valid() {
-        let s = Settings::from_args(&Args::default()).unwrap();
+        let s = parse(&[]).unwrap();
         assert_eq!(s.listen, "0.0.0.0:7400".parse().unwrap());
         assert_eq!(s.budget, BudgetConfig::default());
         assert_eq!(s.lookups, LookupConfig::default());
+        assert_eq!(s.sim.lb_pool, SimConfig::default().lb_pool);
     }
 
     #[test]
     fn every_problem_is_listed_at_once() {
-        let problems = Settings::from_args(&args(|a| {
-            a.listen = Some("nowhere".into());
-            a.budget_rate = Some("-3".into());
-            a.cache_ttl = Some("10 fortnights".into());
-            a.coalesce = Some("maybe".into());
-            a.provider = Some("cloudy".into());
-            a.sim_lb_pool = Some(vec!["300.0.0.0/8".into()]);
-        }))
+        let problems = parse(&[
+            "--listen",
+            "nowhere",
+            "--budget-rate=-3",
+            "--cache-ttl",
+            "10 fortnights",
+            "--coalesce",
+            "maybe",
+            "--provider",
+            "cloudy",
+            "--sim-lb-pool",
+            "300.0.0.0/8",
+        ])
         .unwrap_err();
         let keys: Vec<_> = problems
             .list()
@@ -434,10 +350,10 @@ mod tests {
         for key in [
             "listen",
             "provider",
-            "budget.rate",
-            "lookups.cache_ttl",
-            "lookups.coalesce",
-            "sim.lb_pool[0]",
+            "budget-rate",
+            "cache-ttl",
+            "coalesce",
+            "sim-lb-pool",
         ] {
             assert!(
                 keys.iter().any(|k| k == key),
@@ -452,20 +368,17 @@ mod tests {
         let file = dir.path().join("gateway.yaml");
         std::fs::write(
             &file,
-            "listen: 127.0.0.1:9000\nbudget:\n  rate: 5\nsim:\n  zones: [z1]\n",
+            "listen: 127.0.0.1:9000\nbudget-rate: 5\nsim-zones: [z1]\n",
         )
         .unwrap();
-        let s = Settings::from_args(&args(|a| {
-            a.config = Some(file.clone());
-            a.budget_rate = Some("7".into());
-        }))
-        .unwrap();
+        let path = file.to_str().unwrap();
+        let s = parse(&["--config", path, "--budget-rate", "7"]).unwrap();
         assert_eq!(s.listen, "127.0.0.1:9000".parse().unwrap());
         assert_eq!(s.budget.rate, 7.0);
         assert_eq!(s.sim.zones, ["z1"]);
 
         std::fs::write(&file, "listn: 127.0.0.1:9000\n").unwrap();
-        let problems = Settings::from_args(&args(|a| a.config = Some(file.clone()))).unwrap_err();
+        let problems = parse(&["--config", path]).unwrap_err();
         assert!(problems.to_string().contains("listn"), "{problems}");
     }
 }

@@ -420,9 +420,9 @@ fn invalid_configuration_exits_non_zero_listing_every_problem() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     for key in [
         "listen:",
-        "budget.rate:",
-        "lookups.batch_window:",
-        "log_format:",
+        "budget-rate:",
+        "batch-window:",
+        "log-format:",
         "tokens[0].token",
         "tokens[0].role",
     ] {

@@ -1,43 +1,9 @@
-//! Layered configuration: built-in defaults, then a config file (YAML or
-//! TOML, by extension), then environment variables and flags. Clap reads
-//! the environment into the flags, so callers pass both as one set of
-//! overrides; what they set wins over the file.
-//!
-//! Deserialise into a "raw" struct of strings first and parse each field
-//! yourself, collecting every problem ([`Problems`]), so one run of the
-//! binary reports all of them, not just the first.
+//! Checking settings: every binary takes its flags as strings (see
+//! [`crate::cli`] for how a config file goes under them), then parses each
+//! one here, collecting every problem in [`Problems`], so one run reports
+//! all of them, not just the first.
 
 use std::fmt;
-use std::path::Path;
-
-use serde::de::DeserializeOwned;
-
-/// Layers `file` (if any) and `overrides` (dotted keys such as
-/// `budget.rate`) over the defaults of `T`'s `serde(default)`.
-pub fn load<T: DeserializeOwned>(
-    file: Option<&Path>,
-    overrides: Vec<(&str, config::Value)>,
-) -> Result<T, Problems> {
-    let mut builder = config::Config::builder();
-    if let Some(file) = file {
-        if !file.exists() {
-            return Err(Problems::one(format!(
-                "config file {}: does not exist",
-                file.display()
-            )));
-        }
-        builder = builder.add_source(config::File::from(file));
-    }
-    for (key, value) in overrides {
-        builder = builder
-            .set_override(key, value)
-            .map_err(|e| Problems::one(format!("{key}: {e}")))?;
-    }
-    builder
-        .build()
-        .and_then(|c| c.try_deserialize())
-        .map_err(|e| Problems::one(e.to_string()))
-}
 
 /// Every problem found in a configuration, reported together.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -169,23 +135,5 @@ mod tests {
             text.contains("a: \"x\"") && text.contains("c: is wrong"),
             "{text}"
         );
-    }
-
-    #[test]
-    fn flags_win_over_the_file() -> anyhow::Result<()> {
-        #[derive(serde::Deserialize, Default)]
-        #[serde(default)]
-        struct Raw {
-            a: String,
-            b: String,
-        }
-        let dir = std::env::temp_dir().join(format!("ccm-settings-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let file = dir.join("c.yaml");
-        std::fs::write(&file, "a: from-file\nb: from-file\n")?;
-        let raw: Raw = load(Some(&file), vec![("b", "from-flag".into())])?;
-        assert_eq!((raw.a.as_str(), raw.b.as_str()), ("from-file", "from-flag"));
-        std::fs::remove_dir_all(dir)?;
-        Ok(())
     }
 }
