@@ -3,9 +3,10 @@
 
 .PHONY: run test
 
-# The gateway on the embedded simulated cloud, on loopback.
+# The whole system on loopback on the simulated cloud (see README).
 run:
-	cargo run -p cloud-gateway -- --listen 127.0.0.1:7400 --admin-listen 127.0.0.1:7401
+	cargo build --bins
+	cargo run --bin sandbox
 
 # Everything the tests need, then every test of the workspace.
 test:

@@ -5,3 +5,4 @@
 pub mod apiserver;
 pub mod env;
 pub mod fixtures;
+pub mod sandbox;

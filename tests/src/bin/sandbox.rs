@@ -1,0 +1,93 @@
+//! `sandbox`: the whole system on loopback, as separate processes, on the
+//! simulated cloud. Ctrl-C stops it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ccm_testkit::sandbox::{Options, Sandbox};
+use clap::Parser;
+
+/// Runs the cloud controller manager locally: API server, gateway on the
+/// simulated cloud, and every controller, with simulated kubelets.
+#[derive(Parser)]
+#[command(name = "sandbox", version)]
+struct Args {
+    /// Where state, logs, the kubeconfig and endpoints.json go (cleared at start).
+    #[arg(long, default_value = ".sandbox")]
+    state_dir: PathBuf,
+    /// Nodes (sim instances with simulated kubelets).
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// LoadBalancer Services to create.
+    #[arg(long, default_value_t = 1)]
+    services: usize,
+    /// Replicas of each controller (leader election decides who works).
+    #[arg(long, default_value_t = 2)]
+    replicas: usize,
+    /// Exit 0 once everything converged (for tests), 1 if not within 2 minutes.
+    #[arg(long)]
+    exit_when_ready: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    ccm_runtime::telemetry::init(ccm_runtime::telemetry::LogFormat::Plain, "warn");
+    let bin_dir = std::env::current_exe()?
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let options = Options {
+        state_dir: args.state_dir,
+        nodes: args.nodes,
+        services: args.services,
+        replicas: args.replicas,
+        bin_dir,
+    };
+    let sandbox = Sandbox::start(options.clone()).await?;
+    println!(
+        "sandbox starting in {}",
+        sandbox.options.state_dir.display()
+    );
+    sandbox.populate().await?;
+    let shutdown = ccm_runtime::shutdown::on_signals()?;
+    let started = std::time::Instant::now();
+    let mut last = String::new();
+    let mut announced = false;
+    loop {
+        let _ = sandbox.heartbeat().await;
+        if let Ok(progress) = sandbox.progress().await {
+            let line = progress.to_string();
+            if line != last {
+                println!("{line}");
+                last = line;
+            }
+            if progress.converged(&sandbox.options) && !announced {
+                announced = true;
+                println!(
+                    "\nready. Try:\n  kubectl --kubeconfig {} get nodes,svc -o wide",
+                    sandbox.kubeconfig.display()
+                );
+                println!(
+                    "endpoints: {}",
+                    sandbox.options.state_dir.join("endpoints.json").display()
+                );
+                if args.exit_when_ready {
+                    break;
+                }
+                println!("Ctrl-C stops everything.");
+            }
+        }
+        if args.exit_when_ready && started.elapsed() > Duration::from_secs(120) {
+            sandbox.stop().await;
+            anyhow::bail!("the sandbox did not converge within 2 minutes: {last}");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.cancelled() => break,
+        }
+    }
+    println!("stopping");
+    sandbox.stop().await;
+    Ok(())
+}

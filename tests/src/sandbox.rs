@@ -1,0 +1,412 @@
+//! The local sandbox: the whole system as separate processes on loopback
+//! (the Kubernetes API test server, the gateway on the simulated cloud, and
+//! each controller with its replicas), with simulated kubelets that
+//! register a Node per sim instance and keep it Ready while the instance
+//! runs. The README's run command starts it; end-to-end tests drive it.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ccm_proto::v1::{CreateInstanceRequest, InstanceState, ListInstancesRequest};
+use ccm_proto::{ClientConfig, GatewayClient, TokenSource};
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+use crate::fixtures::{self, node};
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub state_dir: PathBuf,
+    pub nodes: usize,
+    pub services: usize,
+    pub replicas: usize,
+    /// Where the binaries are (the directory of the running executable).
+    pub bin_dir: PathBuf,
+}
+
+/// A running sandbox; its processes stop when it is dropped.
+pub struct Sandbox {
+    pub options: Options,
+    pub kubeconfig: PathBuf,
+    pub gateway: String,
+    pub endpoints: BTreeMap<String, String>,
+    children: Vec<(String, Child)>,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+async fn wait_for_file(path: &Path) -> anyhow::Result<()> {
+    for _ in 0..400 {
+        if path.is_file() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("{} did not appear", path.display())
+}
+
+impl Sandbox {
+    fn spawn(&mut self, name: &str, binary: &str, args: &[String]) -> anyhow::Result<()> {
+        let log = std::fs::File::create(self.options.state_dir.join(format!("{name}.log")))?;
+        let path = self.options.bin_dir.join(binary);
+        let child = Command::new(&path)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "start {} (build it first: cargo build --bins)",
+                    path.display()
+                )
+            })?;
+        self.children.push((name.to_owned(), child));
+        Ok(())
+    }
+
+    /// Starts everything fresh in `options.state_dir`: the cloud and the
+    /// cluster always start together, so they never disagree.
+    pub async fn start(options: Options) -> anyhow::Result<Self> {
+        if options.state_dir.exists() {
+            std::fs::remove_dir_all(&options.state_dir)
+                .with_context(|| format!("clear {}", options.state_dir.display()))?;
+        }
+        std::fs::create_dir_all(&options.state_dir)?;
+        let state = options.state_dir.canonicalize()?;
+        let kubeconfig = state.join("kubeconfig");
+        let mut sandbox = Sandbox {
+            options: Options {
+                state_dir: state.clone(),
+                ..options
+            },
+            kubeconfig: kubeconfig.clone(),
+            gateway: String::new(),
+            endpoints: BTreeMap::new(),
+            children: Vec::new(),
+        };
+        let api_port = free_port()?;
+        sandbox.spawn(
+            "kube-test-apiserver",
+            "kube-test-apiserver",
+            &[
+                "--listen".into(),
+                addr(api_port).to_string(),
+                "--kubeconfig".into(),
+                kubeconfig.display().to_string(),
+            ],
+        )?;
+        let (grpc, admin) = (free_port()?, free_port()?);
+        let gateway_dir = state.join("gateway");
+        sandbox.spawn(
+            "cloud-gateway",
+            "cloud-gateway",
+            &[
+                "--listen".into(),
+                addr(grpc).to_string(),
+                "--admin-listen".into(),
+                addr(admin).to_string(),
+                "--state-dir".into(),
+                gateway_dir.display().to_string(),
+            ],
+        )?;
+        sandbox.gateway = format!("http://{}", addr(grpc));
+        sandbox
+            .endpoints
+            .insert("kube_api".into(), format!("http://{}", addr(api_port)));
+        sandbox
+            .endpoints
+            .insert("kubeconfig".into(), kubeconfig.display().to_string());
+        sandbox
+            .endpoints
+            .insert("gateway".into(), sandbox.gateway.clone());
+        sandbox
+            .endpoints
+            .insert("gateway_admin".into(), format!("http://{}", addr(admin)));
+        sandbox.endpoints.insert(
+            "admin_token_file".into(),
+            gateway_dir.join("tokens/admin.token").display().to_string(),
+        );
+        wait_for_file(&kubeconfig).await?;
+        wait_for_file(&gateway_dir.join("tokens/route.token")).await?;
+        let controllers = [
+            ("node-controller", "node", vec![]),
+            ("service-controller", "service", vec![]),
+            (
+                "route-controller",
+                "route",
+                vec!["--cluster-cidr".to_owned(), "10.244.0.0/16".to_owned()],
+            ),
+        ];
+        for (binary, role, extra) in controllers {
+            for replica in 0..sandbox.options.replicas {
+                let admin = free_port()?;
+                let name = format!("{binary}-{replica}");
+                let mut args = vec![
+                    "--kubeconfig".to_owned(),
+                    kubeconfig.display().to_string(),
+                    "--gateway-address".into(),
+                    sandbox.gateway.clone(),
+                    "--gateway-token-file".into(),
+                    gateway_dir
+                        .join(format!("tokens/{role}.token"))
+                        .display()
+                        .to_string(),
+                    "--admin-listen".into(),
+                    addr(admin).to_string(),
+                    "--leader-elect-lease-duration".into(),
+                    "6s".into(),
+                    "--leader-elect-renew-deadline".into(),
+                    "4s".into(),
+                    "--leader-elect-retry-period".into(),
+                    "1s".into(),
+                ];
+                args.extend(extra.iter().cloned());
+                sandbox.spawn(&name, binary, &args)?;
+                sandbox
+                    .endpoints
+                    .insert(format!("{name}_admin"), format!("http://{}", addr(admin)));
+            }
+        }
+        std::fs::write(
+            state.join("endpoints.json"),
+            serde_json::to_string_pretty(&sandbox.endpoints)?,
+        )?;
+        Ok(sandbox)
+    }
+
+    /// A kube client for the sandbox's API server.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        ccm_runtime::kube::client(Some(&self.kubeconfig)).await
+    }
+
+    /// A gateway client with the admin token.
+    pub fn admin(&self) -> anyhow::Result<GatewayClient> {
+        let token = PathBuf::from(&self.endpoints["admin_token_file"]);
+        Ok(GatewayClient::new(ClientConfig::new(
+            self.gateway.clone(),
+            "kubernetes",
+            TokenSource::File(token),
+        ))?)
+    }
+
+    /// Creates the instances and registers their Nodes as kubelets with
+    /// `--cloud-provider=external` do, and the demo Services.
+    pub async fn populate(&self) -> anyhow::Result<()> {
+        let client = self.client().await?;
+        let nodes: Api<Node> = Api::all(client.clone());
+        let mut admin = self.admin()?.sim_admin()?;
+        for i in 0..self.options.nodes {
+            let name = format!("node-{i}");
+            // The gateway may still be starting.
+            let instance = loop {
+                match admin
+                    .create_instance(CreateInstanceRequest {
+                        name: name.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                {
+                    Ok(i) => break i.into_inner(),
+                    Err(e) if e.code() == tonic::Code::Unavailable => {
+                        tokio::time::sleep(Duration::from_millis(100)).await
+                    }
+                    Err(e) => anyhow::bail!("create instance {name}: {e}"),
+                }
+            };
+            let ip = instance
+                .addresses
+                .iter()
+                .find(|a| a.r#type == 2)
+                .map(|a| a.address.clone())
+                .unwrap_or_default();
+            let n = node(&name)
+                .uninitialized()
+                .pod_cidr(&format!("10.244.{i}.0/24"))
+                .address("Hostname", &name)
+                .address("InternalIP", &ip)
+                .ready()
+                .build();
+            let status = n.status.clone();
+            loop {
+                match nodes.create(&PostParams::default(), &n).await {
+                    Ok(_) => break,
+                    Err(kube::Error::Api(s)) if s.code == 409 => break,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+            nodes
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": status})),
+                )
+                .await?;
+        }
+        let services: Api<Service> = Api::namespaced(client, "default");
+        for i in 0..self.options.services {
+            let name = if i == 0 {
+                "demo".to_owned()
+            } else {
+                format!("demo-{i}")
+            };
+            services
+                .create(
+                    &PostParams::default(),
+                    &fixtures::load_balancer("default", &name).build(),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// One round of simulated kubelets: Ready while the instance runs,
+    /// Unknown (no heartbeat) once it stopped or is gone.
+    pub async fn heartbeat(&self) -> anyhow::Result<()> {
+        let client = self.client().await?;
+        let nodes: Api<Node> = Api::all(client);
+        let instances = self
+            .admin()?
+            .sim_admin()?
+            .list_instances(ListInstancesRequest {})
+            .await?
+            .into_inner()
+            .instances;
+        let running: BTreeMap<String, bool> = instances
+            .into_iter()
+            .map(|i| (i.name, i.state == InstanceState::Running as i32))
+            .collect();
+        for n in nodes.list(&Default::default()).await?.items {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            let status = if running.get(&name).copied().unwrap_or(false) {
+                "True"
+            } else {
+                "Unknown"
+            };
+            let patch = json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": "SimulatedKubelet"}]}});
+            let _ = nodes
+                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
+                .await;
+        }
+        Ok(())
+    }
+
+    /// What a person wants to see: nodes initialised, load balancer IPs,
+    /// routes.
+    pub async fn progress(&self) -> anyhow::Result<Progress> {
+        let client = self.client().await?;
+        let nodes = Api::<Node>::all(client.clone())
+            .list(&Default::default())
+            .await?
+            .items;
+        let initialised = nodes.iter().filter(|n| {
+            !n.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == fixtures::UNINITIALIZED))
+        });
+        let services = Api::<Service>::all(client)
+            .list(&Default::default())
+            .await?
+            .items;
+        let ips: Vec<String> = services
+            .iter()
+            .filter_map(|s| {
+                s.status
+                    .as_ref()?
+                    .load_balancer
+                    .as_ref()?
+                    .ingress
+                    .as_ref()?
+                    .first()?
+                    .ip
+                    .clone()
+            })
+            .collect();
+        let route_token =
+            PathBuf::from(self.endpoints["admin_token_file"].replace("admin.token", "route.token"));
+        let routes = GatewayClient::new(ClientConfig::new(
+            self.gateway.clone(),
+            "kubernetes",
+            TokenSource::File(route_token),
+        ))?
+        .list_routes()
+        .await
+        .map(|r| r.len())
+        .unwrap_or(0);
+        Ok(Progress {
+            nodes: nodes.len(),
+            initialised: initialised.count(),
+            services: services.len(),
+            ips,
+            routes,
+        })
+    }
+
+    /// Stops every process (SIGTERM, then kill).
+    pub async fn stop(mut self) {
+        for (_, child) in &self.children {
+            if let Some(pid) = child.id() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status();
+            }
+        }
+        for (name, child) in &mut self.children {
+            if tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!(process = %name, "did not stop in time; killing");
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
+
+/// The sandbox's state as a person sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub nodes: usize,
+    pub initialised: usize,
+    pub services: usize,
+    pub ips: Vec<String>,
+    pub routes: usize,
+}
+
+impl Progress {
+    /// Whether everything the sandbox asked for is in place.
+    pub fn converged(&self, options: &Options) -> bool {
+        self.initialised == options.nodes
+            && self.ips.len() == options.services
+            && self.routes == options.nodes
+    }
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "nodes initialised: {}/{}   load balancer IPs: {}/{} [{}]   routes: {}",
+            self.initialised,
+            self.nodes,
+            self.ips.len(),
+            self.services,
+            self.ips.join(", "),
+            self.routes
+        )
+    }
+}
