@@ -37,16 +37,19 @@ fn api(ctx: &Context, namespace: &str) -> Api<Service> {
 }
 
 /// Adds or removes our finalizer; set semantics, so other finalizers stay.
-async fn set_finalizer(ctx: &Context, svc: &Service, present: bool) -> Result<()> {
+/// Returns whether the Service (this one: its UID is a precondition) still
+/// exists; one that is gone must get no load balancer.
+async fn set_finalizer(ctx: &Context, svc: &Service, present: bool) -> Result<bool> {
     if plan::has_finalizer(svc) == present {
-        return Ok(());
+        return Ok(true);
     }
     ctx.ensure_leader()?;
     let finalizer = ccm_runtime::names::FINALIZER_LB_CLEANUP;
+    let uid = svc.metadata.uid.clone();
     let patch = if present {
-        json!({"metadata": {"finalizers": [finalizer]}})
+        json!({"metadata": {"uid": uid, "finalizers": [finalizer]}})
     } else {
-        json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}})
+        json!({"metadata": {"uid": uid, "$deleteFromPrimitiveList/finalizers": [finalizer]}})
     };
     let result = api(ctx, &svc.namespace().unwrap_or_default())
         .patch(
@@ -56,9 +59,13 @@ async fn set_finalizer(ctx: &Context, svc: &Service, present: bool) -> Result<()
         )
         .await;
     match result {
-        Ok(_) => Ok(()),
-        // Gone once the last finalizer went: nothing left to do.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Ok(_) => Ok(true),
+        // Gone (or replaced by another object of the same name).
+        Err(kube::Error::Api(s))
+            if s.code == 404 || (s.code == 409 && s.message.contains("UID")) =>
+        {
+            Ok(false)
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -190,7 +197,10 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
     .await;
     // The finalizer goes on before any cloud call, so a load balancer is
     // never created that nothing would clean up.
-    set_finalizer(ctx, svc, true).await?;
+    if !set_finalizer(ctx, svc, true).await? {
+        tracing::info!("the Service is gone; no load balancer");
+        return Ok(());
+    }
     let hosts = ctx.hosts();
     if hosts.is_empty() {
         publish(

@@ -37,7 +37,15 @@ pub struct Sandbox {
     pub kubeconfig: PathBuf,
     pub gateway: String,
     pub endpoints: BTreeMap<String, String>,
-    children: Vec<(String, Child)>,
+    children: Vec<Process>,
+}
+
+/// One process of the sandbox and how to start it again.
+struct Process {
+    name: String,
+    binary: String,
+    args: Vec<String>,
+    child: Child,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -59,11 +67,17 @@ async fn wait_for_file(path: &Path) -> anyhow::Result<()> {
 }
 
 impl Sandbox {
-    fn spawn(&mut self, name: &str, binary: &str, args: &[String]) -> anyhow::Result<()> {
-        let log = std::fs::File::create(self.options.state_dir.join(format!("{name}.log")))?;
+    fn launch(&self, name: &str, binary: &str, args: &[String]) -> anyhow::Result<Child> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.options.state_dir.join(format!("{name}.log")))?;
         let path = self.options.bin_dir.join(binary);
-        let child = Command::new(&path)
+        Command::new(&path)
             .args(args)
+            // The leader election identity starts with it, so a lease
+            // holder names its process.
+            .env("POD_NAME", name)
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true)
@@ -73,9 +87,60 @@ impl Sandbox {
                     "start {} (build it first: cargo build --bins)",
                     path.display()
                 )
-            })?;
-        self.children.push((name.to_owned(), child));
+            })
+    }
+
+    fn spawn(&mut self, name: &str, binary: &str, args: &[String]) -> anyhow::Result<()> {
+        let child = self.launch(name, binary, args)?;
+        self.children.push(Process {
+            name: name.into(),
+            binary: binary.into(),
+            args: args.to_vec(),
+            child,
+        });
         Ok(())
+    }
+
+    /// Kills a process at once (SIGKILL), as a crash would.
+    pub async fn kill(&mut self, name: &str) -> anyhow::Result<()> {
+        let p = self
+            .children
+            .iter_mut()
+            .find(|p| p.name == name)
+            .context("no such process")?;
+        p.child.kill().await?;
+        Ok(())
+    }
+
+    /// Starts a killed process again with the same arguments.
+    pub fn restart(&mut self, name: &str) -> anyhow::Result<()> {
+        let i = self
+            .children
+            .iter()
+            .position(|p| p.name == name)
+            .context("no such process")?;
+        let (binary, args) = (
+            self.children[i].binary.clone(),
+            self.children[i].args.clone(),
+        );
+        self.children[i].child = self.launch(name, &binary, &args)?;
+        Ok(())
+    }
+
+    /// The process holding `lease` (e.g. "ccm-node-controller"), if any.
+    pub async fn leader(&self, lease: &str) -> anyhow::Result<Option<String>> {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(self.client().await?, "kube-system");
+        let holder = leases
+            .get_opt(lease)
+            .await?
+            .and_then(|l| l.spec?.holder_identity)
+            .unwrap_or_default();
+        Ok(self
+            .children
+            .iter()
+            .map(|p| p.name.clone())
+            .find(|name| holder.starts_with(&format!("{name}_"))))
     }
 
     /// Starts everything fresh in `options.state_dir`: the cloud and the
@@ -273,13 +338,77 @@ impl Sandbox {
         Ok(())
     }
 
+    /// A cloneable handle for the simulated kubelets and progress, usable
+    /// while the sandbox itself is being changed.
+    pub fn handle(&self) -> Handle {
+        Handle {
+            kubeconfig: self.kubeconfig.clone(),
+            gateway: self.gateway.clone(),
+            tokens: PathBuf::from(&self.endpoints["admin_token_file"])
+                .parent()
+                .map(PathBuf::from)
+                .unwrap_or_default(),
+        }
+    }
+
+    /// One round of simulated kubelets (see [`Handle::heartbeat`]).
+    pub async fn heartbeat(&self) -> anyhow::Result<()> {
+        self.handle().heartbeat().await
+    }
+
+    /// See [`Handle::progress`].
+    pub async fn progress(&self) -> anyhow::Result<Progress> {
+        self.handle().progress().await
+    }
+
+    /// Stops every process (SIGTERM, then kill).
+    pub async fn stop(mut self) {
+        for p in &self.children {
+            if let Some(pid) = p.child.id() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status();
+            }
+        }
+        for p in &mut self.children {
+            if tokio::time::timeout(Duration::from_secs(10), p.child.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!(process = %p.name, "did not stop in time; killing");
+                let _ = p.child.kill().await;
+            }
+        }
+    }
+}
+
+/// What the simulated kubelets and progress reports need.
+#[derive(Clone, Debug)]
+pub struct Handle {
+    pub kubeconfig: PathBuf,
+    pub gateway: String,
+    /// The directory of the gateway's per-role token files.
+    pub tokens: PathBuf,
+}
+
+impl Handle {
+    /// A gateway client with `role`'s token.
+    pub fn gateway_client(&self, role: &str) -> anyhow::Result<GatewayClient> {
+        let token = self.tokens.join(format!("{role}.token"));
+        Ok(GatewayClient::new(ClientConfig::new(
+            self.gateway.clone(),
+            "kubernetes",
+            TokenSource::File(token),
+        ))?)
+    }
+
     /// One round of simulated kubelets: Ready while the instance runs,
     /// Unknown (no heartbeat) once it stopped or is gone.
     pub async fn heartbeat(&self) -> anyhow::Result<()> {
-        let client = self.client().await?;
+        let client = ccm_runtime::kube::client(Some(&self.kubeconfig)).await?;
         let nodes: Api<Node> = Api::all(client);
         let instances = self
-            .admin()?
+            .gateway_client("admin")?
             .sim_admin()?
             .list_instances(ListInstancesRequest {})
             .await?
@@ -307,7 +436,7 @@ impl Sandbox {
     /// What a person wants to see: nodes initialised, load balancer IPs,
     /// routes.
     pub async fn progress(&self) -> anyhow::Result<Progress> {
-        let client = self.client().await?;
+        let client = ccm_runtime::kube::client(Some(&self.kubeconfig)).await?;
         let nodes = Api::<Node>::all(client.clone())
             .list(&Default::default())
             .await?
@@ -336,17 +465,12 @@ impl Sandbox {
                     .clone()
             })
             .collect();
-        let route_token =
-            PathBuf::from(self.endpoints["admin_token_file"].replace("admin.token", "route.token"));
-        let routes = GatewayClient::new(ClientConfig::new(
-            self.gateway.clone(),
-            "kubernetes",
-            TokenSource::File(route_token),
-        ))?
-        .list_routes()
-        .await
-        .map(|r| r.len())
-        .unwrap_or(0);
+        let routes = self
+            .gateway_client("route")?
+            .list_routes()
+            .await
+            .map(|r| r.len())
+            .unwrap_or(0);
         Ok(Progress {
             nodes: nodes.len(),
             initialised: initialised.count(),
@@ -354,26 +478,6 @@ impl Sandbox {
             ips,
             routes,
         })
-    }
-
-    /// Stops every process (SIGTERM, then kill).
-    pub async fn stop(mut self) {
-        for (_, child) in &self.children {
-            if let Some(pid) = child.id() {
-                let _ = std::process::Command::new("kill")
-                    .args(["-TERM", &pid.to_string()])
-                    .status();
-            }
-        }
-        for (name, child) in &mut self.children {
-            if tokio::time::timeout(Duration::from_secs(10), child.wait())
-                .await
-                .is_err()
-            {
-                tracing::warn!(process = %name, "did not stop in time; killing");
-                let _ = child.kill().await;
-            }
-        }
     }
 }
 

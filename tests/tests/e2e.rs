@@ -65,3 +65,340 @@ fn the_sandbox_converges_with_real_processes() {
         );
     }
 }
+
+mod scenarios {
+    //! Scenarios on a sandbox driven from the test: kubelets heartbeat in the
+    //! background while the test deletes, terminates and kills.
+
+    use std::time::{Duration, Instant};
+
+    use ccm_proto::Error as GatewayError;
+    use ccm_proto::v1::{InstanceId, LookupPurpose, NodeRef};
+    use ccm_testkit::sandbox::{Handle, Options, Progress, Sandbox};
+    use k8s_openapi::api::core::v1::{Node, Service};
+    use kube::api::{Api, DeleteParams, PostParams};
+
+    const LIMIT: Duration = Duration::from_secs(90);
+
+    async fn start(
+        nodes: usize,
+        services: usize,
+    ) -> (Sandbox, tokio::task::JoinHandle<()>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_sandbox"))
+            .parent()
+            .unwrap()
+            .to_path_buf();
+        let options = Options {
+            state_dir: dir.path().join("state"),
+            nodes,
+            services,
+            replicas: 2,
+            bin_dir,
+        };
+        let sandbox = Sandbox::start(options).await.unwrap();
+        sandbox.populate().await.unwrap();
+        let handle = sandbox.handle();
+        let kubelets = tokio::spawn(async move {
+            loop {
+                let _ = handle.heartbeat().await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        (sandbox, kubelets, dir)
+    }
+
+    async fn until(handle: &Handle, what: &str, check: impl Fn(&Progress) -> bool) -> Progress {
+        let start = Instant::now();
+        loop {
+            if let Ok(p) = handle.progress().await {
+                if check(&p) {
+                    return p;
+                }
+                assert!(start.elapsed() < LIMIT, "{what}: stuck at {p}");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn lbs(handle: &Handle) -> usize {
+        handle
+            .gateway_client("service")
+            .unwrap()
+            .list_load_balancers()
+            .await
+            .unwrap()
+            .len()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn services_nodes_and_routes_follow_the_cluster_and_the_cloud() {
+        let (sandbox, kubelets, _dir) = start(4, 1).await;
+        let h = sandbox.handle();
+        until(&h, "convergence", |p| p.converged(&sandbox.options)).await;
+        let client = sandbox.client().await.unwrap();
+
+        // A deleted Service leaves no load balancer behind.
+        Api::<Service>::namespaced(client.clone(), "default")
+            .delete("demo", &DeleteParams::default())
+            .await
+            .unwrap();
+        let start = Instant::now();
+        while lbs(&h).await > 0 {
+            assert!(start.elapsed() < LIMIT, "load balancer not deleted");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+
+        // A terminated instance: its node goes NotReady, is deleted, and its
+        // route goes away.
+        h.gateway_client("admin")
+            .unwrap()
+            .sim_admin()
+            .unwrap()
+            .terminate_instance(InstanceId {
+                id: "node-3".into(),
+            })
+            .await
+            .unwrap();
+        let nodes: Api<Node> = Api::all(client);
+        let start = Instant::now();
+        while nodes.get_opt("node-3").await.unwrap().is_some() {
+            assert!(start.elapsed() < LIMIT, "node-3 not deleted");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        until(&h, "route of node-3 removed", |p| {
+            p.routes == 3 && p.nodes == 3
+        })
+        .await;
+        kubelets.abort();
+        sandbox.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killing_every_leader_hands_the_work_to_a_standby() {
+        let (mut sandbox, kubelets, _dir) = start(2, 1).await;
+        let h = sandbox.handle();
+        until(&h, "convergence", |p| p.converged(&sandbox.options)).await;
+        for lease in [
+            "ccm-node-controller",
+            "ccm-service-controller",
+            "ccm-route-controller",
+        ] {
+            let leader = sandbox.leader(lease).await.unwrap().expect("a leader");
+            sandbox.kill(&leader).await.unwrap();
+            let killed_at = Instant::now();
+            loop {
+                match sandbox.leader(lease).await.unwrap() {
+                    Some(now) if now != leader => break,
+                    _ => {
+                        // Lease 6 s in the sandbox, plus a retry period and the
+                        // settle check.
+                        assert!(
+                            killed_at.elapsed() < Duration::from_secs(12),
+                            "{lease}: no takeover"
+                        );
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        }
+        // Work continues under the new leaders.
+        let client = sandbox.client().await.unwrap();
+        Api::<Service>::namespaced(client, "default")
+            .create(
+                &PostParams::default(),
+                &ccm_testkit::fixtures::load_balancer("default", "after").build(),
+            )
+            .await
+            .unwrap();
+        until(&h, "a second ingress IP", |p| p.ips.len() == 2).await;
+        kubelets.abort();
+        sandbox.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_controller_token_reaches_only_its_own_service() {
+        let (sandbox, kubelets, _dir) = start(1, 0).await;
+        let h = sandbox.handle();
+        let node_ref = vec![NodeRef {
+            name: "node-0".into(),
+            provider_id: String::new(),
+        }];
+        let denied =
+            |r: Result<(), GatewayError>| matches!(r, Err(GatewayError::PermissionDenied { .. }));
+        let service = h.gateway_client("service").unwrap();
+        let route = h.gateway_client("route").unwrap();
+        let node = h.gateway_client("node").unwrap();
+        assert!(denied(
+            service
+                .get_instances(node_ref.clone(), LookupPurpose::Refresh, false)
+                .await
+                .map(drop)
+        ));
+        assert!(denied(
+            route
+                .get_instances(node_ref, LookupPurpose::Refresh, false)
+                .await
+                .map(drop)
+        ));
+        assert!(denied(node.list_load_balancers().await.map(drop)));
+        assert!(denied(node.list_routes().await.map(drop)));
+        assert!(denied(service.list_routes().await.map(drop)));
+        assert!(denied(route.list_load_balancers().await.map(drop)));
+        let sim = node
+            .sim_admin()
+            .unwrap()
+            .list_instances(ccm_proto::v1::ListInstancesRequest {})
+            .await;
+        assert_eq!(sim.unwrap_err().code(), tonic::Code::PermissionDenied);
+        kubelets.abort();
+        sandbox.stop().await;
+    }
+
+    async fn create_services(client: &kube::Client, names: impl IntoIterator<Item = String>) {
+        let services: Api<Service> = Api::namespaced(client.clone(), "default");
+        futures::future::join_all(names.into_iter().map(|name| {
+            let services = services.clone();
+            async move {
+                services
+                    .create(
+                        &PostParams::default(),
+                        &ccm_testkit::fixtures::load_balancer("default", &name).build(),
+                    )
+                    .await
+                    .unwrap()
+            }
+        }))
+        .await;
+    }
+
+    /// Every LoadBalancer Service has exactly one load balancer and nothing
+    /// else exists in the cloud.
+    async fn exactly_one_load_balancer_each(h: &Handle, client: &kube::Client) {
+        let services = Api::<Service>::namespaced(client.clone(), "default")
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items;
+        let uids: std::collections::BTreeSet<String> = services
+            .iter()
+            .filter_map(|s| s.metadata.uid.clone())
+            .collect();
+        let lbs = h
+            .gateway_client("service")
+            .unwrap()
+            .list_load_balancers()
+            .await
+            .unwrap();
+        let owners: Vec<String> = lbs
+            .iter()
+            .map(|lb| lb.service.clone().unwrap_or_default().uid)
+            .collect();
+        let unique: std::collections::BTreeSet<&String> = owners.iter().collect();
+        assert_eq!(
+            owners.len(),
+            unique.len(),
+            "a Service has two load balancers"
+        );
+        assert_eq!(
+            unique.len(),
+            uids.len(),
+            "{} load balancers for {} Services",
+            unique.len(),
+            uids.len()
+        );
+        assert!(
+            unique.iter().all(|u| uids.contains(*u)),
+            "a load balancer leaked"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gateway_killed_mid_work_and_restarted_leaves_exactly_one_load_balancer_per_service()
+    {
+        let (mut sandbox, kubelets, _dir) = start(2, 0).await;
+        let h = sandbox.handle();
+        until(&h, "nodes", |p| p.initialised == 2).await;
+        let client = sandbox.client().await.unwrap();
+        create_services(&client, (0..50).map(|i| format!("s{i:02}"))).await;
+        // Some load balancers exist, others are on their way.
+        until(&h, "the first ingress", |p| !p.ips.is_empty()).await;
+        sandbox.kill("cloud-gateway").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        sandbox.restart("cloud-gateway").unwrap();
+        until(&h, "50 ingress IPs", |p| p.ips.len() == 50).await;
+        exactly_one_load_balancer_each(&h, &client).await;
+        kubelets.abort();
+        sandbox.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_cloud_faults_during_churn_everything_converges_without_leaks() {
+        let (sandbox, kubelets, _dir) = start(3, 0).await;
+        let h = sandbox.handle();
+        until(&h, "nodes and routes", |p| {
+            p.initialised == 3 && p.routes == 3
+        })
+        .await;
+        let mut faults = ccm_proto::v1::Faults {
+            error_rate: 0.2,
+            throttle_rate: 0.1,
+            ..Default::default()
+        };
+        faults.throttle_retry_after = Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 200_000_000,
+        });
+        h.gateway_client("admin")
+            .unwrap()
+            .sim_admin()
+            .unwrap()
+            .set_faults(faults)
+            .await
+            .unwrap();
+        let client = sandbox.client().await.unwrap();
+        create_services(&client, (0..100).map(|i| format!("c{i:03}"))).await;
+        let services: Api<Service> = Api::namespaced(client.clone(), "default");
+        for i in (0..100).step_by(2) {
+            services
+                .delete(&format!("c{i:03}"), &DeleteParams::default())
+                .await
+                .unwrap();
+        }
+        // The deleted ones go (finalizers released), the others get IPs.
+        let start = Instant::now();
+        loop {
+            let left = services
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .len();
+            let p = h.progress().await.unwrap();
+            if left == 50 && p.ips.len() == 50 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(150),
+                "not converged: {left} Services, {p}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        h.gateway_client("admin")
+            .unwrap()
+            .sim_admin()
+            .unwrap()
+            .set_faults(ccm_proto::v1::Faults::default())
+            .await
+            .unwrap();
+        exactly_one_load_balancer_each(&h, &client).await;
+        let p = h.progress().await.unwrap();
+        assert_eq!(
+            (p.nodes, p.routes),
+            (3, 3),
+            "no healthy node deleted, no route leaked"
+        );
+        kubelets.abort();
+        sandbox.stop().await;
+    }
+}

@@ -434,6 +434,23 @@ impl Store {
         {
             return Err(ApiError::conflict(resource, name));
         }
+        // A uid in the request is a precondition, as in the real server.
+        if let (Some(want), Some(have)) = (meta(&new)["uid"].as_str(), old_meta["uid"].as_str())
+            && want != have
+        {
+            return Err(ApiError {
+                details: Some(
+                    json!({"name": name, "group": resource.group, "kind": resource.plural}),
+                ),
+                ..ApiError::new(
+                    409,
+                    "Conflict",
+                    format!(
+                        "Precondition failed: UID in precondition: {want}, UID in object meta: {have}"
+                    ),
+                )
+            });
+        }
         let new_name = meta(&new)["name"].as_str().unwrap_or(name).to_owned();
         if new_name != name {
             return Err(ApiError::bad_request(format!(

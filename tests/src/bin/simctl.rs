@@ -1,0 +1,173 @@
+//! `simctl`: act on the simulated cloud of a running sandbox (or any
+//! gateway on the sim provider) as a cloud console would.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use ccm_proto::v1::{
+    CreateInstanceRequest, Faults, GetStatsRequest, InstanceId, ListInstancesRequest,
+};
+use ccm_proto::{ClientConfig, GatewayClient, TokenSource};
+use clap::{Parser, Subcommand};
+
+/// Acts on the simulated cloud: instances and faults.
+#[derive(Parser)]
+#[command(name = "simctl", version)]
+struct Args {
+    /// The sandbox's endpoints.json (gateway address and admin token).
+    #[arg(long, default_value = ".sandbox/endpoints.json")]
+    endpoints: PathBuf,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// List instances.
+    List,
+    /// Create a running instance.
+    Create { name: String },
+    /// Stop an instance (it still exists).
+    Stop { name: String },
+    /// Start a stopped instance.
+    Start { name: String },
+    /// Terminate an instance (gone for good).
+    Terminate { name: String },
+    /// Set faults; no options switch them off.
+    Faults {
+        /// Share of calls failing as unavailable (0 to 1).
+        #[arg(long, default_value_t = 0.0)]
+        error_rate: f64,
+        /// Share of calls throttled (0 to 1).
+        #[arg(long, default_value_t = 0.0)]
+        throttle_rate: f64,
+        /// Latency added to every call, e.g. 20ms.
+        #[arg(long)]
+        latency: Option<String>,
+        /// How long new load balancers take to provision, e.g. 2s.
+        #[arg(long)]
+        provisioning: Option<String>,
+    },
+    /// Provider calls so far, by operation.
+    Stats,
+}
+
+fn duration(s: &Option<String>) -> anyhow::Result<Option<prost_types::Duration>> {
+    s.as_deref()
+        .map(|v| {
+            let d: Duration =
+                ccm_runtime::settings::parse_duration(v).map_err(anyhow::Error::msg)?;
+            Ok(prost_types::Duration {
+                seconds: d.as_secs() as i64,
+                nanos: d.subsec_nanos() as i32,
+            })
+        })
+        .transpose()
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let endpoints: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&args.endpoints)
+            .with_context(|| format!("read {}", args.endpoints.display()))?,
+    )?;
+    let gateway = endpoints["gateway"]
+        .as_str()
+        .context("no gateway in endpoints.json")?;
+    let token = endpoints["admin_token_file"]
+        .as_str()
+        .context("no admin_token_file in endpoints.json")?;
+    let client = GatewayClient::new(ClientConfig::new(
+        gateway,
+        "kubernetes",
+        TokenSource::File(token.into()),
+    ))?;
+    let mut admin = client.sim_admin()?;
+    let show = |i: ccm_proto::v1::SimInstance| {
+        let state = ccm_proto::v1::InstanceState::try_from(i.state)
+            .map(|s| s.as_str_name())
+            .unwrap_or("?");
+        println!(
+            "{}\t{}\t{}\t{}\t{}",
+            i.id,
+            i.name,
+            i.zone,
+            state.trim_start_matches("INSTANCE_STATE_"),
+            i.addresses
+                .iter()
+                .map(|a| a.address.clone())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+    };
+    match args.command {
+        Cmd::List => {
+            for i in admin
+                .list_instances(ListInstancesRequest {})
+                .await?
+                .into_inner()
+                .instances
+            {
+                show(i);
+            }
+        }
+        Cmd::Create { name } => show(
+            admin
+                .create_instance(CreateInstanceRequest {
+                    name,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner(),
+        ),
+        Cmd::Stop { name } => show(
+            admin
+                .stop_instance(InstanceId { id: name })
+                .await?
+                .into_inner(),
+        ),
+        Cmd::Start { name } => show(
+            admin
+                .start_instance(InstanceId { id: name })
+                .await?
+                .into_inner(),
+        ),
+        Cmd::Terminate { name } => {
+            admin
+                .terminate_instance(InstanceId { id: name.clone() })
+                .await?;
+            println!("{name} terminated");
+        }
+        Cmd::Faults {
+            error_rate,
+            throttle_rate,
+            latency,
+            provisioning,
+        } => {
+            let mut faults = Faults {
+                error_rate,
+                throttle_rate,
+                lb_provisioning_delay: duration(&provisioning)?,
+                ..Default::default()
+            };
+            if let Some(d) = duration(&latency)? {
+                faults.latency.insert("*".into(), d);
+            }
+            println!("{:?}", admin.set_faults(faults).await?.into_inner());
+        }
+        Cmd::Stats => {
+            let stats = admin
+                .get_stats(GetStatsRequest { reset: false })
+                .await?
+                .into_inner();
+            let mut calls: Vec<_> = stats.calls.into_iter().collect();
+            calls.sort();
+            for (op, n) in calls {
+                println!("{op}\t{n}");
+            }
+        }
+    }
+    Ok(())
+}
