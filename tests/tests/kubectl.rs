@@ -160,6 +160,19 @@ async fn kubectl_applies_gets_and_reapplies_nodes_and_services() {
         assert_eq!(node["metadata"]["labels"]["tier"], "b");
         assert_eq!(node["metadata"]["generation"], 1, "labels are not spec");
 
+        // Server-side printing: the columns of a real server.
+        let wide = k.run(&["get", "nodes,svc", "-o", "wide"], None);
+        for column in [
+            "STATUS",
+            "INTERNAL-IP",
+            "10.0.0.1",
+            "TYPE",
+            "EXTERNAL-IP",
+            "<pending>",
+            "80:",
+        ] {
+            assert!(wide.contains(column), "{column} missing:\n{wide}");
+        }
         let list = k.json(&["get", "nodes"]);
         assert_eq!(list["items"].as_array().unwrap().len(), 1);
         let names = k.run(&["get", "nodes,svc", "-A", "-o", "name"], None);

@@ -19,6 +19,7 @@ use super::resources::{self, RESOURCES, Resource};
 use super::schema::{self, FieldValidation};
 use super::selectors::Selector;
 use super::store::{ApiError, Change, ChangeType, Store};
+use super::table;
 
 fn json_response(code: u16, body: &Value) -> Response {
     (
@@ -246,6 +247,10 @@ async fn dispatch(
     let ns = t.namespace.clone().unwrap_or_default();
     let status = t.sub.is_some();
     let mode = FieldValidation::parse(q.get("fieldValidation").map(String::as_str));
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
     let mut warnings = Vec::new();
     let store = &shared.store;
     if resource.create_only {
@@ -270,12 +275,27 @@ async fn dispatch(
             if matches!(q.get("watch").map(String::as_str), Some("true" | "1")) {
                 return watch(shared, resource, t.namespace, selector, &q);
             }
-            Ok(json_response(
-                200,
-                &list(store, resource, t.namespace.as_deref(), &selector, &q)?,
-            ))
+            let listed = list(store, resource, t.namespace.as_deref(), &selector, &q)?;
+            if table::wants_table(accept) {
+                let items = listed["items"].as_array().cloned().unwrap_or_default();
+                let rv = listed["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default();
+                return Ok(json_response(200, &table::table(resource, &items, rv)));
+            }
+            Ok(json_response(200, &listed))
         }
-        (Method::GET, Some(name)) => Ok(json_response(200, &store.get(resource, &ns, &name)?)),
+        (Method::GET, Some(name)) => {
+            let obj = store.get(resource, &ns, &name)?;
+            if table::wants_table(accept) {
+                let rv = obj["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                return Ok(json_response(200, &table::table(resource, &[obj], &rv)));
+            }
+            Ok(json_response(200, &obj))
+        }
         (Method::POST, None) => {
             let obj = parse_body(&body)?;
             check_kind(resource, &obj)?;

@@ -9,6 +9,7 @@ pub mod resources;
 pub mod schema;
 pub mod selectors;
 pub mod store;
+pub mod table;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

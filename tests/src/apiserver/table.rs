@@ -1,0 +1,192 @@
+//! Server-side printing: the `meta.k8s.io/v1` Table kubectl asks for
+//! (`Accept: application/json;as=Table;...`), with the columns a real API
+//! server shows for nodes and services, and name and age for the rest.
+
+use serde_json::{Value, json};
+
+use super::resources::Resource;
+
+fn column(name: &str, kind: &str, priority: u8) -> Value {
+    let format = if name == "Name" { "name" } else { "" };
+    json!({"name": name, "type": kind, "format": format, "description": "", "priority": priority})
+}
+
+/// How long ago an RFC 3339 timestamp was, as kubectl writes ages.
+fn age(timestamp: &str) -> String {
+    let Ok(then) = timestamp.parse::<k8s_openapi::jiff::Timestamp>() else {
+        return "<unknown>".into();
+    };
+    let secs = k8s_openapi::jiff::Timestamp::now()
+        .duration_since(then)
+        .as_secs()
+        .max(0);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_owned()
+}
+
+fn node_row(o: &Value) -> Vec<Value> {
+    let conditions = o["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let ready = conditions
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .map(|c| text(&c["status"]));
+    let mut status = match ready.as_deref() {
+        Some("True") => "Ready".to_owned(),
+        Some("False") => "NotReady".to_owned(),
+        _ => "Unknown".to_owned(),
+    };
+    if o["spec"]["unschedulable"] == true {
+        status.push_str(",SchedulingDisabled");
+    }
+    let address = |kind: &str| {
+        o["status"]["addresses"]
+            .as_array()
+            .and_then(|a| a.iter().find(|a| a["type"] == kind))
+            .map(|a| text(&a["address"]))
+            .unwrap_or_else(|| "<none>".into())
+    };
+    let version = text(&o["status"]["nodeInfo"]["kubeletVersion"]);
+    vec![
+        o["metadata"]["name"].clone(),
+        json!(status),
+        json!("<none>"),
+        json!(age(&text(&o["metadata"]["creationTimestamp"]))),
+        json!(if version.is_empty() {
+            "<none>".to_owned()
+        } else {
+            version
+        }),
+        json!(address("InternalIP")),
+        json!(address("ExternalIP")),
+    ]
+}
+
+fn service_row(o: &Value) -> Vec<Value> {
+    let kind = text(&o["spec"]["type"]);
+    let ingress: Vec<String> = o["status"]["loadBalancer"]["ingress"]
+        .as_array()
+        .map(|i| {
+            i.iter()
+                .map(|i| {
+                    if i["ip"].is_string() {
+                        text(&i["ip"])
+                    } else {
+                        text(&i["hostname"])
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let external = match (kind.as_str(), ingress.is_empty()) {
+        (_, false) => ingress.join(","),
+        ("LoadBalancer", true) => "<pending>".into(),
+        _ => "<none>".into(),
+    };
+    let ports: Vec<String> = o["spec"]["ports"]
+        .as_array()
+        .map(|ports| {
+            ports
+                .iter()
+                .map(|p| match p["nodePort"].as_i64() {
+                    Some(np) => format!("{}:{}/{}", p["port"], np, text(&p["protocol"])),
+                    None => format!("{}/{}", p["port"], text(&p["protocol"])),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let selector: Vec<String> = o["spec"]["selector"]
+        .as_object()
+        .map(|m| m.iter().map(|(k, v)| format!("{k}={}", text(v))).collect())
+        .unwrap_or_default();
+    vec![
+        o["metadata"]["name"].clone(),
+        json!(kind),
+        json!(text(&o["spec"]["clusterIP"])),
+        json!(external),
+        json!(if ports.is_empty() {
+            "<none>".into()
+        } else {
+            ports.join(",")
+        }),
+        json!(age(&text(&o["metadata"]["creationTimestamp"]))),
+        json!(if selector.is_empty() {
+            "<none>".into()
+        } else {
+            selector.join(",")
+        }),
+    ]
+}
+
+/// Turns an object into its row's cells.
+type Row = fn(&Value) -> Vec<Value>;
+
+/// The Table of `items` of `resource`.
+pub fn table(resource: &Resource, items: &[Value], resource_version: &str) -> Value {
+    let (columns, row): (Vec<Value>, Row) = match (resource.group, resource.kind) {
+        ("", "Node") => (
+            vec![
+                column("Name", "string", 0),
+                column("Status", "string", 0),
+                column("Roles", "string", 0),
+                column("Age", "string", 0),
+                column("Version", "string", 0),
+                column("Internal-IP", "string", 1),
+                column("External-IP", "string", 1),
+            ],
+            node_row,
+        ),
+        ("", "Service") => (
+            vec![
+                column("Name", "string", 0),
+                column("Type", "string", 0),
+                column("Cluster-IP", "string", 0),
+                column("External-IP", "string", 0),
+                column("Port(s)", "string", 0),
+                column("Age", "string", 0),
+                column("Selector", "string", 1),
+            ],
+            service_row,
+        ),
+        _ => (
+            vec![column("Name", "string", 0), column("Age", "string", 0)],
+            |o| {
+                vec![
+                    o["metadata"]["name"].clone(),
+                    json!(age(&text(&o["metadata"]["creationTimestamp"]))),
+                ]
+            },
+        ),
+    };
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|o| {
+            json!({
+                "cells": row(o),
+                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]},
+            })
+        })
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": columns,
+        "rows": rows,
+    })
+}
+
+/// Whether the client asked for a Table.
+pub fn wants_table(accept: &str) -> bool {
+    accept.contains("as=Table")
+}
