@@ -450,6 +450,18 @@ async fn the_event_recorder_publishes_and_updates_series() {
     let e = &list.items[0];
     assert_eq!(e.reason.as_deref(), Some("Synced"));
     assert_eq!(e.series.as_ref().map(|s| s.count), Some(2));
+    // The same event through core/v1, as kubectl reads it.
+    let core: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(server.client().await.unwrap(), "default");
+    let mirrored = core.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(mirrored.len(), 1);
+    assert_eq!(
+        mirrored[0].message.as_deref(),
+        Some("Node synced successfully")
+    );
+    assert_eq!(mirrored[0].count, Some(2));
+    assert_eq!(mirrored[0].involved_object.name.as_deref(), Some("n1"));
+    assert!(mirrored[0].last_timestamp.is_some());
 }
 
 #[tokio::test]

@@ -338,6 +338,8 @@ type: Normal
 "#));
         let events = k.run(&["get", "events", "-o", "jsonpath={.items[*].reason}"], None);
         assert_eq!(events, "Synced");
+        let table = k.run(&["get", "events"], None);
+        assert!(table.contains("REASON") && table.contains("node/node-1") && table.contains("Node synced successfully"), "{table}");
         let (code, _, err) = k.try_run(&["create", "-f", "-"], Some("apiVersion: v1\nkind: Service\nmetadata: {name: x, namespace: nowhere}\nspec: {ports: [{port: 1}]}\n"));
         assert_ne!(code, 0);
         assert!(err.contains("namespaces \"nowhere\" not found"), "{err}");

@@ -301,6 +301,7 @@ async fn dispatch(
             check_kind(resource, &obj)?;
             let obj = checked(resource, obj, mode, &mut warnings)?;
             let created = store.create(resource, &ns, obj)?;
+            mirror_event(store, resource, &ns, &created);
             Ok(with_warnings(json_response(201, &created), &warnings))
         }
         (Method::PUT, Some(name)) => {
@@ -331,6 +332,11 @@ async fn dispatch(
                 mode,
                 &mut warnings,
             )?;
+            if resource.group == "events.k8s.io"
+                && let Ok(event) = store.get(resource, &ns, &name)
+            {
+                mirror_event(store, resource, &ns, &event);
+            }
             Ok(with_warnings(response, &warnings))
         }
         (Method::DELETE, Some(name)) => {
@@ -383,6 +389,13 @@ fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
         }
     }
     response
+}
+
+/// Keeps the core/v1 view of `events.k8s.io` events (see `events`).
+fn mirror_event(store: &Store, resource: &Resource, namespace: &str, obj: &Value) {
+    if resource.group == "events.k8s.io" {
+        super::events::mirror(store, namespace, obj);
+    }
 }
 
 fn check_kind(resource: &Resource, obj: &Value) -> Result<(), ApiError> {

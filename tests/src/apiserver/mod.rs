@@ -3,6 +3,7 @@
 //! served), keeps everything in memory, and runs in-process on loopback or
 //! as the `kube-test-apiserver` binary.
 
+mod events;
 mod http;
 pub mod patch;
 pub mod resources;

@@ -128,6 +128,25 @@ fn service_row(o: &Value) -> Vec<Value> {
     ]
 }
 
+fn event_row(o: &Value) -> Vec<Value> {
+    let when = o["lastTimestamp"]
+        .as_str()
+        .or_else(|| o["eventTime"].as_str())
+        .unwrap_or_default();
+    let object = format!(
+        "{}/{}",
+        text(&o["involvedObject"]["kind"]).to_lowercase(),
+        text(&o["involvedObject"]["name"])
+    );
+    vec![
+        json!(age(when)),
+        o["type"].clone(),
+        o["reason"].clone(),
+        json!(object),
+        o["message"].clone(),
+    ]
+}
+
 /// Turns an object into its row's cells.
 type Row = fn(&Value) -> Vec<Value>;
 
@@ -157,6 +176,16 @@ pub fn table(resource: &Resource, items: &[Value], resource_version: &str) -> Va
                 column("Selector", "string", 1),
             ],
             service_row,
+        ),
+        ("", "Event") => (
+            vec![
+                column("Last Seen", "string", 0),
+                column("Type", "string", 0),
+                column("Reason", "string", 0),
+                column("Object", "string", 0),
+                column("Message", "string", 0),
+            ],
+            event_row,
         ),
         _ => (
             vec![column("Name", "string", 0), column("Age", "string", 0)],
