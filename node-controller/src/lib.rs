@@ -19,7 +19,7 @@ use anyhow::Context as _;
 use ccm_runtime::controller::Base;
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use futures::StreamExt;
+use ccm_runtime::watch::{Seen, follow};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, ResourceExt};
@@ -72,29 +72,23 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             .default_backoff(),
     );
     tokio::spawn({
-        let ctx = ctx.clone();
-        let readiness = readiness.clone();
-        let shutdown = shutdown.clone();
-        async move {
-            let mut stream = std::pin::pin!(stream);
-            loop {
-                let event = tokio::select! {
-                    event = stream.next() => event,
-                    _ = shutdown.cancelled() => return,
-                };
-                match event {
-                    Some(Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node))) => {
-                        if ctx.leadership.is_leader() {
-                            ctx.queue.add(node.name_any());
-                        }
+        let (ctx, readiness) = (ctx.clone(), readiness.clone());
+        // Every write may need a sync (labels, taints), so no fingerprint.
+        follow(
+            "node",
+            stream,
+            shutdown.clone(),
+            |_| (),
+            move |seen| match seen {
+                Seen::Changed(node) | Seen::Unchanged(node) => {
+                    if ctx.leadership.is_leader() {
+                        ctx.queue.add(node.name_any());
                     }
-                    Some(Ok(watcher::Event::InitDone)) => readiness.set(true),
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => tracing::warn!(error = %e, "node watch failed; retrying"),
-                    None => return,
                 }
-            }
-        }
+                Seen::Synced => readiness.set(true),
+                Seen::Deleted(_) => {}
+            },
+        )
     });
 
     let task = tokio::spawn(run(ctx, shutdown));

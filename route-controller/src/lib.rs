@@ -12,7 +12,6 @@ pub mod metrics;
 pub mod plan;
 pub mod reconcile;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ use anyhow::Context as _;
 use ccm_runtime::controller::Base;
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use futures::StreamExt;
+use ccm_runtime::watch::{Seen, follow};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, ResourceExt};
@@ -80,39 +79,21 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             .default_backoff(),
     );
     tokio::spawn({
-        let (ctx, readiness, shutdown) = (ctx.clone(), readiness.clone(), shutdown.clone());
-        async move {
-            let mut seen = HashMap::new();
-            let mut stream = std::pin::pin!(stream);
-            loop {
-                let event = tokio::select! {
-                    event = stream.next() => event,
-                    _ = shutdown.cancelled() => return,
-                };
-                let changed = match event {
-                    Some(Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node))) => {
-                        seen.insert(node.name_any(), fingerprint(&node)) != Some(fingerprint(&node))
-                    }
-                    Some(Ok(watcher::Event::Delete(node))) => {
-                        seen.remove(&node.name_any());
-                        true
-                    }
-                    Some(Ok(watcher::Event::InitDone)) => {
-                        readiness.set(true);
-                        true
-                    }
-                    Some(Ok(watcher::Event::Init)) => false,
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "node watch failed; retrying");
-                        false
-                    }
-                    None => return,
-                };
-                if changed {
+        let (ctx, readiness) = (ctx.clone(), readiness.clone());
+        follow(
+            "node",
+            stream,
+            shutdown.clone(),
+            fingerprint,
+            move |seen| match seen {
+                Seen::Changed(_) | Seen::Deleted(_) => ctx.queue.add(()),
+                Seen::Synced => {
+                    readiness.set(true);
                     ctx.queue.add(());
                 }
-            }
-        }
+                Seen::Unchanged(_) => {}
+            },
+        )
     });
 
     let task = tokio::spawn(run(ctx, shutdown));

@@ -20,3 +20,4 @@ pub mod queue;
 pub mod settings;
 pub mod shutdown;
 pub mod telemetry;
+pub mod watch;

@@ -22,7 +22,7 @@ use anyhow::Context as _;
 use ccm_runtime::controller::Base;
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use futures::StreamExt;
+use ccm_runtime::watch::{Seen, follow};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, ResourceExt};
@@ -84,44 +84,40 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         .default_backoff(),
     );
     let synced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    tokio::spawn({
-        let (ctx, readiness, shutdown, synced) = (
-            ctx.clone(),
-            readiness.clone(),
-            shutdown.clone(),
-            synced.clone(),
-        );
-        async move {
-            let mut seen = HashMap::new();
-            let mut stream = std::pin::pin!(service_stream);
-            loop {
-                let event =
-                    tokio::select! { e = stream.next() => e, _ = shutdown.cancelled() => return };
-                match event {
-                    Some(Ok(watcher::Event::Apply(svc) | watcher::Event::InitApply(svc))) => {
-                        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
-                        let changed = seen.insert(key.clone(), plan::fingerprint(&svc))
-                            != Some(plan::fingerprint(&svc));
-                        let relevant = plan::wants_load_balancer(&svc, &ctx.settings.classes)
-                            || plan::has_finalizer(&svc);
-                        if (changed && relevant) || plan::needs_cleanup(&svc) {
-                            ctx.queue.add(key);
-                        }
-                    }
-                    Some(Ok(watcher::Event::Delete(svc))) => {
-                        seen.remove(&(svc.namespace().unwrap_or_default(), svc.name_any()));
-                    }
-                    Some(Ok(watcher::Event::InitDone)) => {
-                        if synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
-                            readiness.set(true);
-                        }
-                    }
-                    Some(Ok(watcher::Event::Init)) => {}
-                    Some(Err(e)) => tracing::warn!(error = %e, "service watch failed; retrying"),
-                    None => return,
-                }
+    // Readiness needs both caches; each stream's first sync counts once.
+    let synced_once = {
+        let (synced, readiness) = (synced.clone(), readiness.clone());
+        move || {
+            if synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+                readiness.set(true);
             }
         }
+    };
+    tokio::spawn({
+        let ctx = ctx.clone();
+        let mut synced = Some(synced_once.clone());
+        follow(
+            "service",
+            service_stream,
+            shutdown.clone(),
+            plan::fingerprint,
+            move |seen| match seen {
+                Seen::Changed(svc) | Seen::Unchanged(svc) => {
+                    let relevant = plan::wants_load_balancer(svc, &ctx.settings.classes)
+                        || plan::has_finalizer(svc);
+                    if (matches!(seen, Seen::Changed(_)) && relevant) || plan::needs_cleanup(svc) {
+                        ctx.queue
+                            .add((svc.namespace().unwrap_or_default(), svc.name_any()));
+                    }
+                }
+                Seen::Synced => {
+                    if let Some(mark) = synced.take() {
+                        mark();
+                    }
+                }
+                Seen::Deleted(_) => {}
+            },
+        )
     });
     // Nodes: only membership and provider ID changes matter; they wake the
     // debounced host pass.
@@ -132,38 +128,24 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             .default_backoff(),
     );
     tokio::spawn({
-        let (readiness, shutdown, nodes_changed, synced) =
-            (readiness, shutdown.clone(), nodes_changed.clone(), synced);
-        async move {
-            let mut seen = HashMap::new();
-            let mut stream = std::pin::pin!(node_stream);
-            loop {
-                let event =
-                    tokio::select! { e = stream.next() => e, _ = shutdown.cancelled() => return };
-                let changed = match event {
-                    Some(Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))) => {
-                        seen.insert(n.name_any(), plan::node_fingerprint(&n))
-                            != Some(plan::node_fingerprint(&n))
+        let nodes_changed = nodes_changed.clone();
+        let mut synced = Some(synced_once);
+        follow(
+            "node",
+            node_stream,
+            shutdown.clone(),
+            plan::node_fingerprint,
+            move |seen| match seen {
+                Seen::Changed(_) | Seen::Deleted(_) => nodes_changed.notify_one(),
+                Seen::Synced => {
+                    if let Some(mark) = synced.take() {
+                        mark();
                     }
-                    Some(Ok(watcher::Event::Delete(n))) => seen.remove(&n.name_any()).is_some(),
-                    Some(Ok(watcher::Event::InitDone)) => {
-                        if synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
-                            readiness.set(true);
-                        }
-                        true
-                    }
-                    Some(Ok(watcher::Event::Init)) => false,
-                    Some(Err(e)) => {
-                        tracing::warn!(error = %e, "node watch failed; retrying");
-                        false
-                    }
-                    None => return,
-                };
-                if changed {
                     nodes_changed.notify_one();
                 }
-            }
-        }
+                Seen::Unchanged(_) => {}
+            },
+        )
     });
 
     let task = tokio::spawn(run(ctx, nodes_changed, shutdown));
