@@ -19,9 +19,8 @@ use anyhow::Context as _;
 use ccm_runtime::controller::Base;
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use ccm_runtime::watch::{Seen, follow};
+use ccm_runtime::watch::{Seen, cached, follow};
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
@@ -51,7 +50,9 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     .await?;
     let readiness = base.readiness.clone();
     let nodes: Api<Node> = Api::all(base.client.clone());
-    let (store, writer) = reflector::store();
+    // The cache runs on every replica, so a standby is warm when it takes
+    // over; only a leader acts on what it sees.
+    let (store, stream) = cached(nodes.clone());
     let ctx = Arc::new(Context {
         nodes: nodes.clone(),
         store,
@@ -62,15 +63,6 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         settings,
         queue: WorkQueue::new(BACKOFF),
     });
-
-    // The cache runs on every replica, so a standby is warm when it takes
-    // over; only a leader queues work from it.
-    let stream = reflector(
-        writer,
-        watcher(nodes, watcher::Config::default())
-            .modify(|node| node.managed_fields_mut().clear())
-            .default_backoff(),
-    );
     tokio::spawn({
         let (ctx, readiness) = (ctx.clone(), readiness.clone());
         // Every write may need a sync (labels, taints), so no fingerprint.

@@ -721,12 +721,10 @@ async fn conflicting_writes_are_retried_and_the_node_still_initialises() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_reports_ready_once_the_node_cache_has_synced() {
     let env = TestEnv::start().await;
-    let c = start_controller(&env, Role::Node, &[]).await;
-    let addr = c.running.admin_addr;
-    eventually("/readyz 200", || async {
-        (ccm_testkit::env::http_get(addr, "/readyz").await.0 == 200).then_some(())
-    })
-    .await;
+    start_controller(&env, Role::Node, &[])
+        .await
+        .wait_ready()
+        .await;
 }
 
 #[test]

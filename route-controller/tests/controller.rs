@@ -469,11 +469,5 @@ fn a_bad_cluster_cidr_exits_non_zero_with_a_clear_message() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_reports_ready_once_the_caches_have_synced() {
     let env = TestEnv::start().await;
-    let c = start(&env, &[]).await;
-    let addr = c.running.admin_addr;
-    eventually("/readyz 200", || async {
-        (ccm_testkit::env::http_get(addr, "/readyz").await.0 == 200).then_some(())
-    })
-    .await;
-    assert_eq!(ccm_testkit::env::http_get(addr, "/livez").await.0, 200);
+    start(&env, &[]).await.wait_ready().await;
 }

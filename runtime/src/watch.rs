@@ -71,3 +71,28 @@ pub async fn follow<K, V>(
         }
     }
 }
+
+/// A cache of every `K` and the stream that fills it: managed fields are
+/// stripped (large clusters make them matter) and failures back off. Run
+/// the stream with [`follow`] on every replica, so standbys stay warm.
+pub fn cached<K>(
+    api: kube::Api<K>,
+) -> (
+    kube::runtime::reflector::Store<K>,
+    impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+)
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    use kube::ResourceExt;
+    use kube::runtime::WatchStreamExt;
+    let (store, writer) = kube::runtime::reflector::store();
+    let stream = kube::runtime::reflector(
+        writer,
+        watcher(api, watcher::Config::default())
+            .modify(|obj| obj.managed_fields_mut().clear())
+            .default_backoff(),
+    );
+    (store, stream)
+}

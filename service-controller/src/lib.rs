@@ -22,9 +22,8 @@ use anyhow::Context as _;
 use ccm_runtime::controller::Base;
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use ccm_runtime::watch::{Seen, follow};
+use ccm_runtime::watch::{Seen, cached, follow};
 use k8s_openapi::api::core::v1::{Node, Service};
-use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, ResourceExt};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -57,8 +56,8 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let readiness = base.readiness.clone();
     let client = base.client.clone();
 
-    let (services, service_writer) = reflector::store();
-    let (nodes, node_writer) = reflector::store();
+    let (services, service_stream) = cached(Api::<Service>::all(client.clone()));
+    let (nodes, node_stream) = cached(Api::<Node>::all(client.clone()));
     let ctx = Arc::new(Context {
         client: client.clone(),
         services,
@@ -74,15 +73,6 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let nodes_changed = Arc::new(Notify::new());
 
     // Services: a sync when what matters changed, or cleanup is due.
-    let service_stream = reflector(
-        service_writer,
-        watcher(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .modify(|s| s.managed_fields_mut().clear())
-        .default_backoff(),
-    );
     let synced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     // Readiness needs both caches; each stream's first sync counts once.
     let synced_once = {
@@ -121,12 +111,6 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     });
     // Nodes: only membership and provider ID changes matter; they wake the
     // debounced host pass.
-    let node_stream = reflector(
-        node_writer,
-        watcher(Api::<Node>::all(client), watcher::Config::default())
-            .modify(|n| n.managed_fields_mut().clear())
-            .default_backoff(),
-    );
     tokio::spawn({
         let nodes_changed = nodes_changed.clone();
         let mut synced = Some(synced_once);

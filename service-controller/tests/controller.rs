@@ -575,11 +575,5 @@ fn invalid_flags_exit_non_zero_listing_every_problem() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_reports_ready_once_the_caches_have_synced() {
     let env = TestEnv::start().await;
-    let c = start(&env, &[]).await;
-    let addr = c.running.admin_addr;
-    eventually("/readyz 200", || async {
-        (ccm_testkit::env::http_get(addr, "/readyz").await.0 == 200).then_some(())
-    })
-    .await;
-    assert_eq!(ccm_testkit::env::http_get(addr, "/livez").await.0, 200);
+    start(&env, &[]).await.wait_ready().await;
 }

@@ -219,6 +219,17 @@ impl TestController {
         http_get(self.running.admin_addr, "/metrics").await.1
     }
 
+    /// Waits until `/readyz` answers 200 (its caches synced), and checks
+    /// `/livez` too.
+    pub async fn wait_ready(&self) {
+        let addr = self.running.admin_addr;
+        eventually("/readyz 200", || async {
+            (http_get(addr, "/readyz").await.0 == 200).then_some(())
+        })
+        .await;
+        assert_eq!(http_get(addr, "/livez").await.0, 200);
+    }
+
     /// One sample of its metrics (see [`metric_value`]).
     pub async fn metric(&self, name: &str) -> f64 {
         metric_value(&self.metrics().await, name)
