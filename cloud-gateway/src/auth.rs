@@ -16,6 +16,8 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use tower::{Layer, Service};
 
+use crate::review::TokenReviewer;
+
 /// What a caller may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Role {
@@ -251,55 +253,75 @@ fn refuse(code: Code, reason: &str, message: String) -> Status {
     )
 }
 
-/// Checks the caller of every request against [`allowed_roles`].
-pub fn authorize(
-    tokens: &Tokens,
-    path: &str,
-    header: Option<&[u8]>,
-) -> Result<Option<Caller>, Status> {
-    let Some(roles) = allowed_roles(path) else {
-        return Ok(None);
-    };
-    let token = header
-        .and_then(|h| {
-            h.strip_prefix(b"Bearer ")
-                .or_else(|| h.strip_prefix(b"bearer "))
-        })
-        .ok_or_else(|| {
-            Status::unauthenticated("missing bearer token in the authorization header")
-        })?;
-    let caller = tokens
-        .caller(token)
-        .ok_or_else(|| Status::unauthenticated("unknown bearer token"))?;
-    if !roles.contains(&caller.role) {
-        return Err(refuse(
-            Code::PermissionDenied,
-            reason::ROLE_NOT_ALLOWED,
-            format!(
-                "role {} may not call {path}; allowed: {}",
-                caller.role.as_str(),
-                roles
-                    .iter()
-                    .map(|r| r.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ));
-    }
-    Ok(Some(caller.clone()))
+/// Who is asking: static tokens first, then (when configured) the
+/// Kubernetes API for ServiceAccount tokens.
+#[derive(Debug)]
+pub struct Authenticator {
+    tokens: Tokens,
+    reviewer: Option<TokenReviewer>,
 }
 
-/// The tower layer that runs [`authorize`] in front of every service.
+impl Authenticator {
+    /// Accepts `tokens`, and ServiceAccount tokens when `reviewer` is given.
+    pub fn new(tokens: Tokens, reviewer: Option<TokenReviewer>) -> Self {
+        Self { tokens, reviewer }
+    }
+
+    /// Checks the caller of a request to `path` against [`allowed_roles`];
+    /// `None` for the open services.
+    pub async fn authorize(
+        &self,
+        path: &str,
+        header: Option<&[u8]>,
+    ) -> Result<Option<Caller>, Status> {
+        let Some(roles) = allowed_roles(path) else {
+            return Ok(None);
+        };
+        let token = header
+            .and_then(|h| {
+                h.strip_prefix(b"Bearer ")
+                    .or_else(|| h.strip_prefix(b"bearer "))
+            })
+            .ok_or_else(|| {
+                Status::unauthenticated("missing bearer token in the authorization header")
+            })?;
+        let caller = match (self.tokens.caller(token), &self.reviewer) {
+            (Some(caller), _) => caller.clone(),
+            (None, Some(reviewer)) => reviewer.caller(token).await?,
+            (None, None) => return Err(Status::unauthenticated("unknown bearer token")),
+        };
+        if !roles.contains(&caller.role) {
+            return Err(refuse(
+                Code::PermissionDenied,
+                reason::ROLE_NOT_ALLOWED,
+                format!(
+                    "{} (role {}) may not call {path}; allowed: {}",
+                    caller.name,
+                    caller.role.as_str(),
+                    roles
+                        .iter()
+                        .map(|r| r.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        Ok(Some(caller))
+    }
+}
+
+/// The tower layer that runs [`Authenticator::authorize`] in front of every
+/// service.
 #[derive(Clone)]
 pub struct AuthLayer {
-    tokens: Arc<Tokens>,
+    auth: Arc<Authenticator>,
 }
 
 impl AuthLayer {
-    /// Checks calls against `tokens`.
-    pub fn new(tokens: Tokens) -> Self {
+    /// Checks calls with `auth`.
+    pub fn new(auth: Authenticator) -> Self {
         Self {
-            tokens: Arc::new(tokens),
+            auth: Arc::new(auth),
         }
     }
 }
@@ -310,7 +332,7 @@ impl<S> Layer<S> for AuthLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Auth {
             inner,
-            tokens: self.tokens.clone(),
+            auth: self.auth.clone(),
         }
     }
 }
@@ -319,14 +341,15 @@ impl<S> Layer<S> for AuthLayer {
 #[derive(Clone)]
 pub struct Auth<S> {
     inner: S,
-    tokens: Arc<Tokens>,
+    auth: Arc<Authenticator>,
 }
 
 impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for Auth<S>
 where
-    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
+    ReqBody: Send + 'static,
     ResBody: Default + Send + 'static,
 {
     type Response = S::Response;
@@ -338,22 +361,29 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<ReqBody>) -> Self::Future {
-        let header = req
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .map(|h| h.as_bytes());
-        match authorize(&self.tokens, req.uri().path(), header) {
-            Ok(caller) => {
-                if let Some(caller) = caller {
-                    req.extensions_mut().insert(caller);
+        // The service that was polled ready serves this request; a clone
+        // takes its place for the next one (tower's usual swap).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let auth = self.auth.clone();
+        Box::pin(async move {
+            let header = req
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .map(|h| h.as_bytes().to_vec());
+            match auth.authorize(req.uri().path(), header.as_deref()).await {
+                Ok(caller) => {
+                    if let Some(caller) = caller {
+                        req.extensions_mut().insert(caller);
+                    }
+                    inner.call(req).await
                 }
-                Box::pin(self.inner.call(req))
+                Err(status) => {
+                    tracing::debug!(path = req.uri().path(), code = ?status.code(), "call refused");
+                    Ok(status.into_http())
+                }
             }
-            Err(status) => {
-                tracing::debug!(path = req.uri().path(), code = ?status.code(), "call refused");
-                Box::pin(std::future::ready(Ok(status.into_http())))
-            }
-        }
+        })
     }
 }
 
@@ -363,9 +393,9 @@ mod tests {
 
     const FILE: &str = "tokens:\n  - {token: nnnnnnnnnnnnnnnnnnnn, role: node, name: node-controller}\n  - {token: aaaaaaaaaaaaaaaaaaaa, role: admin}\n";
 
-    #[test]
-    fn roles_reach_only_their_services() {
-        let tokens = Tokens::parse(FILE).unwrap();
+    #[tokio::test]
+    async fn roles_reach_only_their_services() {
+        let auth = Authenticator::new(Tokens::parse(FILE).unwrap(), None);
         let node = Some(&b"Bearer nnnnnnnnnnnnnnnnnnnn"[..]);
         let admin = Some(&b"Bearer aaaaaaaaaaaaaaaaaaaa"[..]);
         let cases = [
@@ -400,7 +430,9 @@ mod tests {
             ),
         ];
         for (path, header, want) in cases {
-            let got = authorize(&tokens, path, header)
+            let got = auth
+                .authorize(path, header)
+                .await
                 .map(|c| c.is_some())
                 .map_err(|s| s.code());
             assert_eq!(got, want, "{path}");

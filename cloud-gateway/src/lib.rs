@@ -11,6 +11,7 @@ pub mod grpc;
 pub mod lookup;
 pub mod metrics;
 pub mod provider;
+pub mod review;
 pub mod settings;
 
 use std::net::SocketAddr;
@@ -32,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
-use crate::auth::{AuthLayer, Tokens};
+use crate::auth::{AuthLayer, Authenticator, Tokens};
 use crate::budget::Budget;
 use crate::cloud::Cloud;
 use crate::grpc::{
@@ -43,6 +44,7 @@ use crate::metrics::Metrics;
 use crate::provider::Provider;
 use crate::provider::sim::SimCloud;
 use crate::provider::sim::admin::SimAdminService;
+use crate::review::TokenReviewer;
 use crate::settings::{ProviderKind, Settings};
 
 pub use crate::settings::Args;
@@ -97,8 +99,24 @@ impl Gateway {
         let cloud = Arc::new(Cloud::new(provider.clone(), budget, metrics.clone()));
         let lookups = InstanceLookups::start(cloud.clone(), settings.lookups.clone());
 
+        let reviewer = match &settings.service_accounts {
+            None => None,
+            Some(sa) => {
+                let client = ccm_runtime::kube::client(sa.kubeconfig.as_deref())
+                    .await
+                    .context("a Kubernetes client for TokenReview")?;
+                tracing::info!(
+                    audience = %sa.audience,
+                    accounts = sa.roles.len(),
+                    "ServiceAccount tokens are checked with TokenReview"
+                );
+                Some(TokenReviewer::new(client, sa.clone()))
+            }
+        };
         let (tokens, token_files) = match settings.tokens.clone() {
             Some(tokens) => (tokens, Vec::new()),
+            // ServiceAccounts alone: no static token at all.
+            None if reviewer.is_some() => (Tokens::default(), Vec::new()),
             None => {
                 let dir = settings.state_dir.join("tokens");
                 let (tokens, files) = Tokens::generate(&dir)
@@ -153,7 +171,7 @@ impl Gateway {
         let router = server
             .tcp_nodelay(true)
             .layer(MetricsLayer::new(metrics))
-            .layer(AuthLayer::new(tokens))
+            .layer(AuthLayer::new(Authenticator::new(tokens, reviewer)))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)

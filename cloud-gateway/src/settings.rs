@@ -15,6 +15,7 @@ use crate::auth::Tokens;
 use crate::budget::BudgetConfig;
 use crate::lookup::LookupConfig;
 use crate::provider::sim::SimConfig;
+use crate::review::ServiceAccountAuth;
 
 /// The cloud gateway: the only component of the cloud controller manager
 /// that talks to the cloud.
@@ -44,6 +45,22 @@ pub struct Args {
     /// YAML file of bearer tokens and roles; without it, one token per role is generated into <state-dir>/tokens/.
     #[arg(long, env = "CLOUD_GATEWAY_TOKENS_FILE")]
     pub tokens_file: Option<String>,
+    /// ServiceAccounts allowed in and their roles, comma-separated <namespace>/<name>=<role>; their projected tokens are checked with the Kubernetes TokenReview API.
+    #[arg(long, env = "CLOUD_GATEWAY_SERVICE_ACCOUNT_ROLES")]
+    pub service_account_roles: Option<String>,
+    /// The audience ServiceAccount tokens must be bound to.
+    #[arg(
+        long,
+        env = "CLOUD_GATEWAY_TOKEN_AUDIENCE",
+        default_value = "cloud-gateway"
+    )]
+    pub token_audience: String,
+    /// How long an accepted ServiceAccount token is trusted before it is reviewed again.
+    #[arg(long, default_value = "30s")]
+    pub token_review_cache_ttl: String,
+    /// Kubeconfig for TokenReview; without it, $KUBECONFIG or the in-cluster config.
+    #[arg(long)]
+    pub kubeconfig: Option<String>,
     /// The cloud provider.
     #[arg(long, env = "CLOUD_GATEWAY_PROVIDER", default_value = "sim")]
     pub provider: String,
@@ -120,8 +137,11 @@ pub struct Settings {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub state_dir: PathBuf,
-    /// Tokens from `--tokens-file`; `None` generates them.
+    /// Tokens from `--tokens-file`; `None` generates them unless
+    /// ServiceAccounts are configured.
     pub tokens: Option<Tokens>,
+    /// ServiceAccount token authentication, when roles are configured.
+    pub service_accounts: Option<ServiceAccountAuth>,
     pub provider: ProviderKind,
     pub log_format: LogFormat,
     pub log_level: String,
@@ -207,6 +227,26 @@ impl Settings {
                 }
             },
         };
+        let review_ttl = p.parse(
+            "token-review-cache-ttl",
+            &args.token_review_cache_ttl,
+            parse_duration,
+        );
+        if args.token_audience.trim().is_empty() {
+            p.push("token-audience", "must not be empty");
+        }
+        let roles = match args.service_account_roles.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(text) => match ServiceAccountAuth::parse_roles(text) {
+                Ok(roles) => Some(roles),
+                Err(problems) => {
+                    for problem in problems {
+                        p.push("service-account-roles", problem);
+                    }
+                    None
+                }
+            },
+        };
         let tls = match (&args.tls_cert, &args.tls_key) {
             (None, None) => None,
             (Some(cert), Some(key)) => {
@@ -277,6 +317,12 @@ impl Settings {
             admin_listen: admin_listen.expect("checked"),
             state_dir: PathBuf::from(&args.state_dir),
             tokens,
+            service_accounts: roles.map(|roles| ServiceAccountAuth {
+                roles,
+                audience: args.token_audience.trim().to_owned(),
+                cache_ttl: review_ttl.expect("checked"),
+                kubeconfig: args.kubeconfig.as_ref().map(PathBuf::from),
+            }),
             provider: provider.expect("checked"),
             log_format: log_format.expect("checked"),
             log_level: args.log_level.clone(),
@@ -340,6 +386,10 @@ mod tests {
             "cloudy",
             "--sim-lb-pool",
             "300.0.0.0/8",
+            "--service-account-roles",
+            "kube-system/ccm-node-controller=wizard",
+            "--token-review-cache-ttl",
+            "soon",
         ])
         .unwrap_err();
         let keys: Vec<_> = problems
@@ -354,6 +404,8 @@ mod tests {
             "cache-ttl",
             "coalesce",
             "sim-lb-pool",
+            "service-account-roles",
+            "token-review-cache-ttl",
         ] {
             assert!(
                 keys.iter().any(|k| k == key),

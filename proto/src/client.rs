@@ -150,6 +150,19 @@ struct Token {
 }
 
 impl Token {
+    /// Forgets the token read from a file, so the next call reads it again:
+    /// a rotated token is picked up at once instead of after the refresh
+    /// interval. Returns whether there was anything to forget.
+    fn forget(&self) -> bool {
+        matches!(self.source, TokenSource::File(_))
+            && self
+                .cached
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .is_some()
+    }
+
     fn header(&self) -> Result<MetadataValue<tonic::metadata::Ascii>> {
         let token = match &self.source {
             TokenSource::Static(token) => token.clone(),
@@ -234,6 +247,7 @@ impl GatewayClient {
         Fut: Future<Output = std::result::Result<Response<Resp>, Status>>,
     {
         let mut attempt = 1;
+        let mut reread = false;
         loop {
             let mut request = Request::new(req.clone());
             request.set_timeout(self.timeout);
@@ -258,6 +272,12 @@ impl GatewayClient {
                 Ok(Err(status)) => Error::from_status(status),
                 Err(_) => deadline_exceeded(self.timeout),
             };
+            // A refused token may have been rotated on disk since it was
+            // read: read it again and retry once.
+            if matches!(err, Error::Unauthenticated { .. }) && !reread && self.token.forget() {
+                reread = true;
+                continue;
+            }
             let Some(delay) = self.retry.delay_after(&err, attempt) else {
                 return Err(err);
             };

@@ -93,14 +93,6 @@ pub struct Common {
     pub log_level: String,
 }
 
-fn is_dns_label(s: &str) -> bool {
-    (1..=63).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
 impl CommonArgs {
     /// Checks every shared setting; `default_admin` and `default_lease`
     /// are the controller's own defaults.
@@ -110,7 +102,7 @@ impl CommonArgs {
         default_admin: &str,
         default_lease: &str,
     ) -> Option<Common> {
-        if !is_dns_label(&self.cluster_name) {
+        if !crate::names::is_dns_label(&self.cluster_name) {
             p.push(
                 "cluster-name",
                 format!(

@@ -53,3 +53,18 @@ pub const MANAGER_NODE_CONTROLLER: &str = "ccm-node-controller";
 pub const MANAGER_SERVICE_CONTROLLER: &str = "ccm-service-controller";
 /// Field manager of the route controller's writes.
 pub const MANAGER_ROUTE_CONTROLLER: &str = "ccm-route-controller";
+
+/// Whether `s` is an RFC 1123 DNS label (namespaces, Service names, cluster
+/// names).
+pub fn is_dns_label(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Whether `s` is an RFC 1123 DNS subdomain (most object names).
+pub fn is_dns_subdomain(s: &str) -> bool {
+    (1..=253).contains(&s.len()) && s.split('.').all(is_dns_label)
+}

@@ -18,6 +18,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
+use crate::apiserver::{TokenEntry, TokenUser};
 use crate::fixtures::{self, node};
 
 /// What to start.
@@ -29,6 +30,42 @@ pub struct Options {
     pub replicas: usize,
     /// Where the binaries are (the directory of the running executable).
     pub bin_dir: PathBuf,
+    /// Manifests whose RBAC the API server enforces (the chart, rendered
+    /// with release `ccm` in `kube-system`); without it every identity may
+    /// do anything.
+    pub rbac: Option<PathBuf>,
+}
+
+/// The release name and namespace the sandbox plays: its identities are the
+/// chart's ServiceAccounts `ccm-<component>` in `kube-system`.
+pub const RELEASE: &str = "ccm";
+pub const NAMESPACE: &str = "kube-system";
+/// The audience of the controllers' gateway tokens, as in the chart.
+pub const GATEWAY_AUDIENCE: &str = "cloud-gateway";
+/// The components, each with its gateway role.
+const COMPONENTS: [(&str, &str); 4] = [
+    ("cloud-gateway", "admin"),
+    ("node-controller", "node"),
+    ("service-controller", "service"),
+    ("route-controller", "route"),
+];
+
+/// The chart's ServiceAccount of a component (binary name).
+pub fn service_account(binary: &str) -> String {
+    let component = if binary == "cloud-gateway" {
+        "gateway"
+    } else {
+        binary
+    };
+    format!("{RELEASE}-{component}")
+}
+
+fn random_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
 }
 
 /// A running sandbox; its processes stop when it is dropped.
@@ -164,18 +201,26 @@ impl Sandbox {
             children: Vec::new(),
         };
         let api_port = free_port()?;
-        sandbox.spawn(
-            "kube-test-apiserver",
-            "kube-test-apiserver",
-            &[
-                "--listen".into(),
-                addr(api_port).to_string(),
-                "--kubeconfig".into(),
-                kubeconfig.display().to_string(),
-            ],
-        )?;
+        let api_url = format!("http://{}", addr(api_port));
+        let tokens = sandbox.identities(&api_url)?;
+        let mut api_args = vec![
+            "--listen".into(),
+            addr(api_port).to_string(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+            "--tokens".into(),
+            tokens.display().to_string(),
+        ];
+        if let Some(policy) = &sandbox.options.rbac {
+            api_args.extend(["--rbac".into(), policy.display().to_string()]);
+        }
+        sandbox.spawn("kube-test-apiserver", "kube-test-apiserver", &api_args)?;
         let (grpc, admin) = (free_port()?, free_port()?);
         let gateway_dir = state.join("gateway");
+        let roles: Vec<String> = COMPONENTS[1..]
+            .iter()
+            .map(|(binary, role)| format!("{NAMESPACE}/{}={role}", service_account(binary)))
+            .collect();
         sandbox.spawn(
             "cloud-gateway",
             "cloud-gateway",
@@ -186,6 +231,14 @@ impl Sandbox {
                 addr(admin).to_string(),
                 "--state-dir".into(),
                 gateway_dir.display().to_string(),
+                "--kubeconfig".into(),
+                state.join("kubeconfig-cloud-gateway").display().to_string(),
+                "--service-account-roles".into(),
+                roles.join(","),
+                "--token-audience".into(),
+                GATEWAY_AUDIENCE.into(),
+                "--tokens-file".into(),
+                state.join("gateway-tokens.yaml").display().to_string(),
             ],
         )?;
         sandbox.gateway = format!("http://{}", addr(grpc));
@@ -203,10 +256,9 @@ impl Sandbox {
             .insert("gateway_admin".into(), format!("http://{}", addr(admin)));
         sandbox.endpoints.insert(
             "admin_token_file".into(),
-            gateway_dir.join("tokens/admin.token").display().to_string(),
+            state.join("tokens/admin.token").display().to_string(),
         );
         wait_for_file(&kubeconfig).await?;
-        wait_for_file(&gateway_dir.join("tokens/route.token")).await?;
         let controllers = [
             ("node-controller", "node", vec![]),
             ("service-controller", "service", vec![]),
@@ -222,11 +274,14 @@ impl Sandbox {
                 let name = format!("{binary}-{replica}");
                 let mut args = vec![
                     "--kubeconfig".to_owned(),
-                    kubeconfig.display().to_string(),
+                    state
+                        .join(format!("kubeconfig-{binary}"))
+                        .display()
+                        .to_string(),
                     "--gateway-address".into(),
                     sandbox.gateway.clone(),
                     "--gateway-token-file".into(),
-                    gateway_dir
+                    state
                         .join(format!("tokens/{role}.token"))
                         .display()
                         .to_string(),
@@ -251,6 +306,59 @@ impl Sandbox {
             serde_json::to_string_pretty(&sandbox.endpoints)?,
         )?;
         Ok(sandbox)
+    }
+
+    /// Makes the identities a cluster would give the chart's pods: per
+    /// component a ServiceAccount token for the API (in
+    /// `kubeconfig-<binary>`) and, for controllers, a token bound to the
+    /// gateway's audience (in `tokens/<role>.token`), which the gateway
+    /// checks with TokenReview as in a cluster. The admin's gateway token is
+    /// a static one. Returns the API server's tokens file.
+    fn identities(&self, api_url: &str) -> anyhow::Result<PathBuf> {
+        let state = &self.options.state_dir;
+        std::fs::create_dir_all(state.join("tokens"))?;
+        let mut entries = Vec::new();
+        for (binary, role) in COMPONENTS {
+            let account = service_account(binary);
+            let api_token = random_token();
+            std::fs::write(
+                state.join(format!("kubeconfig-{binary}")),
+                crate::apiserver::kubeconfig(api_url, &account, &api_token),
+            )?;
+            entries.push(TokenEntry {
+                token: api_token,
+                user: TokenUser::service_account(NAMESPACE, &account, &[]),
+            });
+            let gateway_token = random_token();
+            std::fs::write(state.join(format!("tokens/{role}.token")), &gateway_token)?;
+            if role == "admin" {
+                std::fs::write(
+                    state.join("gateway-tokens.yaml"),
+                    format!(
+                        "tokens:\n  - {{token: {gateway_token}, role: admin, name: sandbox-admin}}\n"
+                    ),
+                )?;
+            } else {
+                entries.push(TokenEntry {
+                    token: gateway_token,
+                    user: TokenUser::service_account(NAMESPACE, &account, &[GATEWAY_AUDIENCE]),
+                });
+            }
+        }
+        let path = state.join("apiserver-tokens.yaml");
+        std::fs::write(&path, serde_norway::to_string(&entries)?)?;
+        Ok(path)
+    }
+
+    /// What the API server's RBAC refused and which grants went unused
+    /// (`GET /debug/rbac`); `None` without `options.rbac`.
+    pub async fn rbac_report(&self) -> anyhow::Result<Option<serde_json::Value>> {
+        if self.options.rbac.is_none() {
+            return Ok(None);
+        }
+        let client = self.client().await?;
+        let request = http::Request::get("/debug/rbac").body(Vec::new())?;
+        Ok(Some(client.request::<serde_json::Value>(request).await?))
     }
 
     /// A kube client for the sandbox's API server.

@@ -89,12 +89,17 @@ mod scenarios {
             .parent()
             .unwrap()
             .to_path_buf();
+        // Every scenario runs under the chart's RBAC: each process has its
+        // ServiceAccount's identity and may do only what the chart grants.
+        let policy = dir.path().join("chart.yaml");
+        ccm_testkit::chart::render_to(&policy, &[]).unwrap();
         let options = Options {
             state_dir: dir.path().join("state"),
             nodes,
             services,
             replicas: 2,
             bin_dir,
+            rbac: Some(policy),
         };
         let sandbox = Sandbox::start(options).await.unwrap();
         sandbox.populate().await.unwrap();
@@ -106,6 +111,18 @@ mod scenarios {
             }
         });
         (sandbox, kubelets, dir)
+    }
+
+    /// Stops the sandbox, failing the scenario if RBAC refused anything.
+    async fn finish(sandbox: Sandbox, kubelets: tokio::task::JoinHandle<()>) {
+        kubelets.abort();
+        let report = sandbox.rbac_report().await.unwrap().expect("RBAC is on");
+        sandbox.stop().await;
+        assert_eq!(
+            report["denied"],
+            serde_json::json!([]),
+            "requests the chart's RBAC refused"
+        );
     }
 
     async fn until(handle: &Handle, what: &str, check: impl Fn(&Progress) -> bool) -> Progress {
@@ -170,8 +187,7 @@ mod scenarios {
             p.routes == 3 && p.nodes == 3
         })
         .await;
-        kubelets.abort();
-        sandbox.stop().await;
+        finish(sandbox, kubelets).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,8 +228,7 @@ mod scenarios {
             .await
             .unwrap();
         until(&h, "a second ingress IP", |p| p.ips.len() == 2).await;
-        kubelets.abort();
-        sandbox.stop().await;
+        finish(sandbox, kubelets).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,8 +266,7 @@ mod scenarios {
             .list_instances(ccm_proto::v1::ListInstancesRequest {})
             .await;
         assert_eq!(sim.unwrap_err().code(), tonic::Code::PermissionDenied);
-        kubelets.abort();
-        sandbox.stop().await;
+        finish(sandbox, kubelets).await;
     }
 
     async fn create_services(client: &kube::Client, names: impl IntoIterator<Item = String>) {
@@ -328,8 +342,7 @@ mod scenarios {
         sandbox.restart("cloud-gateway").unwrap();
         until(&h, "50 ingress IPs", |p| p.ips.len() == 50).await;
         exactly_one_load_balancer_each(&h, &client).await;
-        kubelets.abort();
-        sandbox.stop().await;
+        finish(sandbox, kubelets).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -398,7 +411,169 @@ mod scenarios {
             (3, 3),
             "no healthy node deleted, no route leaked"
         );
+        finish(sandbox, kubelets).await;
+    }
+
+    /// Waits until the event `reason` has repeated (the recorder then
+    /// patches its series instead of creating a new event).
+    async fn until_repeated(client: &kube::Client, reason: &str) {
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+        let start = Instant::now();
+        loop {
+            let list = events.list(&Default::default()).await.unwrap();
+            if list
+                .items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some(reason) && e.series.is_some())
+            {
+                return;
+            }
+            assert!(start.elapsed() < LIMIT, "{reason} never repeated");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn until_true(what: &str, mut check: impl AsyncFnMut() -> bool) {
+        let start = Instant::now();
+        while !check().await {
+            assert!(start.elapsed() < LIMIT, "{what}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Least privilege, both ways: every code path of every controller runs
+    /// under the chart's RBAC (initialisation, label repair, shutdown taint,
+    /// the deletion safeguard, deletion, load balancers with failures and
+    /// deletion, routes with failures, leader leases, TokenReview), nothing
+    /// is refused, and every (rule, verb, resource) the chart grants was
+    /// used by some request.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_chart_grants_exactly_what_the_controllers_use() {
+        let (sandbox, kubelets, _dir) = start(4, 1).await;
+        let h = sandbox.handle();
+        let client = sandbox.client().await.unwrap();
+        let mut sim = h.gateway_client("admin").unwrap().sim_admin().unwrap();
+        let failing = |ops: &[&str]| ccm_proto::v1::Faults {
+            error_rate_by_operation: ops.iter().map(|o| (o.to_string(), 1.0)).collect(),
+            ..Default::default()
+        };
+
+        // Cloud failures: route and load balancer errors repeat as events.
+        sim.set_faults(failing(&["create_route", "ensure_load_balancer"]))
+            .await
+            .unwrap();
+        until_repeated(&client, "FailedToCreateRoute").await;
+        until_repeated(&client, "SyncLoadBalancerFailed").await;
+        sim.set_faults(ccm_proto::v1::Faults::default())
+            .await
+            .unwrap();
+        until(&h, "convergence", |p| p.converged(&sandbox.options)).await;
+
+        // A node that lost its GA zone label gets it back from the beta one.
+        let nodes: Api<Node> = Api::all(client.clone());
+        let zone = "topology.kubernetes.io/zone";
+        nodes
+            .patch(
+                "node-0",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {zone: null}}})),
+            )
+            .await
+            .unwrap();
+        until_true("zone label restored", async || {
+            let n = nodes.get("node-0").await.unwrap();
+            n.metadata.labels.unwrap_or_default().contains_key(zone)
+        })
+        .await;
+
+        // A kubelet that reported no InternalIP: initialisation writes the
+        // cloud's addresses into the node's status.
+        sim.create_instance(ccm_proto::v1::CreateInstanceRequest {
+            name: "node-4".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let bare = ccm_testkit::fixtures::node("node-4")
+            .uninitialized()
+            .address("Hostname", "node-4")
+            .ready()
+            .build();
+        let status = bare.status.clone();
+        nodes.create(&PostParams::default(), &bare).await.unwrap();
+        nodes
+            .patch_status(
+                "node-4",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({"status": status})),
+            )
+            .await
+            .unwrap();
+        until_true("cloud addresses written", async || {
+            let n = nodes.get("node-4").await.unwrap();
+            n.status
+                .and_then(|s| s.addresses)
+                .unwrap_or_default()
+                .iter()
+                .any(|a| a.type_ == "InternalIP")
+        })
+        .await;
+
+        // A stopped instance: its node gets the shutdown taint.
+        sim.stop_instance(InstanceId {
+            id: "node-1".into(),
+        })
+        .await
+        .unwrap();
+        until_true("shutdown taint", async || {
+            let n = nodes.get("node-1").await.unwrap();
+            n.spec
+                .and_then(|s| s.taints)
+                .unwrap_or_default()
+                .iter()
+                .any(|t| t.key == "node.cloudprovider.kubernetes.io/shutdown")
+        })
+        .await;
+
+        // Three of four instances gone at once: the safeguard holds the
+        // deletions back, warning on every pass.
+        for id in ["node-1", "node-2", "node-3"] {
+            sim.terminate_instance(InstanceId { id: id.into() })
+                .await
+                .unwrap();
+        }
+        until_repeated(&client, "NodeDeletionHeldBack").await;
+        // Two removed by hand: one of two left gone, below the safeguard's
+        // minimum, so the controller deletes it.
+        for name in ["node-2", "node-3"] {
+            nodes.delete(name, &DeleteParams::default()).await.unwrap();
+        }
+        until_true("node-1 deleted", async || {
+            nodes.get_opt("node-1").await.unwrap().is_none()
+        })
+        .await;
+
+        // A deleted Service: load balancer, status and finalizer go.
+        Api::<Service>::namespaced(client.clone(), "default")
+            .delete("demo", &DeleteParams::default())
+            .await
+            .unwrap();
+        until_true("load balancer deleted", async || lbs(&h).await == 0).await;
+        until(&h, "routes follow the nodes", |p| p.routes == 1).await;
+
+        let report = sandbox.rbac_report().await.unwrap().expect("RBAC is on");
         kubelets.abort();
         sandbox.stop().await;
+        assert_eq!(
+            report["denied"],
+            serde_json::json!([]),
+            "refused: {report:#}"
+        );
+        assert_eq!(
+            report["unused"],
+            serde_json::json!([]),
+            "the chart grants what no controller used: {report:#}"
+        );
+        assert!(report["roles"].as_u64().unwrap() >= 7, "{report}");
     }
 }

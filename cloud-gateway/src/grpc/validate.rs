@@ -8,6 +8,7 @@ use ccm_proto::v1::{
     Host, IpFamily, LoadBalancerSpec, NodeAddress, NodeAddressType, NodeRef, Protocol, Route,
     ServiceRef, SessionAffinity, TrafficPolicy,
 };
+use ccm_runtime::names::{is_dns_label, is_dns_subdomain};
 use ipnet::IpNet;
 
 use crate::provider::CloudError;
@@ -24,18 +25,6 @@ const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
 /// Problems found in one request.
 #[derive(Debug, Default)]
 pub struct Violations(Vec<(String, String)>);
-
-fn is_dns_label(s: &str) -> bool {
-    (1..=63).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    (1..=253).contains(&s.len()) && s.split('.').all(is_dns_label)
-}
 
 impl Violations {
     /// Records a problem with `field`.

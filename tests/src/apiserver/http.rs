@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::Shared;
 use super::patch::strategic_merge;
+use super::rbac;
 use super::resources::{self, RESOURCES, Resource};
 use super::schema::{self, FieldValidation};
 use super::selectors::Selector;
@@ -108,6 +109,10 @@ pub async fn handle(
     let path = uri.path().trim_end_matches('/');
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let response = match segs.as_slice() {
+        ["debug", "rbac"] => shared
+            .rbac_report()
+            .map(|report| json_response(200, &report))
+            .ok_or_else(|| ApiError::new(404, "NotFound", "RBAC is not enforced")),
         ["version"] => Ok(json_response(200, &version())),
         ["healthz"] | ["livez"] | ["readyz"] => Ok((StatusCode::OK, "ok").into_response()),
         ["api"] => Ok(json_response(
@@ -198,6 +203,22 @@ fn resource_list(group: &str, version: &str) -> Value {
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out})
 }
 
+/// The RBAC verb of a request.
+fn verb(method: &Method, named: bool, q: &HashMap<String, String>) -> &'static str {
+    let watching = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
+    match (method.as_str(), named) {
+        ("GET", _) if watching => "watch",
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => "unknown",
+    }
+}
+
 fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(body)
         .or_else(|_| serde_norway::from_slice(body))
@@ -244,6 +265,20 @@ async fn dispatch(
             "namespaced resources are addressed in a namespace",
         ));
     }
+    let user = shared.authenticate(headers)?;
+    shared.authorize(
+        user.as_ref(),
+        &rbac::Attributes {
+            verb: verb(&method, t.name.is_some(), &q).to_owned(),
+            group: group.to_owned(),
+            resource: match &t.sub {
+                Some(sub) => format!("{}/{sub}", resource.plural),
+                None => resource.plural.to_owned(),
+            },
+            namespace: t.namespace.clone(),
+            name: t.name.clone(),
+        },
+    )?;
     let ns = t.namespace.clone().unwrap_or_default();
     let status = t.sub.is_some();
     let mode = FieldValidation::parse(q.get("fieldValidation").map(String::as_str));

@@ -6,6 +6,7 @@
 mod events;
 mod http;
 pub mod patch;
+pub mod rbac;
 pub mod resources;
 pub mod schema;
 pub mod selectors;
@@ -25,17 +26,74 @@ use tokio::task::JoinHandle;
 pub use self::store::{ApiError, Store};
 
 /// A user a bearer token stands for, as TokenReview reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct TokenUser {
     pub username: String,
+    #[serde(default)]
     pub uid: String,
+    #[serde(default)]
     pub groups: Vec<String>,
     /// The audiences the token is bound to; empty means the server's own.
+    #[serde(default)]
     pub audiences: Vec<String>,
+}
+
+impl TokenUser {
+    /// A ServiceAccount's token bound to `audiences` (the API server's
+    /// own when empty), with the groups a real server gives it.
+    pub fn service_account(namespace: &str, name: &str, audiences: &[&str]) -> Self {
+        Self {
+            username: format!("system:serviceaccount:{namespace}:{name}"),
+            uid: format!("{namespace}-{name}"),
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{namespace}"),
+            ],
+            audiences: audiences.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+}
+
+/// One entry of a tokens file (`--tokens`).
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
+pub struct TokenEntry {
+    pub token: String,
+    #[serde(flatten)]
+    pub user: TokenUser,
+}
+
+/// Every document of a multi-document YAML (or JSON) text; lists
+/// (`kind: List`) are opened up.
+pub fn documents(text: &str) -> Result<Vec<Value>, String> {
+    use serde::Deserialize;
+    let mut out = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(text) {
+        let v = Value::deserialize(doc).map_err(|e| e.to_string())?;
+        match v {
+            Value::Null => {}
+            Value::Object(ref o) if o.get("kind").and_then(Value::as_str) == Some("List") => {
+                out.extend(o["items"].as_array().cloned().unwrap_or_default())
+            }
+            v => out.push(v),
+        }
+    }
+    Ok(out)
 }
 
 /// The audience tokens get when none is named.
 pub const DEFAULT_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// The token of the `admin` user (group `system:masters`) in the
+/// kubeconfigs the server writes.
+pub const ADMIN_TOKEN: &str = "test-admin";
+
+/// A kubeconfig for `server` that presents `token` as `user`.
+pub fn kubeconfig(server: &str, user: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: {user}\n    namespace: default\ncurrent-context: test\n"
+    )
+}
 
 /// Settings of a test server.
 #[derive(Clone, Debug)]
@@ -65,11 +123,80 @@ pub(crate) struct Shared {
     /// Bumped to end every open watch.
     pub disconnect: tokio::sync::watch::Sender<u64>,
     tokens: Mutex<HashMap<String, TokenUser>>,
+    token_reviews: std::sync::atomic::AtomicU64,
+    /// Enforced once policy is loaded; until then every request passes.
+    rbac: Mutex<Option<rbac::Rbac>>,
 }
 
 impl Shared {
+    /// Who sent a request: `Ok(None)` while RBAC is off (everyone may do
+    /// anything), 401 for a missing or unknown token once it is on. Only
+    /// tokens bound to the API server's own audience count here.
+    pub fn authenticate(
+        &self,
+        headers: &axum::http::HeaderMap,
+    ) -> Result<Option<rbac::User>, ApiError> {
+        if self
+            .rbac
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let unauthorized = || ApiError::new(401, "Unauthorized", "Unauthorized");
+        let token = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(unauthorized)?;
+        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        let user = tokens.get(token).ok_or_else(unauthorized)?;
+        if !user.audiences.is_empty() && !user.audiences.iter().any(|a| a == DEFAULT_AUDIENCE) {
+            return Err(unauthorized());
+        }
+        let mut groups = user.groups.clone();
+        groups.push("system:authenticated".into());
+        Ok(Some(rbac::User {
+            username: user.username.clone(),
+            groups,
+        }))
+    }
+
+    /// Checks `a` for `user` against the loaded policy (403 if refused).
+    pub fn authorize(
+        &self,
+        user: Option<&rbac::User>,
+        a: &rbac::Attributes,
+    ) -> Result<(), ApiError> {
+        let mut guard = self.rbac.lock().unwrap_or_else(|e| e.into_inner());
+        let (Some(user), Some(policy)) = (user, guard.as_mut()) else {
+            return Ok(());
+        };
+        if policy.authorize(user, a) {
+            return Ok(());
+        }
+        tracing::warn!(user = %user.username, verb = %a.verb, resource = %a.resource, namespace = ?a.namespace, name = ?a.name, "forbidden");
+        Err(ApiError::new(
+            403,
+            "Forbidden",
+            rbac::forbidden_message(user, a),
+        ))
+    }
+
+    /// The RBAC report (see [`rbac::Rbac::report`]), if RBAC is on.
+    pub fn rbac_report(&self) -> Option<Value> {
+        self.rbac
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(rbac::Rbac::report)
+    }
+
     /// Answers a TokenReview from the registered tokens.
     pub fn token_review(&self, mut review: Value) -> Value {
+        self.token_reviews
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let token = review["spec"]["token"]
             .as_str()
             .unwrap_or_default()
@@ -153,7 +280,17 @@ impl ApiServer {
             address: addr.to_string(),
             bookmark_interval: config.bookmark_interval,
             disconnect: tokio::sync::watch::channel(0).0,
-            tokens: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(HashMap::from([(
+                ADMIN_TOKEN.to_owned(),
+                TokenUser {
+                    username: "admin".into(),
+                    uid: "admin".into(),
+                    groups: vec!["system:masters".into()],
+                    audiences: Vec::new(),
+                },
+            )])),
+            token_reviews: Default::default(),
+            rbac: Mutex::new(None),
         });
         let app = axum::Router::new()
             .fallback(http::handle)
@@ -187,6 +324,23 @@ impl ApiServer {
         self.shared.disconnect.send_modify(|n| *n += 1);
     }
 
+    /// Makes TokenReview refuse `token` from now on, as when its pod or
+    /// ServiceAccount is deleted.
+    pub fn revoke_token(&self, token: &str) {
+        self.shared
+            .tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(token);
+    }
+
+    /// How many TokenReviews were answered.
+    pub fn token_reviews(&self) -> u64 {
+        self.shared
+            .token_reviews
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Makes TokenReview accept `token` as `user`.
     pub fn register_token(&self, token: impl Into<String>, user: TokenUser) {
         self.shared
@@ -196,12 +350,22 @@ impl ApiServer {
             .insert(token.into(), user);
     }
 
-    /// A kubeconfig for this server, as YAML.
+    /// Turns RBAC on with the Roles, ClusterRoles and bindings among
+    /// `objects`: from now on every request needs a known token, and only
+    /// `system:masters` (the admin token) or a granted rule gets through.
+    pub fn enforce_rbac(&self, objects: &[Value]) {
+        *self.shared.rbac.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(rbac::Rbac::from_objects(objects));
+    }
+
+    /// What RBAC refused and which grants went unused; `None` while off.
+    pub fn rbac_report(&self) -> Option<Value> {
+        self.shared.rbac_report()
+    }
+
+    /// A kubeconfig for this server with the admin token, as YAML.
     pub fn kubeconfig(&self) -> String {
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\nusers:\n- name: admin\n  user:\n    token: test-admin\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: admin\n    namespace: default\ncurrent-context: test\n",
-            self.url()
-        )
+        kubeconfig(&self.url(), "admin", ADMIN_TOKEN)
     }
 
     /// Writes [`Self::kubeconfig`] to `path`.
@@ -209,9 +373,10 @@ impl ApiServer {
         std::fs::write(path, self.kubeconfig())
     }
 
-    /// A kube client for this server.
+    /// A kube client for this server, as the admin.
     pub async fn client(&self) -> kube::Result<kube::Client> {
-        let config = kube::Config::new(self.url().parse().expect("valid URL"));
+        let mut config = kube::Config::new(self.url().parse().expect("valid URL"));
+        config.auth_info.token = Some(ADMIN_TOKEN.to_owned().into());
         kube::Client::try_from(config)
     }
 }

@@ -1,10 +1,11 @@
-//! `kube-test-apiserver --listen ADDR --kubeconfig FILE`: a Kubernetes API
+//! `kube-test-apiserver --listen ADDR --kubeconfig FILE [--tokens FILE] [--rbac FILE]`: a Kubernetes API
 //! server for tests, the sandbox and people, in memory.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use ccm_testkit::apiserver::{ApiServer, Config};
+use anyhow::Context as _;
+use ccm_testkit::apiserver::{ApiServer, Config, TokenEntry, documents};
 use clap::Parser;
 
 /// A Kubernetes API server in memory, for tests and the local sandbox.
@@ -14,9 +15,19 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:6443")]
     listen: SocketAddr,
-    /// Where to write a kubeconfig for this server.
+    /// Where to write a kubeconfig for this server (admin user).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// YAML list of bearer tokens: {token, username, uid, groups, audiences}.
+    /// They authenticate requests (when bound to the server's audience) and
+    /// answer TokenReviews.
+    #[arg(long)]
+    tokens: Option<PathBuf>,
+    /// Enforce RBAC with the Roles, ClusterRoles and bindings in these
+    /// manifests (multi-document YAML, e.g. a rendered Helm chart); GET
+    /// /debug/rbac then reports refusals and unused grants.
+    #[arg(long)]
+    rbac: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -28,6 +39,23 @@ async fn main() -> anyhow::Result<()> {
         ..Config::default()
     })
     .await?;
+    if let Some(path) = &args.tokens {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        let entries: Vec<TokenEntry> =
+            serde_norway::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
+        for entry in entries {
+            server.register_token(entry.token, entry.user);
+        }
+    }
+    if let Some(path) = &args.rbac {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        let objects =
+            documents(&text).map_err(|e| anyhow::anyhow!("parse {}: {e}", path.display()))?;
+        server.enforce_rbac(&objects);
+        tracing::info!(policy = %path.display(), "RBAC enforced");
+    }
     if let Some(path) = &args.kubeconfig {
         server.write_kubeconfig(path)?;
         tracing::info!(kubeconfig = %path.display(), "kubeconfig written");

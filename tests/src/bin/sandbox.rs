@@ -27,6 +27,11 @@ struct Args {
     /// Exit 0 once everything converged (for tests), 1 if not within 2 minutes.
     #[arg(long)]
     exit_when_ready: bool,
+    /// Enforce the RBAC of these manifests, e.g. the chart rendered by
+    /// `python3 helm/check.py render`; refusals show in the API server's log
+    /// and at GET /debug/rbac.
+    #[arg(long)]
+    rbac: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -43,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
         services: args.services,
         replicas: args.replicas,
         bin_dir,
+        rbac: args.rbac.map(|p| p.canonicalize()).transpose()?,
     };
     let sandbox = Sandbox::start(options.clone()).await?;
     println!(

@@ -1,0 +1,107 @@
+{{/* The prefix of every object's name. */}}
+{{- define "ccm.base" -}}
+{{- default .Release.Name .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The controllers: values key, component name, gateway role. */}}
+{{- define "ccm.controllers" -}}
+- {key: nodeController, name: node-controller, role: node}
+- {key: serviceController, name: service-controller, role: service}
+- {key: routeController, name: route-controller, role: route}
+{{- end -}}
+
+{{/* Labels selecting one component's pods: (dict "root" $ "component" "gateway"). */}}
+{{- define "ccm.selector" -}}
+app.kubernetes.io/name: cloud-controller-manager
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "ccm.labels" -}}
+{{ include "ccm.selector" . }}
+app.kubernetes.io/part-of: cloud-controller-manager
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end -}}
+
+{{/* The image of a component: (dict "root" $ "values" $componentValues). */}}
+{{- define "ccm.image" -}}
+{{- $image := merge (dict) (.values.image | default dict) .root.Values.image -}}
+{{- printf "%s:%s" $image.repository (default .root.Chart.AppVersion $image.tag) -}}
+{{- end -}}
+
+{{/* How controllers reach the gateway. */}}
+{{- define "ccm.gatewayAddress" -}}
+{{- if .Values.gateway.address -}}
+{{- .Values.gateway.address -}}
+{{- else if .Values.gateway.enabled -}}
+{{- $env := printf "%s-gateway" (include "ccm.base" .) | upper | replace "-" "_" -}}
+{{- printf "http://$(%s_SERVICE_HOST):%v" $env .Values.gateway.grpcPort -}}
+{{- else -}}
+{{- fail "gateway.address is required when gateway.enabled is false" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Pod settings every component shares: (dict "root" $ "component" name). */}}
+{{- define "ccm.podCommon" -}}
+{{- $v := .root.Values -}}
+serviceAccountName: {{ include "ccm.base" .root }}-{{ .component }}
+priorityClassName: {{ $v.priorityClassName }}
+{{- if $v.hostNetwork }}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end }}
+enableServiceLinks: true
+securityContext:
+  {{- toYaml $v.podSecurityContext | nindent 2 }}
+{{- with $v.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if $v.affinity }}
+affinity:
+  {{- toYaml $v.affinity | nindent 2 }}
+{{- else }}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- include "ccm.selector" . | nindent 14 }}
+{{- end }}
+{{- end -}}
+
+{{/* Liveness and readiness on the admin port. */}}
+{{- define "ccm.probes" -}}
+livenessProbe:
+  httpGet: {path: /livez, port: admin}
+  periodSeconds: 10
+  failureThreshold: 3
+readinessProbe:
+  httpGet: {path: /readyz, port: admin}
+  periodSeconds: 5
+  failureThreshold: 2
+startupProbe:
+  httpGet: {path: /livez, port: admin}
+  periodSeconds: 2
+  failureThreshold: 60
+{{- end -}}
+
+{{/* `config` map → --key=value flags. */}}
+{{- define "ccm.configArgs" -}}
+{{- range $k, $v := . }}
+- --{{ $k }}={{ $v }}
+{{- end }}
+{{- end -}}

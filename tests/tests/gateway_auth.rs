@@ -1,0 +1,184 @@
+//! In-cluster authentication at the gateway: controllers present projected
+//! ServiceAccount tokens, the gateway asks the Kubernetes API (TokenReview,
+//! here the test API server's) and maps the ServiceAccount to a role.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use ccm_proto::v1::{LookupPurpose, NodeRef};
+use ccm_proto::{ClientConfig, Error, GatewayClient, RetryPolicy, TokenSource};
+use ccm_testkit::apiserver::{ApiServer, TokenUser};
+use cloud_gateway::Gateway;
+use cloud_gateway::auth::Role;
+use cloud_gateway::review::ServiceAccountAuth;
+use cloud_gateway::settings::Settings;
+use tokio_util::sync::CancellationToken;
+
+const AUDIENCE: &str = "cloud-gateway";
+
+struct Env {
+    api: ApiServer,
+    gateway: Gateway,
+    dir: tempfile::TempDir,
+    _shutdown: tokio_util::sync::DropGuard,
+}
+
+async fn start() -> Env {
+    start_with(Duration::from_secs(30)).await
+}
+
+async fn start_with(cache_ttl: Duration) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let api = ApiServer::start().await.unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let mut settings = Settings::local(dir.path().join("gateway"));
+    settings.service_accounts = Some(ServiceAccountAuth {
+        roles: HashMap::from([
+            (
+                "system:serviceaccount:kube-system:ccm-node-controller".into(),
+                Role::Node,
+            ),
+            (
+                "system:serviceaccount:kube-system:ccm-service-controller".into(),
+                Role::Service,
+            ),
+        ]),
+        audience: AUDIENCE.into(),
+        cache_ttl,
+        kubeconfig: Some(kubeconfig),
+    });
+    let shutdown = CancellationToken::new();
+    let gateway = Gateway::start(settings, shutdown.clone()).await.unwrap();
+    Env {
+        api,
+        gateway,
+        dir,
+        _shutdown: shutdown.drop_guard(),
+    }
+}
+
+impl Env {
+    fn client(&self, token: TokenSource) -> GatewayClient {
+        let mut config = ClientConfig::new(
+            format!("http://{}", self.gateway.grpc_addr),
+            "kubernetes",
+            token,
+        );
+        config.retry = RetryPolicy::none();
+        GatewayClient::new(config).unwrap()
+    }
+
+    fn with_token(&self, token: &str) -> GatewayClient {
+        self.client(TokenSource::Static(token.into()))
+    }
+}
+
+fn node_controller(audiences: &[&str]) -> TokenUser {
+    TokenUser::service_account("kube-system", "ccm-node-controller", audiences)
+}
+
+async fn lookup(client: &GatewayClient) -> Result<(), Error> {
+    let nodes = vec![NodeRef {
+        name: "nobody".into(),
+        provider_id: String::new(),
+    }];
+    client
+        .get_instances(nodes, LookupPurpose::Refresh, false)
+        .await
+        .map(drop)
+}
+
+#[tokio::test]
+async fn a_service_account_token_for_the_gateway_gets_its_role_and_nothing_more() {
+    let env = start().await;
+    env.api
+        .register_token("node-token", node_controller(&[AUDIENCE]));
+    let node = env.with_token("node-token");
+    lookup(&node).await.unwrap();
+    assert!(matches!(
+        node.list_load_balancers().await,
+        Err(Error::PermissionDenied { .. })
+    ));
+    assert!(matches!(
+        node.list_routes().await,
+        Err(Error::PermissionDenied { .. })
+    ));
+}
+
+#[tokio::test]
+async fn tokens_for_another_audience_unknown_accounts_and_forgeries_are_refused() {
+    let env = start().await;
+    // A token meant for the API server, not for the gateway.
+    env.api.register_token("api-token", node_controller(&[]));
+    // A valid token of a ServiceAccount the gateway gives no role.
+    env.api.register_token(
+        "stranger",
+        TokenUser::service_account("default", "ccm-node-controller", &[AUDIENCE]),
+    );
+    for token in ["api-token", "stranger", "forged"] {
+        let got = lookup(&env.with_token(token)).await;
+        assert!(
+            matches!(got, Err(Error::Unauthenticated { .. })),
+            "{token}: {got:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn concurrent_calls_with_one_token_cause_one_review() {
+    let env = start().await;
+    env.api
+        .register_token("node-token", node_controller(&[AUDIENCE]));
+    let node = env.with_token("node-token");
+    let calls = (0..50).map(|_| lookup(&node));
+    for result in futures::future::join_all(calls).await {
+        result.unwrap();
+    }
+    lookup(&node).await.unwrap();
+    assert_eq!(env.api.token_reviews(), 1);
+}
+
+#[tokio::test]
+async fn a_rotated_token_file_is_read_again_as_soon_as_the_old_token_is_refused() {
+    // No review cache, so the revoked token is refused at once.
+    let env = start_with(Duration::ZERO).await;
+    let file = env.dir.path().join("token");
+    env.api
+        .register_token("first", node_controller(&[AUDIENCE]));
+    std::fs::write(&file, "first\n").unwrap();
+    let node = env.client(TokenSource::File(file.clone()));
+    lookup(&node).await.unwrap();
+    // The kubelet rotates the projected token; the old one stops working
+    // long before the client's 30 s refresh would read the file again.
+    env.api
+        .register_token("second", node_controller(&[AUDIENCE]));
+    std::fs::write(&file, "second\n").unwrap();
+    env.api.revoke_token("first");
+    lookup(&node).await.unwrap();
+}
+
+#[tokio::test]
+async fn without_the_kubernetes_api_callers_are_asked_to_retry_not_refused() {
+    let Env {
+        api,
+        gateway,
+        dir,
+        _shutdown,
+    } = start().await;
+    api.register_token("node-token", node_controller(&[AUDIENCE]));
+    drop(api);
+    let env_less = GatewayClient::new({
+        let mut c = ClientConfig::new(
+            format!("http://{}", gateway.grpc_addr),
+            "kubernetes",
+            TokenSource::Static("node-token".into()),
+        );
+        c.retry = RetryPolicy::none();
+        c
+    })
+    .unwrap();
+    let got = lookup(&env_less).await;
+    assert!(matches!(got, Err(Error::Unavailable { .. })), "{got:?}");
+    drop(dir);
+}
