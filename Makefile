@@ -1,7 +1,7 @@
 # The two commands the README promises. Cargo's target directory may be
 # shared between clones through CARGO_TARGET_DIR.
 
-.PHONY: run test
+.PHONY: run test bench
 
 # The whole system on loopback on the simulated cloud (see README).
 run:
@@ -12,3 +12,8 @@ run:
 test:
 	python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 	cargo nextest run --workspace --no-fail-fast
+
+# The benchmark table (BENCHMARKS.md): release binaries, both profiles, one run.
+bench:
+	cargo build --release --bins
+	cargo run --release --bin bench -- --out BENCHMARKS.md

@@ -197,6 +197,22 @@ impl Budget {
     pub fn waiting(&self) -> usize {
         self.state().waiting()
     }
+
+    /// Whether `calls` more calls at `priority`, queued behind those
+    /// waiting ahead of them, would wait longer than allowed; then the
+    /// delay to suggest. For callers that queue work of their own before
+    /// they [`Self::acquire`] (the lookup batcher).
+    pub fn overflow(&self, priority: Priority, calls: usize) -> Option<Duration> {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.refill(&self.config, now);
+        let ahead: usize = state.queues[..=priority as usize]
+            .iter()
+            .map(VecDeque::len)
+            .sum();
+        let estimate = state.estimate(ahead + calls, now);
+        (estimate > self.config.max_wait).then(|| estimate.max(Duration::from_millis(100)))
+    }
 }
 
 /// Hands tokens to waiters, most urgent class first, as they refill. Ends

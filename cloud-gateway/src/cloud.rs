@@ -44,6 +44,11 @@ impl Cloud {
         &*self.provider
     }
 
+    /// The budget.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
@@ -57,6 +62,13 @@ impl Cloud {
         audit: Option<Audit<'_>>,
         call: impl Future<Output = Result<T>>,
     ) -> Result<T> {
+        self.admit(priority).await?;
+        self.call_admitted(op, audit, call).await
+    }
+
+    /// Takes one call's worth of budget at `priority`, waiting as the budget
+    /// says. Follow it with exactly one [`Self::call_admitted`].
+    pub async fn admit(&self, priority: Priority) -> Result<()> {
         let priority_labels = PriorityLabels {
             priority: priority.as_str(),
         };
@@ -80,6 +92,16 @@ impl Cloud {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// Runs a provider call whose budget [`Self::admit`] already took.
+    pub async fn call_admitted<T>(
+        &self,
+        op: Operation,
+        audit: Option<Audit<'_>>,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
         let start = Instant::now();
         let result = call.await;
         let elapsed = start.elapsed();

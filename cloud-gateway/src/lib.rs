@@ -8,6 +8,7 @@ pub mod auth;
 pub mod budget;
 pub mod cloud;
 pub mod grpc;
+pub mod lbreads;
 pub mod lookup;
 pub mod metrics;
 pub mod provider;
@@ -39,6 +40,7 @@ use crate::cloud::Cloud;
 use crate::grpc::{
     InstancesService, LoadBalancersService, MetricsLayer, ProviderService, RoutesService,
 };
+use crate::lbreads::LoadBalancerReads;
 use crate::lookup::InstanceLookups;
 use crate::metrics::Metrics;
 use crate::provider::Provider;
@@ -182,6 +184,7 @@ impl Gateway {
             )))
             .add_service(LoadBalancersServer::new(LoadBalancersService::new(
                 cloud.clone(),
+                LoadBalancerReads::new(cloud.clone(), settings.lookups.clone()),
             )))
             .add_service(RoutesServer::new(RoutesService::new(cloud.clone())))
             .add_optional_service(

@@ -140,6 +140,18 @@ impl InstanceLookups {
         let (mut hits, mut merged, mut misses) = (0, 0, 0);
         let slots: Vec<Slot> = {
             let mut state = self.state();
+            // Lookups wait for the budget in the batcher's queue, not the
+            // budget's: refuse at once what could not be served within the
+            // budget's longest wait, as the budget would.
+            let ahead = state
+                .pending
+                .iter()
+                .filter(|p| p.priority <= priority)
+                .count();
+            let calls = (ahead + nodes.len()).div_ceil(self.config.max_batch);
+            if let Some(retry_after) = self.cloud.budget().overflow(priority, calls) {
+                return Err(CloudError::BudgetExhausted { retry_after });
+            }
             let slots = nodes
                 .iter()
                 .map(|node| {
@@ -228,44 +240,66 @@ impl InstanceLookups {
                     _ = lookups.full.notified() => {}
                 }
             }
-            loop {
+            // The budget is taken before the batch is made: while the budget
+            // makes us wait, more lookups join, so the busier the account,
+            // the fuller each call.
+            while let Some(mut priority) = lookups.most_urgent() {
+                let admit = lookups.cloud.admit(priority);
+                tokio::pin!(admit);
+                let admitted = loop {
+                    tokio::select! {
+                        admitted = &mut admit => break admitted,
+                        // A more urgent lookup must not wait behind a less
+                        // urgent admission: ask again at its priority (a
+                        // dropped admission costs nothing).
+                        _ = lookups.wake.notified() => {
+                            if let Some(p) = lookups.most_urgent().filter(|p| *p < priority) {
+                                priority = p;
+                                admit.set(lookups.cloud.admit(priority));
+                            }
+                        }
+                    }
+                };
                 let batch: Vec<Pending> = {
                     let mut state = lookups.state();
+                    // Most urgent first; the order is otherwise kept.
+                    state.pending.sort_by_key(|p| p.priority);
                     let n = state.pending.len().min(lookups.config.max_batch);
                     state.pending.drain(..n).collect()
                 };
                 if batch.is_empty() {
                     break;
                 }
-                tokio::spawn(lookups.clone().fetch(batch));
+                tokio::spawn(lookups.clone().fetch(batch, admitted));
             }
         }
     }
 
-    /// Sends one batch to the provider and hands out the answers.
-    async fn fetch(self: Arc<Self>, batch: Vec<Pending>) {
-        let priority = batch
-            .iter()
-            .map(|p| p.priority)
-            .min()
-            .unwrap_or(Priority::Low);
+    /// The priority of the most urgent pending lookup.
+    fn most_urgent(&self) -> Option<Priority> {
+        self.state().pending.iter().map(|p| p.priority).min()
+    }
+
+    /// Sends one batch, whose budget `admitted` says was taken (or why
+    /// not), to the provider and hands out the answers.
+    async fn fetch(self: Arc<Self>, batch: Vec<Pending>, admitted: Result<()>) {
         let nodes: Vec<NodeRef> = batch.iter().map(|p| p.node.clone()).collect();
         self.cloud
             .metrics()
             .instance_batch_size
             .observe(nodes.len() as f64);
-        let result = match self.cloud.provider().instances() {
-            Some(instances) => {
+        let result = match (admitted, self.cloud.provider().instances()) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Some(instances)) => {
                 self.cloud
-                    .call(
+                    .call_admitted(
                         Operation::GetInstances,
-                        priority,
                         None,
                         instances.get_instances(&nodes),
                     )
                     .await
             }
-            None => Err(CloudError::NotImplemented("instances")),
+            (Ok(()), None) => Err(CloudError::NotImplemented("instances")),
         };
         let result = result.and_then(|lookups| {
             if lookups.len() == nodes.len() {

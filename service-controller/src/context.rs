@@ -31,6 +31,10 @@ pub struct Context {
     pub queue: WorkQueue<Key>,
     /// The hosts each load balancer was last given, stored before the call.
     pub last_hosts: Mutex<HashMap<Key, Vec<Host>>>,
+    /// Load balancers the cloud is still provisioning, with the fingerprint
+    /// of what was asked for: while that is unchanged, the next sync asks
+    /// for the status (a read the gateway batches) instead of ensuring again.
+    pub provisioning: Mutex<HashMap<Key, u64>>,
 }
 
 impl Context {
@@ -62,6 +66,26 @@ impl Context {
             .unwrap_or_else(|e| e.into_inner())
             .get(key)
             .cloned()
+    }
+
+    /// Notes (`Some`) or forgets (`None`) that `key`'s load balancer is
+    /// being provisioned as asked for with `fingerprint`.
+    pub fn set_provisioning(&self, key: &Key, fingerprint: Option<u64>) {
+        let mut map = self.provisioning.lock().unwrap_or_else(|e| e.into_inner());
+        match fingerprint {
+            Some(f) => map.insert(key.clone(), f),
+            None => map.remove(key),
+        };
+    }
+
+    /// Whether `key`'s load balancer is being provisioned as `fingerprint`
+    /// asks.
+    pub fn is_provisioning(&self, key: &Key, fingerprint: u64) -> bool {
+        self.provisioning
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            == Some(&fingerprint)
     }
 
     pub fn forget_hosts(&self, key: &Key) {

@@ -69,6 +69,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         settings,
         queue: WorkQueue::new(BACKOFF),
         last_hosts: Mutex::new(HashMap::new()),
+        provisioning: Mutex::new(HashMap::new()),
     });
     let nodes_changed = Arc::new(Notify::new());
 

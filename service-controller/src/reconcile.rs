@@ -185,6 +185,46 @@ async fn delete(ctx: &Context, svc: &Service) -> Result<()> {
     Ok(())
 }
 
+/// How often a provisioning load balancer's status is read again.
+const PROVISIONING_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What the cloud said of a load balancer it was provisioning.
+enum Poll {
+    /// Still provisioning.
+    Pending,
+    /// Ready, with its status.
+    Ready(ccm_proto::v1::LoadBalancerStatus),
+    /// Gone or unknown: ensure it again.
+    Unknown,
+}
+
+/// A stable fingerprint of what an ensure asks for.
+fn fingerprint(spec: &ccm_proto::v1::LoadBalancerSpec, hosts: &[ccm_proto::v1::Host]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    format!("{spec:?}{hosts:?}").hash(&mut h);
+    h.finish()
+}
+
+/// Reads the status of a load balancer the cloud is provisioning, which the
+/// gateway answers for many Services with one listing.
+async fn poll_provisioning(ctx: &Context, spec: &ccm_proto::v1::LoadBalancerSpec) -> Poll {
+    let Some(service) = spec.service.clone() else {
+        return Poll::Unknown;
+    };
+    match ctx.gateway.get_load_balancer(service).await {
+        Ok(r) => match r.status {
+            Some(status) if r.exists && !status.ingress.is_empty() => Poll::Ready(status),
+            _ if r.exists => Poll::Pending,
+            _ => Poll::Unknown,
+        },
+        Err(e) => {
+            tracing::debug!(error = %e, "could not read the provisioning load balancer; ensuring again");
+            Poll::Unknown
+        }
+    }
+}
+
 async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
     ctx.ensure_leader()?;
     publish(
@@ -214,11 +254,26 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
     }
     ctx.remember_hosts(key, hosts.clone());
     let had_ingress = !plan::current_ingress(svc).is_empty();
-    match ctx
-        .gateway
-        .ensure_load_balancer(plan::lb_spec(svc), hosts)
-        .await
+    let spec = plan::lb_spec(svc);
+    let fingerprint = fingerprint(&spec, &hosts);
+    let poll = if ctx.is_provisioning(key, fingerprint) {
+        poll_provisioning(ctx, &spec).await
+    } else {
+        Poll::Unknown
+    };
+    let result = match poll {
+        Poll::Pending => return Err(Error::RetryAfter(PROVISIONING_POLL)),
+        Poll::Ready(status) => Ok(status),
+        Poll::Unknown => ctx.gateway.ensure_load_balancer(spec, hosts).await,
+    };
+    if let Err(GatewayError::RetryAfter { reason, .. }) = &result
+        && reason == ccm_proto::reason::PROVISIONING
     {
+        ctx.set_provisioning(key, Some(fingerprint));
+    } else {
+        ctx.set_provisioning(key, None);
+    }
+    match result {
         Ok(status) => {
             publish(
                 ctx,

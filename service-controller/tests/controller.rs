@@ -307,6 +307,42 @@ async fn slow_provisioning_is_retried_after_the_delay_the_cloud_gives() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_balancers_still_provisioning_are_read_together_not_ensured_again() {
+    let env = TestEnv::start().await;
+    env.sim_admin()
+        .set_faults(Faults {
+            lb_provisioning_delay: Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let services: Api<Service> = Api::namespaced(env.client().await, "default");
+    let _c = start(&env, &[]).await;
+    let names: Vec<String> = (0..20).map(|i| format!("web-{i}")).collect();
+    for name in &names {
+        services
+            .create(
+                &PostParams::default(),
+                &load_balancer("default", name).build(),
+            )
+            .await
+            .unwrap();
+    }
+    for name in &names {
+        ingress_ip(&services, name).await;
+    }
+    // One ensure each; the cloud's "provisioning" answers are followed up
+    // by status reads, which the gateway answers with shared listings.
+    assert_eq!(env.calls(Operation::EnsureLoadBalancer), 20);
+    let reads = env.calls(Operation::GetLoadBalancer) + env.calls(Operation::ListLoadBalancers);
+    assert!(reads < 20, "{reads} status reads for 20 load balancers");
+    assert_eq!(lb_count(&env).await, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_nodes_joining_cause_about_one_host_update_per_load_balancer() {
     let env = TestEnv::start().await;
     add_nodes(&env, ["base".to_owned()]).await;

@@ -170,12 +170,20 @@ where
 
 /// A plain HTTP GET (admin endpoints): `(status, body)`.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    try_http_get(addr, path).await.expect("HTTP GET")
+}
+
+/// [`http_get`] that reports a connection failure instead of panicking.
+pub async fn try_http_get(
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("write");
+    stream.write_all(request.as_bytes()).await?;
     let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("read");
+    stream.read_to_string(&mut response).await?;
     let status = response
         .split(' ')
         .nth(1)
@@ -185,7 +193,7 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
-    (status, body)
+    Ok((status, body))
 }
 
 /// The value of the first sample of `metric` (with its labels, e.g.

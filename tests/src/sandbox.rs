@@ -34,6 +34,9 @@ pub struct Options {
     /// with release `ccm` in `kube-system`); without it every identity may
     /// do anything.
     pub rbac: Option<PathBuf>,
+    /// More flags per binary (`cloud-gateway`, `node-controller`, ...),
+    /// after the sandbox's own, so they win.
+    pub extra_args: BTreeMap<String, Vec<String>>,
 }
 
 /// The release name and namespace the sandbox plays: its identities are the
@@ -138,6 +141,19 @@ impl Sandbox {
         Ok(())
     }
 
+    fn extra_args(&self, binary: &str) -> Vec<String> {
+        self.options
+            .extra_args
+            .get(binary)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The process id of a running process, e.g. `node-controller-0`.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.children.iter().find(|p| p.name == name)?.child.id()
+    }
+
     /// Kills a process at once (SIGKILL), as a crash would.
     pub async fn kill(&mut self, name: &str) -> anyhow::Result<()> {
         let p = self
@@ -239,7 +255,10 @@ impl Sandbox {
                 GATEWAY_AUDIENCE.into(),
                 "--tokens-file".into(),
                 state.join("gateway-tokens.yaml").display().to_string(),
-            ],
+            ]
+            .into_iter()
+            .chain(sandbox.extra_args("cloud-gateway"))
+            .collect::<Vec<_>>(),
         )?;
         sandbox.gateway = format!("http://{}", addr(grpc));
         sandbox
@@ -295,6 +314,7 @@ impl Sandbox {
                     "1s".into(),
                 ];
                 args.extend(extra.iter().cloned());
+                args.extend(sandbox.extra_args(binary));
                 sandbox.spawn(&name, binary, &args)?;
                 sandbox
                     .endpoints

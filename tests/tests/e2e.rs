@@ -100,6 +100,7 @@ mod scenarios {
             replicas: 2,
             bin_dir,
             rbac: Some(policy),
+            extra_args: Default::default(),
         };
         let sandbox = Sandbox::start(options).await.unwrap();
         sandbox.populate().await.unwrap();

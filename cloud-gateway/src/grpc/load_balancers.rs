@@ -15,17 +15,19 @@ use super::caller_name;
 use super::validate::Violations;
 use crate::budget::Priority;
 use crate::cloud::{Audit, Cloud};
+use crate::lbreads::LoadBalancerReads;
 use crate::provider::{self, CloudError, Operation, load_balancer_name};
 
 /// The LoadBalancers service.
 pub struct LoadBalancersService {
     cloud: Arc<Cloud>,
+    reads: Arc<LoadBalancerReads>,
 }
 
 impl LoadBalancersService {
-    /// Serves load balancers of `cloud`.
-    pub fn new(cloud: Arc<Cloud>) -> Self {
-        Self { cloud }
+    /// Serves load balancers of `cloud`, status reads through `reads`.
+    pub fn new(cloud: Arc<Cloud>, reads: Arc<LoadBalancerReads>) -> Self {
+        Self { cloud, reads }
     }
 
     fn provider(&self) -> Result<&dyn provider::LoadBalancers, CloudError> {
@@ -52,15 +54,7 @@ impl LoadBalancers for LoadBalancersService {
         v.service("service", req.service.as_ref());
         v.finish()?;
         let service = req.service.unwrap_or_default();
-        let status = self
-            .cloud
-            .call(
-                Operation::GetLoadBalancer,
-                Priority::Normal,
-                None,
-                self.provider()?.get(&req.cluster_name, &service),
-            )
-            .await?;
+        let status = self.reads.get(&req.cluster_name, service).await?;
         Ok(Response::new(GetLoadBalancerResponse {
             exists: status.is_some(),
             status,

@@ -49,6 +49,7 @@ async fn main() -> anyhow::Result<()> {
         replicas: args.replicas,
         bin_dir,
         rbac: args.rbac.map(|p| p.canonicalize()).transpose()?,
+        extra_args: Default::default(),
     };
     let sandbox = Sandbox::start(options.clone()).await?;
     println!(

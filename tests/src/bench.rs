@@ -1,0 +1,1021 @@
+//! The benchmark harness: each scenario runs twice in one run, on the real
+//! binaries (a sandbox per run, one replica each): with our defaults, and
+//! with the "upstream profile" of the same binaries (one worker, one
+//! lookup per node, no cache, coalescing or batching, no debounce). The
+//! simulated cloud answers every call after a fixed latency, under a fixed
+//! budget. `bench` prints the table and writes BENCHMARKS.md.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use ccm_proto::v1::{CreateInstanceRequest, Faults, GetStatsRequest, LookupPurpose, NodeRef};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::fixtures::{self, node};
+use crate::sandbox::{Options, Sandbox};
+
+/// How big each scenario is.
+#[derive(Clone, Debug)]
+pub struct Sizes {
+    pub join_nodes: usize,
+    pub steady_nodes: usize,
+    /// How much faster than real time the steady-state run goes.
+    pub compression: u32,
+    pub steady_window: Duration,
+    pub burst_services: usize,
+    pub churn_services: usize,
+    pub churn_nodes: usize,
+    pub memory_nodes: usize,
+    pub memory_services: usize,
+    pub latency_window: Duration,
+    pub latency_high_rate: u32,
+    /// Longest wait for any one convergence.
+    pub limit: Duration,
+}
+
+impl Sizes {
+    /// The sizes of the issue's scenarios.
+    pub fn full() -> Self {
+        Self {
+            join_nodes: 1000,
+            steady_nodes: 1000,
+            compression: 20,
+            steady_window: Duration::from_secs(60),
+            burst_services: 200,
+            churn_services: 200,
+            churn_nodes: 100,
+            memory_nodes: 5000,
+            memory_services: 2000,
+            latency_window: Duration::from_secs(20),
+            latency_high_rate: 500,
+            limit: Duration::from_secs(300),
+        }
+    }
+
+    /// A few of everything, to prove the harness works (CI).
+    pub fn smoke() -> Self {
+        Self {
+            join_nodes: 20,
+            steady_nodes: 20,
+            compression: 20,
+            steady_window: Duration::from_secs(5),
+            burst_services: 5,
+            churn_services: 5,
+            churn_nodes: 5,
+            memory_nodes: 100,
+            memory_services: 40,
+            latency_window: Duration::from_secs(2),
+            latency_high_rate: 100,
+            limit: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The cloud both profiles run against.
+#[derive(Clone, Debug)]
+pub struct Cloud {
+    /// Every provider call takes this long.
+    pub latency: Duration,
+    /// Provider calls per second for the account (burst twice that).
+    pub budget: f64,
+}
+
+impl Default for Cloud {
+    fn default() -> Self {
+        Self {
+            latency: Duration::from_millis(20),
+            budget: 20.0,
+        }
+    }
+}
+
+/// Our defaults or the upstream profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    Ours,
+    Upstream,
+}
+
+impl Profile {
+    /// Flags per binary that make the profile.
+    fn args(self) -> BTreeMap<String, Vec<String>> {
+        let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        if self == Profile::Upstream {
+            let set = |s: &[&str]| s.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+            out.insert(
+                "cloud-gateway".into(),
+                set(&[
+                    "--cache-ttl=0s",
+                    "--batch-window=0s",
+                    "--max-batch=1",
+                    "--coalesce=false",
+                ]),
+            );
+            out.insert(
+                "node-controller".into(),
+                set(&[
+                    "--concurrent-node-syncs=1",
+                    "--concurrent-node-status-updates=1",
+                    "--lookup-batch-size=1",
+                ]),
+            );
+            out.insert(
+                "service-controller".into(),
+                set(&["--concurrent-service-syncs=1", "--node-sync-debounce=0s"]),
+            );
+        }
+        out
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Ours => "ours",
+            Profile::Upstream => "upstream profile",
+        }
+    }
+}
+
+/// One line of the table.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub scenario: String,
+    pub metric: String,
+    pub ours: f64,
+    pub upstream: Option<f64>,
+    pub unit: &'static str,
+    /// The target, in words, and whether it was met.
+    pub target: Option<(String, bool)>,
+    pub note: String,
+}
+
+impl Row {
+    fn ratio(&self) -> Option<f64> {
+        let u = self.upstream?;
+        (self.ours > 0.0).then(|| u / self.ours)
+    }
+}
+
+/// Everything a run needs.
+pub struct Harness {
+    pub bin_dir: PathBuf,
+    pub work_dir: PathBuf,
+    pub sizes: Sizes,
+    pub cloud: Cloud,
+    runs: usize,
+}
+
+/// A started sandbox with its clients.
+struct Run {
+    sandbox: Sandbox,
+    kube: kube::Client,
+    profile: Profile,
+}
+
+/// How often a convergence is checked.
+const POLL: Duration = Duration::from_millis(200);
+
+fn fmt_secs(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
+}
+
+impl Harness {
+    pub fn new(bin_dir: PathBuf, work_dir: PathBuf, sizes: Sizes, cloud: Cloud) -> Self {
+        Self {
+            bin_dir,
+            work_dir,
+            sizes,
+            cloud,
+            runs: 0,
+        }
+    }
+
+    /// A fresh sandbox for `profile`; `compression` speeds periods, budget
+    /// and latency up by that factor.
+    async fn start(
+        &mut self,
+        profile: Profile,
+        compression: u32,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<Run> {
+        self.runs += 1;
+        let mut args = profile.args();
+        let k = f64::from(compression);
+        args.entry("cloud-gateway".into()).or_default().extend([
+            format!("--budget-rate={}", self.cloud.budget * k),
+            format!("--budget-burst={}", 2.0 * self.cloud.budget * k),
+            "--log-level=warn".into(),
+        ]);
+        for (binary, arg) in extra {
+            args.entry(binary.to_string())
+                .or_default()
+                .push(arg.clone());
+        }
+        for binary in ["node-controller", "service-controller", "route-controller"] {
+            args.entry(binary.into())
+                .or_default()
+                .push("--log-level=warn".into());
+        }
+        let sandbox = Sandbox::start(Options {
+            state_dir: self.work_dir.join(format!("run-{}", self.runs)),
+            nodes: 0,
+            services: 0,
+            replicas: 1,
+            bin_dir: self.bin_dir.clone(),
+            rbac: None,
+            extra_args: args,
+        })
+        .await?;
+        let kube = sandbox.client().await?;
+        let run = Run {
+            sandbox,
+            kube,
+            profile,
+        };
+        run.wait_ready().await?;
+        run.set_faults(Faults {
+            latency: all_operations(self.cloud.latency / compression),
+            ..Default::default()
+        })
+        .await?;
+        Ok(run)
+    }
+
+    /// Runs the scenarios numbered in `only` (all when empty) for both
+    /// profiles.
+    pub async fn run_all(
+        &mut self,
+        only: &[u32],
+        progress: impl Fn(&str),
+    ) -> anyhow::Result<Vec<Row>> {
+        let mut rows = Vec::new();
+        for (name, f) in [
+            ("1 nodes joining", 1),
+            ("2 steady state", 2),
+            ("3 load balancer burst", 3),
+            ("4 node churn", 4),
+            ("5 memory", 5),
+            ("6 gateway latency", 6),
+        ] {
+            if !only.is_empty() && !only.contains(&f) {
+                continue;
+            }
+            progress(&format!("scenario {name}"));
+            let mut got = match f {
+                1 => self.join().await,
+                2 => self.steady().await,
+                3 => self.burst().await,
+                4 => self.churn().await,
+                5 => self.memory().await,
+                _ => self.latency().await,
+            }
+            .with_context(|| format!("scenario {name}"))?;
+            for row in &got {
+                progress(&format!("  {}", line(row)));
+            }
+            rows.append(&mut got);
+        }
+        Ok(rows)
+    }
+
+    async fn join(&mut self) -> anyhow::Result<Vec<Row>> {
+        let n = self.sizes.join_nodes;
+        let mut time = Vec::new();
+        let mut calls = Vec::new();
+        for profile in [Profile::Ours, Profile::Upstream] {
+            let run = self.start(profile, 1, &[]).await?;
+            let ips = run.instances("join", n).await?;
+            run.stats(true).await?;
+            let started = Instant::now();
+            run.nodes("join", &ips, true).await?;
+            run.until(
+                self.sizes.limit,
+                POLL,
+                "every node initialised",
+                async |r| Ok(r.initialised().await? == n),
+            )
+            .await?;
+            time.push(started.elapsed().as_secs_f64());
+            calls.push(
+                run.stats(false)
+                    .await?
+                    .get("get_instances")
+                    .copied()
+                    .unwrap_or(0) as f64,
+            );
+            run.sandbox.stop().await;
+        }
+        let scenario = format!("1. {n} nodes join at once");
+        Ok(vec![
+            Row {
+                scenario: scenario.clone(),
+                metric: "time until all initialised".into(),
+                ours: time[0],
+                upstream: Some(time[1]),
+                unit: "s",
+                target: Some((
+                    "≤ 10 s and ≥ 10× faster".into(),
+                    time[0] <= 10.0 && time[1] / time[0] >= 10.0,
+                )),
+                note: "from the first Node created to the last taint removed".into(),
+            },
+            Row {
+                scenario,
+                metric: "provider lookup calls".into(),
+                ours: calls[0],
+                upstream: Some(calls[1]),
+                unit: "calls",
+                target: None,
+                note: String::new(),
+            },
+        ])
+    }
+
+    async fn steady(&mut self) -> anyhow::Result<Vec<Row>> {
+        let n = self.sizes.steady_nodes;
+        let k = self.sizes.compression;
+        let window = self.sizes.steady_window;
+        let not_ready = (n / 20).max(1);
+        let mut per_node_hour = Vec::new();
+        for profile in [Profile::Ours, Profile::Upstream] {
+            let mut extra = vec![
+                (
+                    "node-controller",
+                    format!(
+                        "--node-status-update-frequency={}",
+                        fmt_secs(Duration::from_secs(300) / k)
+                    ),
+                ),
+                (
+                    "node-controller",
+                    format!(
+                        "--node-monitor-period={}",
+                        fmt_secs(Duration::from_secs(5) / k)
+                    ),
+                ),
+            ];
+            if profile == Profile::Ours {
+                extra.push((
+                    "cloud-gateway",
+                    format!("--cache-ttl={}", fmt_secs(Duration::from_secs(10) / k)),
+                ));
+            }
+            let run = self.start(profile, k, &extra).await?;
+            let ips = run.instances("steady", n).await?;
+            run.nodes("steady", &ips, true).await?;
+            run.until(
+                self.sizes.limit,
+                POLL,
+                "every node initialised",
+                async |r| Ok(r.initialised().await? == n),
+            )
+            .await?;
+            // Some nodes stop reporting; their instances still run.
+            let nodes: Api<Node> = Api::all(run.kube.clone());
+            for i in 0..not_ready {
+                let patch = json!({"status": {"conditions": [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]}});
+                nodes
+                    .patch_status(
+                        &format!("steady-{i}"),
+                        &PatchParams::default(),
+                        &Patch::Strategic(patch),
+                    )
+                    .await?;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            run.stats(true).await?;
+            tokio::time::sleep(window).await;
+            let calls = run
+                .stats(false)
+                .await?
+                .get("get_instances")
+                .copied()
+                .unwrap_or(0);
+            let hours = window.as_secs_f64() * f64::from(k) / 3600.0;
+            per_node_hour.push(calls as f64 / n as f64 / hours);
+            run.sandbox.stop().await;
+        }
+        let ratio = per_node_hour[1] / per_node_hour[0].max(f64::MIN_POSITIVE);
+        Ok(vec![Row {
+            scenario: format!("2. steady state, {n} nodes ({not_ready} NotReady)"),
+            metric: "provider calls per node-hour".into(),
+            ours: per_node_hour[0],
+            upstream: Some(per_node_hour[1]),
+            unit: "calls",
+            target: Some(("≥ 50× fewer".into(), ratio >= 50.0)),
+            note: format!(
+                "{}s measured at {k}× speed (address sync 5m→{}, monitor 5s→{}, cache 10s→{}, budget and latency scaled alike) = {:.1} cluster-minutes",
+                window.as_secs(),
+                fmt_secs(Duration::from_secs(300) / k),
+                fmt_secs(Duration::from_secs(5) / k),
+                fmt_secs(Duration::from_secs(10) / k),
+                window.as_secs_f64() * f64::from(k) / 60.0
+            ),
+        }])
+    }
+
+    async fn burst(&mut self) -> anyhow::Result<Vec<Row>> {
+        let m = self.sizes.burst_services;
+        let mut time = Vec::new();
+        let mut ensures = Vec::new();
+        for profile in [Profile::Ours, Profile::Upstream] {
+            let run = self.start(profile, 1, &[]).await?;
+            run.cluster_of(10).await?;
+            run.set_faults(Faults {
+                latency: all_operations(self.cloud.latency),
+                lb_provisioning_delay: Some(prost_types::Duration {
+                    seconds: 1,
+                    nanos: 0,
+                }),
+                ..Default::default()
+            })
+            .await?;
+            run.stats(true).await?;
+            let started = Instant::now();
+            run.services("burst", m).await?;
+            run.until(self.sizes.limit, POLL, "every ingress IP", async |r| {
+                Ok(r.ingress_ips().await? == m)
+            })
+            .await?;
+            time.push(started.elapsed().as_secs_f64());
+            let stats = run.stats(false).await?;
+            ensures.push(
+                [
+                    "ensure_load_balancer",
+                    "get_load_balancer",
+                    "list_load_balancers",
+                ]
+                .iter()
+                .map(|op| stats.get(*op).copied().unwrap_or(0))
+                .sum::<u64>() as f64,
+            );
+            run.sandbox.stop().await;
+        }
+        let scenario = format!("3. {m} LoadBalancer Services at once, 1 s provisioning");
+        Ok(vec![
+            Row {
+                scenario: scenario.clone(),
+                metric: "time until every one has an ingress IP".into(),
+                ours: time[0],
+                upstream: Some(time[1]),
+                unit: "s",
+                target: Some(("≤ 15 s".into(), time[0] <= 15.0)),
+                note: String::new(),
+            },
+            Row {
+                scenario,
+                metric: "load balancer provider calls (ensure and status reads)".into(),
+                ours: ensures[0],
+                upstream: Some(ensures[1]),
+                unit: "calls",
+                target: None,
+                note: "the first answer to each ensure is \"provisioning, retry in 1 s\"; then the controller reads the status, and our gateway answers the reads waiting for the budget with one listing".into(),
+            },
+        ])
+    }
+
+    async fn churn(&mut self) -> anyhow::Result<Vec<Row>> {
+        let (m, joining) = (self.sizes.churn_services, self.sizes.churn_nodes);
+        let mut per_service = Vec::new();
+        let mut converged = Vec::new();
+        for profile in [Profile::Ours, Profile::Upstream] {
+            let run = self.start(profile, 1, &[]).await?;
+            run.cluster_of(10).await?;
+            run.services("churn", m).await?;
+            run.until(self.sizes.limit, POLL, "every ingress IP", async |r| {
+                Ok(r.ingress_ips().await? == m)
+            })
+            .await?;
+            run.stats(true).await?;
+            let ips = run.instances("joining", joining).await?;
+            let started = Instant::now();
+            run.nodes("joining", &ips, true).await?;
+            let done = run
+                .until(
+                    self.sizes.limit,
+                    Duration::from_secs(2),
+                    "every load balancer has every node",
+                    async |r| r.hosts_everywhere(m, 10 + joining).await,
+                )
+                .await
+                .is_ok();
+            converged.push((done, started.elapsed().as_secs_f64()));
+            let stats = run.stats(false).await?;
+            let writes = stats
+                .get("update_load_balancer_hosts")
+                .copied()
+                .unwrap_or(0)
+                + stats.get("ensure_load_balancer").copied().unwrap_or(0);
+            per_service.push(writes as f64 / m as f64);
+            run.sandbox.stop().await;
+        }
+        Ok(vec![Row {
+            scenario: format!("4. {joining} nodes join while {m} LoadBalancer Services exist"),
+            metric: "host updates per Service".into(),
+            ours: per_service[0],
+            upstream: Some(per_service[1]),
+            unit: "updates",
+            target: Some(("≤ 2 per Service".into(), per_service[0] <= 2.0)),
+            note: format!(
+                "every load balancer had every node after {:.1} s (ours) / {} (upstream profile)",
+                converged[0].1,
+                if converged[1].0 {
+                    format!("{:.1} s", converged[1].1)
+                } else {
+                    format!("not within {} s", self.sizes.limit.as_secs())
+                }
+            ),
+        }])
+    }
+
+    async fn memory(&mut self) -> anyhow::Result<Vec<Row>> {
+        let (n, m) = (self.sizes.memory_nodes, self.sizes.memory_services);
+        let run = self.start(Profile::Ours, 1, &[]).await?;
+        let ips = run.instances("mem", n).await?;
+        run.nodes("mem", &ips, false).await?;
+        let services: Api<Service> = Api::namespaced(run.kube.clone(), "default");
+        futures::stream::iter(0..m)
+            .map(|i| {
+                let services = services.clone();
+                async move {
+                    let mut svc = fixtures::load_balancer("default", &format!("mem-{i}")).build();
+                    if let Some(spec) = svc.spec.as_mut() {
+                        spec.type_ = Some("ClusterIP".into());
+                    }
+                    services.create(&PostParams::default(), &svc).await
+                }
+            })
+            .buffer_unordered(32)
+            .try_collect::<Vec<_>>()
+            .await?;
+        // Every controller has listed everything and settled.
+        run.wait_ready().await?;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let mut rows = Vec::new();
+        let limit = 64.0;
+        for (name, process) in [
+            ("cloud-gateway", "cloud-gateway"),
+            ("node-controller", "node-controller-0"),
+            ("service-controller", "service-controller-0"),
+            ("route-controller", "route-controller-0"),
+        ] {
+            let pid = run.sandbox.pid(process).context("process gone")?;
+            let (rss, peak) = rss_mib(pid)?;
+            rows.push(Row {
+                scenario: format!("5. memory with {n} Nodes and {m} Services"),
+                metric: format!("{name} resident memory"),
+                ours: rss,
+                upstream: None,
+                unit: "MiB",
+                target: Some(("≤ 64 MiB".into(), rss <= limit && peak <= limit)),
+                note: format!("peak {peak:.1} MiB; profile-independent, measured once"),
+            });
+        }
+        run.sandbox.stop().await;
+        Ok(rows)
+    }
+
+    async fn latency(&mut self) -> anyhow::Result<Vec<Row>> {
+        let window = self.sizes.latency_window;
+        let low_rate = 15;
+        let mut low = Vec::new();
+        let mut high = None;
+        for profile in [Profile::Ours, Profile::Upstream] {
+            let run = self.start(profile, 1, &[]).await?;
+            let ips = run.instances("lat", 1).await?;
+            run.nodes("lat", &ips, false).await?;
+            let client = run.sandbox.handle().gateway_client("node")?;
+            lookup(&client).await?;
+            low.push(measure(&client, low_rate, window).await?);
+            if profile == Profile::Ours {
+                high = Some(measure(&client, self.sizes.latency_high_rate, window).await?);
+            }
+            run.sandbox.stop().await;
+        }
+        let high = high.expect("measured");
+        let scenario = "6. gateway GetInstances latency, one cached node".to_owned();
+        let row = |metric: String, ours: f64, upstream: Option<f64>, target, note: String| Row {
+            scenario: scenario.clone(),
+            metric,
+            ours,
+            upstream,
+            unit: "ms",
+            target,
+            note,
+        };
+        Ok(vec![
+            row(
+                format!("p50 at {low_rate} req/s"),
+                low[0].0,
+                Some(low[1].0),
+                None,
+                "upstream profile: no cache, every lookup is a cloud call".into(),
+            ),
+            row(
+                format!("p99 at {low_rate} req/s"),
+                low[0].1,
+                Some(low[1].1),
+                Some(("≤ 1 ms".into(), low[0].1 <= 1.0)),
+                String::new(),
+            ),
+            row(
+                format!("p50 / p99 at {} req/s", self.sizes.latency_high_rate),
+                high.0,
+                None,
+                Some(("p99 ≤ 1 ms".into(), high.1 <= 1.0)),
+                format!("p99 {:.3} ms; our profile only", high.1),
+            ),
+        ])
+    }
+}
+
+fn all_operations(latency: Duration) -> std::collections::HashMap<String, prost_types::Duration> {
+    let d = prost_types::Duration {
+        seconds: latency.as_secs() as i64,
+        nanos: latency.subsec_nanos() as i32,
+    };
+    [
+        "get_instances",
+        "get_load_balancer",
+        "ensure_load_balancer",
+        "update_load_balancer_hosts",
+        "delete_load_balancer",
+        "list_load_balancers",
+        "list_routes",
+        "create_route",
+        "delete_route",
+    ]
+    .into_iter()
+    .map(|op| (op.to_owned(), d))
+    .collect()
+}
+
+async fn lookup(client: &ccm_proto::GatewayClient) -> anyhow::Result<()> {
+    client
+        .get_instances(
+            vec![NodeRef {
+                name: "lat-0".into(),
+                provider_id: String::new(),
+            }],
+            LookupPurpose::Refresh,
+            false,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Sends lookups at `rate` per second for `window`; returns p50 and p99 in ms.
+async fn measure(
+    client: &ccm_proto::GatewayClient,
+    rate: u32,
+    window: Duration,
+) -> anyhow::Result<(f64, f64)> {
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let end = Instant::now() + window;
+    let mut calls = Vec::new();
+    while Instant::now() < end {
+        tick.tick().await;
+        let client = client.clone();
+        calls.push(tokio::spawn(async move {
+            let started = Instant::now();
+            lookup(&client).await.map(|_| started.elapsed())
+        }));
+    }
+    let mut ms = Vec::with_capacity(calls.len());
+    for call in calls {
+        ms.push(call.await??.as_secs_f64() * 1000.0);
+    }
+    ms.sort_by(f64::total_cmp);
+    let pick = |q: f64| ms[((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len()) - 1];
+    Ok((pick(0.50), pick(0.99)))
+}
+
+fn rss_mib(pid: u32) -> anyhow::Result<(f64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> anyhow::Result<f64> {
+        let kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .context("no such field")?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()?;
+        Ok(kb / 1024.0)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+impl Run {
+    async fn wait_ready(&self) -> anyhow::Result<()> {
+        for (key, url) in &self.sandbox.endpoints {
+            if key.ends_with("_admin") {
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while status_of(&format!("{url}/readyz")).await != Some(200) {
+                    anyhow::ensure!(Instant::now() < deadline, "{key} not ready");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn set_faults(&self, faults: Faults) -> anyhow::Result<()> {
+        let mut admin = self.sandbox.admin()?.sim_admin()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match admin.set_faults(faults.clone()).await {
+                Ok(_) => return Ok(()),
+                Err(e) if e.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => anyhow::bail!("set faults: {e}"),
+            }
+        }
+    }
+
+    /// Provider calls by operation since the last reset.
+    async fn stats(&self, reset: bool) -> anyhow::Result<BTreeMap<String, u64>> {
+        let stats = self
+            .sandbox
+            .admin()?
+            .sim_admin()?
+            .get_stats(GetStatsRequest { reset })
+            .await?
+            .into_inner();
+        Ok(stats.calls.into_iter().collect())
+    }
+
+    /// Creates `n` instances `<prefix>-<i>`; returns their internal IPs.
+    async fn instances(&self, prefix: &str, n: usize) -> anyhow::Result<Vec<String>> {
+        let admin = self.sandbox.admin()?.sim_admin()?;
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let mut admin = admin.clone();
+                let name = format!("{prefix}-{i}");
+                async move {
+                    let instance = admin
+                        .create_instance(CreateInstanceRequest {
+                            name,
+                            ..Default::default()
+                        })
+                        .await?
+                        .into_inner();
+                    Ok::<_, anyhow::Error>(
+                        instance
+                            .addresses
+                            .iter()
+                            .find(|a| a.r#type == 2)
+                            .map(|a| a.address.clone())
+                            .unwrap_or_default(),
+                    )
+                }
+            })
+            .buffered(16)
+            .try_collect()
+            .await
+    }
+
+    /// Registers a Node per instance, as kubelets do; `uninitialized`
+    /// adds the taint of `--cloud-provider=external`.
+    async fn nodes(&self, prefix: &str, ips: &[String], uninitialized: bool) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(self.kube.clone());
+        futures::stream::iter(ips.iter().enumerate())
+            .map(|(i, ip)| {
+                let nodes = nodes.clone();
+                let name = format!("{prefix}-{i}");
+                let mut b = node(&name)
+                    .address("Hostname", &name)
+                    .address("InternalIP", ip);
+                if uninitialized {
+                    b = b.uninitialized();
+                }
+                let n = b.ready().build();
+                async move {
+                    let status = n.status.clone();
+                    nodes.create(&PostParams::default(), &n).await?;
+                    nodes
+                        .patch_status(
+                            &name,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"status": status})),
+                        )
+                        .await?;
+                    Ok::<_, anyhow::Error>(())
+                }
+            })
+            .buffer_unordered(32)
+            .try_collect::<Vec<_>>()
+            .await?;
+        Ok(())
+    }
+
+    /// `n` initialised nodes.
+    async fn cluster_of(&self, n: usize) -> anyhow::Result<()> {
+        let ips = self.instances("base", n).await?;
+        self.nodes("base", &ips, true).await?;
+        self.until(
+            Duration::from_secs(120),
+            POLL,
+            "base nodes initialised",
+            async |r| Ok(r.initialised().await? == n),
+        )
+        .await
+    }
+
+    async fn services(&self, prefix: &str, m: usize) -> anyhow::Result<()> {
+        let services: Api<Service> = Api::namespaced(self.kube.clone(), "default");
+        futures::stream::iter(0..m)
+            .map(|i| {
+                let services = services.clone();
+                let svc = fixtures::load_balancer("default", &format!("{prefix}-{i}")).build();
+                async move { services.create(&PostParams::default(), &svc).await }
+            })
+            .buffer_unordered(32)
+            .try_collect::<Vec<_>>()
+            .await?;
+        Ok(())
+    }
+
+    async fn initialised(&self) -> anyhow::Result<usize> {
+        let nodes = Api::<Node>::all(self.kube.clone())
+            .list(&Default::default())
+            .await?;
+        Ok(nodes
+            .items
+            .iter()
+            .filter(|n| {
+                !n.spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|t| t.iter().any(|t| t.key == fixtures::UNINITIALIZED))
+            })
+            .count())
+    }
+
+    async fn ingress_ips(&self) -> anyhow::Result<usize> {
+        let services = Api::<Service>::all(self.kube.clone())
+            .list(&Default::default())
+            .await?;
+        Ok(services
+            .items
+            .iter()
+            .filter(|s| {
+                s.status
+                    .as_ref()
+                    .and_then(|s| s.load_balancer.as_ref())
+                    .and_then(|lb| lb.ingress.as_ref())
+                    .is_some_and(|i| !i.is_empty())
+            })
+            .count())
+    }
+
+    /// Whether `m` load balancers each have `hosts` hosts. A listing is a
+    /// provider call (counted apart from host updates), so it is asked
+    /// seldom.
+    async fn hosts_everywhere(&self, m: usize, hosts: usize) -> anyhow::Result<bool> {
+        let lbs = self.sandbox.admin()?.list_load_balancers().await?;
+        Ok(lbs.len() == m && lbs.iter().all(|lb| lb.hosts.len() == hosts))
+    }
+
+    async fn until(
+        &self,
+        limit: Duration,
+        poll: Duration,
+        what: &str,
+        mut check: impl AsyncFnMut(&Run) -> anyhow::Result<bool>,
+    ) -> anyhow::Result<()> {
+        let started = Instant::now();
+        loop {
+            if check(self).await.unwrap_or(false) {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                started.elapsed() < limit,
+                "{}: {what}: not within {} s",
+                self.profile.name(),
+                limit.as_secs()
+            );
+            tokio::time::sleep(poll).await;
+        }
+    }
+}
+
+/// The status code of a GET, or `None` when nothing answers.
+async fn status_of(url: &str) -> Option<u16> {
+    let rest = url.strip_prefix("http://")?;
+    let (addr, path) = rest.split_at(rest.find('/')?);
+    let (code, _) = tokio::time::timeout(
+        Duration::from_secs(2),
+        crate::env::try_http_get(addr.parse().ok()?, path),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    Some(code)
+}
+
+fn line(row: &Row) -> String {
+    format!(
+        "{} | {}: {:.3} {} vs {} {}",
+        row.scenario,
+        row.metric,
+        row.ours,
+        row.unit,
+        row.upstream
+            .map(|u| format!("{u:.3}"))
+            .unwrap_or_else(|| "—".into()),
+        row.ratio()
+            .map(|r| format!("({r:.1}×)"))
+            .unwrap_or_default()
+    )
+}
+
+/// The machine, for the report.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or("?".into(), |kb| format!("{:.0} GiB", kb / 1024.0 / 1024.0));
+    format!("{cores} cores ({cpu}), {mem} RAM, {}", std::env::consts::OS)
+}
+
+/// The report as Markdown.
+pub fn markdown(rows: &[Row], cloud: &Cloud, command: &str, machine: &str, when: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# Benchmarks\n");
+    let _ = writeln!(
+        out,
+        "Produced by `{command}` on {when}, on {machine}. Every figure below comes from that one run; \
+each scenario ran twice in it, on the real binaries (API test server, gateway on the sim, \
+one replica of each controller as processes on loopback): with our defaults, and with the \
+upstream profile of the same binaries (one worker, one lookup per node, no cache, coalescing \
+or batching, no debounce). The sim answered every call after {} ms under a budget of {} \
+calls/s (burst {}).\n",
+        cloud.latency.as_millis(),
+        cloud.budget,
+        cloud.budget * 2.0
+    );
+    let _ = writeln!(
+        out,
+        "| scenario | metric | ours | upstream profile | ratio | target | met |\n|---|---|---:|---:|---:|---|---|"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} {} | {} | {} | {} | {} |",
+            r.scenario,
+            r.metric,
+            figure(r.ours),
+            r.unit,
+            r.upstream
+                .map(|u| format!("{} {}", figure(u), r.unit))
+                .unwrap_or_else(|| "—".into()),
+            r.ratio()
+                .map(|x| format!("{x:.1}×"))
+                .unwrap_or_else(|| "—".into()),
+            r.target.as_ref().map_or("—", |t| t.0.as_str()),
+            r.target
+                .as_ref()
+                .map_or("—", |t| if t.1 { "yes" } else { "no" }),
+        );
+    }
+    let notes: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.note.is_empty())
+        .map(|r| format!("- {} / {}: {}", r.scenario, r.metric, r.note))
+        .collect();
+    if !notes.is_empty() {
+        let _ = writeln!(out, "\nNotes from the run:\n\n{}", notes.join("\n"));
+    }
+    out
+}
+
+fn figure(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.3}")
+    }
+}
