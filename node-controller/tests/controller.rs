@@ -174,6 +174,29 @@ async fn uninitialized_node_gets_provider_id_labels_addresses_and_loses_taint() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_cache_leaves_out_is_never_lost_from_the_node() {
+    // The controllers cache Nodes without their images (most of a real
+    // Node's size); every write must still keep them.
+    let env = TestEnv::start().await;
+    env.create_instance("node-a").await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(&env, Role::Node, &[]).await;
+    let mut n = node("node-a")
+        .uninitialized()
+        .address("Hostname", "node-a")
+        .build();
+    n.status.get_or_insert_with(Default::default).images =
+        Some(vec![k8s_openapi::api::core::v1::ContainerImage {
+            names: Some(vec!["registry.example.com/app:v1".into()]),
+            size_bytes: Some(1000),
+        }]);
+    create(&nodes, n).await;
+    let n = initialised(&nodes, "node-a").await;
+    let images = n.status.unwrap().images.unwrap_or_default();
+    assert_eq!(images.len(), 1, "images kept through initialisation");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubelet_hostname_stays_when_the_cloud_reports_none() {
     let env = TestEnv::start().await;
     env.sim_admin()

@@ -19,7 +19,7 @@ use anyhow::Context as _;
 use ccm_runtime::controller::Base;
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use ccm_runtime::watch::{Seen, cached, follow};
+use ccm_runtime::watch::{Seen, cached_nodes, follow};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use tokio_util::sync::CancellationToken;
@@ -59,7 +59,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let nodes: Api<Node> = Api::all(client.clone());
     // The cache runs on every replica, so a standby is warm when it takes
     // over; only a leader acts on what it sees.
-    let (store, stream) = cached(nodes.clone());
+    let (store, stream) = cached_nodes(nodes.clone());
     let ctx = Arc::new(Context {
         nodes: nodes.clone(),
         store,

@@ -85,13 +85,49 @@ where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
+    cached_with(api, |_| {})
+}
+
+/// The cached Nodes of every controller: [`cached`], without what no
+/// controller reads (container images and volumes, most of a real Node's
+/// size). Never write a cached Node back; read it from the API first.
+pub fn cached_nodes(
+    api: kube::Api<k8s_openapi::api::core::v1::Node>,
+) -> (
+    kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>,
+    impl Stream<Item = Result<watcher::Event<k8s_openapi::api::core::v1::Node>, watcher::Error>> + Send,
+) {
+    cached_with(api, |node| {
+        if let Some(status) = node.status.as_mut() {
+            status.images = None;
+            status.volumes_attached = None;
+            status.volumes_in_use = None;
+        }
+    })
+}
+
+/// [`cached`], with `slim` applied to every object before it is kept.
+pub fn cached_with<K>(
+    api: kube::Api<K>,
+    slim: impl Fn(&mut K) + Send + Sync + 'static,
+) -> (
+    kube::runtime::reflector::Store<K>,
+    impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+)
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
     use kube::ResourceExt;
     use kube::runtime::WatchStreamExt;
     let (store, writer) = kube::runtime::reflector::store();
     let stream = kube::runtime::reflector(
         writer,
         watcher(api, watcher::Config::default())
-            .modify(|obj| obj.managed_fields_mut().clear())
+            .modify(move |obj| {
+                obj.managed_fields_mut().clear();
+                slim(obj);
+            })
             .default_backoff(),
     );
     (store, stream)

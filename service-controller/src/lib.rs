@@ -22,7 +22,7 @@ use anyhow::Context as _;
 use ccm_runtime::controller::Base;
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use ccm_runtime::watch::{Seen, cached, follow};
+use ccm_runtime::watch::{Seen, cached, cached_nodes, follow};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{Api, ResourceExt};
 use tokio::sync::Notify;
@@ -57,7 +57,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let client = base.client.clone();
 
     let (services, service_stream) = cached(Api::<Service>::all(client.clone()));
-    let (nodes, node_stream) = cached(Api::<Node>::all(client.clone()));
+    let (nodes, node_stream) = cached_nodes(Api::<Node>::all(client.clone()));
     let ctx = Arc::new(Context {
         client: client.clone(),
         services,

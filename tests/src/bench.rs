@@ -292,7 +292,7 @@ impl Harness {
             let ips = run.instances("join", n).await?;
             run.stats(true).await?;
             let started = Instant::now();
-            run.nodes("join", &ips, true).await?;
+            run.nodes("join", &ips, true, false).await?;
             run.until(
                 self.sizes.limit,
                 POLL,
@@ -367,7 +367,7 @@ impl Harness {
             }
             let run = self.start(profile, k, &extra).await?;
             let ips = run.instances("steady", n).await?;
-            run.nodes("steady", &ips, true).await?;
+            run.nodes("steady", &ips, true, false).await?;
             run.until(
                 self.sizes.limit,
                 POLL,
@@ -494,7 +494,7 @@ impl Harness {
             run.stats(true).await?;
             let ips = run.instances("joining", joining).await?;
             let started = Instant::now();
-            run.nodes("joining", &ips, true).await?;
+            run.nodes("joining", &ips, true, false).await?;
             let done = run
                 .until(
                     self.sizes.limit,
@@ -537,7 +537,7 @@ impl Harness {
         let (n, m) = (self.sizes.memory_nodes, self.sizes.memory_services);
         let run = self.start(Profile::Ours, 1, &[]).await?;
         let ips = run.instances("mem", n).await?;
-        run.nodes("mem", &ips, false).await?;
+        run.nodes("mem", &ips, false, true).await?;
         let services: Api<Service> = Api::namespaced(run.kube.clone(), "default");
         futures::stream::iter(0..m)
             .map(|i| {
@@ -588,7 +588,7 @@ impl Harness {
         for profile in [Profile::Ours, Profile::Upstream] {
             let run = self.start(profile, 1, &[]).await?;
             let ips = run.instances("lat", 1).await?;
-            run.nodes("lat", &ips, false).await?;
+            run.nodes("lat", &ips, false, false).await?;
             let client = run.sandbox.handle().gateway_client("node")?;
             lookup(&client).await?;
             low.push(measure(&client, low_rate, window).await?);
@@ -784,8 +784,27 @@ impl Run {
 
     /// Registers a Node per instance, as kubelets do; `uninitialized`
     /// adds the taint of `--cloud-provider=external`.
-    async fn nodes(&self, prefix: &str, ips: &[String], uninitialized: bool) -> anyhow::Result<()> {
+    async fn nodes(
+        &self,
+        prefix: &str,
+        ips: &[String],
+        uninitialized: bool,
+        full_status: bool,
+    ) -> anyhow::Result<()> {
         let nodes: Api<Node> = Api::all(self.kube.clone());
+        // What a real kubelet reports besides: ~40 images and node info,
+        // most of a real Node's size.
+        let images: Vec<serde_json::Value> = (0..40)
+            .map(|j| {
+                json!({"names": [
+                    format!("registry.example.com/team-{j}/service-{j}@sha256:{:064x}", j * 7919),
+                    format!("registry.example.com/team-{j}/service-{j}:v1.{j}.0"),
+                ], "sizeBytes": 100_000_000 + j})
+            })
+            .collect();
+        let info = json!({"machineID": "0".repeat(32), "systemUUID": "1".repeat(36), "bootID": "2".repeat(36),
+            "kernelVersion": "6.8.0-45-generic", "osImage": "Ubuntu 24.04.1 LTS", "containerRuntimeVersion": "containerd://1.7.22",
+            "kubeletVersion": "v1.32.0", "kubeProxyVersion": "v1.32.0", "operatingSystem": "linux", "architecture": "amd64"});
         futures::stream::iter(ips.iter().enumerate())
             .map(|(i, ip)| {
                 let nodes = nodes.clone();
@@ -797,8 +816,13 @@ impl Run {
                     b = b.uninitialized();
                 }
                 let n = b.ready().build();
+                let extra = full_status.then(|| (images.clone(), info.clone()));
                 async move {
-                    let status = n.status.clone();
+                    let mut status = serde_json::to_value(&n.status)?;
+                    if let Some((images, info)) = extra {
+                        status["images"] = json!(images);
+                        status["nodeInfo"] = info;
+                    }
                     nodes.create(&PostParams::default(), &n).await?;
                     nodes
                         .patch_status(
@@ -819,7 +843,7 @@ impl Run {
     /// `n` initialised nodes.
     async fn cluster_of(&self, n: usize) -> anyhow::Result<()> {
         let ips = self.instances("base", n).await?;
-        self.nodes("base", &ips, true).await?;
+        self.nodes("base", &ips, true, false).await?;
         self.until(
             Duration::from_secs(120),
             POLL,
