@@ -121,13 +121,16 @@ impl LoadBalancerReads {
             reads = waiters.len(),
             "load balancer reads answered by one listing"
         );
+        let listed: Result<HashMap<String, LoadBalancerStatus>> = listed.map(|lbs| {
+            lbs.into_iter()
+                .map(|lb| (lb.name, lb.status.unwrap_or_default()))
+                .collect()
+        });
         for (service, tx) in waiters {
-            let answer = listed.clone().map(|lbs| {
-                let name = load_balancer_name(&service.uid);
-                lbs.into_iter()
-                    .find(|lb| lb.name == name)
-                    .map(|lb| lb.status.unwrap_or_default())
-            });
+            let answer = match &listed {
+                Ok(by_name) => Ok(by_name.get(&load_balancer_name(&service.uid)).cloned()),
+                Err(e) => Err(e.clone()),
+            };
             let _ = tx.send(answer);
         }
     }

@@ -88,10 +88,12 @@ impl Context {
             == Some(&fingerprint)
     }
 
-    pub fn forget_hosts(&self, key: &Key) {
+    /// Forgets what is remembered of `key` (hosts sent, provisioning).
+    pub fn forget(&self, key: &Key) {
         self.last_hosts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);
+        self.set_provisioning(key, None);
     }
 }

@@ -131,14 +131,14 @@ async fn write_condition(
 #[tracing::instrument(skip(ctx, key), fields(service = %format!("{}/{}", key.0, key.1)))]
 pub async fn sync_service(ctx: &Context, key: &Key) -> Result<()> {
     let Some(svc) = ctx.services.get(&ObjectRef::new(&key.1).within(&key.0)) else {
-        ctx.forget_hosts(key);
+        ctx.forget(key);
         return Ok(());
     };
     if !plan::wants_load_balancer(&svc, &ctx.settings.classes) || plan::needs_cleanup(&svc) {
         if plan::has_finalizer(&svc) {
             delete(ctx, &svc).await?;
         }
-        ctx.forget_hosts(key);
+        ctx.forget(key);
         return Ok(());
     }
     ensure(ctx, key, &svc).await

@@ -624,11 +624,18 @@ impl Harness {
                 String::new(),
             ),
             row(
-                format!("p50 / p99 at {} req/s", self.sizes.latency_high_rate),
+                format!("p50 at {} req/s", self.sizes.latency_high_rate),
                 high.0,
                 None,
-                Some(("p99 ≤ 1 ms".into(), high.1 <= 1.0)),
-                format!("p99 {:.3} ms; our profile only", high.1),
+                None,
+                "our profile only: without a cache this rate is far past the budget".into(),
+            ),
+            row(
+                format!("p99 at {} req/s", self.sizes.latency_high_rate),
+                high.1,
+                None,
+                Some(("≤ 1 ms".into(), high.1 <= 1.0)),
+                String::new(),
             ),
         ])
     }
