@@ -45,8 +45,8 @@ impl Sizes {
         Self {
             join_nodes: 1000,
             steady_nodes: 1000,
-            compression: 20,
-            steady_window: Duration::from_secs(60),
+            compression: 10,
+            steady_window: Duration::from_secs(90),
             burst_services: 200,
             churn_services: 200,
             churn_nodes: 100,
