@@ -143,14 +143,28 @@ impl InstanceLookups {
             // Lookups wait for the budget in the batcher's queue, not the
             // budget's: refuse at once what could not be served within the
             // budget's longest wait, as the budget would.
-            let ahead = state
-                .pending
+            // Cache hits never wait, so they are not counted (nor is the
+            // budget asked when everything is cached).
+            let missing = nodes
                 .iter()
-                .filter(|p| p.priority <= priority)
+                .filter(|node| {
+                    fresh
+                        || state
+                            .cache
+                            .get(&key(node))
+                            .is_none_or(|(at, _)| now.duration_since(*at) >= self.config.cache_ttl)
+                })
                 .count();
-            let calls = (ahead + nodes.len()).div_ceil(self.config.max_batch);
-            if let Some(retry_after) = self.cloud.budget().overflow(priority, calls) {
-                return Err(CloudError::BudgetExhausted { retry_after });
+            if missing > 0 {
+                let ahead = state
+                    .pending
+                    .iter()
+                    .filter(|p| p.priority <= priority)
+                    .count();
+                let calls = (ahead + missing).div_ceil(self.config.max_batch);
+                if let Some(retry_after) = self.cloud.budget().overflow(priority, calls) {
+                    return Err(CloudError::BudgetExhausted { retry_after });
+                }
             }
             let slots = nodes
                 .iter()

@@ -17,9 +17,8 @@ use clap::Parser;
 use cloud_gateway::auth::Role;
 use cloud_gateway::provider::Operation;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use node_controller::args::{Args, Settings};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -98,17 +97,6 @@ fn addresses(n: &Node) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-async fn events(env: &TestEnv, reason: &str) -> Vec<Event> {
-    let api: Api<Event> = Api::all(env.client().await);
-    api.list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uninitialized_node_gets_provider_id_labels_addresses_and_loses_taint() {
     let env = TestEnv::start().await;
@@ -161,7 +149,7 @@ async fn uninitialized_node_gets_provider_id_labels_addresses_and_loses_taint() 
         ]
     );
     let synced = eventually("a Synced event", || async {
-        let e = events(&env, "Synced").await;
+        let e = env.events("Synced").await;
         (!e.is_empty()).then_some(e)
     })
     .await;
@@ -485,7 +473,7 @@ async fn a_not_ready_node_whose_instance_is_gone_is_deleted_with_an_event() {
         nodes.get_opt("alive").await.unwrap().is_some(),
         "a running instance's node stays"
     );
-    let deleting = events(&env, "DeletingNode").await;
+    let deleting = env.events("DeletingNode").await;
     assert_eq!(deleting.len(), 2);
     assert!(
         deleting[0]
@@ -629,7 +617,7 @@ async fn too_many_nodes_gone_at_once_deletes_none_and_warns() {
     create(&nodes, node("survivor").not_ready()).await;
     let _c = start_controller(&env, Role::Node, &[]).await;
     let held = eventually("a held-back warning", || async {
-        let e = events(&env, "NodeDeletionHeldBack").await;
+        let e = env.events("NodeDeletionHeldBack").await;
         (e.len() >= 3).then_some(e)
     })
     .await;
@@ -637,7 +625,7 @@ async fn too_many_nodes_gone_at_once_deletes_none_and_warns() {
     for name in ["a", "b", "c", "survivor"] {
         assert!(nodes.get_opt(name).await.unwrap().is_some(), "{name} kept");
     }
-    assert!(events(&env, "DeletingNode").await.is_empty());
+    assert!(env.events("DeletingNode").await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -710,7 +698,7 @@ async fn of_two_replicas_only_the_leader_writes() {
         lb.identity()
     };
     let synced = eventually("10 Synced events", || async {
-        let e = events(&env, "Synced").await;
+        let e = env.events("Synced").await;
         (e.len() == 10).then_some(e)
     })
     .await;

@@ -13,9 +13,8 @@ use clap::Parser;
 use cloud_gateway::auth::Role;
 use cloud_gateway::provider::Operation;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use route_controller::args::{Args, Settings};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -201,12 +200,8 @@ async fn failed_creates_leave_no_route_created_with_an_event_and_are_retried() {
     let c = start(&env, &[]).await;
     create(&nodes, node("a").pod_cidr("10.244.1.0/24")).await;
     condition_becomes(&nodes, "a", "True", "NoRouteCreated").await;
-    let events: Api<Event> = Api::all(env.client().await);
     let failed = eventually("FailedToCreateRoute", || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("FailedToCreateRoute"))
+        env.events("FailedToCreateRoute").await.into_iter().next()
     })
     .await;
     assert_eq!(failed.type_.as_deref(), Some("Warning"));

@@ -13,9 +13,8 @@ use clap::Parser;
 use cloud_gateway::auth::Role;
 use cloud_gateway::provider::Operation;
 use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use service_controller::args::{Args, Settings};
 use tokio_util::sync::CancellationToken;
@@ -49,17 +48,6 @@ async fn lb_count(env: &TestEnv) -> usize {
         .await
         .unwrap()
         .len()
-}
-
-async fn events(env: &TestEnv, reason: &str) -> Vec<Event> {
-    let api: Api<Event> = Api::all(env.client().await);
-    api.list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .collect()
 }
 
 async fn add_nodes(env: &TestEnv, names: impl IntoIterator<Item = String>) {
@@ -98,7 +86,7 @@ async fn a_load_balancer_service_gets_an_ingress_and_loses_it_on_type_change() {
     );
     assert_eq!(lb_count(&env).await, 1);
     for reason in ["EnsuringLoadBalancer", "EnsuredLoadBalancer"] {
-        assert!(!events(&env, reason).await.is_empty(), "{reason}");
+        assert!(!env.events(reason).await.is_empty(), "{reason}");
     }
     services
         .patch(
@@ -122,7 +110,7 @@ async fn a_load_balancer_service_gets_an_ingress_and_loses_it_on_type_change() {
         },
     )
     .await;
-    assert!(!events(&env, "DeletedLoadBalancer").await.is_empty());
+    assert!(!env.events("DeletedLoadBalancer").await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -248,7 +236,7 @@ async fn an_invalid_annotation_is_an_event_and_a_condition_and_never_a_cloud_wri
         "{}",
         s.message
     );
-    let warnings = events(&env, "SyncLoadBalancerFailed").await;
+    let warnings = env.events("SyncLoadBalancerFailed").await;
     assert!(
         warnings
             .iter()
@@ -413,7 +401,7 @@ async fn a_failed_host_update_falls_back_to_a_full_ensure() {
     })
     .await;
     assert!(env.calls(Operation::EnsureLoadBalancer) > ensures);
-    assert!(!events(&env, "UpdateLoadBalancerFailed").await.is_empty());
+    assert!(!env.events("UpdateLoadBalancerFailed").await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -575,7 +563,7 @@ async fn of_two_replicas_only_the_leader_writes() {
     };
     assert!(leader.metric("service_controller_syncs_total").await >= 3.0);
     assert_eq!(standby.metric("service_controller_syncs_total").await, 0.0);
-    let ensured = events(&env, "EnsuredLoadBalancer").await;
+    let ensured = env.events("EnsuredLoadBalancer").await;
     let identity = leader.running.leadership.identity().to_owned();
     assert!(
         ensured

@@ -100,6 +100,11 @@ impl TestEnv {
         ]
     }
 
+    /// Every Event with `reason`.
+    pub async fn events(&self, reason: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+        events(&self.client().await, reason).await
+    }
+
     /// A kube client.
     pub async fn client(&self) -> kube::Client {
         self.api.client().await.expect("kube client")
@@ -166,6 +171,21 @@ where
         assert!(start.elapsed() < TIMEOUT, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// Every events.k8s.io Event with `reason`.
+pub async fn events(
+    client: &kube::Client,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let api: kube::Api<k8s_openapi::api::events::v1::Event> = kube::Api::all(client.clone());
+    api.list(&Default::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect()
 }
 
 /// A plain HTTP GET (admin endpoints): `(status, body)`.

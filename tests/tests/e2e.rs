@@ -418,15 +418,10 @@ mod scenarios {
     /// Waits until the event `reason` has repeated (the recorder then
     /// patches its series instead of creating a new event).
     async fn until_repeated(client: &kube::Client, reason: &str) {
-        let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
         let start = Instant::now();
         loop {
-            let list = events.list(&Default::default()).await.unwrap();
-            if list
-                .items
-                .iter()
-                .any(|e| e.reason.as_deref() == Some(reason) && e.series.is_some())
-            {
+            let events = ccm_testkit::env::events(client, reason).await;
+            if events.iter().any(|e| e.series.is_some()) {
                 return;
             }
             assert!(start.elapsed() < LIMIT, "{reason} never repeated");
