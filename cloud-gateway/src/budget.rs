@@ -188,6 +188,19 @@ impl Budget {
         self.wake.notify_one();
     }
 
+    /// Takes `calls` more tokens for requests a provider call sent beyond
+    /// the one it was admitted for; the bucket may go below zero, and the
+    /// next callers wait until it has refilled.
+    pub fn charge(&self, calls: u32) {
+        if calls == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let mut state = self.state();
+        state.refill(&self.config, now);
+        state.tokens -= f64::from(calls);
+    }
+
     /// The current sustained rate, lowered after throttling.
     pub fn current_rate(&self) -> f64 {
         self.state().rate
@@ -311,6 +324,17 @@ mod tests {
         for waiter in waiters {
             assert!(waiter.await.unwrap().is_ok());
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn extra_requests_are_charged_to_the_next_callers() {
+        let budget = Budget::start(config(10.0, 2.0, Duration::from_secs(5)));
+        assert_eq!(budget.acquire(Priority::High).await, Ok(Duration::ZERO));
+        // That call sent three requests: two more tokens, one of which the
+        // bucket does not have.
+        budget.charge(2);
+        let waited = budget.acquire(Priority::High).await.unwrap();
+        assert!(waited >= Duration::from_millis(190), "{waited:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crate::budget::{Budget, Priority};
 use crate::metrics::{CloudLabels, Metrics, OperationLabels, PriorityLabels};
-use crate::provider::{CloudError, Operation, Provider, Result};
+use crate::provider::{self, CloudError, Operation, Provider, Result};
 
 /// Who asked, for the audit log.
 #[derive(Clone, Debug)]
@@ -103,8 +103,16 @@ impl Cloud {
         call: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         let start = Instant::now();
-        let result = call.await;
+        let (result, requests) = provider::metered(call).await;
         let elapsed = start.elapsed();
+        // The call was admitted for one request; the rest are charged now.
+        self.budget.charge(requests - 1);
+        self.metrics
+            .cloud_requests
+            .get_or_create(&OperationLabels {
+                operation: op.as_str(),
+            })
+            .inc_by(u64::from(requests));
         let outcome = match &result {
             Ok(_) => "ok",
             Err(e) => e.metric_label(),

@@ -51,14 +51,15 @@ use crate::settings::{ProviderKind, Settings};
 
 pub use crate::settings::Args;
 
-/// The gRPC services every health check reports on.
-const SERVICES: [&str; 5] = [
+/// The gRPC services every health check reports on; SimAdmin too where
+/// the sim is the provider.
+const SERVICES: [&str; 4] = [
     "cloudgateway.v1.Provider",
     "cloudgateway.v1.Instances",
     "cloudgateway.v1.LoadBalancers",
     "cloudgateway.v1.Routes",
-    "cloudgateway.v1.SimAdmin",
 ];
+const SIM_ADMIN: &str = "cloudgateway.v1.SimAdmin";
 
 /// A running gateway.
 pub struct Gateway {
@@ -78,13 +79,27 @@ impl Gateway {
     /// Opens the configured provider, binds both listeners and starts
     /// serving until `shutdown` is cancelled.
     pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<Self> {
-        let sim = match settings.provider {
-            ProviderKind::Sim => Arc::new(
-                SimCloud::open(&settings.state_dir, settings.sim.clone())
-                    .context("open the simulated cloud")?,
+        let (provider, sim): (Arc<dyn Provider>, _) = match settings.provider {
+            ProviderKind::Sim => {
+                let sim = Arc::new(
+                    SimCloud::open(&settings.state_dir, settings.sim.clone())
+                        .context("open the simulated cloud")?,
+                );
+                (sim.clone(), Some(sim))
+            }
+            #[cfg(feature = "aws")]
+            ProviderKind::Aws => (
+                Arc::new(
+                    crate::provider::aws::AwsCloud::connect(settings.aws.clone())
+                        .await
+                        .context("set up the AWS provider")?,
+                ),
+                None,
             ),
+            #[cfg(not(feature = "aws"))]
+            ProviderKind::Aws => anyhow::bail!("this gateway was built without the aws feature"),
         };
-        Self::start_with(settings, sim.clone(), Some(sim), shutdown).await
+        Self::start_with(settings, provider, sim, shutdown).await
     }
 
     /// Serves `provider`; `sim` adds the SimAdmin service for it.
@@ -180,7 +195,7 @@ impl Gateway {
             .add_service(ProviderServer::new(ProviderService::new(cloud.clone())))
             .add_service(InstancesServer::new(InstancesService::new(
                 lookups.clone(),
-                provider_name.clone(),
+                cloud.clone(),
             )))
             .add_service(LoadBalancersServer::new(LoadBalancersService::new(
                 cloud.clone(),
@@ -205,6 +220,10 @@ impl Gateway {
             }
         });
 
+        let mut services: Vec<&'static str> = SERVICES.to_vec();
+        if sim.is_some() {
+            services.push(SIM_ADMIN);
+        }
         // Ready once the provider answers; not ready again while draining.
         tokio::spawn({
             let readiness = readiness.clone();
@@ -222,7 +241,7 @@ impl Gateway {
                     delay = (delay * 2).min(std::time::Duration::from_secs(10));
                 }
                 health.set_service_status("", ServingStatus::Serving).await;
-                for name in SERVICES {
+                for name in services.iter().copied() {
                     health
                         .set_service_status(name, ServingStatus::Serving)
                         .await;
@@ -234,7 +253,7 @@ impl Gateway {
                 health
                     .set_service_status("", ServingStatus::NotServing)
                     .await;
-                for name in SERVICES {
+                for name in services.iter().copied() {
                     health
                         .set_service_status(name, ServingStatus::NotServing)
                         .await;

@@ -72,6 +72,7 @@ pub struct Metrics {
     pub grpc_duration: HistogramFamily<MethodLabels>,
     pub cloud_calls: Family<CloudLabels, Counter>,
     pub cloud_duration: HistogramFamily<OperationLabels>,
+    pub cloud_requests: Family<OperationLabels, Counter>,
     pub budget_wait: HistogramFamily<PriorityLabels>,
     pub budget_rejected: Family<PriorityLabels, Counter>,
     pub budget_throttled: Counter,
@@ -88,6 +89,7 @@ impl Metrics {
             grpc_duration: HistogramFamily::new_with_constructor(latency_histogram),
             cloud_calls: Family::default(),
             cloud_duration: HistogramFamily::new_with_constructor(latency_histogram),
+            cloud_requests: Family::default(),
             budget_wait: HistogramFamily::new_with_constructor(latency_histogram),
             budget_rejected: Family::default(),
             budget_throttled: Counter::default(),
@@ -115,6 +117,11 @@ impl Metrics {
             "cloud_call_duration_seconds",
             "Provider call latency",
             m.cloud_duration.clone(),
+        );
+        r.register(
+            "cloud_api_requests",
+            "Requests sent to the cloud's API, by operation (one provider call may send several)",
+            m.cloud_requests.clone(),
         );
         r.register(
             "budget_wait_seconds",

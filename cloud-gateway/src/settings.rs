@@ -122,13 +122,163 @@ pub struct Args {
     /// The network sim instances get their internal addresses from.
     #[arg(long, default_value = "10.240.0.0/16")]
     pub sim_node_network: String,
+    /// AWS region; without it, the SDK's chain (AWS_REGION, the profile, instance metadata).
+    #[arg(long, env = "CLOUD_GATEWAY_AWS_REGION")]
+    pub aws_region: Option<String>,
+    /// AWS API endpoint in place of the public one (an emulator, a private endpoint, an EC2-compatible cloud).
+    #[arg(long, env = "CLOUD_GATEWAY_AWS_ENDPOINT_URL")]
+    pub aws_endpoint_url: Option<String>,
+    /// The cluster's VPC; instances found by name and route tables are looked for in it only.
+    #[arg(long, env = "CLOUD_GATEWAY_AWS_VPC_ID")]
+    pub aws_vpc_id: Option<String>,
+    /// Route tables for pod routes, comma-separated; each must carry the cluster tag. Without it, every route table with the cluster tag.
+    #[arg(long, env = "CLOUD_GATEWAY_AWS_ROUTE_TABLE_IDS")]
+    pub aws_route_table_ids: Option<String>,
+    /// IAM role to assume with the credentials of the SDK's chain.
+    #[arg(long, env = "CLOUD_GATEWAY_AWS_ROLE_ARN")]
+    pub aws_role_arn: Option<String>,
+    /// External ID for assuming --aws-role-arn, when the role's trust policy asks for one.
+    #[arg(long, env = "CLOUD_GATEWAY_AWS_EXTERNAL_ID")]
+    pub aws_external_id: Option<String>,
+    /// Session name for assuming --aws-role-arn (shows in CloudTrail).
+    #[arg(long, default_value = "cloud-gateway")]
+    pub aws_role_session_name: String,
+    /// Address families of node InternalIPs, in order: ipv4, ipv6 or both, comma-separated.
+    #[arg(
+        long,
+        env = "CLOUD_GATEWAY_AWS_NODE_IP_FAMILIES",
+        default_value = "ipv4,ipv6"
+    )]
+    pub aws_node_ip_families: String,
+    /// Longest time one AWS API request may take.
+    #[arg(long, default_value = "30s")]
+    pub aws_request_timeout: String,
 }
 
-/// The one provider built in so far.
+/// The providers built in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProviderKind {
     /// The simulated cloud.
     Sim,
+    /// Amazon Web Services (EC2 instances, VPC routes); built with the
+    /// `aws` feature.
+    Aws,
+}
+
+/// The AWS provider's settings. Credentials are not among them: they come
+/// from the SDK's standard chain only.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AwsSettings {
+    /// The region; `None` asks the SDK's chain.
+    pub region: Option<String>,
+    /// An endpoint for every AWS API in place of the public ones.
+    pub endpoint_url: Option<String>,
+    /// The cluster's VPC.
+    pub vpc_id: Option<String>,
+    /// Route tables to use (each must carry the cluster tag); empty means
+    /// every route table with the cluster tag.
+    pub route_table_ids: Vec<String>,
+    /// A role to assume.
+    pub role_arn: Option<String>,
+    /// The external ID for assuming the role.
+    pub external_id: Option<String>,
+    /// The session name for assuming the role.
+    pub role_session_name: String,
+    /// Whether node InternalIPs include IPv4 and IPv6 addresses, and which
+    /// family comes first.
+    pub node_ip_families: Vec<IpFamily>,
+    /// The longest one API request may take.
+    pub request_timeout: std::time::Duration,
+}
+
+/// An address family of node addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpFamily {
+    /// IPv4.
+    V4,
+    /// IPv6.
+    V6,
+}
+
+/// Providers this build has, for error messages.
+const PROVIDERS: &str = if cfg!(feature = "aws") {
+    "sim, aws"
+} else {
+    "sim (this gateway was built without the aws feature)"
+};
+
+fn aws_id(prefix: &str, value: &str) -> Result<String, String> {
+    let value = value.trim();
+    let ok = value.strip_prefix(prefix).is_some_and(|hex| {
+        (1..=32).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_alphanumeric())
+    });
+    if ok {
+        Ok(value.to_owned())
+    } else {
+        Err(format!("is not an ID of the form {prefix}0123abcd"))
+    }
+}
+
+fn aws_region(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    let ok = (1..=32).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !value.starts_with('-')
+        && !value.ends_with('-');
+    if ok {
+        Ok(value.to_owned())
+    } else {
+        Err("is not a region name such as eu-west-1".into())
+    }
+}
+
+fn endpoint_url(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    let uri: http::Uri = value.parse().map_err(|_| "is not a URL".to_owned())?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http" | "https"), Some(_)) => Ok(value.to_owned()),
+        _ => Err("is not an http:// or https:// URL".into()),
+    }
+}
+
+fn role_arn(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    let parts: Vec<&str> = value.splitn(6, ':').collect();
+    let ok = parts.len() == 6
+        && parts[0] == "arn"
+        && parts[1].starts_with("aws")
+        && parts[2] == "iam"
+        && parts[4].len() == 12
+        && parts[4].bytes().all(|b| b.is_ascii_digit())
+        && parts[5]
+            .strip_prefix("role/")
+            .is_some_and(|r| !r.is_empty());
+    if ok {
+        Ok(value.to_owned())
+    } else {
+        Err("is not a role ARN such as arn:aws:iam::123456789012:role/cloud-gateway".into())
+    }
+}
+
+fn ip_families(value: &str) -> Result<Vec<IpFamily>, String> {
+    let mut out = Vec::new();
+    for item in list(value) {
+        let family = match item {
+            "ipv4" => IpFamily::V4,
+            "ipv6" => IpFamily::V6,
+            other => return Err(format!("{other:?} is not ipv4 or ipv6")),
+        };
+        if out.contains(&family) {
+            return Err(format!("{item} is named twice"));
+        }
+        out.push(family);
+    }
+    if out.is_empty() {
+        return Err("needs ipv4, ipv6 or both".into());
+    }
+    Ok(out)
 }
 
 /// The checked configuration.
@@ -150,6 +300,7 @@ pub struct Settings {
     pub budget: BudgetConfig,
     pub lookups: LookupConfig,
     pub sim: SimConfig,
+    pub aws: AwsSettings,
 }
 
 fn positive<T: PartialOrd + Default + std::fmt::Display + std::str::FromStr>(
@@ -211,7 +362,10 @@ impl Settings {
         }
         let provider = p.parse("provider", &args.provider, |s| match s {
             "sim" => Ok(ProviderKind::Sim),
-            other => Err(format!("unknown provider {other:?}; available: sim")),
+            "aws" if cfg!(feature = "aws") => Ok(ProviderKind::Aws),
+            other => Err(format!(
+                "unknown provider {other:?}; available: {PROVIDERS}"
+            )),
         });
         let log_format = p.parse("log-format", &args.log_format, str::parse::<LogFormat>);
         p.parse("log-level", &args.log_level, parse_filter);
@@ -312,6 +466,60 @@ impl Settings {
         let node_network = p.parse("sim-node-network", &args.sim_node_network, |s| {
             s.parse::<IpNet>()
         });
+        let aws_region = args
+            .aws_region
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+            .and_then(|s| p.parse("aws-region", s, aws_region));
+        let aws_endpoint = args
+            .aws_endpoint_url
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+            .and_then(|s| p.parse("aws-endpoint-url", s, endpoint_url));
+        let aws_vpc = args
+            .aws_vpc_id
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+            .and_then(|s| p.parse("aws-vpc-id", s, |s| aws_id("vpc-", s)));
+        let aws_tables: Vec<String> = list(args.aws_route_table_ids.as_deref().unwrap_or(""))
+            .into_iter()
+            .filter_map(|s| p.parse("aws-route-table-ids", s, |s| aws_id("rtb-", s)))
+            .collect();
+        let aws_role = args
+            .aws_role_arn
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+            .and_then(|s| p.parse("aws-role-arn", s, role_arn));
+        let session_name = args.aws_role_session_name.trim();
+        if !(2..=64).contains(&session_name.len())
+            || !session_name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"=,.@-_".contains(&b))
+        {
+            p.push(
+                "aws-role-session-name",
+                "must be 2-64 of letters, digits and =,.@-_",
+            );
+        }
+        if args.aws_external_id.is_some() && aws_role.is_none() {
+            p.push("aws-external-id", "needs --aws-role-arn");
+        }
+        let aws_families = p.parse(
+            "aws-node-ip-families",
+            &args.aws_node_ip_families,
+            ip_families,
+        );
+        let aws_timeout = p.parse("aws-request-timeout", &args.aws_request_timeout, |s| {
+            parse_duration(s).and_then(|d| {
+                if (std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(300))
+                    .contains(&d)
+                {
+                    Ok(d)
+                } else {
+                    Err("must be from 1s to 5m".into())
+                }
+            })
+        });
         p.finish(|| Settings {
             listen: listen.expect("checked"),
             admin_listen: admin_listen.expect("checked"),
@@ -346,6 +554,22 @@ impl Settings {
                 lb_pool,
                 internal_lb_pool,
                 node_network: node_network.expect("checked"),
+            },
+            aws: AwsSettings {
+                region: aws_region,
+                endpoint_url: aws_endpoint,
+                vpc_id: aws_vpc,
+                route_table_ids: aws_tables,
+                role_arn: aws_role,
+                external_id: args
+                    .aws_external_id
+                    .as_deref()
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned),
+                role_session_name: session_name.to_owned(),
+                node_ip_families: aws_families.expect("checked"),
+                request_timeout: aws_timeout.expect("checked"),
             },
         })
     }

@@ -31,3 +31,6 @@ pub const CONFLICT: &str = "CONFLICT";
 pub const ADDRESS_POOL_EXHAUSTED: &str = "ADDRESS_POOL_EXHAUSTED";
 /// A request field is invalid; the `BadRequest` detail names it.
 pub const INVALID_ARGUMENT: &str = "INVALID_ARGUMENT";
+/// The cloud account is not set up for the request (e.g. no route table
+/// carries the cluster's tag); an operator must act, retrying will not help.
+pub const CLOUD_NOT_CONFIGURED: &str = "CLOUD_NOT_CONFIGURED";

@@ -40,9 +40,9 @@ const BACKOFF: Backoff = Backoff {
 pub use ccm_runtime::controller::Running;
 
 /// What of a node makes routes change.
-fn fingerprint(node: &Node) -> (Vec<String>, Vec<(String, String)>) {
+fn fingerprint(node: &Node) -> (Vec<String>, Vec<(String, String)>, String) {
     let info = reconcile::node_info(node);
-    (info.pod_cidrs, info.addresses)
+    (info.pod_cidrs, info.addresses, info.provider_id)
 }
 
 /// Starts the controller; it runs until `shutdown`.

@@ -2,7 +2,7 @@
 //! the cloud's routes to the routes to create and delete, and from the
 //! outcome to each node's `NetworkUnavailable` condition.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ccm_proto::v1::{NodeAddressType, Route};
@@ -13,6 +13,8 @@ use ipnet::IpNet;
 pub struct NodeInfo {
     pub name: String,
     pub uid: String,
+    /// `spec.providerID`; empty until the node is initialised.
+    pub provider_id: String,
     /// `spec.podCIDRs`, one route each.
     pub pod_cidrs: Vec<String>,
     /// `(type, address)` pairs of `status.addresses`.
@@ -25,6 +27,8 @@ pub struct Create {
     pub node: String,
     /// The name hint: the node's UID.
     pub uid: String,
+    /// The node's provider ID, by which the cloud finds its instance.
+    pub provider_id: String,
     pub cidr: String,
     pub addresses: Vec<(String, String)>,
 }
@@ -76,14 +80,29 @@ fn same_addresses(route: &Route, node: &NodeInfo) -> bool {
 /// replaced (deleted, then created).
 pub fn plan(nodes: &[NodeInfo], routes: &[Route], cluster_cidrs: &[IpNet]) -> Plan {
     let mut out = Plan::default();
-    let mut by_node: BTreeMap<&str, Vec<&Route>> = BTreeMap::new();
-    for route in routes.iter().filter(|r| !r.target_node.is_empty()) {
-        by_node.entry(&route.target_node).or_default().push(route);
+    // A route names its node by provider ID where the cloud knows it: node
+    // names need not be the names the cloud gives its instances.
+    let by_provider_id: HashMap<&str, &str> = nodes
+        .iter()
+        .filter(|n| !n.provider_id.is_empty())
+        .map(|n| (n.provider_id.as_str(), n.name.as_str()))
+        .collect();
+    let target = |route: &Route| -> String {
+        by_provider_id
+            .get(route.target_provider_id.as_str())
+            .map_or_else(|| route.target_node.clone(), |name| (*name).to_owned())
+    };
+    let mut by_node: BTreeMap<String, Vec<&Route>> = BTreeMap::new();
+    for route in routes {
+        let node = target(route);
+        if !node.is_empty() {
+            by_node.entry(node).or_default().push(route);
+        }
     }
     // (node, cidr) pairs whose existing route stays.
     let mut kept: BTreeSet<(&str, &str)> = BTreeSet::new();
     for node in nodes {
-        let existing = by_node.get(node.name.as_str()).cloned().unwrap_or_default();
+        let existing = by_node.get(&node.name).cloned().unwrap_or_default();
         if node.pod_cidrs.is_empty() && existing.is_empty() {
             continue;
         }
@@ -99,6 +118,7 @@ pub fn plan(nodes: &[NodeInfo], routes: &[Route], cluster_cidrs: &[IpNet]) -> Pl
                 out.create.push(Create {
                     node: node.name.clone(),
                     uid: node.uid.clone(),
+                    provider_id: node.provider_id.clone(),
                     cidr: cidr.clone(),
                     addresses: node.addresses.clone(),
                 });
@@ -109,7 +129,7 @@ pub fn plan(nodes: &[NodeInfo], routes: &[Route], cluster_cidrs: &[IpNet]) -> Pl
         .iter()
         .filter(|r| is_responsible(r, cluster_cidrs))
         .filter(|r| {
-            r.blackhole || !kept.contains(&(r.target_node.as_str(), r.destination_cidr.as_str()))
+            r.blackhole || !kept.contains(&(target(r).as_str(), r.destination_cidr.as_str()))
         })
         .cloned()
         .collect();
@@ -172,6 +192,7 @@ mod tests {
         NodeInfo {
             name: name.into(),
             uid: format!("uid-{name}"),
+            provider_id: String::new(),
             pod_cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
             addresses: vec![("InternalIP".into(), format!("10.0.0.{}", name.len()))],
         }
@@ -230,6 +251,28 @@ mod tests {
                 ..Default::default()
             }
         );
+    }
+
+    #[test]
+    fn routes_match_nodes_by_provider_id_where_the_cloud_names_instances_otherwise() {
+        let mut n = node("web-1", &["10.244.1.0/24"]);
+        n.provider_id = "aws:///z/i-1".into();
+        let listed = Route {
+            target_provider_id: "aws:///z/i-1".into(),
+            ..route("ip-10-0-1-5.ec2.internal", "10.244.1.0/24")
+        };
+        let p = plan(
+            std::slice::from_ref(&n),
+            std::slice::from_ref(&listed),
+            &cluster(),
+        );
+        assert!(p.delete.is_empty() && p.create.is_empty(), "{p:?}");
+        // Without the node, the same route is unwanted.
+        let p = plan(&[], &[listed], &cluster());
+        assert_eq!(p.delete.len(), 1);
+        // A create carries the provider ID.
+        let p = plan(&[n], &[], &cluster());
+        assert_eq!(p.create[0].provider_id, "aws:///z/i-1");
     }
 
     #[test]

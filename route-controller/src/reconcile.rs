@@ -30,6 +30,7 @@ pub fn node_info(node: &Node) -> NodeInfo {
     NodeInfo {
         name: node.name_any(),
         uid: node.metadata.uid.clone().unwrap_or_default(),
+        provider_id: spec.and_then(|s| s.provider_id.clone()).unwrap_or_default(),
         pod_cidrs,
         addresses: node
             .status
@@ -136,6 +137,7 @@ async fn create_route(
     let started = Instant::now();
     let route = Route {
         target_node: create.node.clone(),
+        target_provider_id: create.provider_id.clone(),
         destination_cidr: create.cidr.clone(),
         target_node_addresses: create
             .addresses

@@ -33,6 +33,7 @@ where
     };
     let (format, level) = log(&settings);
     crate::telemetry::init(format, &level);
+    install_crypto_provider();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -54,4 +55,13 @@ where
             ExitCode::FAILURE
         }
     }
+}
+
+/// Installs ring as the process's one rustls crypto provider. kube, tonic
+/// and the AWS SDK all use rustls; should two providers ever be compiled
+/// in, rustls would refuse to pick one and panic at the first TLS
+/// connection. Calling it again is harmless.
+pub fn install_crypto_provider() {
+    // An error means a provider is installed already, which is all we need.
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -3,6 +3,7 @@
 //! local sandbox and the benchmarks.
 
 pub mod apiserver;
+pub mod aws;
 pub mod bench;
 pub mod chart;
 pub mod env;

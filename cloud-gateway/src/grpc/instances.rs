@@ -8,24 +8,22 @@ use ccm_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::validate::Violations;
+use super::validate::{ProviderIds, Violations};
 use crate::budget::Priority;
+use crate::cloud::Cloud;
 use crate::lookup::InstanceLookups;
 use crate::provider::Lookup;
 
 /// The Instances service.
 pub struct InstancesService {
     lookups: Arc<InstanceLookups>,
-    provider: String,
+    cloud: Arc<Cloud>,
 }
 
 impl InstancesService {
-    /// Serves lookups through `lookups` for the provider named `provider`.
-    pub fn new(lookups: Arc<InstanceLookups>, provider: impl Into<String>) -> Self {
-        Self {
-            lookups,
-            provider: provider.into(),
-        }
+    /// Serves lookups of `cloud`'s provider through `lookups`.
+    pub fn new(lookups: Arc<InstanceLookups>, cloud: Arc<Cloud>) -> Self {
+        Self { lookups, cloud }
     }
 }
 
@@ -46,7 +44,7 @@ impl Instances for InstancesService {
         let req = request.into_inner();
         let mut v = Violations::default();
         v.cluster_name(&req.cluster_name);
-        v.nodes(&req.nodes, &self.provider);
+        v.nodes(&req.nodes, &ProviderIds::of(self.cloud.provider()));
         if LookupPurpose::try_from(req.purpose).is_err() {
             v.add("purpose", "unknown purpose");
         }

@@ -10,7 +10,7 @@ use ccm_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use super::caller_name;
-use super::validate::Violations;
+use super::validate::{ProviderIds, Violations};
 use crate::budget::Priority;
 use crate::cloud::{Audit, Cloud};
 use crate::provider::{self, CloudError, Operation};
@@ -64,7 +64,11 @@ impl Routes for RoutesService {
         let req = request.into_inner();
         let mut v = Violations::default();
         v.cluster_name(&req.cluster_name);
-        v.route(req.route.as_ref(), true);
+        v.route(
+            req.route.as_ref(),
+            true,
+            &ProviderIds::of(self.cloud.provider()),
+        );
         if req.name_hint.len() > 128 {
             v.add("name_hint", "at most 128 characters");
         }
@@ -98,7 +102,11 @@ impl Routes for RoutesService {
         let req = request.into_inner();
         let mut v = Violations::default();
         v.cluster_name(&req.cluster_name);
-        v.route(req.route.as_ref(), false);
+        v.route(
+            req.route.as_ref(),
+            false,
+            &ProviderIds::of(self.cloud.provider()),
+        );
         v.finish()?;
         let route = req.route.unwrap_or_default();
         let resource = format!(

@@ -52,6 +52,9 @@ impl From<CloudError> for Status {
                 Code::PermissionDenied,
                 info(reason::CLOUD_PERMISSION_DENIED),
             ),
+            CloudError::NotConfigured(_) => {
+                (Code::FailedPrecondition, info(reason::CLOUD_NOT_CONFIGURED))
+            }
             CloudError::Unavailable(_) => (Code::Unavailable, info(reason::CLOUD_UNAVAILABLE)),
             CloudError::Internal(_) => (Code::Internal, ErrorDetails::new()),
         };

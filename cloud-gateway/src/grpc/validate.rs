@@ -11,7 +11,7 @@ use ccm_proto::v1::{
 use ccm_runtime::names::{is_dns_label, is_dns_subdomain};
 use ipnet::IpNet;
 
-use crate::provider::CloudError;
+use crate::provider::{CloudError, Instances, Provider};
 
 /// The most nodes in one GetInstances call.
 pub const MAX_NODES: usize = 1000;
@@ -21,6 +21,31 @@ const MAX_PORTS: usize = 100;
 const MAX_ADDRESSES: usize = 32;
 const MAX_SOURCE_RANGES: usize = 200;
 const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+
+/// What the provider accepts as provider IDs: its scheme, and its own
+/// check of the rest.
+#[derive(Clone, Copy)]
+pub struct ProviderIds<'a> {
+    /// The provider's name, the scheme of its provider IDs.
+    pub name: &'a str,
+    /// The provider's instances, which check the rest of a provider ID.
+    pub instances: Option<&'a dyn Instances>,
+}
+
+impl<'a> ProviderIds<'a> {
+    /// The provider IDs `provider` accepts.
+    pub fn of(provider: &'a dyn Provider) -> Self {
+        Self {
+            name: provider.name(),
+            instances: provider.instances(),
+        }
+    }
+
+    fn check(&self, provider_id: &str) -> Result<(), String> {
+        self.instances
+            .map_or(Ok(()), |i| i.check_provider_id(provider_id))
+    }
+}
 
 /// Problems found in one request.
 #[derive(Debug, Default)]
@@ -92,8 +117,24 @@ impl Violations {
         }
     }
 
+    /// A provider ID: of this provider (`<provider>://...`), at most 1024
+    /// characters, and of the form the provider's `check` accepts.
+    pub fn provider_id(&mut self, field: &str, value: &str, provider: &ProviderIds<'_>) {
+        let scheme = format!("{}://", provider.name);
+        if !value.starts_with(&scheme) || value.len() > 1024 || value.len() == scheme.len() {
+            // A provider ID of another cloud is not ours to judge: it
+            // must never read as "not found".
+            self.add(
+                field,
+                format!("{value:?} is not a provider ID of this cloud ({scheme}...)"),
+            );
+        } else if let Err(problem) = provider.check(value) {
+            self.add(field, problem);
+        }
+    }
+
     /// The nodes of a GetInstances call.
-    pub fn nodes(&mut self, nodes: &[NodeRef], provider: &str) {
+    pub fn nodes(&mut self, nodes: &[NodeRef], provider: &ProviderIds<'_>) {
         if nodes.is_empty() || nodes.len() > MAX_NODES {
             self.add(
                 "nodes",
@@ -101,7 +142,6 @@ impl Violations {
             );
             return;
         }
-        let scheme = format!("{provider}://");
         for (i, node) in nodes.iter().enumerate() {
             if node.provider_id.is_empty() {
                 if node.name.is_empty() {
@@ -109,18 +149,11 @@ impl Violations {
                 } else {
                     self.name(&format!("nodes[{i}].name"), &node.name);
                 }
-            } else if !node.provider_id.starts_with(&scheme)
-                || node.provider_id.len() > 1024
-                || node.provider_id.len() == scheme.len()
-            {
-                // A provider ID of another cloud is not ours to judge: it
-                // must never read as "not found".
-                self.add(
-                    format!("nodes[{i}].provider_id"),
-                    format!(
-                        "{:?} is not a provider ID of this cloud ({scheme}...)",
-                        node.provider_id
-                    ),
+            } else {
+                self.provider_id(
+                    &format!("nodes[{i}].provider_id"),
+                    &node.provider_id,
+                    provider,
                 );
             }
         }
@@ -262,13 +295,20 @@ impl Violations {
     }
 
     /// A route to create or delete. `create` requires a target node.
-    pub fn route(&mut self, route: Option<&Route>, create: bool) {
+    pub fn route(&mut self, route: Option<&Route>, create: bool, provider: &ProviderIds<'_>) {
         let Some(route) = route else {
             self.add("route", "is required");
             return;
         };
         if create || !route.target_node.is_empty() {
             self.name("route.target_node", &route.target_node);
+        }
+        if !route.target_provider_id.is_empty() {
+            self.provider_id(
+                "route.target_provider_id",
+                &route.target_provider_id,
+                provider,
+            );
         }
         if create || route.name.is_empty() {
             self.cidr("route.destination_cidr", &route.destination_cidr);
@@ -283,6 +323,11 @@ impl Violations {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const SIM: ProviderIds<'static> = ProviderIds {
+        name: "sim",
+        instances: None,
+    };
 
     fn problems(f: impl FnOnce(&mut Violations)) -> Vec<String> {
         let mut v = Violations::default();
@@ -321,10 +366,10 @@ mod tests {
             },
         ];
         assert_eq!(
-            problems(|v| v.nodes(&nodes, "sim")),
+            problems(|v| v.nodes(&nodes, &SIM)),
             ["nodes[0].provider_id", "nodes[1].provider_id", "nodes[2]"]
         );
-        assert_eq!(problems(|v| v.nodes(&[], "sim")), ["nodes"]);
+        assert_eq!(problems(|v| v.nodes(&[], &SIM)), ["nodes"]);
     }
 
     #[test]

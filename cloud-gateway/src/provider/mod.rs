@@ -3,9 +3,13 @@
 //! type every provider returns. Data crosses the trait in the wire types of
 //! `cloudgateway.v1`, already validated by the gRPC layer.
 
+#[cfg(feature = "aws")]
+pub mod aws;
 pub mod sim;
 
+use std::cell::Cell;
 use std::fmt;
+use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -62,6 +66,10 @@ pub enum CloudError {
     /// The gateway's credentials may not do this.
     #[error("the cloud refused: {0}")]
     PermissionDenied(String),
+    /// The cloud account is not set up for this cluster (e.g. no route
+    /// table carries the cluster's tag); an operator must act.
+    #[error("the cloud is not set up for this: {0}")]
+    NotConfigured(String),
     /// The cloud failed or could not be reached; nothing is known.
     #[error("cloud unavailable: {0}")]
     Unavailable(String),
@@ -97,6 +105,7 @@ impl CloudError {
             Self::Conflict(_) => "conflict",
             Self::PoolExhausted(_) => "pool_exhausted",
             Self::PermissionDenied(_) => "permission_denied",
+            Self::NotConfigured(_) => "not_configured",
             Self::Unavailable(_) => "unavailable",
             Self::Internal(_) => "internal",
         }
@@ -189,6 +198,28 @@ impl FromStr for Operation {
     }
 }
 
+tokio::task_local! {
+    static API_REQUESTS: Cell<u32>;
+}
+
+/// Counts one request a provider sent to its cloud's API. A provider whose
+/// calls may take several requests calls it once per request (the AWS
+/// provider from an SDK interceptor), so the budget is charged for each.
+pub fn count_api_request() {
+    let _ = API_REQUESTS.try_with(|n| n.set(n.get().saturating_add(1)));
+}
+
+/// Runs one provider call and returns its output with the number of API
+/// requests it sent: at least one, for providers that do not count.
+pub async fn metered<T>(call: impl Future<Output = T>) -> (T, u32) {
+    API_REQUESTS
+        .scope(Cell::new(0), async {
+            let out = call.await;
+            (out, API_REQUESTS.with(Cell::get).max(1))
+        })
+        .await
+}
+
 /// What the cloud says about one looked-up node.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Lookup {
@@ -227,6 +258,13 @@ pub trait Instances: Send + Sync {
     /// Looks up every node, by provider ID when set, else by name; one
     /// answer per node, in order. `NotFound` only on a definite answer.
     async fn get_instances(&self, nodes: &[NodeRef]) -> Result<Vec<Lookup>>;
+
+    /// Checks a provider ID (which starts with `<name>://`) before any
+    /// lookup, so a malformed one is `INVALID_ARGUMENT` for its caller
+    /// alone and never fails a batch it shares with others.
+    fn check_provider_id(&self, _provider_id: &str) -> std::result::Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Load balancers (upstream LoadBalancer). Every method is idempotent.

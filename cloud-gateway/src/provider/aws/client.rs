@@ -1,0 +1,83 @@
+//! The EC2 client: region, endpoint and credentials from the SDK's standard
+//! chain (environment, shared config and credentials files, web identity
+//! for IRSA, container and instance metadata), optionally through an
+//! assumed role. The SDK does not retry: a throttled request must reach the
+//! gateway's budget, and the gateway's callers retry what is retryable.
+//! Every request the SDK sends is counted for the budget
+//! ([`crate::provider::count_api_request`]).
+
+use anyhow::Context as _;
+use aws_config::BehaviorVersion;
+use aws_config::retry::RetryConfig;
+use aws_config::sts::AssumeRoleProvider;
+use aws_config::timeout::TimeoutConfig;
+use aws_sdk_ec2::config::interceptors::BeforeTransmitInterceptorContextRef;
+use aws_sdk_ec2::config::{ConfigBag, Intercept, Region, RuntimeComponents};
+use aws_sdk_ec2::error::BoxError;
+use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+
+use crate::settings::AwsSettings;
+
+/// Counts each request the SDK transmits, retries and credential calls
+/// excluded (those go through their own clients).
+#[derive(Debug)]
+struct CountRequests;
+
+impl Intercept for CountRequests {
+    fn name(&self) -> &'static str {
+        "CountRequests"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        crate::provider::count_api_request();
+        Ok(())
+    }
+}
+
+/// Builds the EC2 client; returns it with the region it uses. Nothing is
+/// sent to AWS yet (except what the credential chain asks of metadata
+/// services).
+pub(super) async fn ec2(settings: &AwsSettings) -> anyhow::Result<(aws_sdk_ec2::Client, String)> {
+    // rustls on ring, the provider kube and tonic use, so the process has
+    // one crypto provider.
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+        .build_https();
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .http_client(http)
+        .retry_config(RetryConfig::disabled())
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(std::time::Duration::from_secs(5))
+                .operation_attempt_timeout(settings.request_timeout)
+                .operation_timeout(settings.request_timeout)
+                .build(),
+        );
+    if let Some(region) = &settings.region {
+        loader = loader.region(Region::new(region.clone()));
+    }
+    if let Some(url) = &settings.endpoint_url {
+        loader = loader.endpoint_url(url.clone());
+    }
+    let shared = loader.load().await;
+    let region = shared
+        .region()
+        .map(ToString::to_string)
+        .context("no AWS region: set --aws-region, AWS_REGION or a region in the AWS profile")?;
+    let mut config = aws_sdk_ec2::config::Builder::from(&shared).interceptor(CountRequests);
+    if let Some(role) = &settings.role_arn {
+        let mut assume = AssumeRoleProvider::builder(role.clone())
+            .session_name(settings.role_session_name.clone())
+            .configure(&shared);
+        if let Some(id) = &settings.external_id {
+            assume = assume.external_id(id.clone());
+        }
+        config = config.credentials_provider(assume.build().await);
+    }
+    Ok((aws_sdk_ec2::Client::from_conf(config.build()), region))
+}

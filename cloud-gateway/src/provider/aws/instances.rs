@@ -1,0 +1,455 @@
+//! Instances: nodes to EC2 instances in batches. A node with a provider ID
+//! (`aws:///<zone>/<instance-id>`) is found by its instance ID, one without
+//! by its name as the instance's private DNS name (the upstream
+//! convention), or by instance ID when the name is a resource name
+//! (`i-0123...` or `i-0123....<region>.compute.internal`).
+//!
+//! Both kinds go to `DescribeInstances` as filters, never as `InstanceIds`:
+//! with a list of IDs, one missing ID fails the whole call, while a filter
+//! answers with the instances that exist, so exactly the missing ones are
+//! "not found" and every other node still gets its answer.
+
+use std::collections::{BTreeSet, HashMap};
+
+use async_trait::async_trait;
+use aws_sdk_ec2::types::{Instance as Ec2Instance, InstanceStateName, NetworkInterfaceStatus};
+use ccm_proto::v1::{Instance, NodeAddress, NodeAddressType, NodeRef};
+
+use super::{AwsCloud, NAME};
+use crate::provider::{CloudError, Instances, Lookup, Result};
+use crate::settings::IpFamily;
+
+/// The label upstream sets to the zone's ID (the same physical zone in
+/// every account, unlike the zone's name).
+pub(super) const LABEL_ZONE_ID: &str = "topology.k8s.aws/zone-id";
+
+/// The most values one EC2 filter takes.
+const FILTER_VALUES: usize = 200;
+
+/// Whether `id` has the form of an EC2 instance ID.
+pub(super) fn is_instance_id(id: &str) -> bool {
+    id.strip_prefix("i-").is_some_and(|rest| {
+        (1..=32).contains(&rest.len()) && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
+}
+
+/// The instance ID in an AWS provider ID: `aws:///<zone>/<id>`,
+/// `aws:////<id>` or `aws:///<id>`.
+pub(super) fn parse_provider_id(provider_id: &str) -> std::result::Result<String, String> {
+    let invalid =
+        || format!("{provider_id:?} is not an AWS provider ID (aws:///<zone>/<instance-id>)");
+    let path = provider_id
+        .strip_prefix(NAME)
+        .and_then(|s| s.strip_prefix("://"))
+        .ok_or_else(invalid)?;
+    // The host part is empty: the path starts right after "aws://".
+    let path = path.strip_prefix('/').ok_or_else(invalid)?;
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let id = match parts.as_slice() {
+        [id] | [_, id] => *id,
+        _ => return Err(invalid()),
+    };
+    if is_instance_id(id) {
+        Ok(id.to_owned())
+    } else {
+        Err(invalid())
+    }
+}
+
+/// The provider ID of an instance in `zone`.
+pub(super) fn provider_id(zone: &str, id: &str) -> String {
+    format!("{NAME}:///{zone}/{id}")
+}
+
+/// How one node is looked up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Key {
+    /// By instance ID.
+    Id(String),
+    /// By private DNS name.
+    DnsName(String),
+}
+
+impl Key {
+    /// How `node` is looked up; its provider ID was checked before.
+    pub(super) fn of(node: &NodeRef) -> Result<Self> {
+        if !node.provider_id.is_empty() {
+            return parse_provider_id(&node.provider_id)
+                .map(Key::Id)
+                .map_err(|e| CloudError::invalid("provider_id", e));
+        }
+        Ok(Self::of_name(&node.name))
+    }
+
+    /// How a node named `name` is looked up.
+    pub(super) fn of_name(name: &str) -> Self {
+        // A resource name: the instance ID, alone or as the first label.
+        let first = name.split('.').next().unwrap_or_default();
+        if is_instance_id(first) {
+            Key::Id(first.to_owned())
+        } else {
+            Key::DnsName(name.to_owned())
+        }
+    }
+}
+
+/// Whether EC2 still counts the instance: a terminated one is gone.
+pub(super) fn is_alive(instance: &Ec2Instance) -> bool {
+    !matches!(
+        instance.state().and_then(|s| s.name()),
+        Some(InstanceStateName::Terminated)
+    )
+}
+
+/// Instances found for a batch of keys.
+#[derive(Debug, Default)]
+pub(super) struct Found {
+    by_id: HashMap<String, Ec2Instance>,
+    by_name: HashMap<String, Ec2Instance>,
+}
+
+impl Found {
+    /// The instance for `key`, if EC2 knows it (terminated ones included).
+    pub(super) fn get(&self, key: &Key) -> Option<&Ec2Instance> {
+        match key {
+            Key::Id(id) => self.by_id.get(id),
+            Key::DnsName(name) => self.by_name.get(name),
+        }
+    }
+}
+
+impl AwsCloud {
+    /// Finds the instances for `keys` in at most one request per 200 IDs
+    /// and one per 200 names (and their pages).
+    pub(super) async fn find(&self, keys: &[Key]) -> Result<Found> {
+        let mut ids = BTreeSet::new();
+        let mut names = BTreeSet::new();
+        for key in keys {
+            match key {
+                Key::Id(id) => ids.insert(id.as_str()),
+                Key::DnsName(name) => names.insert(name.as_str()),
+            };
+        }
+        let mut found = Found::default();
+        let ids: Vec<&str> = ids.into_iter().collect();
+        for chunk in ids.chunks(FILTER_VALUES) {
+            for instance in self
+                .describe_instances(vec![super::tags::filter(
+                    "instance-id",
+                    chunk.iter().copied(),
+                )])
+                .await?
+            {
+                if let Some(id) = instance.instance_id() {
+                    found.by_id.insert(id.to_owned(), instance);
+                }
+            }
+        }
+        let names: Vec<&str> = names.into_iter().collect();
+        for chunk in names.chunks(FILTER_VALUES) {
+            let mut filters = vec![super::tags::filter(
+                "private-dns-name",
+                chunk.iter().copied(),
+            )];
+            // Private DNS names repeat across VPCs; the cluster's VPC,
+            // when known, decides.
+            if let Some(vpc) = &self.settings.vpc_id {
+                filters.push(super::tags::filter("vpc-id", [vpc.as_str()]));
+            }
+            for instance in self.describe_instances(filters).await? {
+                let Some(name) = instance.private_dns_name().map(str::to_owned) else {
+                    continue;
+                };
+                match found.by_name.get(&name) {
+                    // A live instance wins over a terminated one that had
+                    // the same address.
+                    Some(existing) if is_alive(existing) && !is_alive(&instance) => {}
+                    Some(existing) if is_alive(existing) && is_alive(&instance) => {
+                        return Err(CloudError::NotConfigured(format!(
+                            "two live instances ({} and {}) have the private DNS name {name}; \
+                             set --aws-vpc-id to the cluster's VPC",
+                            existing.instance_id().unwrap_or_default(),
+                            instance.instance_id().unwrap_or_default()
+                        )));
+                    }
+                    _ => {
+                        found.by_name.insert(name, instance);
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// What the cloud says about `instance`.
+    fn lookup(&self, instance: Option<&Ec2Instance>, zone_ids: &HashMap<String, String>) -> Lookup {
+        let Some(instance) = instance.filter(|i| is_alive(i)) else {
+            return Lookup::NotFound;
+        };
+        let metadata = self.metadata(instance, zone_ids);
+        match instance.state().and_then(|s| s.name()) {
+            Some(InstanceStateName::Stopped | InstanceStateName::Stopping) => {
+                Lookup::Shutdown(metadata)
+            }
+            // Pending and shutting-down instances exist and are not shut
+            // down, as upstream treats them.
+            _ => Lookup::Running(metadata),
+        }
+    }
+
+    fn metadata(&self, instance: &Ec2Instance, zone_ids: &HashMap<String, String>) -> Instance {
+        let zone = instance
+            .placement()
+            .and_then(|p| p.availability_zone())
+            .unwrap_or_default();
+        let mut labels = HashMap::new();
+        if let Some(zone_id) = zone_ids.get(zone) {
+            labels.insert(LABEL_ZONE_ID.to_owned(), zone_id.clone());
+        }
+        Instance {
+            provider_id: provider_id(zone, instance.instance_id().unwrap_or_default()),
+            instance_type: instance
+                .instance_type()
+                .map(|t| t.as_str().to_owned())
+                .unwrap_or_default(),
+            zone: zone.to_owned(),
+            region: self.region.clone(),
+            addresses: addresses(instance, &self.settings.node_ip_families),
+            additional_labels: labels,
+        }
+    }
+}
+
+fn address(kind: NodeAddressType, address: &str) -> NodeAddress {
+    NodeAddress {
+        r#type: kind as i32,
+        address: address.to_owned(),
+    }
+}
+
+/// A node's addresses, as upstream orders them: per family in `families`'
+/// order; for IPv4 the private addresses of attached interfaces by device
+/// index (each interface's primary first), the public address, then the
+/// private DNS name (as InternalDNS and Hostname) and the public one; for
+/// IPv6 every address of each attached interface as InternalIP.
+pub(super) fn addresses(instance: &Ec2Instance, families: &[IpFamily]) -> Vec<NodeAddress> {
+    let mut interfaces: Vec<_> = instance
+        .network_interfaces()
+        .iter()
+        .filter(|i| i.status() == Some(&NetworkInterfaceStatus::InUse))
+        .collect();
+    interfaces.sort_by_key(|i| {
+        i.attachment()
+            .and_then(|a| a.device_index())
+            .unwrap_or(i32::MAX)
+    });
+    let mut out = Vec::new();
+    for family in families {
+        match family {
+            IpFamily::V4 => {
+                for interface in &interfaces {
+                    let mut ips: Vec<_> = interface.private_ip_addresses().iter().collect();
+                    ips.sort_by_key(|ip| !ip.primary().unwrap_or(false));
+                    out.extend(
+                        ips.iter()
+                            .filter_map(|ip| ip.private_ip_address())
+                            .filter(|ip| ip.parse::<std::net::Ipv4Addr>().is_ok())
+                            .map(|ip| address(NodeAddressType::InternalIp, ip)),
+                    );
+                }
+                if let Some(ip) = instance
+                    .public_ip_address()
+                    .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
+                {
+                    out.push(address(NodeAddressType::ExternalIp, ip));
+                }
+                if let Some(name) = instance.private_dns_name().filter(|n| !n.is_empty()) {
+                    out.push(address(NodeAddressType::InternalDns, name));
+                    out.push(address(NodeAddressType::Hostname, name));
+                }
+                if let Some(name) = instance.public_dns_name().filter(|n| !n.is_empty()) {
+                    out.push(address(NodeAddressType::ExternalDns, name));
+                }
+            }
+            IpFamily::V6 => {
+                for interface in &interfaces {
+                    let mut ips: Vec<_> = interface.ipv6_addresses().iter().collect();
+                    ips.sort_by_key(|ip| !ip.is_primary_ipv6().unwrap_or(false));
+                    out.extend(
+                        ips.iter()
+                            .filter_map(|ip| ip.ipv6_address())
+                            .filter_map(|ip| ip.parse::<std::net::Ipv6Addr>().ok())
+                            .map(|ip| address(NodeAddressType::InternalIp, &ip.to_string())),
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+#[async_trait]
+impl Instances for AwsCloud {
+    async fn get_instances(&self, nodes: &[NodeRef]) -> Result<Vec<Lookup>> {
+        let keys = nodes.iter().map(Key::of).collect::<Result<Vec<_>>>()?;
+        let found = self.find(&keys).await?;
+        let zones: BTreeSet<&str> = keys
+            .iter()
+            .filter_map(|k| found.get(k))
+            .filter_map(|i| i.placement().and_then(|p| p.availability_zone()))
+            .collect();
+        let zone_ids = self.zone_ids(&zones).await;
+        Ok(keys
+            .iter()
+            .map(|key| self.lookup(found.get(key), &zone_ids))
+            .collect())
+    }
+
+    fn check_provider_id(&self, provider_id: &str) -> std::result::Result<(), String> {
+        parse_provider_id(provider_id).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_ec2::types::{
+        InstanceIpv6Address, InstanceNetworkInterface, InstanceNetworkInterfaceAttachment,
+        InstancePrivateIpAddress,
+    };
+
+    use super::*;
+
+    #[test]
+    fn provider_ids_of_every_upstream_form_parse() {
+        for id in [
+            "aws:///eu-west-1a/i-0123456789abcdef0",
+            "aws:////i-0123456789abcdef0",
+            "aws:///i-0123456789abcdef0",
+        ] {
+            assert_eq!(
+                parse_provider_id(id).as_deref(),
+                Ok("i-0123456789abcdef0"),
+                "{id}"
+            );
+        }
+        for bad in [
+            "aws://host/zone/i-0123",
+            "aws:///zone/vol-0123",
+            "aws:///a/b/i-0123",
+            "aws:///",
+            "sim://i-1",
+        ] {
+            assert!(parse_provider_id(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            provider_id("eu-west-1a", "i-1"),
+            "aws:///eu-west-1a/i-1".to_owned()
+        );
+    }
+
+    #[test]
+    fn node_names_are_dns_names_unless_they_are_resource_names() {
+        let by_name = |name: &str| {
+            Key::of(&NodeRef {
+                name: name.into(),
+                provider_id: String::new(),
+            })
+            .unwrap()
+        };
+        assert_eq!(
+            by_name("ip-10-0-1-5.eu-west-1.compute.internal"),
+            Key::DnsName("ip-10-0-1-5.eu-west-1.compute.internal".into())
+        );
+        assert_eq!(
+            by_name("i-0123456789abcdef0.eu-west-1.compute.internal"),
+            Key::Id("i-0123456789abcdef0".into())
+        );
+        assert_eq!(
+            by_name("i-0123456789abcdef0"),
+            Key::Id("i-0123456789abcdef0".into())
+        );
+    }
+
+    fn interface(
+        index: i32,
+        status: NetworkInterfaceStatus,
+        ips: &[(&str, bool)],
+        v6: &[&str],
+    ) -> InstanceNetworkInterface {
+        InstanceNetworkInterface::builder()
+            .status(status)
+            .attachment(
+                InstanceNetworkInterfaceAttachment::builder()
+                    .device_index(index)
+                    .build(),
+            )
+            .set_private_ip_addresses(Some(
+                ips.iter()
+                    .map(|(ip, primary)| {
+                        InstancePrivateIpAddress::builder()
+                            .private_ip_address(*ip)
+                            .primary(*primary)
+                            .build()
+                    })
+                    .collect(),
+            ))
+            .set_ipv6_addresses(Some(
+                v6.iter()
+                    .map(|ip| InstanceIpv6Address::builder().ipv6_address(*ip).build())
+                    .collect(),
+            ))
+            .build()
+    }
+
+    #[test]
+    fn addresses_list_interfaces_by_device_primary_first_then_public_then_names() {
+        let instance = Ec2Instance::builder()
+            .network_interfaces(interface(
+                1,
+                NetworkInterfaceStatus::InUse,
+                &[("10.0.2.7", true)],
+                &["2600:1f18::7"],
+            ))
+            .network_interfaces(interface(
+                0,
+                NetworkInterfaceStatus::InUse,
+                &[("10.0.1.9", false), ("10.0.1.5", true)],
+                &[],
+            ))
+            .network_interfaces(interface(
+                2,
+                NetworkInterfaceStatus::Detaching,
+                &[("10.0.3.3", true)],
+                &[],
+            ))
+            .public_ip_address("54.1.2.3")
+            .private_dns_name("ip-10-0-1-5.ec2.internal")
+            .public_dns_name("ec2-54-1-2-3.compute-1.amazonaws.com")
+            .build();
+        let got: Vec<(String, String)> = addresses(&instance, &[IpFamily::V4, IpFamily::V6])
+            .into_iter()
+            .map(|a| {
+                (
+                    NodeAddressType::kubernetes_name_of(a.r#type).to_owned(),
+                    a.address,
+                )
+            })
+            .collect();
+        let want: Vec<(String, String)> = [
+            ("InternalIP", "10.0.1.5"),
+            ("InternalIP", "10.0.1.9"),
+            ("InternalIP", "10.0.2.7"),
+            ("ExternalIP", "54.1.2.3"),
+            ("InternalDNS", "ip-10-0-1-5.ec2.internal"),
+            ("Hostname", "ip-10-0-1-5.ec2.internal"),
+            ("ExternalDNS", "ec2-54-1-2-3.compute-1.amazonaws.com"),
+            ("InternalIP", "2600:1f18::7"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(got, want);
+        let v4_only = addresses(&instance, &[IpFamily::V4]);
+        assert!(v4_only.iter().all(|a| !a.address.contains(':')));
+    }
+}

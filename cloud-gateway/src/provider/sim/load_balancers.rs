@@ -1,0 +1,277 @@
+//! The sim's load balancers: addresses from the configured pools, never
+//! handed out twice, provisioning that takes the configured delay, and the
+//! sim's strict annotations.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ccm_proto::v1::{
+    Host, Ingress, IpFamily, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus, Protocol,
+    ServiceRef,
+};
+use ipnet::IpNet;
+
+use super::store::LoadBalancerRecord;
+use super::{COUNTER_POOL_CURSOR, SimCloud, State, annotations, now_ms, pool};
+use crate::provider::{CloudError, LoadBalancers, Operation, Result, load_balancer_name};
+
+impl LoadBalancerRecord {
+    fn status(&self, now_ms: u64) -> LoadBalancerStatus {
+        if now_ms < self.ready_at_ms {
+            return LoadBalancerStatus::default();
+        }
+        LoadBalancerStatus {
+            ingress: self
+                .addresses
+                .iter()
+                .map(|ip| Ingress {
+                    ip: ip.to_string(),
+                    ip_mode: "VIP".into(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+
+    fn service(&self) -> ServiceRef {
+        ServiceRef {
+            namespace: self.service_namespace.clone(),
+            name: self.service_name.clone(),
+            uid: self.service_uid.clone(),
+        }
+    }
+}
+
+impl SimCloud {
+    /// Picks one address per requested family for a load balancer, honouring
+    /// a requested address. `keep` are addresses the load balancer holds.
+    fn allocate(
+        &self,
+        state: &State,
+        spec: &LoadBalancerSpec,
+        internal: bool,
+        keep: &[IpAddr],
+    ) -> Result<(Vec<IpAddr>, u64)> {
+        let pools = if internal {
+            &self.config.internal_lb_pool
+        } else {
+            &self.config.lb_pool
+        };
+        let mut families: Vec<IpFamily> = spec
+            .ip_families
+            .iter()
+            .filter_map(|f| IpFamily::try_from(*f).ok())
+            .filter(|f| *f != IpFamily::Unspecified)
+            .collect();
+        if families.is_empty() {
+            families.push(IpFamily::Ipv4);
+        }
+        let requested: Option<IpAddr> = spec.load_balancer_ip.parse().ok();
+        let mut cursor = state
+            .counters
+            .get(COUNTER_POOL_CURSOR)
+            .copied()
+            .unwrap_or(0);
+        let mut out = Vec::new();
+        for family in families {
+            let v6 = family == IpFamily::Ipv6;
+            let family_pools: Vec<IpNet> = pools
+                .iter()
+                .filter(|n| matches!(n, IpNet::V6(_)) == v6)
+                .copied()
+                .collect();
+            if family_pools.is_empty() {
+                return Err(CloudError::invalid(
+                    "spec.ip_families",
+                    format!(
+                        "this cloud has no {} pool for {} load balancers",
+                        if v6 { "IPv6" } else { "IPv4" },
+                        if internal { "internal" } else { "external" }
+                    ),
+                ));
+            }
+            if let Some(ip) = requested.filter(|ip| ip.is_ipv6() == v6) {
+                if !family_pools.iter().any(|n| n.contains(&ip)) {
+                    let pools: Vec<_> = family_pools.iter().map(ToString::to_string).collect();
+                    return Err(CloudError::invalid(
+                        "spec.load_balancer_ip",
+                        format!("{ip} is not in the pool ({})", pools.join(", ")),
+                    ));
+                }
+                if state.used_addresses.contains(&ip) && !keep.contains(&ip) {
+                    return Err(CloudError::Conflict(format!(
+                        "address {ip} belongs to another load balancer"
+                    )));
+                }
+                out.push(ip);
+                continue;
+            }
+            if let Some(ip) = keep
+                .iter()
+                .find(|ip| ip.is_ipv6() == v6 && family_pools.iter().any(|n| n.contains(*ip)))
+            {
+                out.push(*ip);
+                continue;
+            }
+            let (ip, next) = pool::next_free(&family_pools, cursor, &state.used_addresses)
+                .ok_or_else(|| {
+                    CloudError::PoolExhausted(format!(
+                        "no free address in {}",
+                        family_pools
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?;
+            cursor = next;
+            out.push(ip);
+        }
+        Ok((out, cursor))
+    }
+}
+
+fn protocol_name(protocol: i32) -> String {
+    Protocol::try_from(protocol)
+        .unwrap_or(Protocol::Unspecified)
+        .as_str_name()
+        .to_owned()
+}
+
+#[async_trait]
+impl LoadBalancers for SimCloud {
+    async fn get(&self, cluster: &str, service: &ServiceRef) -> Result<Option<LoadBalancerStatus>> {
+        let _call = self.enter(Operation::GetLoadBalancer).await?;
+        let key = (cluster.to_owned(), load_balancer_name(&service.uid));
+        Ok(self
+            .state()
+            .load_balancers
+            .get(&key)
+            .map(|lb| lb.status(now_ms())))
+    }
+
+    async fn ensure(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        hosts: &[Host],
+    ) -> Result<LoadBalancerStatus> {
+        let _call = self.enter(Operation::EnsureLoadBalancer).await?;
+        let options = annotations::parse(&spec.annotations)?;
+        let service = spec.service.clone().unwrap_or_default();
+        let name = load_balancer_name(&service.uid);
+        let key = (cluster.to_owned(), name.clone());
+        let now = now_ms();
+        let mut state = self.state();
+        let existing = state.load_balancers.get(&key).cloned();
+        let keep = existing
+            .as_ref()
+            .filter(|lb| lb.internal == options.internal)
+            .map(|lb| lb.addresses.clone())
+            .unwrap_or_default();
+        let (addresses, cursor) = self.allocate(&state, spec, options.internal, &keep)?;
+        let provisioning = self.faults().lb_provisioning_delay;
+        let record = LoadBalancerRecord {
+            cluster: cluster.to_owned(),
+            name: name.clone(),
+            service_namespace: service.namespace,
+            service_name: service.name,
+            service_uid: service.uid,
+            addresses,
+            internal: options.internal,
+            algorithm: options.algorithm,
+            health_check_interval_ms: options.health_check_interval.as_millis() as u64,
+            ports: spec
+                .ports
+                .iter()
+                .map(|p| (p.port, protocol_name(p.protocol), p.node_port))
+                .collect(),
+            source_ranges: spec.source_ranges.clone(),
+            hosts: hosts.iter().map(|h| h.name.clone()).collect(),
+            ready_at_ms: existing
+                .as_ref()
+                .map(|lb| lb.ready_at_ms)
+                .unwrap_or(now + provisioning.as_millis() as u64),
+        };
+        if existing.as_ref() != Some(&record) {
+            state
+                .store
+                .put_load_balancer(&record, &[(COUNTER_POOL_CURSOR, cursor)])?;
+            if let Some(old) = &existing {
+                for ip in &old.addresses {
+                    state.used_addresses.remove(ip);
+                }
+            }
+            state
+                .used_addresses
+                .extend(record.addresses.iter().copied());
+            state.counters.insert(COUNTER_POOL_CURSOR.into(), cursor);
+            state.load_balancers.insert(key, record.clone());
+        }
+        if now < record.ready_at_ms {
+            return Err(CloudError::Provisioning {
+                retry_after: Duration::from_millis(record.ready_at_ms - now),
+                message: format!("load balancer {name} is being provisioned"),
+            });
+        }
+        Ok(record.status(now))
+    }
+
+    async fn update_hosts(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        hosts: &[Host],
+    ) -> Result<()> {
+        let _call = self.enter(Operation::UpdateLoadBalancerHosts).await?;
+        let uid = spec
+            .service
+            .as_ref()
+            .map(|s| s.uid.as_str())
+            .unwrap_or_default();
+        let key = (cluster.to_owned(), load_balancer_name(uid));
+        let mut state = self.state();
+        let mut record = state
+            .load_balancers
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| CloudError::NotFound(format!("load balancer {}", key.1)))?;
+        record.hosts = hosts.iter().map(|h| h.name.clone()).collect();
+        state.store.put_load_balancer(&record, &[])?;
+        state.load_balancers.insert(key, record);
+        Ok(())
+    }
+
+    async fn delete(&self, cluster: &str, service: &ServiceRef) -> Result<()> {
+        let _call = self.enter(Operation::DeleteLoadBalancer).await?;
+        let key = (cluster.to_owned(), load_balancer_name(&service.uid));
+        let mut state = self.state();
+        if state.load_balancers.contains_key(&key) {
+            state.store.delete_load_balancer(&key.0, &key.1)?;
+            if let Some(old) = state.load_balancers.remove(&key) {
+                for ip in &old.addresses {
+                    state.used_addresses.remove(ip);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn list(&self, cluster: &str) -> Result<Vec<LoadBalancer>> {
+        let _call = self.enter(Operation::ListLoadBalancers).await?;
+        let now = now_ms();
+        Ok(self
+            .state()
+            .load_balancers
+            .values()
+            .filter(|lb| lb.cluster == cluster)
+            .map(|lb| LoadBalancer {
+                name: lb.name.clone(),
+                service: Some(lb.service()),
+                status: Some(lb.status(now)),
+                hosts: lb.hosts.clone(),
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,692 @@
+//! AWS without an account: moto's server (`moto[server]` from PyPI, in
+//! `tests/requirements.txt`) on a loopback port, an EC2 client for it,
+//! seeding of what a cluster needs (a VPC, tagged subnets in two zones, a
+//! tagged route table, instances), and a proxy in front of it that injects
+//! the failures AWS produces (throttling, refused credentials, server
+//! errors) and counts the API actions the gateway sends.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_ec2::types::{
+    AttributeBooleanValue, Filter, InstanceStateName, InstanceType, ResourceType, Tag,
+    TagSpecification,
+};
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use tokio::process::{Child, Command};
+
+/// The region the tests and the sandbox use; moto serves any.
+pub const REGION: &str = "eu-west-1";
+/// The zones the seeded subnets are in.
+pub const ZONES: [&str; 2] = ["eu-west-1a", "eu-west-1b"];
+/// The dummy access key the gateway gets from its environment; moto takes
+/// any. Tests look for it in logs.
+pub const ACCESS_KEY_ID: &str = "AKIAMOTOEXAMPLE00001";
+
+/// A secret access key nobody could guess, so a test can prove it never
+/// appears in a log.
+pub fn secret_access_key() -> String {
+    format!("moto-secret-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The environment that gives a process dummy credentials and a region
+/// through the SDK's standard chain, and nothing from this machine's own
+/// AWS configuration.
+pub fn credentials_env(secret: &str, dir: &Path) -> Vec<(String, String)> {
+    [
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID.to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", secret.to_owned()),
+        ("AWS_REGION", REGION.to_owned()),
+        ("AWS_EC2_METADATA_DISABLED", "true".to_owned()),
+        (
+            "AWS_CONFIG_FILE",
+            dir.join("no-aws-config").display().to_string(),
+        ),
+        (
+            "AWS_SHARED_CREDENTIALS_FILE",
+            dir.join("no-aws-credentials").display().to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+/// A running moto server; stopped when dropped.
+pub struct Moto {
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+    _child: Child,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl Moto {
+    /// Starts moto with its log in `dir/moto.log` and waits until it answers.
+    pub async fn start(dir: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let python = std::env::var("MOTO_PYTHON").unwrap_or_else(|_| "python3".into());
+        let mut last = None;
+        // A port picked free may be taken before moto binds it: try again.
+        for _ in 0..3 {
+            let port = free_port()?;
+            let log = std::fs::File::create(dir.join("moto.log"))?;
+            let mut child = Command::new(&python)
+                .args(["-m", "moto.server", "-H", "127.0.0.1", "-p"])
+                .arg(port.to_string())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("start {python} -m moto.server"))?;
+            let endpoint = format!("http://127.0.0.1:{port}");
+            for _ in 0..300 {
+                if let Some(status) = child.try_wait()? {
+                    let log = std::fs::read_to_string(dir.join("moto.log")).unwrap_or_default();
+                    last = Some(anyhow::anyhow!(
+                        "moto exited ({status}); is it installed? pip install -r tests/requirements.txt\n{log}"
+                    ));
+                    break;
+                }
+                if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_ok()
+                {
+                    return Ok(Self {
+                        endpoint,
+                        _child: child,
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            last.get_or_insert_with(|| anyhow::anyhow!("moto did not listen within 30 s"));
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("moto did not start")))
+    }
+
+    /// An EC2 client for this server with dummy credentials.
+    pub fn ec2(&self) -> aws_sdk_ec2::Client {
+        ec2_client(&self.endpoint)
+    }
+}
+
+/// An EC2 client for `endpoint` with dummy credentials, on rustls with ring
+/// as everything here.
+pub fn ec2_client(endpoint: &str) -> aws_sdk_ec2::Client {
+    use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+        .build_https();
+    let config = aws_sdk_ec2::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new(REGION))
+        .endpoint_url(endpoint)
+        .http_client(http)
+        .credentials_provider(Credentials::new(
+            ACCESS_KEY_ID,
+            "seeding-secret",
+            None,
+            None,
+            "moto",
+        ))
+        .build();
+    aws_sdk_ec2::Client::from_conf(config)
+}
+
+/// One seeded instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeededInstance {
+    pub id: String,
+    /// Its private DNS name: the name its kubelet registers the Node with.
+    pub name: String,
+    pub zone: String,
+    pub private_ip: String,
+}
+
+impl SeededInstance {
+    /// Its provider ID as the gateway writes it.
+    pub fn provider_id(&self) -> String {
+        format!("aws:///{}/{}", self.zone, self.id)
+    }
+}
+
+/// What [`seed`] made for one cluster.
+#[derive(Clone, Debug)]
+pub struct Seeded {
+    pub vpc: String,
+    /// `(zone, subnet ID)`.
+    pub subnets: Vec<(String, String)>,
+    pub route_table: String,
+    pub instances: Vec<SeededInstance>,
+}
+
+fn tag(key: &str, value: &str) -> Tag {
+    Tag::builder().key(key).value(value).build()
+}
+
+fn filter(name: &str, values: &[&str]) -> Filter {
+    Filter::builder()
+        .name(name)
+        .set_values(Some(values.iter().map(|v| v.to_string()).collect()))
+        .build()
+}
+
+/// The cluster tag's key.
+pub fn cluster_tag(cluster: &str) -> String {
+    format!("kubernetes.io/cluster/{cluster}")
+}
+
+/// Makes a VPC (10.0.0.0/16 plus an IPv6 block) with one subnet per zone
+/// tagged for `cluster` and for public load balancers, a route table tagged
+/// `owned` by `cluster`, and `instances` running instances spread over the
+/// zones, tagged for the cluster, with IPv6 addresses.
+pub async fn seed(
+    ec2: &aws_sdk_ec2::Client,
+    cluster: &str,
+    instances: usize,
+) -> anyhow::Result<Seeded> {
+    let vpc = ec2
+        .create_vpc()
+        .cidr_block("10.0.0.0/16")
+        .amazon_provided_ipv6_cidr_block(true)
+        .send()
+        .await?
+        .vpc
+        .context("no VPC")?;
+    let vpc_id = vpc.vpc_id().context("no VPC ID")?.to_owned();
+    let v6_block = vpc
+        .ipv6_cidr_block_association_set()
+        .first()
+        .and_then(|a| a.ipv6_cidr_block())
+        .and_then(|b| b.parse::<ipnet::Ipv6Net>().ok());
+    let mut subnets = Vec::new();
+    for (i, zone) in ZONES.iter().enumerate() {
+        let v6 = v6_block.and_then(|b| b.subnets(64).ok()?.nth(i));
+        let subnet = ec2
+            .create_subnet()
+            .vpc_id(&vpc_id)
+            .cidr_block(format!("10.0.{}.0/24", i + 1))
+            .set_ipv6_cidr_block(v6.map(|n| n.to_string()))
+            .availability_zone(*zone)
+            .tag_specifications(
+                TagSpecification::builder()
+                    .resource_type(ResourceType::Subnet)
+                    .tags(tag(&cluster_tag(cluster), "owned"))
+                    .tags(tag("kubernetes.io/role/elb", "1"))
+                    .build(),
+            )
+            .send()
+            .await?
+            .subnet
+            .context("no subnet")?;
+        subnets.push((
+            zone.to_string(),
+            subnet.subnet_id().context("no subnet ID")?.to_owned(),
+        ));
+    }
+    let route_table = route_table(ec2, &vpc_id, Some(cluster)).await?;
+    let mut seeded = Seeded {
+        vpc: vpc_id,
+        subnets,
+        route_table,
+        instances: Vec::new(),
+    };
+    for i in 0..instances {
+        seeded
+            .instances
+            .push(run_instance(ec2, &seeded, cluster, i).await?);
+    }
+    Ok(seeded)
+}
+
+/// Makes a route table in `vpc`, tagged `owned` by `cluster` when given.
+pub async fn route_table(
+    ec2: &aws_sdk_ec2::Client,
+    vpc: &str,
+    cluster: Option<&str>,
+) -> anyhow::Result<String> {
+    let mut request = ec2.create_route_table().vpc_id(vpc);
+    if let Some(cluster) = cluster {
+        request = request.tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::RouteTable)
+                .tags(tag(&cluster_tag(cluster), "owned"))
+                .build(),
+        );
+    }
+    let table = request
+        .send()
+        .await?
+        .route_table
+        .context("no route table")?;
+    Ok(table
+        .route_table_id()
+        .context("no route table ID")?
+        .to_owned())
+}
+
+/// Launches one more instance of `cluster`, in the zone `index` picks.
+pub async fn run_instance(
+    ec2: &aws_sdk_ec2::Client,
+    seeded: &Seeded,
+    cluster: &str,
+    index: usize,
+) -> anyhow::Result<SeededInstance> {
+    let (zone, subnet) = &seeded.subnets[index % seeded.subnets.len()];
+    let answer = ec2
+        .run_instances()
+        .image_id("ami-12c6146b")
+        .instance_type(InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .subnet_id(subnet)
+        .ipv6_address_count(1)
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::Instance)
+                .tags(tag(&cluster_tag(cluster), "owned"))
+                .build(),
+        )
+        .send()
+        .await?;
+    let instance = answer.instances().first().context("no instance")?;
+    Ok(SeededInstance {
+        id: instance.instance_id().context("no ID")?.to_owned(),
+        name: instance
+            .private_dns_name()
+            .context("no private DNS name")?
+            .to_owned(),
+        zone: zone.clone(),
+        private_ip: instance.private_ip_address().unwrap_or_default().to_owned(),
+    })
+}
+
+/// Instance states by private DNS name, terminated ones included.
+pub async fn instance_states(
+    ec2: &aws_sdk_ec2::Client,
+    vpc: &str,
+) -> anyhow::Result<BTreeMap<String, InstanceStateName>> {
+    let answer = ec2
+        .describe_instances()
+        .filters(filter("vpc-id", &[vpc]))
+        .send()
+        .await?;
+    let mut out = BTreeMap::new();
+    for instance in answer.reservations().iter().flat_map(|r| r.instances()) {
+        if let (Some(name), Some(state)) = (
+            instance.private_dns_name(),
+            instance.state().and_then(|s| s.name()),
+        ) {
+            // A live instance wins over a terminated one with its address.
+            if state != &InstanceStateName::Terminated || !out.contains_key(name) {
+                out.insert(name.to_owned(), state.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The routes of a route table: `(destination, instance ID)`.
+pub async fn routes(
+    ec2: &aws_sdk_ec2::Client,
+    table: &str,
+) -> anyhow::Result<Vec<(String, Option<String>)>> {
+    let answer = ec2
+        .describe_route_tables()
+        .route_table_ids(table)
+        .send()
+        .await?;
+    Ok(answer
+        .route_tables()
+        .iter()
+        .flat_map(|t| t.routes())
+        .filter(|r| r.gateway_id() != Some("local"))
+        .map(|r| {
+            (
+                r.destination_cidr_block()
+                    .or(r.destination_ipv6_cidr_block())
+                    .unwrap_or_default()
+                    .to_owned(),
+                r.instance_id().map(str::to_owned),
+            )
+        })
+        .collect())
+}
+
+/// Whether the instance's source/destination check is on.
+pub async fn source_dest_check(ec2: &aws_sdk_ec2::Client, id: &str) -> anyhow::Result<bool> {
+    let answer = ec2.describe_instances().instance_ids(id).send().await?;
+    Ok(answer
+        .reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .next()
+        .and_then(|i| i.source_dest_check())
+        .unwrap_or(true))
+}
+
+/// Turns an instance's source/destination check back on.
+pub async fn enable_source_dest_check(ec2: &aws_sdk_ec2::Client, id: &str) -> anyhow::Result<()> {
+    ec2.modify_instance_attribute()
+        .instance_id(id)
+        .source_dest_check(AttributeBooleanValue::builder().value(true).build())
+        .send()
+        .await?;
+    Ok(())
+}
+
+/// A failure the proxy answers with instead of forwarding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// 503 `RequestLimitExceeded`, EC2's throttling answer.
+    Throttle,
+    /// 403 `UnauthorizedOperation`: the credentials may not do this.
+    Unauthorized,
+    /// 401 `AuthFailure`: the credentials are not valid.
+    AuthFailure,
+    /// 500 `InternalError`.
+    ServerError,
+}
+
+impl Fault {
+    fn response(self) -> Response {
+        let (status, code) = match self {
+            Fault::Throttle => (StatusCode::SERVICE_UNAVAILABLE, "RequestLimitExceeded"),
+            Fault::Unauthorized => (StatusCode::FORBIDDEN, "UnauthorizedOperation"),
+            Fault::AuthFailure => (StatusCode::UNAUTHORIZED, "AuthFailure"),
+            Fault::ServerError => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
+        };
+        let body = format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>injected by the test proxy</Message></Error></Errors><RequestID>test-proxy</RequestID></Response>"
+        );
+        (status, [("content-type", "text/xml")], body).into_response()
+    }
+}
+
+#[derive(Default)]
+struct ProxyState {
+    /// `(action or None for any, fault, remaining answers)`.
+    faults: Vec<(Option<String>, Fault, usize)>,
+    /// Every action asked for, in order.
+    actions: Vec<String>,
+}
+
+/// An HTTP proxy in front of moto that can answer with AWS errors.
+#[derive(Clone)]
+pub struct FaultProxy {
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+    state: Arc<Mutex<ProxyState>>,
+}
+
+struct Forward {
+    upstream: String,
+    client: hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        Body,
+    >,
+    state: Arc<Mutex<ProxyState>>,
+}
+
+/// The EC2 query action of a request body (`Action=DescribeInstances&...`).
+fn action(body: &[u8]) -> String {
+    String::from_utf8_lossy(body)
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("Action="))
+        .unwrap_or("unknown")
+        .to_owned()
+}
+
+async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 64 << 20).await else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let action = action(&bytes);
+    let fault = {
+        let mut state = f.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.actions.push(action.clone());
+        let hit = state
+            .faults
+            .iter_mut()
+            .find(|(a, _, left)| *left > 0 && a.as_deref().is_none_or(|a| a == action));
+        hit.map(|(_, fault, left)| {
+            *left -= 1;
+            *fault
+        })
+    };
+    if let Some(fault) = fault {
+        return fault.response();
+    }
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let Ok(uri) = format!("{}{path}", f.upstream).parse() else {
+        return StatusCode::BAD_GATEWAY.into_response();
+    };
+    parts.uri = uri;
+    match f
+        .client
+        .request(http::Request::from_parts(parts, Body::from(bytes)))
+        .await
+    {
+        Ok(answer) => {
+            let (parts, body) = answer.into_parts();
+            Response::from_parts(parts, Body::new(body))
+        }
+        Err(_) => StatusCode::BAD_GATEWAY.into_response(),
+    }
+}
+
+impl FaultProxy {
+    /// Starts a proxy to `upstream` on a free loopback port.
+    pub async fn start(upstream: &str) -> anyhow::Result<Self> {
+        let state = Arc::new(Mutex::new(ProxyState::default()));
+        let forward_state = Arc::new(Forward {
+            upstream: upstream.trim_end_matches('/').to_owned(),
+            client: hyper_util::client::legacy::Client::builder(
+                hyper_util::rt::TokioExecutor::new(),
+            )
+            .build_http(),
+            state: state.clone(),
+        });
+        let app = axum::Router::new()
+            .fallback(forward)
+            .with_state(forward_state);
+        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+        let endpoint = format!("http://{}", listener.local_addr()?);
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self { endpoint, state })
+    }
+
+    /// Answers the next `times` requests for `action` (any when `None`)
+    /// with `fault`.
+    pub fn fail(&self, action: Option<&str>, fault: Fault, times: usize) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .faults
+            .push((action.map(str::to_owned), fault, times));
+    }
+
+    /// Clears every fault.
+    pub fn heal(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .faults
+            .clear();
+    }
+
+    /// How often each action was asked for since the last call.
+    pub fn take_actions(&self) -> BTreeMap<String, usize> {
+        let actions =
+            std::mem::take(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()).actions);
+        let mut out = BTreeMap::new();
+        for action in actions {
+            *out.entry(action).or_default() += 1;
+        }
+        out
+    }
+}
+
+/// The gateway binary as a process on loopback, with generated tokens (one
+/// per role in `<dir>/state/tokens/`) and its log in `<dir>/gateway.log`.
+pub struct GatewayProcess {
+    /// `http://127.0.0.1:<port>` of the gRPC API.
+    pub address: String,
+    /// `127.0.0.1:<port>` of the admin server.
+    pub admin: SocketAddr,
+    /// The log file.
+    pub log: std::path::PathBuf,
+    tokens: std::path::PathBuf,
+    child: Child,
+}
+
+impl GatewayProcess {
+    /// Starts `<bin_dir>/cloud-gateway` with `args` after its listen
+    /// addresses and state directory, and `env` on top of a cleared
+    /// environment (so nothing of this machine's AWS setup leaks in).
+    pub async fn start(
+        bin_dir: &Path,
+        dir: &Path,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let (grpc, admin) = (free_port()?, free_port()?);
+        let admin = SocketAddr::from(([127, 0, 0, 1], admin));
+        let state = dir.join("state");
+        let log = dir.join("gateway.log");
+        let child = Command::new(bin_dir.join("cloud-gateway"))
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{grpc}"))
+            .arg("--admin-listen")
+            .arg(admin.to_string())
+            .arg("--state-dir")
+            .arg(&state)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .kill_on_drop(true)
+            .spawn()
+            .context("start cloud-gateway (build it first: cargo build --bins)")?;
+        let mut gateway = Self {
+            address: format!("http://127.0.0.1:{grpc}"),
+            admin,
+            log,
+            tokens: state.join("tokens"),
+            child,
+        };
+        for _ in 0..300 {
+            if let Some(status) = gateway.child.try_wait()? {
+                anyhow::bail!("cloud-gateway exited ({status}):\n{}", gateway.log_text());
+            }
+            if gateway.tokens.join("route.token").is_file()
+                && tokio::net::TcpStream::connect(("127.0.0.1", grpc))
+                    .await
+                    .is_ok()
+            {
+                return Ok(gateway);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!("cloud-gateway did not listen:\n{}", gateway.log_text())
+    }
+
+    /// A client for `cluster` with `role`'s token and no retries, so a
+    /// test sees every failure as it is.
+    pub fn client(&self, role: &str, cluster: &str) -> ccm_proto::GatewayClient {
+        let mut config = ccm_proto::ClientConfig::new(
+            self.address.clone(),
+            cluster,
+            ccm_proto::TokenSource::File(self.tokens.join(format!("{role}.token"))),
+        );
+        config.retry = ccm_proto::RetryPolicy::none();
+        ccm_proto::GatewayClient::new(config).expect("client config")
+    }
+
+    /// The status code of `GET <path>` on the admin server, and the body.
+    pub async fn admin_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(self.admin).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+            .await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        let status = answer
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = answer
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        Ok((status, body))
+    }
+
+    /// Waits until `/readyz` answers 200; false after `within`.
+    pub async fn wait_ready(&self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline {
+            if matches!(self.admin_get("/readyz").await, Ok((200, _))) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
+    /// The value of the metric line starting with `prefix` (name and
+    /// labels), 0 when absent.
+    pub async fn metric(&self, prefix: &str) -> f64 {
+        let (_, body) = self.admin_get("/metrics").await.unwrap_or_default();
+        body.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Everything the gateway logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops it with SIGTERM and waits for it to exit; returns its log.
+    pub async fn stop(mut self) -> String {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+        self.log_text()
+    }
+}
