@@ -182,6 +182,37 @@ def check() -> int:
     c.expect(any(v.get("secret", {}).get("secretName") == "cloud-keys" for v in gw["spec"]["template"]["spec"]["volumes"])
              and "Secret" not in kinds(existing), "an existing Secret is mounted, none created")
 
+    # The AWS provider: its flags, credentials from a Secret's file, IRSA.
+    aws_values = {"gateway": {"provider": "aws", "replicas": 2, "aws": {
+        "region": "eu-west-1", "vpcID": "vpc-0abc", "routeTableIDs": ["rtb-1", "rtb-2"],
+        "roleARN": "arn:aws:iam::123456789012:role/ccm"},
+        "credentials": {"existingSecret": "aws-keys"}}}
+    aws = render(aws_values)
+    validate_all(c, aws, "aws")
+    gw = next(ctr for d, ctr in containers(aws) if d["metadata"]["name"] == "ccm-gateway")
+    for flag in ("--provider=aws", "--aws-region=eu-west-1", "--aws-vpc-id=vpc-0abc",
+                 "--aws-route-table-ids=rtb-1,rtb-2", "--aws-role-arn=arn:aws:iam::123456789012:role/ccm"):
+        c.expect(flag in gw["args"], f"the AWS gateway gets {flag}: {gw['args']}")
+    c.expect({"name": "AWS_SHARED_CREDENTIALS_FILE", "value": "/etc/cloud-gateway/credentials/credentials"}
+             in gw.get("env", []), "the SDK reads the mounted credentials file")
+    for d, ctr in containers(aws):
+        if d["metadata"]["name"] != "ccm-gateway":
+            c.expect(not any(e["name"].startswith("AWS_") for e in ctr.get("env", [])),
+                     f"{d['metadata']['name']} gets no AWS settings")
+    irsa = render({"gateway": {"provider": "aws", "aws": {"region": "us-east-1"},
+                               "serviceAccount": {"annotations": {
+                                   "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/ccm"}}}})
+    validate_all(c, irsa, "aws with IRSA")
+    sas = {d["metadata"]["name"]: d for d in irsa if d["kind"] == "ServiceAccount"}
+    c.expect(sas["ccm-gateway"]["metadata"].get("annotations", {}).get("eks.amazonaws.com/role-arn")
+             == "arn:aws:iam::123456789012:role/ccm", "IRSA annotates the gateway's ServiceAccount")
+    c.expect(all("annotations" not in d["metadata"] for n, d in sas.items() if n != "ccm-gateway"),
+             "only the gateway's ServiceAccount is annotated")
+    gw = next(ctr for d, ctr in containers(irsa) if d["metadata"]["name"] == "ccm-gateway")
+    c.expect("env" not in gw and not any(m["mountPath"].startswith("/etc/cloud-gateway/credentials")
+                                         for m in gw["volumeMounts"]),
+             "with IRSA there is no credentials Secret")
+
     # The schema refuses bad values before anything is rendered.
     bad = {
         "replicas as a string": {"nodeController": {"replicas": "two"}},
@@ -191,6 +222,9 @@ def check() -> int:
         "a bad cluster CIDR": {"routeController": {"clusterCIDR": "10.244.0.0"}},
         "extraArgs without dashes": {"serviceController": {"extraArgs": ["verbose"]}},
         "an unknown provider": {"gateway": {"provider": "aws-typo"}},
+        "aws without a region": {"gateway": {"provider": "aws"}},
+        "a bad VPC ID": {"gateway": {"provider": "aws", "aws": {"region": "eu-west-1", "vpcID": "vpc_1"}}},
+        "an AWS flag through config": {"gateway": {"config": {"aws-region": "eu-west-1"}}},
         "a flag the chart sets": {"gateway": {"config": {"listen": "0.0.0.0:1"}}},
         "a bad log format": {"logging": {"format": "xml"}},
         "a negative budget": {"gateway": {"budget": {"rate": -1, "burst": 1}}},

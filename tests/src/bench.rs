@@ -222,6 +222,7 @@ impl Harness {
                 .push("--log-level=warn".into());
         }
         let sandbox = Sandbox::start(Options {
+            cloud: Default::default(),
             state_dir: self.work_dir.join(format!("run-{}", self.runs)),
             nodes: 0,
             services: 0,

@@ -19,11 +19,29 @@ use serde_json::json;
 use tokio::process::{Child, Command};
 
 use crate::apiserver::{TokenEntry, TokenUser};
+use crate::aws::{self, Moto, Seeded};
 use crate::fixtures::{self, node};
+
+/// The cloud the sandbox runs on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CloudKind {
+    /// The simulated cloud inside the gateway.
+    #[default]
+    Sim,
+    /// AWS, emulated by moto on loopback: the gateway's AWS provider, its
+    /// SDK and credential chain, against EC2's API.
+    Aws,
+}
+
+/// The cluster name the sandbox's controllers use (the controllers'
+/// default).
+pub const CLUSTER: &str = "kubernetes";
 
 /// What to start.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// The cloud behind the gateway.
+    pub cloud: CloudKind,
     pub state_dir: PathBuf,
     pub nodes: usize,
     pub services: usize,
@@ -77,7 +95,17 @@ pub struct Sandbox {
     pub kubeconfig: PathBuf,
     pub gateway: String,
     pub endpoints: BTreeMap<String, String>,
+    /// The emulated AWS account, on the AWS cloud.
+    pub aws: Option<AwsAccount>,
     children: Vec<Process>,
+}
+
+/// The AWS account the sandbox emulates: moto, and what was seeded in it.
+pub struct AwsAccount {
+    pub moto: Moto,
+    pub seeded: Seeded,
+    /// An EC2 client for it, as a person with the AWS CLI would have.
+    pub ec2: aws_sdk_ec2::Client,
 }
 
 /// One process of the sandbox and how to start it again.
@@ -85,6 +113,7 @@ struct Process {
     name: String,
     binary: String,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     child: Child,
 }
 
@@ -107,7 +136,13 @@ async fn wait_for_file(path: &Path) -> anyhow::Result<()> {
 }
 
 impl Sandbox {
-    fn launch(&self, name: &str, binary: &str, args: &[String]) -> anyhow::Result<Child> {
+    fn launch(
+        &self,
+        name: &str,
+        binary: &str,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> anyhow::Result<Child> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -115,6 +150,7 @@ impl Sandbox {
         let path = self.options.bin_dir.join(binary);
         Command::new(&path)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             // The leader election identity starts with it, so a lease
             // holder names its process.
             .env("POD_NAME", name)
@@ -130,12 +166,19 @@ impl Sandbox {
             })
     }
 
-    fn spawn(&mut self, name: &str, binary: &str, args: &[String]) -> anyhow::Result<()> {
-        let child = self.launch(name, binary, args)?;
+    fn spawn(
+        &mut self,
+        name: &str,
+        binary: &str,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> anyhow::Result<()> {
+        let child = self.launch(name, binary, args, env)?;
         self.children.push(Process {
             name: name.into(),
             binary: binary.into(),
             args: args.to_vec(),
+            env: env.to_vec(),
             child,
         });
         Ok(())
@@ -172,11 +215,12 @@ impl Sandbox {
             .iter()
             .position(|p| p.name == name)
             .context("no such process")?;
-        let (binary, args) = (
+        let (binary, args, env) = (
             self.children[i].binary.clone(),
             self.children[i].args.clone(),
+            self.children[i].env.clone(),
         );
-        self.children[i].child = self.launch(name, &binary, &args)?;
+        self.children[i].child = self.launch(name, &binary, &args, &env)?;
         Ok(())
     }
 
@@ -214,6 +258,7 @@ impl Sandbox {
             kubeconfig: kubeconfig.clone(),
             gateway: String::new(),
             endpoints: BTreeMap::new(),
+            aws: None,
             children: Vec::new(),
         };
         let api_port = free_port()?;
@@ -230,13 +275,14 @@ impl Sandbox {
         if let Some(policy) = &sandbox.options.rbac {
             api_args.extend(["--rbac".into(), policy.display().to_string()]);
         }
-        sandbox.spawn("kube-test-apiserver", "kube-test-apiserver", &api_args)?;
+        sandbox.spawn("kube-test-apiserver", "kube-test-apiserver", &api_args, &[])?;
         let (grpc, admin) = (free_port()?, free_port()?);
         let gateway_dir = state.join("gateway");
         let roles: Vec<String> = COMPONENTS[1..]
             .iter()
             .map(|(binary, role)| format!("{NAMESPACE}/{}={role}", service_account(binary)))
             .collect();
+        let (cloud_args, cloud_env) = sandbox.cloud().await?;
         sandbox.spawn(
             "cloud-gateway",
             "cloud-gateway",
@@ -257,8 +303,10 @@ impl Sandbox {
                 state.join("gateway-tokens.yaml").display().to_string(),
             ]
             .into_iter()
+            .chain(cloud_args)
             .chain(sandbox.extra_args("cloud-gateway"))
             .collect::<Vec<_>>(),
+            &cloud_env,
         )?;
         sandbox.gateway = format!("http://{}", addr(grpc));
         sandbox
@@ -288,6 +336,11 @@ impl Sandbox {
             ),
         ];
         for (binary, role, extra) in controllers {
+            // The AWS provider has no load balancers yet: a service
+            // controller would refuse to start.
+            if binary == "service-controller" && sandbox.options.cloud == CloudKind::Aws {
+                continue;
+            }
             for replica in 0..sandbox.options.replicas {
                 let admin = free_port()?;
                 let name = format!("{binary}-{replica}");
@@ -315,7 +368,7 @@ impl Sandbox {
                 ];
                 args.extend(extra.iter().cloned());
                 args.extend(sandbox.extra_args(binary));
-                sandbox.spawn(&name, binary, &args)?;
+                sandbox.spawn(&name, binary, &args, &[])?;
                 sandbox
                     .endpoints
                     .insert(format!("{name}_admin"), format!("http://{}", addr(admin)));
@@ -326,6 +379,42 @@ impl Sandbox {
             serde_json::to_string_pretty(&sandbox.endpoints)?,
         )?;
         Ok(sandbox)
+    }
+
+    /// Sets up the cloud: nothing for the sim; for AWS, moto with a
+    /// seeded account (a VPC, tagged subnets and route table, one instance
+    /// per node). Returns the gateway's flags and environment for it.
+    async fn cloud(&mut self) -> anyhow::Result<(Vec<String>, Vec<(String, String)>)> {
+        if self.options.cloud == CloudKind::Sim {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let state = self.options.state_dir.clone();
+        let moto = Moto::start(&state.join("moto")).await?;
+        let ec2 = moto.ec2();
+        let seeded = aws::seed(&ec2, CLUSTER, self.options.nodes).await?;
+        let args = [
+            "--provider",
+            "aws",
+            "--aws-endpoint-url",
+            &moto.endpoint,
+            "--aws-vpc-id",
+            &seeded.vpc,
+        ]
+        .map(String::from)
+        .to_vec();
+        // Dummy credentials through the SDK's standard chain, as a pod
+        // gets them from its mounted Secret.
+        let env = aws::credentials_env(&aws::secret_access_key(), &state);
+        for (key, value) in [
+            ("aws_endpoint", moto.endpoint.clone()),
+            ("aws_region", aws::REGION.to_owned()),
+            ("aws_vpc", seeded.vpc.clone()),
+            ("aws_route_table", seeded.route_table.clone()),
+        ] {
+            self.endpoints.insert(key.into(), value);
+        }
+        self.aws = Some(AwsAccount { moto, seeded, ec2 });
+        Ok((args, env))
     }
 
     /// Makes the identities a cluster would give the chart's pods: per
@@ -391,17 +480,25 @@ impl Sandbox {
         let token = PathBuf::from(&self.endpoints["admin_token_file"]);
         Ok(GatewayClient::new(ClientConfig::new(
             self.gateway.clone(),
-            "kubernetes",
+            CLUSTER,
             TokenSource::File(token),
         ))?)
     }
 
-    /// Creates the instances and registers their Nodes as kubelets with
-    /// `--cloud-provider=external` do, and the demo Services.
-    pub async fn populate(&self) -> anyhow::Result<()> {
-        let client = self.client().await?;
-        let nodes: Api<Node> = Api::all(client.clone());
+    /// The instances of the nodes, `(name, internal IP)`: created through
+    /// SimAdmin on the sim, seeded at start on AWS (named by their private
+    /// DNS names, as kubelets name their Nodes there).
+    async fn instances(&self) -> anyhow::Result<Vec<(String, String)>> {
+        if let Some(aws) = &self.aws {
+            return Ok(aws
+                .seeded
+                .instances
+                .iter()
+                .map(|i| (i.name.clone(), i.private_ip.clone()))
+                .collect());
+        }
         let mut admin = self.admin()?.sim_admin()?;
+        let mut out = Vec::new();
         for i in 0..self.options.nodes {
             let name = format!("node-{i}");
             // The gateway may still be starting.
@@ -426,6 +523,17 @@ impl Sandbox {
                 .find(|a| a.r#type == 2)
                 .map(|a| a.address.clone())
                 .unwrap_or_default();
+            out.push((name, ip));
+        }
+        Ok(out)
+    }
+
+    /// Creates the instances and registers their Nodes as kubelets with
+    /// `--cloud-provider=external` do, and the demo Services.
+    pub async fn populate(&self) -> anyhow::Result<()> {
+        let client = self.client().await?;
+        let nodes: Api<Node> = Api::all(client.clone());
+        for (i, (name, ip)) in self.instances().await?.into_iter().enumerate() {
             let n = node(&name)
                 .uninitialized()
                 .pod_cidr(&format!("10.244.{i}.0/24"))
@@ -476,6 +584,10 @@ impl Sandbox {
                 .parent()
                 .map(PathBuf::from)
                 .unwrap_or_default(),
+            aws: self
+                .aws
+                .as_ref()
+                .map(|a| (a.moto.endpoint.clone(), a.seeded.vpc.clone())),
         }
     }
 
@@ -517,6 +629,8 @@ pub struct Handle {
     pub gateway: String,
     /// The directory of the gateway's per-role token files.
     pub tokens: PathBuf,
+    /// On AWS, the EC2 endpoint and the cluster's VPC.
+    pub aws: Option<(String, String)>,
 }
 
 impl Handle {
@@ -525,7 +639,7 @@ impl Handle {
         let token = self.tokens.join(format!("{role}.token"));
         Ok(GatewayClient::new(ClientConfig::new(
             self.gateway.clone(),
-            "kubernetes",
+            CLUSTER,
             TokenSource::File(token),
         ))?)
     }
@@ -535,17 +649,30 @@ impl Handle {
     pub async fn heartbeat(&self) -> anyhow::Result<()> {
         let client = ccm_runtime::kube::client(Some(&self.kubeconfig)).await?;
         let nodes: Api<Node> = Api::all(client);
-        let instances = self
-            .gateway_client("admin")?
-            .sim_admin()?
-            .list_instances(ListInstancesRequest {})
-            .await?
-            .into_inner()
-            .instances;
-        let running: BTreeMap<String, bool> = instances
-            .into_iter()
-            .map(|i| (i.name, i.state == InstanceState::Running as i32))
-            .collect();
+        let running: BTreeMap<String, bool> = match &self.aws {
+            Some((endpoint, vpc)) => aws::instance_states(&aws::ec2_client(endpoint), vpc)
+                .await?
+                .into_iter()
+                .map(|(name, state)| {
+                    let up = matches!(
+                        state,
+                        aws_sdk_ec2::types::InstanceStateName::Running
+                            | aws_sdk_ec2::types::InstanceStateName::Pending
+                    );
+                    (name, up)
+                })
+                .collect(),
+            None => self
+                .gateway_client("admin")?
+                .sim_admin()?
+                .list_instances(ListInstancesRequest {})
+                .await?
+                .into_inner()
+                .instances
+                .into_iter()
+                .map(|i| (i.name, i.state == InstanceState::Running as i32))
+                .collect(),
+        };
         for n in nodes.list(&Default::default()).await?.items {
             let name = n.metadata.name.clone().unwrap_or_default();
             let status = if running.get(&name).copied().unwrap_or(false) {

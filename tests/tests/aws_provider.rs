@@ -650,3 +650,52 @@ async fn an_assumed_role_is_used_for_every_call() {
     assert_eq!(actions.get("AssumeRole"), None, "{actions:?}");
     assert_eq!(actions.get("DescribeInstances"), Some(&1), "{actions:?}");
 }
+
+/// The EC2 actions of the IAM policy the docs give operators
+/// (`helm/aws/iam-policy.json`).
+fn policy_actions() -> std::collections::BTreeSet<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/aws/iam-policy.json");
+    let policy: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    policy["Statement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["Action"].as_array().unwrap())
+        .map(|a| a.as_str().unwrap().strip_prefix("ec2:").unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_gateway_sends_exactly_the_actions_of_the_documented_iam_policy() {
+    let env = env(2, &[]).await;
+    let mut seen: std::collections::BTreeSet<String> = env.startup.keys().cloned().collect();
+    let [a, b] = &env.seeded.instances[..] else {
+        unreachable!()
+    };
+    let node = env.gateway.client("node", CLUSTER);
+    timed(node.get_instances(
+        vec![by_name(&a.name), by_id(&b.provider_id())],
+        LookupPurpose::Initialize,
+        true,
+    ))
+    .await
+    .unwrap();
+    let routes = env.gateway.client("route", CLUSTER);
+    timed(routes.create_route("uid-a", route(a, "10.244.1.0/24", true)))
+        .await
+        .unwrap();
+    env.ec2
+        .terminate_instances()
+        .instance_ids(&a.id)
+        .send()
+        .await
+        .unwrap();
+    timed(routes.create_route("uid-b", route(b, "10.244.1.0/24", true)))
+        .await
+        .unwrap();
+    let listed = timed(routes.list_routes()).await.unwrap();
+    timed(routes.delete_route(listed[0].clone())).await.unwrap();
+    seen.extend(env.proxy.take_actions().into_keys());
+    assert_eq!(seen, policy_actions(), "actions sent vs. the IAM policy");
+}

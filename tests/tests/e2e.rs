@@ -74,13 +74,21 @@ mod scenarios {
 
     use ccm_proto::Error as GatewayError;
     use ccm_proto::v1::{InstanceId, LookupPurpose, NodeRef};
-    use ccm_testkit::sandbox::{Handle, Options, Progress, Sandbox};
+    use ccm_testkit::sandbox::{CloudKind, Handle, Options, Progress, Sandbox};
     use k8s_openapi::api::core::v1::{Node, Service};
     use kube::api::{Api, DeleteParams, PostParams};
 
     const LIMIT: Duration = Duration::from_secs(90);
 
     async fn start(
+        nodes: usize,
+        services: usize,
+    ) -> (Sandbox, tokio::task::JoinHandle<()>, tempfile::TempDir) {
+        start_on(CloudKind::Sim, nodes, services).await
+    }
+
+    async fn start_on(
+        cloud: CloudKind,
         nodes: usize,
         services: usize,
     ) -> (Sandbox, tokio::task::JoinHandle<()>, tempfile::TempDir) {
@@ -94,6 +102,7 @@ mod scenarios {
         let policy = dir.path().join("chart.yaml");
         ccm_testkit::chart::render_to(&policy, &[]).unwrap();
         let options = Options {
+            cloud,
             state_dir: dir.path().join("state"),
             nodes,
             services,
@@ -571,5 +580,89 @@ mod scenarios {
             "the chart grants what no controller used: {report:#}"
         );
         assert!(report["roles"].as_u64().unwrap() >= 7, "{report}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_aws_nodes_initialise_and_routes_follow_the_instances() {
+        let (sandbox, kubelets, _dir) = start_on(CloudKind::Aws, 3, 0).await;
+        let h = sandbox.handle();
+        until(&h, "convergence on AWS", |p| p.converged(&sandbox.options)).await;
+        let aws = sandbox.aws.as_ref().expect("the AWS account");
+        let client = sandbox.client().await.unwrap();
+        let nodes: Api<Node> = Api::all(client);
+
+        // Every node has its instance's provider ID and AWS labels.
+        let mut cidr_of = std::collections::BTreeMap::new();
+        for instance in &aws.seeded.instances {
+            let node = nodes.get(&instance.name).await.unwrap();
+            let spec = node.spec.clone().unwrap();
+            assert_eq!(
+                spec.provider_id.as_deref(),
+                Some(instance.provider_id().as_str())
+            );
+            let labels = node.metadata.labels.clone().unwrap_or_default();
+            assert_eq!(
+                labels.get("topology.kubernetes.io/zone"),
+                Some(&instance.zone)
+            );
+            assert_eq!(
+                labels
+                    .get("topology.kubernetes.io/region")
+                    .map(String::as_str),
+                Some(ccm_testkit::aws::REGION)
+            );
+            assert_eq!(
+                labels
+                    .get("node.kubernetes.io/instance-type")
+                    .map(String::as_str),
+                Some("m5.large")
+            );
+            assert!(
+                labels.contains_key("topology.k8s.aws/zone-id"),
+                "{labels:?}"
+            );
+            cidr_of.insert(spec.pod_cidr.unwrap(), instance.id.clone());
+        }
+        // The cluster's route table sends each pod CIDR to its instance.
+        let table = || ccm_testkit::aws::routes(&aws.ec2, &aws.seeded.route_table);
+        let want: Vec<(String, Option<String>)> = cidr_of
+            .iter()
+            .map(|(cidr, id)| (cidr.clone(), Some(id.clone())))
+            .collect();
+        let mut have = table().await.unwrap();
+        have.sort();
+        assert_eq!(have, want);
+
+        // Terminating an instance through EC2 deletes its Node and its route.
+        let gone = &aws.seeded.instances[2];
+        aws.ec2
+            .terminate_instances()
+            .instance_ids(&gone.id)
+            .send()
+            .await
+            .unwrap();
+        let start = Instant::now();
+        while nodes.get_opt(&gone.name).await.unwrap().is_some() {
+            assert!(start.elapsed() < LIMIT, "{} not deleted", gone.name);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let start = Instant::now();
+        loop {
+            let have = table().await.unwrap();
+            if !have
+                .iter()
+                .any(|(_, id)| id.as_deref() == Some(gone.id.as_str()))
+            {
+                assert_eq!(have.len(), 2, "{have:?}");
+                break;
+            }
+            assert!(
+                start.elapsed() < LIMIT,
+                "route to {} not removed: {have:?}",
+                gone.id
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        finish(sandbox, kubelets).await;
     }
 }

@@ -1,10 +1,10 @@
 //! `sandbox`: the whole system on loopback, as separate processes, on the
-//! simulated cloud. Ctrl-C stops it.
+//! simulated cloud or on AWS emulated by moto. Ctrl-C stops it.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ccm_testkit::sandbox::{Options, Sandbox};
+use ccm_testkit::sandbox::{CloudKind, Options, Sandbox};
 use clap::Parser;
 
 /// Runs the cloud controller manager locally: API server, gateway on the
@@ -12,6 +12,10 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "sandbox", version)]
 struct Args {
+    /// The cloud: sim (the simulated cloud) or aws (the AWS provider against
+    /// moto, an AWS API emulator from PyPI, started on loopback).
+    #[arg(long = "provider", value_enum, default_value = "sim")]
+    cloud: CloudKind,
     /// Where state, logs, the kubeconfig and endpoints.json go (cleared at start).
     #[arg(long, default_value = ".sandbox")]
     state_dir: PathBuf,
@@ -36,13 +40,18 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if args.cloud == CloudKind::Aws && args.services > 0 {
+        eprintln!("the AWS provider has no load balancers yet: no Services are created");
+        args.services = 0;
+    }
     ccm_runtime::telemetry::init(ccm_runtime::telemetry::LogFormat::Plain, "warn");
     let bin_dir = std::env::current_exe()?
         .parent()
         .map(PathBuf::from)
         .unwrap_or_default();
     let options = Options {
+        cloud: args.cloud,
         state_dir: args.state_dir,
         nodes: args.nodes,
         services: args.services,
