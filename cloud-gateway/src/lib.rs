@@ -4,6 +4,7 @@
 //! trail. Controllers reach the cloud only through its gRPC API
 //! (`cloudgateway.v1`).
 
+pub mod admission;
 pub mod auth;
 pub mod budget;
 pub mod cloud;
@@ -29,11 +30,11 @@ use ccm_runtime::admin::{AdminServer, Readiness};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
 
+use crate::admission::AdmissionLayer;
 use crate::auth::{AuthLayer, Authenticator, Tokens};
 use crate::budget::Budget;
 use crate::cloud::Cloud;
@@ -60,6 +61,9 @@ const SERVICES: [&str; 4] = [
     "cloudgateway.v1.Routes",
 ];
 const SIM_ADMIN: &str = "cloudgateway.v1.SimAdmin";
+
+/// How long in-flight calls may finish after the shutdown signal.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A running gateway.
 pub struct Gateway {
@@ -127,7 +131,7 @@ impl Gateway {
                     accounts = sa.roles.len(),
                     "ServiceAccount tokens are checked with TokenReview"
                 );
-                Some(TokenReviewer::new(client, sa.clone()))
+                Some(TokenReviewer::new(client, sa.clone(), metrics.clone()))
             }
         };
         let (tokens, token_files) = match settings.tokens.clone() {
@@ -185,23 +189,40 @@ impl Gateway {
                 .tls_config(ServerTlsConfig::new().identity(identity))
                 .context("TLS")?;
         }
+        let limits = settings.limits.clone();
+        let largest = grpc::validate::largest_request_bytes();
         let router = server
-            .tcp_nodelay(true)
-            .layer(MetricsLayer::new(metrics))
+            .initial_stream_window_size(limits.stream_window)
+            .initial_connection_window_size(limits.connection_window)
+            .max_concurrent_streams(limits.max_concurrent_streams)
+            .http2_keepalive_interval(Some(limits.keepalive_interval))
+            .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+            // Outermost first: every call is counted, refused calls too;
+            // no body is read before auth, and none past the limits.
+            .layer(MetricsLayer::new(metrics.clone()))
             .layer(AuthLayer::new(Authenticator::new(tokens, reviewer)))
+            .layer(AdmissionLayer::new(limits.clone(), metrics.clone()))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
+            // The admission layer holds each method to its own largest
+            // valid request; tonic's own limit must not be lower.
             .add_service(ProviderServer::new(ProviderService::new(cloud.clone())))
-            .add_service(InstancesServer::new(InstancesService::new(
-                lookups.clone(),
-                cloud.clone(),
-            )))
-            .add_service(LoadBalancersServer::new(LoadBalancersService::new(
-                cloud.clone(),
-                LoadBalancerReads::new(cloud.clone(), settings.lookups.clone()),
-            )))
-            .add_service(RoutesServer::new(RoutesService::new(cloud.clone())))
+            .add_service(
+                InstancesServer::new(InstancesService::new(lookups.clone(), cloud.clone()))
+                    .max_decoding_message_size(largest),
+            )
+            .add_service(
+                LoadBalancersServer::new(LoadBalancersService::new(
+                    cloud.clone(),
+                    LoadBalancerReads::new(cloud.clone(), settings.lookups.clone()),
+                ))
+                .max_decoding_message_size(largest),
+            )
+            .add_service(
+                RoutesServer::new(RoutesService::new(cloud.clone()))
+                    .max_decoding_message_size(largest),
+            )
             .add_optional_service(
                 sim.clone()
                     .map(|sim| SimAdminServer::new(SimAdminService::new(sim, Some(lookups)))),
@@ -210,13 +231,24 @@ impl Gateway {
         let serve = tokio::spawn({
             let shutdown = shutdown.clone();
             async move {
-                router
-                    .serve_with_incoming_shutdown(
-                        TcpListenerStream::new(listener),
-                        shutdown.cancelled_owned(),
-                    )
-                    .await
-                    .context("gRPC server")
+                let serve = router.serve_with_incoming_shutdown(
+                    admission::incoming(listener, &limits, metrics),
+                    shutdown.clone().cancelled_owned(),
+                );
+                // After the signal the server takes no new connection or
+                // call and finishes those in flight, for SHUTDOWN_GRACE at
+                // most; a call whose client went away is not waited for.
+                let grace = async {
+                    shutdown.cancelled().await;
+                    tokio::time::sleep(SHUTDOWN_GRACE).await;
+                };
+                tokio::select! {
+                    served = serve => served.context("gRPC server"),
+                    _ = grace => {
+                        tracing::warn!("calls still in flight {SHUTDOWN_GRACE:?} after the shutdown signal; dropping them");
+                        Ok(())
+                    }
+                }
             }
         });
 

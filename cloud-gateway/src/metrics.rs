@@ -54,6 +54,21 @@ pub struct CacheLabels {
     pub result: &'static str,
 }
 
+/// Labels of refused requests.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// The limit: `in_flight`, `public_in_flight`, `request_bytes`,
+    /// `too_large` or `receive_timeout`.
+    pub reason: &'static str,
+}
+
+/// Labels of TokenReview outcomes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewLabels {
+    /// `accepted`, `refused`, `unavailable` or `limited`.
+    pub result: &'static str,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -79,6 +94,12 @@ pub struct Metrics {
     pub budget_waiting: Gauge,
     pub instance_cache: Family<CacheLabels, Counter>,
     pub instance_batch_size: Histogram,
+    pub connections: Gauge,
+    pub connections_refused: Counter,
+    pub requests_in_flight: Gauge,
+    pub request_bytes_in_flight: Gauge,
+    pub requests_refused: Family<RefusalLabels, Counter>,
+    pub token_reviews: Family<ReviewLabels, Counter>,
 }
 
 impl Metrics {
@@ -96,6 +117,12 @@ impl Metrics {
             budget_waiting: Gauge::default(),
             instance_cache: Family::default(),
             instance_batch_size: batch_histogram(),
+            connections: Gauge::default(),
+            connections_refused: Counter::default(),
+            requests_in_flight: Gauge::default(),
+            request_bytes_in_flight: Gauge::default(),
+            requests_refused: Family::default(),
+            token_reviews: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("cloud_gateway");
         r.register(
@@ -152,6 +179,36 @@ impl Metrics {
             "instance_batch_size",
             "Instances per provider lookup call",
             m.instance_batch_size.clone(),
+        );
+        r.register(
+            "connections",
+            "gRPC connections open now",
+            m.connections.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections closed on arrival because the gateway had its most",
+            m.connections_refused.clone(),
+        );
+        r.register(
+            "requests_in_flight",
+            "Requests admitted whose responses are not sent yet",
+            m.requests_in_flight.clone(),
+        );
+        r.register(
+            "request_bytes_in_flight",
+            "Bytes of request bodies the gateway holds now",
+            m.request_bytes_in_flight.clone(),
+        );
+        r.register(
+            "requests_refused",
+            "Requests refused at a limit, by limit",
+            m.requests_refused.clone(),
+        );
+        r.register(
+            "token_reviews",
+            "ServiceAccount tokens checked, by result (limited: refused without asking the API)",
+            m.token_reviews.clone(),
         );
         m
     }

@@ -11,21 +11,31 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore};
 use tonic::Status;
 
 use ccm_runtime::names::{is_dns_label, is_dns_subdomain};
 
 use crate::auth::{Caller, Role};
+use crate::metrics::{Metrics, ReviewLabels};
 
 /// How long a refusal is remembered, so a client with a bad token cannot
 /// turn every call into an API request.
 const REFUSAL_TTL: Duration = Duration::from_secs(5);
-/// Past this many remembered tokens, expired ones are dropped.
+/// Past this many remembered tokens of a kind, expired ones are dropped.
 const MAX_CACHED: usize = 4096;
+/// A bearer token longer than this is refused unread (ServiceAccount
+/// tokens are about a kilobyte).
+const MAX_TOKEN: usize = 16 * 1024;
+/// Reviews of tokens accepted before (re-reviews after the cache TTL) run
+/// beside the unknown ones, at most this many at once: a flood of bad
+/// tokens never delays a caller the gateway already knows.
+const KNOWN_IN_FLIGHT: usize = 4;
+/// At most one "token refused" log line per this interval.
+const LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// ServiceAccount authentication settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ServiceAccountAuth {
     /// `system:serviceaccount:<namespace>:<name>` → role.
     pub roles: HashMap<String, Role>,
@@ -35,6 +45,11 @@ pub struct ServiceAccountAuth {
     pub cache_ttl: Duration,
     /// The kubeconfig to reach the API with; in-cluster config without it.
     pub kubeconfig: Option<std::path::PathBuf>,
+    /// Reviews of tokens not seen accepted before, per second (the burst
+    /// is twice as many); past it such calls are `UNAVAILABLE`.
+    pub reviews_per_second: f64,
+    /// Reviews of such tokens in flight at once.
+    pub reviews_in_flight: usize,
 }
 
 impl ServiceAccountAuth {
@@ -74,18 +89,70 @@ impl ServiceAccountAuth {
     }
 }
 
-/// One review's outcome, with when it was made.
+/// A token's SHA-256: the cache never holds a token itself.
+type Digest = [u8; 32];
+
+fn digest(token: &[u8]) -> Digest {
+    let mut out = [0; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, token).as_ref());
+    out
+}
+
+/// One review's outcome.
 #[derive(Clone, Debug)]
-struct Reviewed {
-    at: Instant,
-    caller: Result<Caller, String>,
+enum Outcome {
+    Accepted(Caller),
+    Refused(String),
+    /// Not reviewed: the API could not be asked, or the review budget was
+    /// spent. Nothing is remembered; the client retries.
+    Unavailable(&'static str),
+}
+
+#[derive(Default)]
+struct Cache {
+    /// Tokens the API accepted, by digest, with when. Kept past the TTL:
+    /// a stale entry marks a known caller, whose re-review goes first.
+    accepted: HashMap<Digest, (Instant, Caller)>,
+    /// Tokens refused, with when and why.
+    refused: HashMap<Digest, (Instant, String)>,
+    /// Reviews under way, shared by every call with the same token.
+    pending: HashMap<Digest, Arc<OnceCell<Outcome>>>,
+}
+
+/// A token bucket for reviews of unknown tokens.
+struct Rate {
+    per_second: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl Rate {
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + elapsed * self.per_second).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// Reviews tokens against the Kubernetes API.
 pub struct TokenReviewer {
     api: Api<TokenReview>,
     settings: ServiceAccountAuth,
-    cache: Mutex<HashMap<Vec<u8>, Arc<OnceCell<Reviewed>>>>,
+    cache: Mutex<Cache>,
+    rate: Mutex<Rate>,
+    unknown: Arc<Semaphore>,
+    known: Arc<Semaphore>,
+    metrics: Metrics,
+    /// When a refusal was last logged, and how many went unlogged since.
+    logged: Mutex<(Option<Instant>, u64)>,
 }
 
 impl std::fmt::Debug for TokenReviewer {
@@ -96,57 +163,124 @@ impl std::fmt::Debug for TokenReviewer {
     }
 }
 
+fn bounded<V>(map: &mut HashMap<Digest, (Instant, V)>, ttl: Duration) {
+    if map.len() >= MAX_CACHED {
+        map.retain(|_, (at, _)| at.elapsed() < ttl);
+    }
+    if map.len() >= MAX_CACHED {
+        map.clear();
+    }
+}
+
 impl TokenReviewer {
-    /// Reviews tokens through `client`.
-    pub fn new(client: kube::Client, settings: ServiceAccountAuth) -> Self {
+    /// Reviews tokens through `client`, counting outcomes in `metrics`.
+    pub fn new(client: kube::Client, settings: ServiceAccountAuth, metrics: Metrics) -> Self {
+        let per_second = settings.reviews_per_second;
         Self {
             api: Api::all(client),
+            unknown: Arc::new(Semaphore::new(settings.reviews_in_flight)),
+            known: Arc::new(Semaphore::new(KNOWN_IN_FLIGHT)),
+            rate: Mutex::new(Rate {
+                per_second,
+                burst: (per_second * 2.0).max(1.0),
+                tokens: (per_second * 2.0).max(1.0),
+                last: Instant::now(),
+            }),
             settings,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(Cache::default()),
+            metrics,
+            logged: Mutex::new((None, 0)),
         }
+    }
+
+    fn count(&self, result: &'static str) {
+        self.metrics
+            .token_reviews
+            .get_or_create(&ReviewLabels { result })
+            .inc();
     }
 
     /// The caller a token stands for: `UNAUTHENTICATED` for a token the API
     /// rejects or a ServiceAccount without a role, `UNAVAILABLE` when the API
-    /// cannot be asked (then nothing is remembered and the client retries).
+    /// cannot be asked or unknown tokens are coming faster than reviews are
+    /// allowed (then nothing is remembered and the client retries).
     pub async fn caller(&self, token: &[u8]) -> Result<Caller, Status> {
-        let cell = {
+        if token.len() > MAX_TOKEN {
+            self.count("refused");
+            return Err(Status::unauthenticated("the bearer token is too long"));
+        }
+        let key = digest(token);
+        let refusal_ttl = REFUSAL_TTL.min(self.settings.cache_ttl);
+        let (cell, known) = {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-            let fresh = cache
-                .get(token)
-                .filter(|cell| cell.get().is_none_or(|r| self.fresh(r)))
-                .cloned();
-            match fresh {
-                Some(cell) => cell,
-                None => {
-                    if cache.len() >= MAX_CACHED {
-                        cache.retain(|_, cell| cell.get().is_some_and(|r| self.fresh(r)));
+            if let Some((at, caller)) = cache.accepted.get(&key)
+                && at.elapsed() < self.settings.cache_ttl
+            {
+                return Ok(caller.clone());
+            }
+            if let Some((at, why)) = cache.refused.get(&key)
+                && at.elapsed() < refusal_ttl
+            {
+                return Err(Status::unauthenticated(why.clone()));
+            }
+            let known = cache.accepted.contains_key(&key);
+            let cell = cache.pending.entry(key).or_default().clone();
+            (cell, known)
+        };
+        let outcome = cell.get_or_init(|| self.review(token, known)).await.clone();
+        {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            if cache
+                .pending
+                .get(&key)
+                .is_some_and(|c| Arc::ptr_eq(c, &cell))
+            {
+                cache.pending.remove(&key);
+                match &outcome {
+                    Outcome::Accepted(caller) => {
+                        bounded(&mut cache.accepted, self.settings.cache_ttl);
+                        cache.accepted.insert(key, (Instant::now(), caller.clone()));
                     }
-                    if cache.len() >= MAX_CACHED {
-                        cache.clear();
+                    Outcome::Refused(why) => {
+                        bounded(&mut cache.refused, refusal_ttl);
+                        cache.refused.insert(key, (Instant::now(), why.clone()));
                     }
-                    let cell = Arc::new(OnceCell::new());
-                    cache.insert(token.to_vec(), cell.clone());
-                    cell
+                    Outcome::Unavailable(_) => {}
+                }
+            }
+        }
+        match outcome {
+            Outcome::Accepted(caller) => Ok(caller),
+            Outcome::Refused(why) => Err(Status::unauthenticated(why)),
+            Outcome::Unavailable(why) => Err(Status::unavailable(why)),
+        }
+    }
+
+    /// One review, within the limits: known callers have their own small
+    /// share; unknown tokens take from the rate and the in-flight bound and
+    /// are not reviewed at all past them.
+    async fn review(&self, token: &[u8], known: bool) -> Outcome {
+        let _permit = if known {
+            match self.known.clone().acquire_owned().await {
+                Ok(permit) => permit,
+                Err(_) => return Outcome::Unavailable("token reviews stopped"),
+            }
+        } else {
+            let allowed = self.rate.lock().unwrap_or_else(|e| e.into_inner()).take();
+            match self.unknown.clone().try_acquire_owned() {
+                Ok(permit) if allowed => permit,
+                _ => {
+                    self.count("limited");
+                    return Outcome::Unavailable(
+                        "too many unknown tokens to review now; retry shortly",
+                    );
                 }
             }
         };
-        let reviewed = cell.get_or_try_init(|| self.review(token)).await?;
-        reviewed.caller.clone().map_err(Status::unauthenticated)
-    }
-
-    fn fresh(&self, r: &Reviewed) -> bool {
-        let ttl = if r.caller.is_ok() {
-            self.settings.cache_ttl
-        } else {
-            REFUSAL_TTL.min(self.settings.cache_ttl)
+        let Ok(token) = String::from_utf8(token.to_vec()) else {
+            self.count("refused");
+            return Outcome::Refused("the bearer token is not UTF-8".into());
         };
-        r.at.elapsed() < ttl
-    }
-
-    async fn review(&self, token: &[u8]) -> Result<Reviewed, Status> {
-        let token = String::from_utf8(token.to_vec())
-            .map_err(|_| Status::unauthenticated("the bearer token is not UTF-8"))?;
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token),
@@ -154,22 +288,38 @@ impl TokenReviewer {
             },
             ..Default::default()
         };
-        let answer = self
-            .api
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| {
+        let answer = match self.api.create(&PostParams::default(), &review).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                self.count("unavailable");
                 tracing::warn!(error = %e, "TokenReview failed; callers are asked to retry");
-                Status::unavailable("cannot review the token with the Kubernetes API now")
-            })?;
-        let caller = self.judge(answer.status.unwrap_or_default());
-        if let Err(why) = &caller {
-            tracing::info!(reason = %why, "ServiceAccount token refused");
+                return Outcome::Unavailable("cannot review the token with the Kubernetes API now");
+            }
+        };
+        match self.judge(answer.status.unwrap_or_default()) {
+            Ok(caller) => {
+                self.count("accepted");
+                Outcome::Accepted(caller)
+            }
+            Err(why) => {
+                self.count("refused");
+                self.log_refusal(&why);
+                Outcome::Refused(why)
+            }
         }
-        Ok(Reviewed {
-            at: Instant::now(),
-            caller,
-        })
+    }
+
+    /// Logs a refusal, at most one line a second with a count of the rest.
+    fn log_refusal(&self, why: &str) {
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        let due = logged.0.is_none_or(|at| at.elapsed() >= LOG_INTERVAL);
+        if due {
+            let more = std::mem::take(&mut logged.1);
+            logged.0 = Some(Instant::now());
+            tracing::info!(reason = %why, more_since_last_line = more, "ServiceAccount token refused");
+        } else {
+            logged.1 += 1;
+        }
     }
 
     /// Decides on a TokenReview's status.

@@ -5,12 +5,14 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
-use ccm_runtime::settings::{Problems, parse_duration};
+use ccm_runtime::settings::{Problems, bytes_within, check_file, duration_within, number_within};
 use ccm_runtime::telemetry::{LogFormat, parse_filter};
 use clap::Parser;
 use ipnet::IpNet;
 
+use crate::admission::Limits;
 use crate::auth::Tokens;
 use crate::budget::BudgetConfig;
 use crate::lookup::LookupConfig;
@@ -58,6 +60,12 @@ pub struct Args {
     /// How long an accepted ServiceAccount token is trusted before it is reviewed again.
     #[arg(long, default_value = "30s")]
     pub token_review_cache_ttl: String,
+    /// TokenReviews of tokens not accepted before, per second (twice as many in a burst); more such calls get UNAVAILABLE. Known callers are not held to it.
+    #[arg(long, default_value = "20")]
+    pub token_reviews_per_second: String,
+    /// TokenReviews of tokens not accepted before in flight at once.
+    #[arg(long, default_value = "8")]
+    pub token_reviews_in_flight: String,
     /// Kubeconfig for TokenReview; without it, $KUBECONFIG or the in-cluster config.
     #[arg(long)]
     pub kubeconfig: Option<String>,
@@ -100,6 +108,45 @@ pub struct Args {
     /// Share one provider answer among identical lookups in flight: true or false.
     #[arg(long, env = "CLOUD_GATEWAY_COALESCE", default_value = "true")]
     pub coalesce: String,
+    /// Most gRPC connections at once; more are closed as they arrive.
+    #[arg(long, default_value = "128")]
+    pub max_connections: String,
+    /// Most concurrent HTTP/2 streams (calls) per connection.
+    #[arg(long, default_value = "100")]
+    pub max_concurrent_streams: String,
+    /// HTTP/2 flow-control window per stream: bytes a client may send ahead of the gateway reading them.
+    #[arg(long, default_value = "64KiB")]
+    pub http2_stream_window: String,
+    /// HTTP/2 flow-control window per connection.
+    #[arg(long, default_value = "256KiB")]
+    pub http2_connection_window: String,
+    /// Most requests in flight across the gateway (a request counts until its response is sent); more get RESOURCE_EXHAUSTED with a retry delay.
+    #[arg(long, default_value = "512")]
+    pub max_requests_in_flight: String,
+    /// Most requests in flight for one authenticated caller.
+    #[arg(long, default_value = "128")]
+    pub max_requests_in_flight_per_caller: String,
+    /// Most health and reflection requests (which need no token) in flight.
+    #[arg(long, default_value = "32")]
+    pub max_unauthenticated_requests_in_flight: String,
+    /// Most bytes of request bodies held at once.
+    #[arg(long, default_value = "64MiB")]
+    pub max_request_bytes_in_flight: String,
+    /// Longest time a client may take to send a whole request.
+    #[arg(long, default_value = "10s")]
+    pub request_receive_timeout: String,
+    /// A connection with no traffic either way for this long is closed.
+    #[arg(long, default_value = "5m")]
+    pub idle_connection_timeout: String,
+    /// HTTP/2 keepalive ping interval, to find dead peers.
+    #[arg(long, default_value = "30s")]
+    pub keepalive_interval: String,
+    /// How long a keepalive ping may go unanswered before the connection is closed.
+    #[arg(long, default_value = "10s")]
+    pub keepalive_timeout: String,
+    /// Health Watch and reflection streams end after this long.
+    #[arg(long, default_value = "60s")]
+    pub unauthenticated_stream_max_age: String,
     /// The sim's region.
     #[arg(long, default_value = "sim-region-1")]
     pub sim_region: String,
@@ -298,23 +345,11 @@ pub struct Settings {
     /// `(certificate, key)` PEM files.
     pub tls: Option<(PathBuf, PathBuf)>,
     pub budget: BudgetConfig,
+    /// What one client may make the gateway hold.
+    pub limits: Limits,
     pub lookups: LookupConfig,
     pub sim: SimConfig,
     pub aws: AwsSettings,
-}
-
-fn positive<T: PartialOrd + Default + std::fmt::Display + std::str::FromStr>(
-    s: &str,
-) -> Result<T, String>
-where
-    T::Err: std::fmt::Display,
-{
-    let v: T = s.trim().parse().map_err(|e: T::Err| e.to_string())?;
-    if v > T::default() {
-        Ok(v)
-    } else {
-        Err("must be greater than 0".into())
-    }
 }
 
 fn list(s: &str) -> Vec<&str> {
@@ -384,7 +419,17 @@ impl Settings {
         let review_ttl = p.parse(
             "token-review-cache-ttl",
             &args.token_review_cache_ttl,
-            parse_duration,
+            duration_within(Duration::from_secs(1), Duration::from_secs(3600)),
+        );
+        let reviews_per_second = p.parse(
+            "token-reviews-per-second",
+            &args.token_reviews_per_second,
+            number_within(0.1, 10_000.0),
+        );
+        let reviews_in_flight = p.parse(
+            "token-reviews-in-flight",
+            &args.token_reviews_in_flight,
+            number_within(1usize, 1000),
         );
         if args.token_audience.trim().is_empty() {
             p.push("token-audience", "must not be empty");
@@ -405,8 +450,8 @@ impl Settings {
             (None, None) => None,
             (Some(cert), Some(key)) => {
                 for (flag, path) in [("tls-cert", cert), ("tls-key", key)] {
-                    if !std::path::Path::new(path).is_file() {
-                        p.push(flag, format!("{path}: no such file"));
+                    if let Err(problem) = check_file(path) {
+                        p.push(flag, problem);
                     }
                 }
                 Some((PathBuf::from(cert), PathBuf::from(key)))
@@ -416,41 +461,153 @@ impl Settings {
                 None
             }
         };
-        let rate = p.parse("budget-rate", &args.budget_rate, positive::<f64>);
-        let burst = p.parse("budget-burst", &args.budget_burst, |s| {
-            positive::<f64>(s).and_then(|b| {
-                if b >= 1.0 {
-                    Ok(b)
-                } else {
-                    Err("must be at least 1".into())
-                }
-            })
-        });
-        let max_wait = p.parse("budget-max-wait", &args.budget_max_wait, parse_duration);
+        let rate = p.parse(
+            "budget-rate",
+            &args.budget_rate,
+            number_within(0.01, 100_000.0),
+        );
+        let burst = p.parse(
+            "budget-burst",
+            &args.budget_burst,
+            number_within(1.0, 1_000_000.0),
+        );
+        let max_wait = p.parse(
+            "budget-max-wait",
+            &args.budget_max_wait,
+            duration_within(Duration::ZERO, Duration::from_secs(300)),
+        );
         let max_waiting = p.parse(
             "budget-max-waiting",
             &args.budget_max_waiting,
-            positive::<usize>,
+            number_within(1usize, 1_000_000),
         );
-        let cache_ttl = p.parse("cache-ttl", &args.cache_ttl, parse_duration);
-        let batch_window = p.parse("batch-window", &args.batch_window, |s| {
-            parse_duration(s).and_then(|d| {
-                if d <= std::time::Duration::from_secs(1) {
-                    Ok(d)
-                } else {
-                    Err("must be at most 1s".into())
-                }
-            })
-        });
-        let max_batch = p.parse("max-batch", &args.max_batch, |s| {
-            positive::<usize>(s).and_then(|n| {
-                if n <= crate::grpc::validate::MAX_NODES {
-                    Ok(n)
-                } else {
-                    Err("must be at most 1000".into())
-                }
-            })
-        });
+        let cache_ttl = p.parse(
+            "cache-ttl",
+            &args.cache_ttl,
+            duration_within(Duration::ZERO, Duration::from_secs(3600)),
+        );
+        let batch_window = p.parse(
+            "batch-window",
+            &args.batch_window,
+            duration_within(Duration::ZERO, Duration::from_secs(1)),
+        );
+        let max_batch = p.parse(
+            "max-batch",
+            &args.max_batch,
+            number_within(1usize, crate::grpc::validate::MAX_NODES),
+        );
+        let limits = Limits {
+            max_connections: p
+                .parse(
+                    "max-connections",
+                    &args.max_connections,
+                    number_within(1usize, 100_000),
+                )
+                .unwrap_or_default(),
+            max_concurrent_streams: p
+                .parse(
+                    "max-concurrent-streams",
+                    &args.max_concurrent_streams,
+                    number_within(1u32, 10_000),
+                )
+                .unwrap_or_default(),
+            stream_window: p
+                .parse(
+                    "http2-stream-window",
+                    &args.http2_stream_window,
+                    bytes_within(65_535, 16 << 20),
+                )
+                .unwrap_or_default() as u32,
+            connection_window: p
+                .parse(
+                    "http2-connection-window",
+                    &args.http2_connection_window,
+                    bytes_within(65_535, 64 << 20),
+                )
+                .unwrap_or_default() as u32,
+            max_in_flight: p
+                .parse(
+                    "max-requests-in-flight",
+                    &args.max_requests_in_flight,
+                    number_within(1usize, 100_000),
+                )
+                .unwrap_or_default(),
+            max_in_flight_per_caller: p
+                .parse(
+                    "max-requests-in-flight-per-caller",
+                    &args.max_requests_in_flight_per_caller,
+                    number_within(1usize, 100_000),
+                )
+                .unwrap_or_default(),
+            max_in_flight_public: p
+                .parse(
+                    "max-unauthenticated-requests-in-flight",
+                    &args.max_unauthenticated_requests_in_flight,
+                    number_within(1usize, 10_000),
+                )
+                .unwrap_or_default(),
+            max_request_bytes: p
+                .parse(
+                    "max-request-bytes-in-flight",
+                    &args.max_request_bytes_in_flight,
+                    bytes_within(1 << 20, 16 << 30),
+                )
+                .unwrap_or_default() as usize,
+            request_receive_timeout: p
+                .parse(
+                    "request-receive-timeout",
+                    &args.request_receive_timeout,
+                    duration_within(Duration::from_millis(100), Duration::from_secs(300)),
+                )
+                .unwrap_or_default(),
+            idle_timeout: p
+                .parse(
+                    "idle-connection-timeout",
+                    &args.idle_connection_timeout,
+                    duration_within(Duration::from_secs(1), Duration::from_secs(24 * 3600)),
+                )
+                .unwrap_or_default(),
+            keepalive_interval: p
+                .parse(
+                    "keepalive-interval",
+                    &args.keepalive_interval,
+                    duration_within(Duration::from_secs(1), Duration::from_secs(3600)),
+                )
+                .unwrap_or_default(),
+            keepalive_timeout: p
+                .parse(
+                    "keepalive-timeout",
+                    &args.keepalive_timeout,
+                    duration_within(Duration::from_secs(1), Duration::from_secs(300)),
+                )
+                .unwrap_or_default(),
+            public_stream_max_age: p
+                .parse(
+                    "unauthenticated-stream-max-age",
+                    &args.unauthenticated_stream_max_age,
+                    duration_within(Duration::from_secs(1), Duration::from_secs(3600)),
+                )
+                .unwrap_or_default(),
+        };
+        let largest = crate::grpc::validate::largest_request_bytes();
+        if limits.max_request_bytes != 0 && limits.max_request_bytes < largest {
+            p.push(
+                "max-request-bytes-in-flight",
+                format!("must hold the largest valid request, {largest} bytes"),
+            );
+        }
+        if limits.max_in_flight_per_caller > limits.max_in_flight {
+            p.push(
+                "max-requests-in-flight-per-caller",
+                "must not exceed --max-requests-in-flight",
+            );
+        }
+        if limits.max_in_flight_public > limits.max_in_flight {
+            p.push(
+                "max-unauthenticated-requests-in-flight",
+                "must not exceed --max-requests-in-flight",
+            );
+        }
         let coalesce = p.parse("coalesce", &args.coalesce, |s| {
             s.parse::<bool>().map_err(|_| "use true or false")
         });
@@ -509,17 +666,11 @@ impl Settings {
             &args.aws_node_ip_families,
             ip_families,
         );
-        let aws_timeout = p.parse("aws-request-timeout", &args.aws_request_timeout, |s| {
-            parse_duration(s).and_then(|d| {
-                if (std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(300))
-                    .contains(&d)
-                {
-                    Ok(d)
-                } else {
-                    Err("must be from 1s to 5m".into())
-                }
-            })
-        });
+        let aws_timeout = p.parse(
+            "aws-request-timeout",
+            &args.aws_request_timeout,
+            duration_within(Duration::from_secs(1), Duration::from_secs(300)),
+        );
         p.finish(|| Settings {
             listen: listen.expect("checked"),
             admin_listen: admin_listen.expect("checked"),
@@ -530,6 +681,8 @@ impl Settings {
                 audience: args.token_audience.trim().to_owned(),
                 cache_ttl: review_ttl.expect("checked"),
                 kubeconfig: args.kubeconfig.as_ref().map(PathBuf::from),
+                reviews_per_second: reviews_per_second.expect("checked"),
+                reviews_in_flight: reviews_in_flight.expect("checked"),
             }),
             provider: provider.expect("checked"),
             log_format: log_format.expect("checked"),
@@ -541,6 +694,7 @@ impl Settings {
                 max_wait: max_wait.expect("checked"),
                 max_waiting: max_waiting.expect("checked"),
             },
+            limits,
             lookups: LookupConfig {
                 cache_ttl: cache_ttl.expect("checked"),
                 batch_window: batch_window.expect("checked"),
@@ -584,7 +738,7 @@ mod tests {
             .chain(args.iter().copied())
             .map(Into::into)
             .collect();
-        ccm_runtime::cli::parse_from::<Args>(argv).and_then(|a| Settings::from_args(&a))
+        ccm_runtime::cli::resolve_from::<Args, _>(argv, Settings::from_args)
     }
 
     #[test]
@@ -592,6 +746,7 @@ mod tests {
         let s = parse(&[]).unwrap();
         assert_eq!(s.listen, "0.0.0.0:7400".parse().unwrap());
         assert_eq!(s.budget, BudgetConfig::default());
+        assert_eq!(s.limits, Limits::default());
         assert_eq!(s.lookups, LookupConfig::default());
         assert_eq!(s.sim.lb_pool, SimConfig::default().lb_pool);
     }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use ccm_runtime::args::{Common, CommonArgs};
 use ccm_runtime::names;
-use ccm_runtime::settings::{Problems, parse_duration};
+use ccm_runtime::settings::{Problems, duration_within, number_within};
 use clap::Parser;
 
 /// Initialises nodes from the cloud, keeps their addresses current, and
@@ -52,14 +52,6 @@ pub struct Settings {
     pub deletion_min_nodes: usize,
 }
 
-fn positive(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("must be greater than 0".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
 impl Settings {
     /// Checks every flag; all problems are reported together.
     pub fn from_args(args: &Args) -> Result<Self, Problems> {
@@ -70,32 +62,28 @@ impl Settings {
         let workers = p.parse(
             "concurrent-node-syncs",
             &args.concurrent_node_syncs,
-            positive,
+            number_within(1usize, 1000),
         );
         let status_workers = p.parse(
             "concurrent-node-status-updates",
             &args.concurrent_node_status_updates,
-            |s| s.parse::<usize>().map_err(|e| e.to_string()),
+            number_within(0usize, 1000),
         );
         let status_period = p.parse(
             "node-status-update-frequency",
             &args.node_status_update_frequency,
-            parse_duration,
+            duration_within(Duration::from_millis(100), Duration::from_secs(24 * 3600)),
         );
         let monitor_period = p.parse(
             "node-monitor-period",
             &args.node_monitor_period,
-            parse_duration,
+            duration_within(Duration::from_millis(100), Duration::from_secs(24 * 3600)),
         );
-        let batch_size = p.parse("lookup-batch-size", &args.lookup_batch_size, |s| {
-            positive(s).and_then(|n| {
-                if n <= 1000 {
-                    Ok(n)
-                } else {
-                    Err("must be at most 1000".into())
-                }
-            })
-        });
+        let batch_size = p.parse(
+            "lookup-batch-size",
+            &args.lookup_batch_size,
+            number_within(1usize, 1000),
+        );
         let share = p.parse(
             "node-deletion-max-share",
             &args.node_deletion_max_share,
@@ -107,16 +95,8 @@ impl Settings {
         let min_nodes = p.parse(
             "node-deletion-min-nodes",
             &args.node_deletion_min_nodes,
-            |s| s.parse::<usize>().map_err(|e| e.to_string()),
+            number_within(0usize, 1_000_000),
         );
-        for (key, period) in [
-            ("node-status-update-frequency", status_period),
-            ("node-monitor-period", monitor_period),
-        ] {
-            if period.is_some_and(|d| d.is_zero()) {
-                p.push(key, "must be greater than 0");
-            }
-        }
         p.finish(|| {
             let workers = workers.expect("checked");
             Settings {

@@ -19,6 +19,7 @@ use anyhow::Context as _;
 use ccm_runtime::controller::Base;
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
+use ccm_runtime::shutdown::or_shutdown;
 use ccm_runtime::watch::{Seen, cached_nodes, follow};
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, ResourceExt};
@@ -88,7 +89,14 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
 }
 
 async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {
-    if !ccm_runtime::gateway::supports(&ctx.gateway, Capability::Instances).await? {
+    let supported = or_shutdown(
+        &shutdown,
+        ccm_runtime::gateway::supports(&ctx.gateway, Capability::Instances),
+    );
+    let Some(supported) = supported.await else {
+        return Ok(());
+    };
+    if !supported? {
         anyhow::bail!("the cloud provider does not support instances");
     }
     tokio::select! {
@@ -96,7 +104,10 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
         _ = shutdown.cancelled() => return Ok(()),
     }
     tracing::info!("leading; starting node initialisation, address sync and lifecycle checks");
-    ctx.store.wait_until_ready().await.context("node cache")?;
+    let Some(synced) = or_shutdown(&shutdown, ctx.store.wait_until_ready()).await else {
+        return Ok(());
+    };
+    synced.context("node cache")?;
     for node in ctx.store.state() {
         ctx.queue.add(node.name_any());
     }

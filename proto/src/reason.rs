@@ -34,3 +34,6 @@ pub const INVALID_ARGUMENT: &str = "INVALID_ARGUMENT";
 /// The cloud account is not set up for the request (e.g. no route table
 /// carries the cluster's tag); an operator must act, retrying will not help.
 pub const CLOUD_NOT_CONFIGURED: &str = "CLOUD_NOT_CONFIGURED";
+/// The gateway is at one of its limits on connections, requests or bytes
+/// in flight; ask again after the delay.
+pub const GATEWAY_BUSY: &str = "GATEWAY_BUSY";

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use ccm_runtime::args::{Common, CommonArgs};
 use ccm_runtime::names;
-use ccm_runtime::settings::{Problems, parse_duration};
+use ccm_runtime::settings::{Problems, duration_within, number_within};
 use clap::Parser;
 use ipnet::IpNet;
 
@@ -66,25 +66,18 @@ impl Settings {
         let resync_period = p.parse(
             "route-reconciliation-period",
             &args.route_reconciliation_period,
-            parse_duration,
+            duration_within(Duration::from_millis(100), Duration::from_secs(24 * 3600)),
         );
         let min_interval = p.parse(
             "min-route-reconcile-interval",
             &args.min_route_reconcile_interval,
-            parse_duration,
+            duration_within(Duration::ZERO, Duration::from_secs(3600)),
         );
         let concurrency = p.parse(
             "concurrent-route-operations",
             &args.concurrent_route_operations,
-            |s| match s.parse::<usize>() {
-                Ok(0) => Err("must be greater than 0".to_owned()),
-                Ok(n) => Ok(n),
-                Err(e) => Err(e.to_string()),
-            },
+            number_within(1usize, 1000),
         );
-        if resync_period.is_some_and(|d| d.is_zero()) {
-            p.push("route-reconciliation-period", "must be greater than 0");
-        }
         p.finish(|| Settings {
             common: common.expect("checked"),
             cluster_cidrs: cluster_cidrs.expect("checked"),

@@ -19,6 +19,7 @@ use anyhow::Context as _;
 use ccm_runtime::controller::Base;
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
+use ccm_runtime::shutdown::or_shutdown;
 use ccm_runtime::watch::{Seen, cached_nodes, follow};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -100,7 +101,14 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
         shutdown.cancelled().await;
         return Ok(());
     }
-    if !ccm_runtime::gateway::supports(&ctx.gateway, Capability::Routes).await? {
+    let supported = or_shutdown(
+        &shutdown,
+        ccm_runtime::gateway::supports(&ctx.gateway, Capability::Routes),
+    );
+    let Some(supported) = supported.await else {
+        return Ok(());
+    };
+    if !supported? {
         tracing::warn!("the cloud provider does not support routes: not programming routes");
         shutdown.cancelled().await;
         return Ok(());
@@ -110,7 +118,10 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
         _ = shutdown.cancelled() => return Ok(()),
     }
     tracing::info!(cluster_cidrs = ?ctx.settings.cluster_cidrs, "leading; reconciling routes");
-    ctx.store.wait_until_ready().await.context("node cache")?;
+    let Some(synced) = or_shutdown(&shutdown, ctx.store.wait_until_ready()).await else {
+        return Ok(());
+    };
+    synced.context("node cache")?;
     ctx.queue.add(());
     tokio::spawn(worker(ctx.clone()));
     tokio::spawn({

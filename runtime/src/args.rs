@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::settings::{Problems, parse_duration};
+use crate::settings::{Problems, check_file, duration_within};
 use crate::telemetry::LogFormat;
 
 /// Flags shared by every controller.
@@ -125,11 +125,13 @@ impl CommonArgs {
             );
         }
         let token = match &self.gateway_token_file {
-            Some(path) if std::path::Path::new(path).is_file() => Some(PathBuf::from(path)),
-            Some(path) => {
-                p.push("gateway-token-file", format!("{path}: no such file"));
-                None
-            }
+            Some(path) => match check_file(path) {
+                Ok(()) => Some(PathBuf::from(path)),
+                Err(problem) => {
+                    p.push("gateway-token-file", problem);
+                    None
+                }
+            },
             None => {
                 p.push(
                     "gateway-token-file",
@@ -138,31 +140,31 @@ impl CommonArgs {
                 None
             }
         };
-        if let Some(ca) = self
-            .gateway_ca_file
-            .as_ref()
-            .filter(|f| !std::path::Path::new(f).is_file())
-        {
-            p.push("gateway-ca-file", format!("{ca}: no such file"));
+        if let Some(Err(problem)) = self.gateway_ca_file.as_deref().map(check_file) {
+            p.push("gateway-ca-file", problem);
         }
-        let timeout = p.parse("gateway-timeout", &self.gateway_timeout, parse_duration);
+        let timeout = p.parse(
+            "gateway-timeout",
+            &self.gateway_timeout,
+            duration_within(Duration::from_millis(100), Duration::from_secs(300)),
+        );
         let enabled = p.parse("leader-elect", &self.leader_elect, |s| {
             s.parse::<bool>().map_err(|_| "use true or false")
         });
         let lease_duration = p.parse(
             "leader-elect-lease-duration",
             &self.leader_elect_lease_duration,
-            parse_duration,
+            duration_within(Duration::from_secs(1), Duration::from_secs(3600)),
         );
         let renew_deadline = p.parse(
             "leader-elect-renew-deadline",
             &self.leader_elect_renew_deadline,
-            parse_duration,
+            duration_within(Duration::from_millis(100), Duration::from_secs(3600)),
         );
         let retry_period = p.parse(
             "leader-elect-retry-period",
             &self.leader_elect_retry_period,
-            parse_duration,
+            duration_within(Duration::from_millis(100), Duration::from_secs(600)),
         );
         if let (Some(lease), Some(renew), Some(retry)) =
             (lease_duration, renew_deadline, retry_period)
@@ -180,18 +182,11 @@ impl CommonArgs {
                     "must be greater than 1.2 x leader-elect-retry-period",
                 );
             }
-            if retry.is_zero() {
-                p.push("leader-elect-retry-period", "must be greater than 0");
-            }
         }
         let log_format = p.parse("log-format", &self.log_format, str::parse::<LogFormat>);
         p.parse("log-level", &self.log_level, crate::telemetry::parse_filter);
-        if let Some(kubeconfig) = self
-            .kubeconfig
-            .as_ref()
-            .filter(|f| !std::path::Path::new(f).is_file())
-        {
-            p.push("kubeconfig", format!("{kubeconfig}: no such file"));
+        if let Some(Err(problem)) = self.kubeconfig.as_deref().map(check_file) {
+            p.push("kubeconfig", problem);
         }
         let mut gateway = ccm_proto::ClientConfig::new(
             self.gateway_address.clone(),

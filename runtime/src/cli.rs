@@ -30,6 +30,30 @@ fn file_value(value: config::Value) -> Result<String, String> {
 /// (if `T` has one) layered under environment and flags. Clap handles
 /// `--help`, `--version` and malformed command lines itself.
 pub fn parse_from<T: Parser>(args: Vec<OsString>) -> Result<T, Problems> {
+    let (parsed, problems) = parse_layered(args)?;
+    problems.finish(|| parsed)
+}
+
+/// Parses `T` as [`parse_from`] and checks it with `resolve`; the problems
+/// of the file's entries and those `resolve` finds are reported together,
+/// so one run names every wrong value wherever it was set.
+pub fn resolve_from<T: Parser, S>(
+    args: Vec<OsString>,
+    resolve: impl FnOnce(&T) -> Result<S, Problems>,
+) -> Result<S, Problems> {
+    let (parsed, mut problems) = parse_layered(args)?;
+    match resolve(&parsed) {
+        Ok(settings) => problems.finish(|| settings),
+        Err(more) => {
+            problems.extend(more);
+            Err(problems)
+        }
+    }
+}
+
+/// [`parse_from`], returning the problems of single file entries beside
+/// the parsed flags instead of failing on them; such entries are left out.
+fn parse_layered<T: Parser>(args: Vec<OsString>) -> Result<(T, Problems), Problems> {
     let command = T::command();
     let matches = command.clone().get_matches_from(args.clone());
     let file = matches
@@ -45,10 +69,12 @@ pub fn parse_from<T: Parser>(args: Vec<OsString>) -> Result<T, Problems> {
                 .map(|p| p.display().to_string())
         });
     let Some(file) = file else {
-        return T::from_arg_matches(&matches).map_err(|e| Problems::one(e.to_string()));
+        return T::from_arg_matches(&matches)
+            .map(|t| (t, Problems::new()))
+            .map_err(|e| Problems::one(e.to_string()));
     };
-    if !std::path::Path::new(&file).is_file() {
-        return Err(Problems::one(format!("config: {file}: no such file")));
+    if let Err(problem) = crate::settings::check_file(&file) {
+        return Err(Problems::one(format!("config: {problem}")));
     }
     let entries: HashMap<String, config::Value> = config::Config::builder()
         .add_source(config::File::with_name(&file))
@@ -84,16 +110,15 @@ pub fn parse_from<T: Parser>(args: Vec<OsString>) -> Result<T, Problems> {
             extra.push(OsString::from(format!("--{flag}={value}")));
         }
     }
-    if !problems.is_empty() {
-        return Err(problems);
-    }
     let mut layered = vec![args.first().cloned().unwrap_or_default()];
     layered.extend(extra);
     layered.extend(args.into_iter().skip(1));
     let matches = command
         .try_get_matches_from(layered)
         .map_err(|e| Problems::one(e.to_string()))?;
-    T::from_arg_matches(&matches).map_err(|e| Problems::one(e.to_string()))
+    T::from_arg_matches(&matches)
+        .map(|t| (t, problems))
+        .map_err(|e| Problems::one(e.to_string()))
 }
 
 /// [`parse_from`] on the process's own arguments.
@@ -140,6 +165,37 @@ mod tests {
         let err = parse_from::<Args>(argv(&["--config", path])).unwrap_err();
         assert!(err.to_string().contains("clustr-name"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn every_wrong_value_in_a_file_is_reported_with_the_others() {
+        let dir = tempfile_dir("wrong");
+        let file = dir.join("c.yaml");
+        std::fs::write(
+            &file,
+            "cluster-name: {a: 1}\nperiod: [1, {b: 2}]\nworkers: many\n",
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        let err = resolve_from::<Args, ()>(argv(&["--config", path]), |args| {
+            let mut p = Problems::new();
+            p.parse("workers", &args.workers, str::parse::<u32>);
+            p.finish(|| ())
+        })
+        .unwrap_err();
+        let text = err.to_string();
+        for key in ["cluster-name", "period", "workers"] {
+            assert!(text.contains(key), "{key} missing: {text}");
+        }
+        let err = parse_from::<Args>(argv(&["--config", dir.to_str().unwrap()])).unwrap_err();
+        assert!(err.to_string().contains("is a directory"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn tempfile_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("ccm-cli-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     #[test]

@@ -16,6 +16,9 @@ use crate::admin::Readiness;
 use crate::args::Common;
 use crate::leader::Leadership;
 
+/// How long a stopping controller waits for its lease to be released.
+const LEASE_RELEASE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// What a controller has once started, before its own work begins.
 pub struct Base<M> {
     pub client: kube::Client,
@@ -94,6 +97,9 @@ impl Running {
     /// Waits until the controller stops: `Ok` after shutdown, an error if it
     /// lost its lease or failed.
     pub async fn wait(self) -> anyhow::Result<()> {
-        self.task.await.context("controller task")?
+        let result = self.task.await.context("controller task");
+        // A leader that is shutting down hands its lease over first.
+        self.leadership.ended(LEASE_RELEASE).await;
+        result?
     }
 }

@@ -42,6 +42,9 @@ pub struct Leadership {
     state: watch::Receiver<State>,
     renew_deadline: Duration,
     identity: Arc<str>,
+    /// Turns true once the election has ended (and a leader released its
+    /// lease).
+    ended: watch::Receiver<bool>,
 }
 
 impl Leadership {
@@ -54,6 +57,7 @@ impl Leadership {
             state: rx,
             renew_deadline: Duration::MAX,
             identity: "no-leader-election".into(),
+            ended: watch::channel(true).1,
         }
     }
 
@@ -63,6 +67,14 @@ impl Leadership {
             State::Leading(renewed) => renewed.elapsed() < self.renew_deadline,
             _ => false,
         }
+    }
+
+    /// Waits until the election has ended after shutdown, so a leader's
+    /// release of its lease is not cut short by the process exiting; at
+    /// most `limit`.
+    pub async fn ended(&self, limit: Duration) {
+        let mut ended = self.ended.clone();
+        let _ = tokio::time::timeout(limit, ended.wait_for(|done| *done)).await;
     }
 
     /// This replica's identity in the lease.
@@ -113,6 +125,15 @@ impl Leadership {
     }
 }
 
+/// Marks the election ended when dropped.
+struct EndOnDrop(watch::Sender<bool>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
+}
+
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
 }
@@ -143,6 +164,7 @@ pub fn start(
         return Leadership::always();
     }
     let (tx, rx) = watch::channel(State::Standby);
+    let (ended_tx, ended) = watch::channel(false);
     let lock = LeaseLock::new(
         client.clone(),
         &settings.namespace,
@@ -157,9 +179,12 @@ pub fn start(
         state: rx,
         renew_deadline: settings.renew_deadline,
         identity: identity.clone().into(),
+        ended,
     };
     let settings = settings.clone();
     tokio::spawn(async move {
+        // Whichever way the task ends, the election has ended.
+        let _ended = EndOnDrop(ended_tx);
         // A changed error is logged once, not every retry.
         let mut last_error = None::<String>;
         let mut note = |error: String| {

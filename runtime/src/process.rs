@@ -4,12 +4,17 @@
 
 use std::future::Future;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use crate::settings::Problems;
 use crate::telemetry::LogFormat;
+
+/// How long a process may drain after the first shutdown signal: inside
+/// Kubernetes' default grace period of 30 s.
+const DRAIN: Duration = Duration::from_secs(10);
 
 /// Runs a binary: `resolve` checks the parsed flags into settings, `log`
 /// says how to log, `run` does the work until the token is cancelled.
@@ -24,7 +29,7 @@ where
     R: FnOnce(S, CancellationToken) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let settings = match crate::cli::parse::<A>().and_then(|args| resolve(&args)) {
+    let settings = match crate::cli::resolve_from::<A, S>(std::env::args_os().collect(), resolve) {
         Ok(settings) => settings,
         Err(problems) => {
             eprint!("{name}: {problems}");
@@ -43,8 +48,23 @@ where
     };
     let result = runtime.block_on(async {
         let shutdown = crate::shutdown::on_signals()?;
-        run(settings, shutdown).await
+        let run = run(settings, shutdown.clone());
+        // Draining is bounded: whatever still waits after DRAIN (a call
+        // whose client went away, a cloud request that hangs) is dropped.
+        let deadline = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(DRAIN).await;
+        };
+        tokio::select! {
+            result = run => result,
+            _ = deadline => {
+                tracing::warn!("still draining {DRAIN:?} after the shutdown signal; exiting");
+                Ok(())
+            }
+        }
     });
+    // Tasks left running are dropped; nothing blocks the exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(()) => {
             tracing::info!("{name} stopped");

@@ -5,6 +5,22 @@
 
 use std::fmt;
 
+/// How much of a value an error message quotes.
+const QUOTED: usize = 40;
+
+/// `value` quoted for an error message, cut to its first 40 bytes with its
+/// length named: an error never repeats a whole oversized input.
+pub fn quote(value: &str) -> String {
+    if value.len() <= QUOTED {
+        return format!("{value:?}");
+    }
+    let mut end = QUOTED;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}... ({} bytes)", &value[..end], value.len())
+}
+
 /// Every problem found in a configuration, reported together.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Problems(Vec<String>);
@@ -36,10 +52,15 @@ impl Problems {
         match parse(value) {
             Ok(v) => Some(v),
             Err(e) => {
-                self.push(key, format!("{value:?}: {e}"));
+                self.push(key, format!("{}: {e}", quote(value)));
                 None
             }
         }
+    }
+
+    /// Adds every problem of `other`.
+    pub fn extend(&mut self, other: Problems) {
+        self.0.extend(other.0);
     }
 
     /// Whether no problem was found.
@@ -74,9 +95,82 @@ impl fmt::Display for Problems {
 
 impl std::error::Error for Problems {}
 
+/// Checks that `path` names a readable regular file: the problem says
+/// whether it is missing or a directory.
+pub fn check_file(path: &str) -> Result<(), String> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(m) if m.is_dir() => Err(format!("{path}: is a directory, not a file")),
+        Ok(_) => Err(format!("{path}: is not a regular file")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!("{path}: no such file")),
+        Err(e) => Err(format!("{path}: {e}")),
+    }
+}
+
 /// Parses a duration such as `250ms`, `10s` or `5m`.
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     humantime_like(s)
+}
+
+/// A duration from `min` to `max`, both included.
+pub fn duration_within(
+    min: std::time::Duration,
+    max: std::time::Duration,
+) -> impl Fn(&str) -> Result<std::time::Duration, String> {
+    move |s| {
+        let d = parse_duration(s)?;
+        if (min..=max).contains(&d) {
+            Ok(d)
+        } else {
+            Err(format!("must be from {min:?} to {max:?}"))
+        }
+    }
+}
+
+/// A whole number from `min` to `max`, both included.
+pub fn number_within<T>(min: T, max: T) -> impl Fn(&str) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
+{
+    move |s| {
+        let v: T = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("is not a number from {min} to {max}"))?;
+        if v >= min && v <= max {
+            Ok(v)
+        } else {
+            Err(format!("must be from {min} to {max}"))
+        }
+    }
+}
+
+/// A size in bytes such as `65536`, `64KiB`, `256MiB` or `1GiB`, from
+/// `min` to `max`.
+pub fn bytes_within(min: u64, max: u64) -> impl Fn(&str) -> Result<u64, String> {
+    move |s| {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (number, unit) = s.split_at(split);
+        let number: u64 = number
+            .parse()
+            .map_err(|_| "is not a size such as 65536, 64KiB or 16MiB".to_owned())?;
+        let scale: u64 = match unit.trim() {
+            "" | "B" => 1,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            other => return Err(format!("unknown unit {other:?}; use KiB, MiB or GiB")),
+        };
+        let v = number
+            .checked_mul(scale)
+            .ok_or_else(|| "is too large".to_owned())?;
+        if (min..=max).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("must be from {min} to {max} bytes"))
+        }
+    }
 }
 
 fn humantime_like(s: &str) -> Result<std::time::Duration, String> {
@@ -123,6 +217,20 @@ mod tests {
     }
 
     #[test]
+    fn bounded_values_name_their_range() {
+        let d = duration_within(Duration::from_millis(1), Duration::from_secs(60));
+        assert_eq!(d("10s"), Ok(Duration::from_secs(10)));
+        assert!(d("0s").unwrap_err().contains("from 1ms to 60s"));
+        let n = number_within(1u32, 1000);
+        assert_eq!(n("32"), Ok(32));
+        assert!(n("4294967296").is_err() && n("0").is_err() && n("x").is_err());
+        let b = bytes_within(1024, 1 << 30);
+        assert_eq!(b("64KiB"), Ok(65536));
+        assert_eq!(b("2048"), Ok(2048));
+        assert!(b("2GiB").is_err() && b("1").is_err() && b("5 parsecs").is_err());
+    }
+
+    #[test]
     fn problems_are_all_listed() {
         let mut problems = Problems::new();
         let a: Option<u32> = problems.parse("a", "x", str::parse);
@@ -135,5 +243,19 @@ mod tests {
             text.contains("a: \"x\"") && text.contains("c: is wrong"),
             "{text}"
         );
+    }
+}
+
+#[cfg(test)]
+mod quote_tests {
+    use super::*;
+
+    #[test]
+    fn long_values_are_cut_with_their_length_named() {
+        assert_eq!(quote("short"), "\"short\"");
+        let long = "é".repeat(100);
+        let quoted = quote(&long);
+        assert!(quoted.len() < 70, "{quoted}");
+        assert!(quoted.ends_with("(200 bytes)"), "{quoted}");
     }
 }

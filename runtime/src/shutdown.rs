@@ -31,3 +31,17 @@ pub fn on_signals() -> std::io::Result<CancellationToken> {
     });
     Ok(token)
 }
+
+/// Runs `work` until it finishes or `shutdown` is cancelled, whichever
+/// comes first: `None` when shutdown came first. Every wait of unknown
+/// length (for the gateway, the API server, a cache to sync) goes through
+/// it, so the first SIGTERM ends it.
+pub async fn or_shutdown<F: std::future::Future>(
+    shutdown: &CancellationToken,
+    work: F,
+) -> Option<F::Output> {
+    tokio::select! {
+        out = work => Some(out),
+        _ = shutdown.cancelled() => None,
+    }
+}

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use ccm_runtime::args::{Common, CommonArgs};
 use ccm_runtime::names;
-use ccm_runtime::settings::{Problems, parse_duration};
+use ccm_runtime::settings::{Problems, duration_within, number_within};
 use clap::Parser;
 
 use crate::plan::ClassPolicy;
@@ -64,11 +64,7 @@ impl Settings {
         let workers = p.parse(
             "concurrent-service-syncs",
             &args.concurrent_service_syncs,
-            |s| match s.parse::<usize>() {
-                Ok(0) => Err("must be greater than 0".to_owned()),
-                Ok(n) => Ok(n),
-                Err(e) => Err(e.to_string()),
-            },
+            number_within(1usize, 1000),
         );
         let named: Vec<String> = args
             .load_balancer_class
@@ -87,12 +83,15 @@ impl Settings {
         let debounce = p.parse(
             "node-sync-debounce",
             &args.node_sync_debounce,
-            parse_duration,
+            duration_within(Duration::ZERO, Duration::from_secs(600)),
         );
         let orphan_period = p.parse(
             "orphan-check-period",
             &args.orphan_check_period,
-            parse_duration,
+            duration_within(
+                Duration::from_millis(100),
+                Duration::from_secs(7 * 24 * 3600),
+            ),
         );
         let delete_orphans = p.parse(
             "delete-orphaned-load-balancers",
@@ -102,11 +101,8 @@ impl Settings {
         let orphan_grace = p.parse(
             "orphan-grace-period",
             &args.orphan_grace_period,
-            parse_duration,
+            duration_within(Duration::ZERO, Duration::from_secs(30 * 24 * 3600)),
         );
-        if orphan_period.is_some_and(|d| d.is_zero()) {
-            p.push("orphan-check-period", "must be greater than 0");
-        }
         p.finish(|| Settings {
             common: common.expect("checked"),
             workers: workers.expect("checked"),

@@ -22,6 +22,7 @@ use anyhow::Context as _;
 use ccm_runtime::controller::Base;
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
+use ccm_runtime::shutdown::or_shutdown;
 use ccm_runtime::watch::{Seen, cached, cached_nodes, follow};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{Api, ResourceExt};
@@ -142,19 +143,39 @@ async fn run(
     nodes_changed: Arc<Notify>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    if !ccm_runtime::gateway::supports(&ctx.gateway, Capability::LoadBalancers).await? {
-        anyhow::bail!("the cloud provider does not support external load balancers");
+    let supported = or_shutdown(
+        &shutdown,
+        ccm_runtime::gateway::supports(&ctx.gateway, Capability::LoadBalancers),
+    );
+    let Some(supported) = supported.await else {
+        return Ok(());
+    };
+    // Upstream skips the controller then; a Deployment that exited would
+    // restart forever, so it idles (and stays ready), as the route
+    // controller does without routes.
+    if !supported? {
+        tracing::warn!(
+            "the cloud provider does not support external load balancers: not managing any"
+        );
+        shutdown.cancelled().await;
+        return Ok(());
     }
     tokio::select! {
         acquired = ctx.leadership.acquired() => if !acquired { return Ok(()) },
         _ = shutdown.cancelled() => return Ok(()),
     }
     tracing::info!(classes = ?ctx.settings.classes, "leading; syncing load balancers");
-    ctx.services
-        .wait_until_ready()
-        .await
-        .context("service cache")?;
-    ctx.nodes.wait_until_ready().await.context("node cache")?;
+    let caches = async {
+        ctx.services
+            .wait_until_ready()
+            .await
+            .context("service cache")?;
+        ctx.nodes.wait_until_ready().await.context("node cache")
+    };
+    let Some(synced) = or_shutdown(&shutdown, caches).await else {
+        return Ok(());
+    };
+    synced?;
     for svc in ctx.services.state() {
         if plan::wants_load_balancer(&svc, &ctx.settings.classes) || plan::has_finalizer(&svc) {
             ctx.queue

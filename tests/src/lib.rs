@@ -8,4 +8,5 @@ pub mod bench;
 pub mod chart;
 pub mod env;
 pub mod fixtures;
+pub mod gateway;
 pub mod sandbox;

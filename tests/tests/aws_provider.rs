@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use ccm_proto::v1::{InstanceState, LookupPurpose, NodeAddressType, NodeRef, Route};
 use ccm_proto::{Error, reason};
-use ccm_testkit::aws::{self, Fault, FaultProxy, GatewayProcess, Moto, Seeded};
+use ccm_testkit::aws::{self, Fault, FaultProxy, Moto, Seeded};
+use ccm_testkit::gateway::GatewayProcess;
 
 const CLUSTER: &str = "kubernetes";
 const TIMEOUT: Duration = Duration::from_secs(90);

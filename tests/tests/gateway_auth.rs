@@ -47,7 +47,13 @@ async fn start_with(cache_ttl: Duration) -> Env {
         audience: AUDIENCE.into(),
         cache_ttl,
         kubeconfig: Some(kubeconfig),
+        reviews_per_second: 20.0,
+        reviews_in_flight: 8,
     });
+    // The floods below open a connection per token: these tests are about
+    // reviews, not about the connection and request limits.
+    settings.limits.max_connections = 10_000;
+    settings.limits.max_in_flight = 10_000;
     let shutdown = CancellationToken::new();
     let gateway = Gateway::start(settings, shutdown.clone()).await.unwrap();
     Env {
@@ -181,4 +187,66 @@ async fn without_the_kubernetes_api_callers_are_asked_to_retry_not_refused() {
     let got = lookup(&env_less).await;
     assert!(matches!(got, Err(Error::Unavailable { .. })), "{got:?}");
     drop(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_one_bad_token_makes_a_handful_of_reviews() {
+    let env = start().await;
+    let bad = env.with_token("not-a-token");
+    let calls = (0..500).map(|_| lookup(&bad));
+    for result in futures::future::join_all(calls).await {
+        assert!(
+            matches!(result, Err(Error::Unauthenticated { .. })),
+            "{result:?}"
+        );
+    }
+    assert!(
+        env.api.token_reviews() <= 2,
+        "{} reviews",
+        env.api.token_reviews()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_distinct_bad_tokens_is_bounded_and_known_callers_go_on() {
+    let env = start_with(Duration::from_secs(1)).await;
+    env.api
+        .register_token("node-token", node_controller(&[AUDIENCE]));
+    let node = env.with_token("node-token");
+    lookup(&node).await.unwrap();
+    let reviews_before = env.api.token_reviews();
+    let started = std::time::Instant::now();
+    let flood = {
+        let clients: Vec<GatewayClient> = (0..2000)
+            .map(|i| env.with_token(&format!("bad-{i}")))
+            .collect();
+        tokio::spawn(async move {
+            let calls = clients.iter().map(lookup);
+            futures::future::join_all(calls).await
+        })
+    };
+    // The known caller's token expires from the cache (1 s) during the
+    // flood; its re-review does not wait behind the bad ones.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        lookup(&node).await.unwrap();
+    }
+    let results = flood.await.unwrap();
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(results.iter().all(|r| r.is_err()));
+    let limited = results
+        .iter()
+        .filter(|r| matches!(r, Err(Error::Unavailable { .. })))
+        .count();
+    assert!(
+        limited > 0,
+        "some unknown tokens were turned away unreviewed"
+    );
+    let reviews = env.api.token_reviews() - reviews_before;
+    // A burst of 40, then 20 a second, plus the known caller's re-reviews.
+    let bound = 40.0 + 20.0 * elapsed + 5.0;
+    assert!(
+        (reviews as f64) <= bound,
+        "{reviews} reviews in {elapsed:.1} s (bound {bound:.0})"
+    );
 }

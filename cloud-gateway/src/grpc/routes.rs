@@ -69,9 +69,7 @@ impl Routes for RoutesService {
             true,
             &ProviderIds::of(self.cloud.provider()),
         );
-        if req.name_hint.len() > 128 {
-            v.add("name_hint", "at most 128 characters");
-        }
+        v.name_hint(&req.name_hint);
         v.finish()?;
         let route = req.route.unwrap_or_default();
         let resource = format!("route/{}->{}", route.destination_cidr, route.target_node);

@@ -9,6 +9,7 @@ use ccm_proto::v1::{
     ServiceRef, SessionAffinity, TrafficPolicy,
 };
 use ccm_runtime::names::{is_dns_label, is_dns_subdomain};
+use ccm_runtime::settings::quote;
 use ipnet::IpNet;
 
 use crate::provider::{CloudError, Instances, Provider};
@@ -17,10 +18,29 @@ use crate::provider::{CloudError, Instances, Provider};
 pub const MAX_NODES: usize = 1000;
 /// The most hosts behind one load balancer.
 pub const MAX_HOSTS: usize = 10_000;
+/// The longest provider ID (Azure's are the longest known, near 300).
+pub const MAX_PROVIDER_ID: usize = 1024;
+/// The longest Kubernetes object name (a DNS subdomain).
+pub const MAX_NAME: usize = 253;
 const MAX_PORTS: usize = 100;
+/// The most addresses of a route's target node.
 const MAX_ADDRESSES: usize = 32;
+/// The most addresses of one load balancer host.
+const MAX_HOST_ADDRESSES: usize = 8;
 const MAX_SOURCE_RANGES: usize = 200;
+/// Kubernetes' own limit on a Service's annotations, keys and values.
 const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+const MAX_ANNOTATIONS: usize = 1024;
+/// An annotation key: a DNS subdomain prefix, a slash, a 63-byte name.
+const MAX_ANNOTATION_KEY: usize = 317;
+const MAX_UID: usize = 128;
+const MAX_CLASS: usize = 317;
+const MAX_ROUTE_NAME: usize = 255;
+const MAX_NAME_HINT: usize = 128;
+/// The most problems one error names; the rest are counted. Error details
+/// travel in a trailer, and a default gRPC client refuses trailers past a
+/// few kilobytes.
+const MAX_REPORTED: usize = 20;
 
 /// What the provider accepts as provider IDs: its scheme, and its own
 /// check of the rest.
@@ -57,13 +77,19 @@ impl Violations {
         self.0.push((field.into(), problem.into()));
     }
 
-    /// `Ok` if nothing was found, else `INVALID_ARGUMENT` with every problem.
-    pub fn finish(self) -> Result<(), CloudError> {
+    /// `Ok` if nothing was found, else `INVALID_ARGUMENT` with the problems
+    /// (the first 20, and how many more there were).
+    pub fn finish(mut self) -> Result<(), CloudError> {
         if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(CloudError::InvalidArgument(self.0))
+            return Ok(());
         }
+        if self.0.len() > MAX_REPORTED {
+            let more = self.0.len() - MAX_REPORTED;
+            self.0.truncate(MAX_REPORTED);
+            self.0
+                .push(("...".into(), format!("and {more} more problems like these")));
+        }
+        Err(CloudError::InvalidArgument(self.0))
     }
 
     /// The cluster name: a DNS label, as it goes into cloud tags.
@@ -71,7 +97,10 @@ impl Violations {
         if !is_dns_label(value) {
             self.add(
                 "cluster_name",
-                format!("{value:?} is not a DNS label (1-63 of a-z, 0-9 and -)"),
+                format!(
+                    "{} is not a DNS label (1-63 of a-z, 0-9 and -)",
+                    quote(value)
+                ),
             );
         }
     }
@@ -81,15 +110,19 @@ impl Violations {
         if !is_dns_subdomain(value) {
             self.add(
                 field,
-                format!("{value:?} is not a DNS subdomain (1-253 of a-z, 0-9, - and .)"),
+                format!(
+                    "{} is not a DNS subdomain (1-253 of a-z, 0-9, - and .)",
+                    quote(value)
+                ),
             );
         }
     }
 
-    /// Node addresses: a known kind, and an IP for the IP kinds.
-    pub fn addresses(&mut self, field: &str, addresses: &[NodeAddress]) {
-        if addresses.len() > MAX_ADDRESSES {
-            self.add(field, format!("at most {MAX_ADDRESSES} addresses"));
+    /// Node addresses, at most `max`: a known kind, and an IP for the IP
+    /// kinds.
+    pub fn addresses(&mut self, field: &str, addresses: &[NodeAddress], max: usize) {
+        if addresses.len() > max {
+            self.add(field, format!("at most {max} addresses"));
             return;
         }
         for (i, a) in addresses.iter().enumerate() {
@@ -98,7 +131,7 @@ impl Violations {
                     if a.address.parse::<IpAddr>().is_err() {
                         self.add(
                             format!("{field}[{i}].address"),
-                            format!("{:?} is not an IP address", a.address),
+                            format!("{} is not an IP address", quote(&a.address)),
                         );
                     }
                 }
@@ -109,7 +142,7 @@ impl Violations {
                     );
                 }
                 Ok(_) => {
-                    if a.address.is_empty() || a.address.len() > 253 {
+                    if a.address.is_empty() || a.address.len() > MAX_NAME {
                         self.add(format!("{field}[{i}].address"), "must be 1-253 characters");
                     }
                 }
@@ -121,12 +154,18 @@ impl Violations {
     /// characters, and of the form the provider's `check` accepts.
     pub fn provider_id(&mut self, field: &str, value: &str, provider: &ProviderIds<'_>) {
         let scheme = format!("{}://", provider.name);
-        if !value.starts_with(&scheme) || value.len() > 1024 || value.len() == scheme.len() {
+        if !value.starts_with(&scheme)
+            || value.len() > MAX_PROVIDER_ID
+            || value.len() == scheme.len()
+        {
             // A provider ID of another cloud is not ours to judge: it
             // must never read as "not found".
             self.add(
                 field,
-                format!("{value:?} is not a provider ID of this cloud ({scheme}...)"),
+                format!(
+                    "{} is not a provider ID of this cloud ({scheme}...)",
+                    quote(value)
+                ),
             );
         } else if let Err(problem) = provider.check(value) {
             self.add(field, problem);
@@ -155,6 +194,9 @@ impl Violations {
                     &node.provider_id,
                     provider,
                 );
+                if !node.name.is_empty() {
+                    self.name(&format!("nodes[{i}].name"), &node.name);
+                }
             }
         }
     }
@@ -168,23 +210,26 @@ impl Violations {
         if !is_dns_label(&s.namespace) {
             self.add(
                 format!("{field}.namespace"),
-                format!("{:?} is not a DNS label", s.namespace),
+                format!("{} is not a DNS label", quote(&s.namespace)),
             );
         }
         if !is_dns_label(&s.name) {
             self.add(
                 format!("{field}.name"),
-                format!("{:?} is not a DNS label", s.name),
+                format!("{} is not a DNS label", quote(&s.name)),
             );
         }
         if s.uid.is_empty()
-            || s.uid.len() > 128
+            || s.uid.len() > MAX_UID
             || !s
                 .uid
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-')
         {
-            self.add(format!("{field}.uid"), format!("{:?} is not a UID", s.uid));
+            self.add(
+                format!("{field}.uid"),
+                format!("{} is not a UID", quote(&s.uid)),
+            );
         }
     }
 
@@ -199,6 +244,12 @@ impl Violations {
             self.add("spec.ports", format!("must have 1 to {MAX_PORTS} ports"));
         }
         for (i, p) in spec.ports.iter().enumerate() {
+            if !p.name.is_empty() && !is_dns_label(&p.name) {
+                self.add(
+                    format!("spec.ports[{i}].name"),
+                    format!("{} is not a DNS label", quote(&p.name)),
+                );
+            }
             if !(1..=65535).contains(&p.port) {
                 self.add(
                     format!("spec.ports[{i}].port"),
@@ -224,7 +275,7 @@ impl Violations {
         if !spec.load_balancer_ip.is_empty() && spec.load_balancer_ip.parse::<IpAddr>().is_err() {
             self.add(
                 "spec.load_balancer_ip",
-                format!("{:?} is not an IP address", spec.load_balancer_ip),
+                format!("{} is not an IP address", quote(&spec.load_balancer_ip)),
             );
         }
         if spec.source_ranges.len() > MAX_SOURCE_RANGES {
@@ -253,15 +304,29 @@ impl Violations {
         if !(0..=65535).contains(&spec.health_check_node_port) {
             self.add("spec.health_check_node_port", "is not a port (0-65535)");
         }
+        if spec.load_balancer_class.len() > MAX_CLASS {
+            self.add(
+                "spec.load_balancer_class",
+                format!("at most {MAX_CLASS} characters"),
+            );
+        }
         let size: usize = spec
             .annotations
             .iter()
             .map(|(k, v)| k.len() + v.len())
             .sum();
-        if size > MAX_ANNOTATIONS_BYTES {
+        if size > MAX_ANNOTATIONS_BYTES
+            || spec.annotations.len() > MAX_ANNOTATIONS
+            || spec
+                .annotations
+                .keys()
+                .any(|k| k.len() > MAX_ANNOTATION_KEY)
+        {
             self.add(
                 "spec.annotations",
-                format!("larger than {MAX_ANNOTATIONS_BYTES} bytes"),
+                format!(
+                    "at most {MAX_ANNOTATIONS} annotations of {MAX_ANNOTATIONS_BYTES} bytes in all, keys of at most {MAX_ANNOTATION_KEY}"
+                ),
             );
         }
     }
@@ -277,6 +342,17 @@ impl Violations {
         }
         for (i, host) in hosts.iter().enumerate() {
             self.name(&format!("hosts[{i}].name"), &host.name);
+            if host.provider_id.len() > MAX_PROVIDER_ID {
+                self.add(
+                    format!("hosts[{i}].provider_id"),
+                    format!("at most {MAX_PROVIDER_ID} characters"),
+                );
+            }
+            self.addresses(
+                &format!("hosts[{i}].addresses"),
+                &host.addresses,
+                MAX_HOST_ADDRESSES,
+            );
         }
     }
 
@@ -287,10 +363,17 @@ impl Violations {
             Err(_) => {
                 self.add(
                     field,
-                    format!("{value:?} is not a CIDR such as 10.244.0.0/24"),
+                    format!("{} is not a CIDR such as 10.244.0.0/24", quote(value)),
                 );
                 None
             }
+        }
+    }
+
+    /// A route's name hint.
+    pub fn name_hint(&mut self, value: &str) {
+        if value.len() > MAX_NAME_HINT {
+            self.add("name_hint", format!("at most {MAX_NAME_HINT} characters"));
         }
     }
 
@@ -313,11 +396,125 @@ impl Violations {
         if create || route.name.is_empty() {
             self.cidr("route.destination_cidr", &route.destination_cidr);
         }
-        if route.name.len() > 255 {
-            self.add("route.name", "at most 255 characters");
+        if route.name.len() > MAX_ROUTE_NAME {
+            self.add("route.name", format!("at most {MAX_ROUTE_NAME} characters"));
         }
-        self.addresses("route.target_node_addresses", &route.target_node_addresses);
+        self.addresses(
+            "route.target_node_addresses",
+            &route.target_node_addresses,
+            MAX_ADDRESSES,
+        );
     }
+}
+
+/// The encoded size of a length-delimited field of `len` bytes.
+fn field(len: usize) -> usize {
+    1 + prost::encoding::encoded_len_varint(len as u64) + len
+}
+
+fn maxed(len: usize) -> String {
+    "x".repeat(len)
+}
+
+fn largest_service() -> ServiceRef {
+    ServiceRef {
+        namespace: maxed(63),
+        name: maxed(63),
+        uid: maxed(MAX_UID),
+    }
+}
+
+fn largest_address() -> NodeAddress {
+    NodeAddress {
+        r#type: NodeAddressType::ExternalDns as i32,
+        address: maxed(MAX_NAME),
+    }
+}
+
+/// The largest valid spec without its annotations, whose encoding
+/// [`max_request_bytes`] bounds apart.
+fn largest_spec_without_annotations() -> LoadBalancerSpec {
+    // The longest textual CIDR: an IPv4-mapped IPv6 address and /128.
+    let cidr = "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255/128".to_owned();
+    LoadBalancerSpec {
+        service: Some(largest_service()),
+        ports: vec![
+            ccm_proto::v1::ServicePort {
+                name: maxed(63),
+                protocol: Protocol::Sctp as i32,
+                port: 65535,
+                node_port: 65535,
+            };
+            MAX_PORTS
+        ],
+        load_balancer_class: maxed(MAX_CLASS),
+        load_balancer_ip: "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255".into(),
+        source_ranges: vec![cidr; MAX_SOURCE_RANGES],
+        ip_families: vec![IpFamily::Ipv6 as i32; 2],
+        external_traffic_policy: TrafficPolicy::Local as i32,
+        health_check_node_port: 65535,
+        session_affinity: SessionAffinity::ClientIp as i32,
+        annotations: Default::default(),
+    }
+}
+
+fn largest_host() -> Host {
+    Host {
+        name: maxed(MAX_NAME),
+        provider_id: maxed(MAX_PROVIDER_ID),
+        addresses: vec![largest_address(); MAX_HOST_ADDRESSES],
+    }
+}
+
+/// The largest encoded size of any valid request to any method.
+pub fn largest_request_bytes() -> usize {
+    max_request_bytes("/cloudgateway.v1.LoadBalancers/EnsureLoadBalancer").unwrap_or_default()
+}
+
+/// The largest encoded size of any valid request to the gRPC method at
+/// `path`, from the limits the checks above enforce; `None` for a path
+/// that is not a method of `cloudgateway.v1`. The gateway refuses a larger
+/// request before reading it.
+pub fn max_request_bytes(path: &str) -> Option<usize> {
+    use ccm_proto::v1::Route;
+    use prost::Message;
+    let method = path.strip_prefix("/cloudgateway.v1.")?;
+    let cluster = field(63);
+    // A map entry's own framing: its tag and length, and its key's and
+    // value's (lengths below 2 MiB take at most three bytes).
+    let annotations = MAX_ANNOTATIONS_BYTES + MAX_ANNOTATIONS * (1 + 3 + 1 + 2 + 1 + 3);
+    let spec = field(largest_spec_without_annotations().encoded_len() + annotations);
+    let hosts = MAX_HOSTS * field(largest_host().encoded_len());
+    let route = Route {
+        name: maxed(MAX_ROUTE_NAME),
+        target_node: maxed(MAX_NAME),
+        target_node_addresses: vec![largest_address(); MAX_ADDRESSES],
+        destination_cidr: maxed(49),
+        blackhole: true,
+        enable_node_addresses: true,
+        target_provider_id: maxed(MAX_PROVIDER_ID),
+    };
+    let node = NodeRef {
+        name: maxed(MAX_NAME),
+        provider_id: maxed(MAX_PROVIDER_ID),
+    };
+    Some(match method {
+        "Provider/GetProviderInfo" => 0,
+        // cluster, nodes, fresh, purpose
+        "Instances/GetInstances" => cluster + MAX_NODES * field(node.encoded_len()) + 2 + 2,
+        "LoadBalancers/GetLoadBalancer" | "LoadBalancers/DeleteLoadBalancer" => {
+            cluster + field(largest_service().encoded_len())
+        }
+        "LoadBalancers/EnsureLoadBalancer" | "LoadBalancers/UpdateLoadBalancerHosts" => {
+            cluster + spec + hosts
+        }
+        "LoadBalancers/ListLoadBalancers" | "Routes/ListRoutes" => cluster,
+        "Routes/CreateRoute" => cluster + field(MAX_NAME_HINT) + field(route.encoded_len()),
+        "Routes/DeleteRoute" => cluster + field(route.encoded_len()),
+        // Admin only: instances, faults and stats are small.
+        other if other.starts_with("SimAdmin/") => 64 * 1024,
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -401,5 +598,114 @@ mod tests {
                 "spec.source_ranges[0]",
             ]
         );
+    }
+
+    fn provider() -> ProviderIds<'static> {
+        SIM
+    }
+
+    #[test]
+    fn the_largest_valid_requests_fit_their_limits_closely() {
+        use ccm_proto::v1::{EnsureLoadBalancerRequest, GetInstancesRequest};
+        use prost::Message;
+        let nodes: Vec<NodeRef> = (0..MAX_NODES)
+            .map(|i| NodeRef {
+                name: format!(
+                    "{i:0>63}.{}.{}.{}",
+                    "a".repeat(63),
+                    "a".repeat(63),
+                    "a".repeat(61)
+                ),
+                provider_id: format!("sim://{}", "1".repeat(MAX_PROVIDER_ID - 6)),
+            })
+            .collect();
+        let mut v = Violations::default();
+        v.nodes(&nodes, &provider());
+        assert!(v.0.is_empty(), "{:?}", &v.0[..1]);
+        let request = GetInstancesRequest {
+            cluster_name: "c".repeat(63),
+            nodes,
+            fresh: true,
+            purpose: 3,
+        };
+        let limit = max_request_bytes("/cloudgateway.v1.Instances/GetInstances").unwrap();
+        assert!(request.encoded_len() <= limit);
+        assert!(
+            request.encoded_len() * 100 >= limit * 99,
+            "{} of {limit}",
+            request.encoded_len()
+        );
+
+        let mut spec = largest_spec_without_annotations();
+        spec.service = Some(ServiceRef {
+            namespace: "n".repeat(63),
+            name: "s".repeat(63),
+            uid: "u".repeat(MAX_UID),
+        });
+        spec.source_ranges =
+            vec!["ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128".into(); MAX_SOURCE_RANGES];
+        spec.load_balancer_ip = "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".into();
+        for p in &mut spec.ports {
+            p.name = "p".repeat(63);
+            p.protocol = Protocol::Tcp as i32;
+        }
+        let per = MAX_ANNOTATIONS_BYTES / MAX_ANNOTATIONS;
+        spec.annotations = (0..MAX_ANNOTATIONS)
+            .map(|i| (format!("{i:0>8}"), "v".repeat(per - 8)))
+            .collect();
+        let host = Host {
+            name: format!(
+                "{}.{}.{}.{}",
+                "h".repeat(63),
+                "h".repeat(63),
+                "h".repeat(63),
+                "h".repeat(61)
+            ),
+            provider_id: "sim://".to_owned() + &"1".repeat(MAX_PROVIDER_ID - 6),
+            addresses: vec![
+                NodeAddress {
+                    r#type: NodeAddressType::Hostname as i32,
+                    address: "a".repeat(MAX_NAME),
+                };
+                MAX_HOST_ADDRESSES
+            ],
+        };
+        let mut v = Violations::default();
+        v.spec(Some(&spec));
+        v.hosts(std::slice::from_ref(&host));
+        assert!(v.0.is_empty(), "{:?}", v.0);
+        let request = EnsureLoadBalancerRequest {
+            cluster_name: "c".repeat(63),
+            spec: Some(spec),
+            hosts: vec![host; MAX_HOSTS],
+        };
+        let limit = max_request_bytes("/cloudgateway.v1.LoadBalancers/EnsureLoadBalancer").unwrap();
+        assert!(request.encoded_len() <= limit);
+        assert!(
+            request.encoded_len() * 100 >= limit * 99,
+            "{} of {limit}",
+            request.encoded_len()
+        );
+        assert_eq!(max_request_bytes("/grpc.health.v1.Health/Check"), None);
+    }
+
+    #[test]
+    fn errors_name_at_most_twenty_problems_and_never_repeat_a_whole_value() {
+        let nodes: Vec<NodeRef> = (0..1000)
+            .map(|_| NodeRef {
+                name: "N".repeat(1024),
+                provider_id: String::new(),
+            })
+            .collect();
+        let mut v = Violations::default();
+        v.cluster_name(&"X".repeat(10_000));
+        v.nodes(&nodes, &provider());
+        let Err(CloudError::InvalidArgument(problems)) = v.finish() else {
+            panic!("invalid")
+        };
+        assert_eq!(problems.len(), 21);
+        assert!(problems[20].1.contains("981 more"), "{:?}", problems[20]);
+        let size: usize = problems.iter().map(|(f, d)| f.len() + d.len()).sum();
+        assert!(size < 4096, "{size} bytes of problems");
     }
 }

@@ -139,7 +139,7 @@ impl SimAdmin for SimAdminService {
         let req = request.into_inner();
         let mut v = Violations::default();
         v.name("name", &req.name);
-        v.addresses("addresses", &req.addresses);
+        v.addresses("addresses", &req.addresses, 32);
         if req.labels.len() > 64 {
             v.add("labels", "at most 64 labels");
         }
@@ -210,7 +210,7 @@ impl SimAdmin for SimAdminService {
         if req.addresses.is_empty() {
             v.add("addresses", "at least one address");
         }
-        v.addresses("addresses", &req.addresses);
+        v.addresses("addresses", &req.addresses, 32);
         v.finish()?;
         let record = self.sim.set_addresses(&req.id, &req.addresses)?;
         self.invalidate(&record);

@@ -1,0 +1,189 @@
+//! The gateway binary as a process on loopback, for tests that need the
+//! real process: its environment, its log, its memory.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::process::{Child, Command};
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The gateway binary as a process on loopback, with generated tokens (one
+/// per role in `<dir>/state/tokens/`) and its log in `<dir>/gateway.log`.
+pub struct GatewayProcess {
+    /// `http://127.0.0.1:<port>` of the gRPC API.
+    pub address: String,
+    /// `127.0.0.1:<port>` of the admin server.
+    pub admin: SocketAddr,
+    /// The log file.
+    pub log: std::path::PathBuf,
+    tokens: std::path::PathBuf,
+    child: Child,
+}
+
+impl GatewayProcess {
+    /// Starts `<bin_dir>/cloud-gateway` with `args` after its listen
+    /// addresses and state directory, and `env` on top of a cleared
+    /// environment (so nothing of this machine's AWS setup leaks in).
+    pub async fn start(
+        bin_dir: &Path,
+        dir: &Path,
+        args: &[String],
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let (grpc, admin) = (free_port()?, free_port()?);
+        let admin = SocketAddr::from(([127, 0, 0, 1], admin));
+        let state = dir.join("state");
+        let log = dir.join("gateway.log");
+        let child = Command::new(bin_dir.join("cloud-gateway"))
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{grpc}"))
+            .arg("--admin-listen")
+            .arg(admin.to_string())
+            .arg("--state-dir")
+            .arg(&state)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .kill_on_drop(true)
+            .spawn()
+            .context("start cloud-gateway (build it first: cargo build --bins)")?;
+        let mut gateway = Self {
+            address: format!("http://127.0.0.1:{grpc}"),
+            admin,
+            log,
+            tokens: state.join("tokens"),
+            child,
+        };
+        for _ in 0..300 {
+            if let Some(status) = gateway.child.try_wait()? {
+                anyhow::bail!("cloud-gateway exited ({status}):\n{}", gateway.log_text());
+            }
+            // Tokens are generated (when they are) before the port opens.
+            if tokio::net::TcpStream::connect(("127.0.0.1", grpc))
+                .await
+                .is_ok()
+            {
+                return Ok(gateway);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!("cloud-gateway did not listen:\n{}", gateway.log_text())
+    }
+
+    /// A client for `cluster` with `role`'s token and no retries, so a
+    /// test sees every failure as it is.
+    pub fn client(&self, role: &str, cluster: &str) -> ccm_proto::GatewayClient {
+        let mut config = ccm_proto::ClientConfig::new(
+            self.address.clone(),
+            cluster,
+            ccm_proto::TokenSource::File(self.tokens.join(format!("{role}.token"))),
+        );
+        config.retry = ccm_proto::RetryPolicy::none();
+        ccm_proto::GatewayClient::new(config).expect("client config")
+    }
+
+    /// The status code of `GET <path>` on the admin server, and the body.
+    pub async fn admin_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(self.admin).await?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+            .await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        let status = answer
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = answer
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        Ok((status, body))
+    }
+
+    /// Waits until `/readyz` answers 200; false after `within`.
+    pub async fn wait_ready(&self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline {
+            if matches!(self.admin_get("/readyz").await, Ok((200, _))) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
+    /// The value of the metric line starting with `prefix` (name and
+    /// labels), 0 when absent.
+    pub async fn metric(&self, prefix: &str) -> f64 {
+        let (_, body) = self.admin_get("/metrics").await.unwrap_or_default();
+        body.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// The process ID.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Resident memory now, in bytes (Linux).
+    pub fn rss(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    }
+
+    /// Everything the gateway logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops it with SIGTERM and waits for it to exit; returns its log.
+    pub async fn stop(self) -> String {
+        self.terminate(Duration::from_secs(10)).await.1
+    }
+
+    /// Sends SIGTERM and waits up to `within` for the exit (then kills it);
+    /// returns the exit status (`None` if it had to be killed) and the log.
+    pub async fn terminate(
+        mut self,
+        within: Duration,
+    ) -> (Option<std::process::ExitStatus>, String) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+        let status = match tokio::time::timeout(within, self.child.wait()).await {
+            Ok(status) => status.ok(),
+            Err(_) => {
+                let _ = self.child.kill().await;
+                None
+            }
+        };
+        (status, self.log_text())
+    }
+}

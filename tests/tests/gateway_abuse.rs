@@ -1,0 +1,352 @@
+//! The gateway binary under hostile clients, over raw HTTP/2 on loopback:
+//! what one client can make it hold stays bounded, and legitimate callers
+//! keep being served while it happens. Each scenario is bounded in count
+//! and time; the figures it prints go into BENCHMARKS.md (abuse rows).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ccm_proto::v1::{LookupPurpose, NodeRef};
+use ccm_testkit::apiserver::ApiServer;
+use ccm_testkit::gateway::GatewayProcess;
+use http::Request;
+use prost::Message;
+
+/// Resident memory the gateway must stay under, during and after.
+const BOUND: u64 = 128 * 1024 * 1024;
+const MIB: f64 = 1024.0 * 1024.0;
+
+fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_sandbox"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+async fn gateway(dir: &Path, args: &[String]) -> GatewayProcess {
+    let gw = GatewayProcess::start(&bin_dir(), dir, args, &[])
+        .await
+        .unwrap();
+    assert!(
+        gw.wait_ready(Duration::from_secs(30)).await,
+        "{}",
+        gw.log_text()
+    );
+    gw
+}
+
+/// One raw HTTP/2 connection; its driver runs in the background.
+async fn connect(address: &str) -> h2::client::SendRequest<Bytes> {
+    let authority = address.trim_start_matches("http://");
+    let tcp = tokio::net::TcpStream::connect(authority).await.unwrap();
+    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    send
+}
+
+fn request(address: &str, path: &str, token: Option<&str>) -> Request<()> {
+    let mut builder = Request::post(format!("{address}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(token) = token {
+        builder = builder.header("authorization", format!("Bearer {token}"));
+    }
+    builder.body(()).unwrap()
+}
+
+/// A gRPC frame: flag, length, message.
+fn frame(message: &[u8]) -> Bytes {
+    let mut out = vec![0];
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out.into()
+}
+
+/// Samples the gateway's resident memory until `until`; returns the peak.
+async fn peak_rss(gw: &GatewayProcess, until: Instant) -> u64 {
+    let mut peak = 0;
+    while Instant::now() < until {
+        peak = peak.max(gw.rss().unwrap_or(0));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    peak
+}
+
+/// Legitimate calls with a real client while the abuse goes on; returns
+/// how many failed.
+async fn legitimate(gw: &GatewayProcess, role: &str, until: Instant) -> (u32, u32) {
+    let client = gw.client(role, "kubernetes");
+    let (mut ok, mut failed) = (0, 0);
+    while Instant::now() < until {
+        match client.provider_info().await {
+            Ok(_) => ok += 1,
+            Err(e) => {
+                eprintln!("legitimate call failed: {e}");
+                failed += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (ok, failed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_streams_with_huge_or_unfinished_bodies_hold_little_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = gateway(dir.path(), &[]).await;
+    let before = gw.rss().unwrap();
+    let mut streams = Vec::new();
+    let mut senders = Vec::new();
+    // 600 health checks over three connections that say 4 MB are coming
+    // and send most of it, and 200 that announce a small message and
+    // never finish it.
+    for _ in 0..3 {
+        let send = connect(&gw.address).await;
+        for _ in 0..200 {
+            let Ok(ready) =
+                tokio::time::timeout(Duration::from_secs(2), send.clone().ready()).await
+            else {
+                break;
+            };
+            let mut ready = ready.unwrap();
+            let (response, mut body) = ready
+                .send_request(
+                    request(&gw.address, "/grpc.health.v1.Health/Check", None),
+                    false,
+                )
+                .unwrap();
+            let mut prefix = vec![0u8];
+            prefix.extend_from_slice(&4_000_000u32.to_be_bytes());
+            let _ = body.send_data(prefix.into(), false);
+            let _ = body.send_data(Bytes::from(vec![b'x'; 3_900_000]), false);
+            streams.push(response);
+            senders.push(body);
+        }
+    }
+    let mut send = connect(&gw.address).await;
+    for _ in 0..200 {
+        let Ok(ready) = tokio::time::timeout(Duration::from_secs(2), send.clone().ready()).await
+        else {
+            break;
+        };
+        let mut ready = ready.unwrap();
+        let (response, mut body) = ready
+            .send_request(
+                request(&gw.address, "/grpc.health.v1.Health/Check", None),
+                false,
+            )
+            .unwrap();
+        let mut partial = vec![0u8];
+        partial.extend_from_slice(&500u32.to_be_bytes());
+        partial.extend_from_slice(&[0; 100]);
+        let _ = body.send_data(partial.into(), false);
+        streams.push(response);
+        senders.push(body);
+        send = ready;
+    }
+    let until = Instant::now() + Duration::from_secs(4);
+    let (peak, (ok, failed)) = tokio::join!(peak_rss(&gw, until), legitimate(&gw, "admin", until));
+    drop(senders);
+    drop(streams);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = gw.rss().unwrap();
+    let refused = gw.metric("cloud_gateway_requests_refused_total").await;
+    eprintln!(
+        "abuse (no token, 800 streams of big or unfinished bodies): RSS before {:.1} MiB, peak {:.1} MiB, after {:.1} MiB; {refused} refused; legitimate calls {ok} ok, {failed} failed",
+        before as f64 / MIB,
+        peak as f64 / MIB,
+        after as f64 / MIB
+    );
+    assert!(peak < BOUND, "peak {} MiB", peak as f64 / MIB);
+    assert!(after < BOUND, "after {} MiB", after as f64 / MIB);
+    assert!(refused > 0.0, "the oversized or excess calls were refused");
+    assert_eq!(failed, 0, "legitimate calls kept being served");
+    assert!(ok > 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_lookups_whose_answers_are_never_read_hold_little_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = gateway(dir.path(), &[]).await;
+    let token = std::fs::read_to_string(dir.path().join("state/tokens/node.token")).unwrap();
+    let token = token.trim();
+    // A lookup of 1000 nodes, each answered "not found" with its 200-byte
+    // name echoed: about 250 KB per answer, from the cache after the first.
+    let nodes: Vec<NodeRef> = (0..1000)
+        .map(|i| NodeRef {
+            name: format!("{i:0>63}.{}.{}", "a".repeat(63), "b".repeat(63)),
+            provider_id: String::new(),
+        })
+        .collect();
+    gw.client("node", "kubernetes")
+        .get_instances(nodes.clone(), LookupPurpose::Refresh, false)
+        .await
+        .unwrap();
+    let message = ccm_proto::v1::GetInstancesRequest {
+        cluster_name: "kubernetes".into(),
+        nodes,
+        fresh: false,
+        purpose: LookupPurpose::Refresh as i32,
+    }
+    .encode_to_vec();
+    let body = frame(&message);
+    let before = gw.rss().unwrap();
+    let mut held = Vec::new();
+    let started = Instant::now();
+    // 6000 calls over 30 connections; no answer is ever read.
+    for _ in 0..30 {
+        let mut send = connect(&gw.address).await;
+        for _ in 0..200 {
+            let Ok(ready) =
+                tokio::time::timeout(Duration::from_millis(500), send.clone().ready()).await
+            else {
+                break;
+            };
+            let mut ready = ready.unwrap();
+            let Ok((response, mut stream)) = ready.send_request(
+                request(
+                    &gw.address,
+                    "/cloudgateway.v1.Instances/GetInstances",
+                    Some(token),
+                ),
+                false,
+            ) else {
+                break;
+            };
+            let _ = stream.send_data(body.clone(), true);
+            held.push((response, stream));
+            send = ready;
+        }
+    }
+    let sent = held.len();
+    let until = Instant::now() + Duration::from_secs(4);
+    let (peak, (ok, failed)) = tokio::join!(peak_rss(&gw, until), legitimate(&gw, "route", until));
+    drop(held);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = gw.rss().unwrap();
+    eprintln!(
+        "abuse (node token, {sent} unread 1000-node lookups in {:.1} s): RSS before {:.1} MiB, peak {:.1} MiB, after {:.1} MiB; legitimate calls {ok} ok, {failed} failed",
+        started.elapsed().as_secs_f64(),
+        before as f64 / MIB,
+        peak as f64 / MIB,
+        after as f64 / MIB
+    );
+    assert!(peak < BOUND, "peak {} MiB", peak as f64 / MIB);
+    assert!(after < BOUND, "after {} MiB", after as f64 / MIB);
+    assert_eq!(failed, 0, "another caller kept being served");
+    assert!(ok > 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_bad_tokens_makes_few_reviews_and_known_callers_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = ApiServer::start().await.unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let tokens = dir.path().join("tokens.yaml");
+    std::fs::write(
+        &tokens,
+        "tokens:\n  - {token: route-token-0123456789, role: route, name: route}\n",
+    )
+    .unwrap();
+    let args: Vec<String> = [
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--service-account-roles",
+        "kube-system/ccm-node-controller=node",
+        "--tokens-file",
+        tokens.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let gw = gateway(dir.path(), &args).await;
+    let route = {
+        let mut config = ccm_proto::ClientConfig::new(
+            gw.address.clone(),
+            "kubernetes",
+            ccm_proto::TokenSource::Static("route-token-0123456789".into()),
+        );
+        config.retry = ccm_proto::RetryPolicy::none();
+        ccm_proto::GatewayClient::new(config).unwrap()
+    };
+    let started = Instant::now();
+    // The same bad token 2000 times, then 2000 different ones, over ten
+    // connections.
+    let mut calls = Vec::new();
+    for round in 0..2 {
+        for c in 0..10 {
+            let mut send = connect(&gw.address).await;
+            for i in 0..200 {
+                let token = if round == 0 {
+                    "the-same-bad-token".to_owned()
+                } else {
+                    format!("bad-token-{c}-{i}")
+                };
+                let Ok(ready) =
+                    tokio::time::timeout(Duration::from_millis(500), send.clone().ready()).await
+                else {
+                    break;
+                };
+                let mut ready = ready.unwrap();
+                let Ok((response, mut stream)) = ready.send_request(
+                    request(
+                        &gw.address,
+                        "/cloudgateway.v1.Provider/GetProviderInfo",
+                        Some(&token),
+                    ),
+                    false,
+                ) else {
+                    break;
+                };
+                let _ = stream.send_data(frame(&[]), true);
+                calls.push(tokio::spawn(async move {
+                    let response = response.await.ok()?;
+                    let status = response
+                        .headers()
+                        .get("grpc-status")?
+                        .to_str()
+                        .ok()?
+                        .to_owned();
+                    Some(status)
+                }));
+                send = ready;
+            }
+        }
+        if round == 0 {
+            for call in calls.drain(..) {
+                let _ = call.await;
+            }
+            eprintln!("one bad token 2000 times: {} reviews", api.token_reviews());
+            assert!(api.token_reviews() <= 2, "{} reviews", api.token_reviews());
+        }
+        route.provider_info().await.unwrap();
+    }
+    let mut statuses = std::collections::BTreeMap::new();
+    for call in calls {
+        if let Ok(Some(status)) = call.await {
+            *statuses.entry(status).or_insert(0) += 1;
+        }
+    }
+    route.provider_info().await.unwrap();
+    let elapsed = started.elapsed().as_secs_f64();
+    let reviews = api.token_reviews();
+    let refusal_lines = gw
+        .log_text()
+        .matches("ServiceAccount token refused")
+        .count();
+    eprintln!(
+        "2000 distinct bad tokens: {reviews} reviews in {elapsed:.1} s, statuses {statuses:?}, {refusal_lines} log lines"
+    );
+    // A burst of 40 and 20 a second, plus the first round's one.
+    assert!(
+        (reviews as f64) <= 41.0 + 20.0 * elapsed,
+        "{reviews} reviews in {elapsed:.1} s"
+    );
+    assert!(
+        (refusal_lines as f64) <= 2.0 + elapsed,
+        "{refusal_lines} refusal lines in {elapsed:.1} s"
+    );
+}
