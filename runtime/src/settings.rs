@@ -128,9 +128,12 @@ pub fn duration_within(
 }
 
 /// A whole number from `min` to `max`, both included.
-pub fn number_within<T>(min: T, max: T) -> impl Fn(&str) -> Result<T, String>
+pub fn number_within<T>(
+    min: T,
+    max: T,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
 where
-    T: std::str::FromStr + PartialOrd + fmt::Display + Copy,
+    T: std::str::FromStr + PartialOrd + fmt::Display + Copy + Send + Sync + 'static,
 {
     move |s| {
         let v: T = s

@@ -10,23 +10,30 @@ use ccm_testkit::apiserver::ApiServer;
 use serde_json::Value;
 
 struct Kubectl {
+    binary: PathBuf,
     kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Kubectl {
     fn new(server: &ApiServer) -> Self {
+        Self::with(server, PathBuf::from("kubectl"))
+    }
+
+    /// A kubectl of another version, e.g. `kubectl.1.27`.
+    fn with(server: &ApiServer, binary: PathBuf) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).unwrap();
         Self {
+            binary,
             kubeconfig,
             _dir: dir,
         }
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("kubectl");
+        let mut cmd = Command::new(&self.binary);
         cmd.arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["--request-timeout", "20s"])
@@ -406,4 +413,165 @@ fn the_server_binary_writes_a_kubeconfig_kubectl_can_use() {
     assert!(kubectl(&["version"], None).contains("v1.32.0-ccm-test"));
     server.kill().unwrap();
     server.wait().unwrap();
+}
+
+/// kubectl on PATH, and the oldest and newest versioned builds beside it
+/// (`kubectl.1.27` ... `kubectl.1.33`), where the machine has them.
+fn kubectls() -> Vec<PathBuf> {
+    let mut out = vec![PathBuf::from("kubectl")];
+    let Some(dir) = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join("kubectl"))
+            .find(|k| k.is_file())
+            .and_then(|k| std::fs::canonicalize(k).ok())
+            .and_then(|k| k.parent().map(PathBuf::from))
+    }) else {
+        return out;
+    };
+    let mut versioned: Vec<(u32, PathBuf)> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let minor = name.strip_prefix("kubectl.1.")?.parse().ok()?;
+            Some((minor, e.path()))
+        })
+        .collect();
+    versioned.sort();
+    if let (Some(first), Some(last)) = (versioned.first(), versioned.last()) {
+        out.push(first.1.clone());
+        if last.0 != first.0 {
+            out.push(last.1.clone());
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_verbs_users_try_work_with_the_oldest_and_newest_kubectl() {
+    for binary in kubectls() {
+        let server = ApiServer::start().await.unwrap();
+        let k = Kubectl::with(&server, binary.clone());
+        // A node as a kubelet registers it (not a kubectl verb: old
+        // kubectls validate manifests with OpenAPI v2, not served here).
+        let node: k8s_openapi::api::core::v1::Node = serde_norway::from_str(NODE).unwrap();
+        let client = ccm_runtime::kube::client(Some(&k.kubeconfig))
+            .await
+            .unwrap();
+        kube::Api::<k8s_openapi::api::core::v1::Node>::all(client)
+            .create(&Default::default(), &node)
+            .await
+            .unwrap();
+        blocking(move || {
+            let name = k.binary.display().to_string();
+            // kubectl's typed clients send these as protobuf.
+            k.run(&["create", "namespace", "t1"], None);
+            k.run(
+                &["create", "service", "loadbalancer", "web", "--tcp=80:8080"],
+                None,
+            );
+            k.run(
+                &[
+                    "create",
+                    "service",
+                    "clusterip",
+                    "cip",
+                    "--tcp=80:8080",
+                    "-n",
+                    "t1",
+                ],
+                None,
+            );
+            k.run(
+                &["create", "service", "nodeport", "np", "--tcp=80:8080"],
+                None,
+            );
+            let web = k.json(&["get", "service", "web"]);
+            assert_eq!(web["spec"]["type"], "LoadBalancer", "{name}");
+            assert!(
+                web["spec"]["ports"][0]["nodePort"].as_i64().unwrap_or(0) >= 30000,
+                "{name}: a node port was allocated: {web}"
+            );
+            let described = k.run(&["describe", "node", "node-1"], None);
+            assert!(
+                described.contains("Non-terminated Pods"),
+                "{name}: {described}"
+            );
+            let described = k.run(&["describe", "service", "web"], None);
+            assert!(described.contains("LoadBalancer"), "{name}: {described}");
+
+            let mut watch = k
+                .command(&["get", "services", "-w", "-o", "name"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+            k.run(&["label", "service", "web", "tier=front"], None);
+            k.run(&["annotate", "service", "web", "note=hello"], None);
+            k.run(
+                &[
+                    "patch",
+                    "service",
+                    "web",
+                    "-p",
+                    r#"{"metadata":{"labels":{"a":"1"}}}"#,
+                ],
+                None,
+            );
+            k.run(
+                &[
+                    "patch",
+                    "service",
+                    "web",
+                    "--type",
+                    "merge",
+                    "-p",
+                    r#"{"metadata":{"labels":{"b":"2"}}}"#,
+                ],
+                None,
+            );
+            k.run(
+                &[
+                    "patch",
+                    "service",
+                    "web",
+                    "--type",
+                    "json",
+                    "-p",
+                    r#"[{"op":"add","path":"/metadata/labels/c","value":"3"}]"#,
+                ],
+                None,
+            );
+            k.run(
+                &[
+                    "wait",
+                    "--for=jsonpath={.metadata.labels.c}=3",
+                    "service/web",
+                    "--timeout=20s",
+                ],
+                None,
+            );
+            let labels = k.json(&["get", "service", "web"])["metadata"]["labels"].clone();
+            for (key, value) in [("tier", "front"), ("a", "1"), ("b", "2"), ("c", "3")] {
+                assert_eq!(labels[key], value, "{name}: {labels}");
+            }
+            let annotations = k.json(&["get", "service", "web"])["metadata"]["annotations"].clone();
+            assert_eq!(annotations["note"], "hello", "{name}");
+            k.run(&["delete", "service", "np"], None);
+            k.run(&["delete", "namespace", "t1"], None);
+            std::thread::sleep(Duration::from_millis(300));
+            watch.kill().unwrap();
+            let out = watch.wait_with_output().unwrap();
+            let seen = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                seen.contains("service/web"),
+                "{name}: the watch saw web change: {seen}"
+            );
+            let namespaces = k.run(&["get", "namespaces", "-o", "name"], None);
+            assert!(!namespaces.contains("namespace/t1"), "{name}: {namespaces}");
+        })
+        .await;
+    }
 }

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::Shared;
 use super::patch::strategic_merge;
+use super::protobuf;
 use super::rbac;
 use super::resources::{self, RESOURCES, Resource};
 use super::schema::{self, FieldValidation};
@@ -219,6 +220,22 @@ fn verb(method: &Method, named: bool, q: &HashMap<String, String>) -> &'static s
     }
 }
 
+/// The object of a create or update: protobuf when the client says so
+/// (kubectl's typed clients do), else JSON or YAML.
+fn parse_object(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if !protobuf::is_protobuf(content_type) {
+        return parse_body(body);
+    }
+    protobuf::decode(body).map_err(|refused| match refused {
+        protobuf::Refused::Malformed(why) => ApiError::bad_request(why),
+        protobuf::Refused::Unsupported(why) => ApiError::new(415, "UnsupportedMediaType", why),
+    })
+}
+
 fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(body)
         .or_else(|_| serde_norway::from_slice(body))
@@ -332,7 +349,7 @@ async fn dispatch(
             Ok(json_response(200, &obj))
         }
         (Method::POST, None) => {
-            let obj = parse_body(&body)?;
+            let obj = parse_object(headers, &body)?;
             check_kind(resource, &obj)?;
             let obj = checked(resource, obj, mode, &mut warnings)?;
             let created = store.create(resource, &ns, obj)?;
@@ -340,7 +357,7 @@ async fn dispatch(
             Ok(with_warnings(json_response(201, &created), &warnings))
         }
         (Method::PUT, Some(name)) => {
-            let obj = parse_body(&body)?;
+            let obj = parse_object(headers, &body)?;
             check_kind(resource, &obj)?;
             let obj = checked(resource, obj, mode, &mut warnings)?;
             let updated = store.update(resource, &ns, &name, status, |_| Ok(obj))?;

@@ -6,6 +6,7 @@
 mod events;
 mod http;
 pub mod patch;
+pub mod protobuf;
 pub mod rbac;
 pub mod resources;
 pub mod schema;

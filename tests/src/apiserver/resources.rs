@@ -76,6 +76,9 @@ pub static RESOURCES: &[Resource] = &[
     resource("", "nodes", "node", "Node", false, true, &["no"]),
     resource("", "services", "service", "Service", true, true, &["svc"]),
     resource("", "events", "event", "Event", true, false, &["ev"]),
+    // Pods: empty unless a test creates some; `kubectl describe node`
+    // lists them.
+    resource("", "pods", "pod", "Pod", true, true, &["po"]),
     resource(
         "",
         "namespaces",

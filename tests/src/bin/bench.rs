@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ccm_runtime::settings::number_within;
 use ccm_testkit::bench::{Cloud, Harness, Sizes, machine, markdown};
 use clap::Parser;
 
@@ -25,13 +26,13 @@ struct Args {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Latency of every simulated cloud call, in milliseconds.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = number_within(0u64, 60_000))]
     latency_ms: u64,
     /// Cloud calls per second for the account.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 20.0, value_parser = number_within(0.1, 100_000.0))]
     budget: f64,
     /// Run only these scenarios, e.g. 1,6 (all by default).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = number_within(1u32, 99))]
     only: Vec<u32>,
     /// Where the sandboxes keep their state and logs.
     #[arg(long, default_value = "target/bench")]

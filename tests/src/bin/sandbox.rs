@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ccm_runtime::settings::number_within;
 use ccm_testkit::sandbox::{CloudKind, Options, Sandbox};
 use clap::Parser;
 
@@ -20,13 +21,13 @@ struct Args {
     #[arg(long, default_value = ".sandbox")]
     state_dir: PathBuf,
     /// Nodes (sim instances with simulated kubelets).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = number_within(0usize, 10_000))]
     nodes: usize,
     /// LoadBalancer Services to create.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = number_within(0usize, 10_000))]
     services: usize,
     /// Replicas of each controller (leader election decides who works).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = number_within(1usize, 10))]
     replicas: usize,
     /// Exit 0 once everything converged (for tests), 1 if not within 2 minutes.
     #[arg(long)]

@@ -9,6 +9,7 @@ use ccm_proto::v1::{
     CreateInstanceRequest, Faults, GetStatsRequest, InstanceId, ListInstancesRequest,
 };
 use ccm_proto::{ClientConfig, GatewayClient, TokenSource};
+use ccm_runtime::settings::number_within;
 use clap::{Parser, Subcommand};
 
 /// Acts on the simulated cloud: instances and faults.
@@ -37,10 +38,10 @@ enum Cmd {
     /// Set faults; no options switch them off.
     Faults {
         /// Share of calls failing as unavailable (0 to 1).
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = 0.0, value_parser = number_within(0.0, 1.0))]
         error_rate: f64,
         /// Share of calls throttled (0 to 1).
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = 0.0, value_parser = number_within(0.0, 1.0))]
         throttle_rate: f64,
         /// Latency added to every call, e.g. 20ms.
         #[arg(long)]
