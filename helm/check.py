@@ -40,6 +40,14 @@ def deep_set(values: dict, dotted: str, value) -> dict:
     return out
 
 
+def merge(base: dict, over: dict) -> dict:
+    """`over` on top of `base`, maps merged key by key as Helm merges values files."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def render(values: dict | None = None, release: str = RELEASE, namespace: str = NAMESPACE) -> list[dict]:
     chart = helm.Chart.load(CHART)
     chart.validate_schema(values or {})
@@ -257,11 +265,15 @@ def main() -> int:
     r = sub.add_parser("render")
     r.add_argument("--release", default=RELEASE)
     r.add_argument("--namespace", default=NAMESPACE)
+    r.add_argument("--values", "-f", action="append", default=[], help="a YAML values file (under --set)")
     r.add_argument("--set", action="append", default=[], help="dotted.key=value (YAML value)")
     args = p.parse_args()
     if args.cmd == "check":
         return check()
     values: dict = {}
+    for path in args.values:
+        with open(path) as f:
+            values = merge(values, yaml.safe_load(f) or {})
     for item in args.set:
         key, _, value = item.partition("=")
         values = deep_set(values, key, yaml.safe_load(value))

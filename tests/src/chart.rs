@@ -39,3 +39,23 @@ pub fn render_to(path: &Path, sets: &[&str]) -> anyhow::Result<()> {
     std::fs::write(path, run(&args)?)?;
     Ok(())
 }
+
+/// Renders the chart (release `ccm` in `kube-system`) with the values files
+/// `values` and `sets` on top, and returns its objects.
+pub fn render_objects(values: &[&Path], sets: &[String]) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut args: Vec<String> = vec![
+        "render".into(),
+        "--release".into(),
+        crate::sandbox::RELEASE.into(),
+        "--namespace".into(),
+        crate::sandbox::NAMESPACE.into(),
+    ];
+    for file in values {
+        args.extend(["--values".into(), file.display().to_string()]);
+    }
+    for set in sets {
+        args.extend(["--set".into(), set.clone()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    crate::apiserver::documents(&run(&args)?).map_err(anyhow::Error::msg)
+}

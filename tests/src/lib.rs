@@ -9,4 +9,5 @@ pub mod chart;
 pub mod env;
 pub mod fixtures;
 pub mod gateway;
+pub mod kubelet;
 pub mod sandbox;

@@ -1,0 +1,358 @@
+//! Runs the containers of rendered Deployments as processes, as a kubelet
+//! would run them: the rendered command (the image's `/usr/local/bin/<x>`
+//! taken from the workspace's build), args with `$(VAR)` expanded, the
+//! environment with the downward API and Service variables resolved, and
+//! every volume mounted at its rendered path (ConfigMaps, Secrets,
+//! projected ServiceAccount tokens with their audiences, emptyDirs), with
+//! the container's readiness probe awaited.
+//!
+//! Two things differ from a node, on purpose: mounted paths live under a
+//! root directory of the test (each path in args and environment that
+//! starts with a mount path is moved under it), and the API credentials a
+//! pod finds in-cluster come as `KUBECONFIG` (the test API server speaks
+//! plain HTTP, which in-cluster configuration refuses).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+use tokio::process::{Child, Command};
+
+use crate::apiserver::{ApiServer, TokenUser};
+
+/// What a container runs in.
+pub struct Node<'a> {
+    pub api: &'a ApiServer,
+    /// Every rendered object (ConfigMaps, Secrets, Services are looked up).
+    pub objects: &'a [Value],
+    /// Where the binaries are.
+    pub bin_dir: PathBuf,
+    /// Under which mounted paths live.
+    pub root: PathBuf,
+    /// Secrets that exist in the cluster beside the chart's own, by name.
+    pub secrets: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// A container running as a process.
+pub struct Container {
+    /// `<deployment>/<container>`.
+    pub name: String,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Container {
+    /// The container's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or_default()
+}
+
+fn random_token() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// The Deployments among `objects`, with their pod specs.
+pub fn deployments(objects: &[Value]) -> Vec<&Value> {
+    objects
+        .iter()
+        .filter(|o| o["kind"] == "Deployment")
+        .collect()
+}
+
+impl Node<'_> {
+    fn find(&self, kind: &str, name: &str) -> Option<&Value> {
+        self.objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+    }
+
+    /// The files of a Secret, the chart's own or one given.
+    fn secret(&self, name: &str) -> anyhow::Result<BTreeMap<String, String>> {
+        if let Some(given) = self.secrets.get(name) {
+            return Ok(given.clone());
+        }
+        let secret = self
+            .find("Secret", name)
+            .with_context(|| format!("Secret {name} is neither rendered nor given"))?;
+        let mut out = BTreeMap::new();
+        if let Some(data) = secret["stringData"].as_object() {
+            for (k, v) in data {
+                out.insert(k.clone(), text(v).to_owned());
+            }
+        }
+        if secret["data"].as_object().is_some_and(|d| !d.is_empty()) {
+            bail!("Secret {name}: base64 data is not supported here, use stringData");
+        }
+        Ok(out)
+    }
+
+    fn config_map(&self, name: &str) -> anyhow::Result<BTreeMap<String, String>> {
+        let map = self
+            .find("ConfigMap", name)
+            .with_context(|| format!("ConfigMap {name} is not rendered"))?;
+        Ok(map["data"]
+            .as_object()
+            .map(|d| {
+                d.iter()
+                    .map(|(k, v)| (k.clone(), text(v).to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// A token of the pod's ServiceAccount for `audiences` (none: the API
+    /// server's own).
+    fn token(&self, namespace: &str, account: &str, audiences: &[&str]) -> String {
+        let token = random_token();
+        self.api.register_token(
+            token.clone(),
+            TokenUser::service_account(namespace, account, audiences),
+        );
+        token
+    }
+
+    /// Writes the files of volume `volume` into `dir`.
+    fn mount(
+        &self,
+        namespace: &str,
+        account: &str,
+        volume: &Value,
+        dir: &Path,
+    ) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let write = |files: BTreeMap<String, String>| -> anyhow::Result<()> {
+            for (name, content) in files {
+                std::fs::write(dir.join(name), content)?;
+            }
+            Ok(())
+        };
+        if volume.get("emptyDir").is_some() {
+            Ok(())
+        } else if let Some(map) = volume.get("configMap") {
+            write(self.config_map(text(&map["name"]))?)
+        } else if let Some(secret) = volume.get("secret") {
+            write(self.secret(text(&secret["secretName"]))?)
+        } else if let Some(projected) = volume.get("projected") {
+            for source in projected["sources"].as_array().into_iter().flatten() {
+                if let Some(sa) = source.get("serviceAccountToken") {
+                    let audience = text(&sa["audience"]);
+                    let audiences: Vec<&str> =
+                        [audience].into_iter().filter(|a| !a.is_empty()).collect();
+                    std::fs::write(
+                        dir.join(text(&sa["path"])),
+                        self.token(namespace, account, &audiences),
+                    )?;
+                } else if let Some(map) = source.get("configMap") {
+                    write(self.config_map(text(&map["name"]))?)?;
+                } else if let Some(secret) = source.get("secret") {
+                    write(self.secret(text(&secret["name"]))?)?;
+                } else {
+                    bail!("unsupported projected source {source}");
+                }
+            }
+            Ok(())
+        } else {
+            bail!("unsupported volume {volume}")
+        }
+    }
+
+    /// Starts container `index` of `deployment` as pod `pod`.
+    pub async fn start(
+        &self,
+        deployment: &Value,
+        index: usize,
+        pod: &str,
+    ) -> anyhow::Result<Container> {
+        let namespace = text(&deployment["metadata"]["namespace"]).to_owned();
+        let spec = &deployment["spec"]["template"]["spec"];
+        let container = &spec["containers"][index];
+        let name = format!(
+            "{}/{}",
+            text(&deployment["metadata"]["name"]),
+            text(&container["name"])
+        );
+        let account = text(&spec["serviceAccountName"]).to_owned();
+        let pod_root = self.root.join(pod);
+
+        // Volumes at their mount paths, under the pod's root.
+        let mut mounts: Vec<String> = Vec::new();
+        for mount in container["volumeMounts"].as_array().into_iter().flatten() {
+            let volume = spec["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|v| v["name"] == mount["name"])
+                .with_context(|| format!("{name}: no volume {}", mount["name"]))?;
+            let path = text(&mount["mountPath"]).to_owned();
+            self.mount(
+                &namespace,
+                &account,
+                volume,
+                &pod_root.join(path.trim_start_matches('/')),
+            )?;
+            mounts.push(path);
+        }
+        // Longest first, so /a/b is moved before /a.
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        let reroot = |value: &str| -> String {
+            for m in &mounts {
+                let under = pod_root
+                    .join(m.trim_start_matches('/'))
+                    .display()
+                    .to_string();
+                if value == m || value.starts_with(&format!("{m}/")) {
+                    return format!("{under}{}", &value[m.len()..]);
+                }
+                if let Some((flag, path)) = value.split_once('=')
+                    && (path == m || path.starts_with(&format!("{m}/")))
+                {
+                    return format!("{flag}={under}{}", &path[m.len()..]);
+                }
+            }
+            value.to_owned()
+        };
+
+        // The environment a kubelet gives the container.
+        let mut env: BTreeMap<String, String> = BTreeMap::new();
+        for service in self
+            .objects
+            .iter()
+            .filter(|o| o["kind"] == "Service" && o["metadata"]["namespace"] == namespace.as_str())
+        {
+            let var = text(&service["metadata"]["name"])
+                .to_uppercase()
+                .replace('-', "_");
+            let port = service["spec"]["ports"][0]["port"]
+                .as_i64()
+                .unwrap_or_default();
+            env.insert(format!("{var}_SERVICE_HOST"), "127.0.0.1".into());
+            env.insert(format!("{var}_SERVICE_PORT"), port.to_string());
+        }
+        for var in container["env"].as_array().into_iter().flatten() {
+            let key = text(&var["name"]).to_owned();
+            let value = if let Some(v) = var.get("value") {
+                text(v).to_owned()
+            } else if let Some(field) = var.pointer("/valueFrom/fieldRef/fieldPath") {
+                match text(field) {
+                    "metadata.name" => pod.to_owned(),
+                    "metadata.namespace" => namespace.clone(),
+                    "spec.nodeName" => "node-0".into(),
+                    "spec.serviceAccountName" => account.clone(),
+                    "status.podIP" | "status.hostIP" => "127.0.0.1".into(),
+                    other => bail!("{name}: unsupported fieldRef {other}"),
+                }
+            } else if let Some(key_ref) = var.pointer("/valueFrom/secretKeyRef") {
+                self.secret(text(&key_ref["name"]))?
+                    .get(text(&key_ref["key"]))
+                    .cloned()
+                    .with_context(|| format!("{name}: no key {key_ref}"))?
+            } else {
+                bail!("{name}: unsupported env {var}");
+            };
+            env.insert(key, reroot(&value));
+        }
+        // In-cluster API credentials, as a kubeconfig (see the module docs).
+        let kubeconfig = pod_root.join("kubeconfig");
+        std::fs::create_dir_all(&pod_root)?;
+        std::fs::write(
+            &kubeconfig,
+            crate::apiserver::kubeconfig(
+                &self.api.url(),
+                &account,
+                &self.token(&namespace, &account, &[]),
+            ),
+        )?;
+        env.insert("KUBECONFIG".into(), kubeconfig.display().to_string());
+
+        // $(VAR) in args, as the kubelet expands them.
+        let expand = |arg: &str| -> String {
+            let mut out = arg.to_owned();
+            for (k, v) in &env {
+                out = out.replace(&format!("$({k})"), v);
+            }
+            out
+        };
+        let command = container["command"][0].as_str().context("no command")?;
+        let binary = command.strip_prefix("/usr/local/bin/").with_context(|| {
+            format!("{name}: the image holds its binaries in /usr/local/bin, not {command}")
+        })?;
+        let args: Vec<String> = container["command"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .skip(1)
+            .chain(container["args"].as_array().into_iter().flatten())
+            .map(|a| reroot(&expand(text(a))))
+            .collect();
+        let log = self.root.join(format!("{pod}.log"));
+        let child = Command::new(self.bin_dir.join(binary))
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(&env)
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("{name}: start {binary}"))?;
+        Ok(Container { name, child, log })
+    }
+
+    /// Waits until `container`'s readiness probe passes; fails naming the
+    /// container if it exits first or is not ready within `within`.
+    pub async fn ready(
+        &self,
+        deployment: &Value,
+        index: usize,
+        container: &mut Container,
+        within: Duration,
+    ) -> anyhow::Result<()> {
+        let spec = &deployment["spec"]["template"]["spec"]["containers"][index];
+        let probe = &spec["readinessProbe"]["httpGet"];
+        let port = match &probe["port"] {
+            Value::Number(n) => n.as_u64().unwrap_or_default(),
+            Value::String(named) => spec["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["name"] == named.as_str())
+                .and_then(|p| p["containerPort"].as_u64())
+                .with_context(|| format!("{}: no port {named}", container.name))?,
+            _ => bail!("{}: no readiness probe", container.name),
+        };
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], port as u16));
+        let started = Instant::now();
+        loop {
+            if let Some(status) = container.child.try_wait()? {
+                bail!(
+                    "container {} exited ({status}) before it was ready:\n{}",
+                    container.name,
+                    container.log_text()
+                );
+            }
+            if let Ok((200, _)) = crate::env::try_http_get(address, text(&probe["path"])).await {
+                return Ok(());
+            }
+            if started.elapsed() > within {
+                bail!(
+                    "container {} not ready within {within:?}:\n{}",
+                    container.name,
+                    container.log_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}

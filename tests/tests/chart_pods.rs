@@ -1,0 +1,158 @@
+//! The chart's pod specs, run: for the default values, a values file that
+//! turns on every option, and the AWS provider (against moto), every
+//! container starts from exactly the command, args, environment and
+//! mounted files the chart renders (see `ccm_testkit::kubelet`), under the
+//! chart's RBAC, and becomes ready. A container whose flags its binary
+//! refuses fails the test with the container's name.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ccm_testkit::apiserver::ApiServer;
+use ccm_testkit::kubelet::{self, Node};
+use serde_json::Value;
+
+fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_sandbox"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Ports for every component, free on this machine (the chart's own would
+/// collide with other tests).
+fn ports() -> Vec<String> {
+    [
+        "gateway.grpcPort",
+        "gateway.adminPort",
+        "nodeController.adminPort",
+        "serviceController.adminPort",
+        "routeController.adminPort",
+    ]
+    .iter()
+    .map(|key| format!("{key}={}", free_port()))
+    .collect()
+}
+
+/// Runs every Deployment's container once and waits for each to be ready,
+/// the gateway first; then checks what the API server saw.
+async fn run(objects: Vec<Value>, secrets: BTreeMap<String, BTreeMap<String, String>>) {
+    let api = start_all(&objects, secrets).await.unwrap();
+    // Every controller's gateway token was checked with TokenReview, and
+    // the chart's RBAC refused nothing any process asked for.
+    assert!(
+        api.token_reviews() >= 3,
+        "{} token reviews",
+        api.token_reviews()
+    );
+    let report = api.rbac_report().unwrap();
+    assert_eq!(
+        report["denied"],
+        serde_json::json!([]),
+        "RBAC refused: {report}"
+    );
+}
+
+async fn start_all(
+    objects: &[Value],
+    secrets: BTreeMap<String, BTreeMap<String, String>>,
+) -> anyhow::Result<ApiServer> {
+    let api = ApiServer::start().await?;
+    api.enforce_rbac(objects);
+    let dir = tempfile::tempdir()?;
+    let node = Node {
+        api: &api,
+        objects,
+        bin_dir: bin_dir(),
+        root: dir.path().to_path_buf(),
+        secrets,
+    };
+    let mut deployments = kubelet::deployments(objects);
+    deployments.sort_by_key(|d| d["metadata"]["name"] != "ccm-gateway");
+    let mut running = Vec::new();
+    for deployment in deployments {
+        let pod = format!(
+            "{}-0",
+            deployment["metadata"]["name"].as_str().unwrap_or_default()
+        );
+        let mut container = node.start(deployment, 0, &pod).await?;
+        node.ready(deployment, 0, &mut container, Duration::from_secs(60))
+            .await?;
+        running.push(container);
+    }
+    drop(running);
+    Ok(api)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_pods_run_and_become_ready() {
+    let objects = ccm_testkit::chart::render_objects(&[], &ports()).unwrap();
+    run(objects, BTreeMap::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pods_with_every_option_run_and_become_ready() {
+    let values = Path::new(env!("CARGO_MANIFEST_DIR")).join("chart/every-option.yaml");
+    let objects = ccm_testkit::chart::render_objects(&[&values], &ports()).unwrap();
+    // The options reach the containers.
+    let gateway = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "ccm-gateway")
+        .unwrap();
+    assert_eq!(gateway["spec"]["template"]["spec"]["hostNetwork"], true);
+    run(objects, BTreeMap::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aws_pods_run_with_credentials_from_a_secret_and_become_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let moto = ccm_testkit::aws::Moto::start(&dir.path().join("moto"))
+        .await
+        .unwrap();
+    let seeded = ccm_testkit::aws::seed(&moto.ec2(), "kubernetes", 1)
+        .await
+        .unwrap();
+    let mut sets = ports();
+    sets.extend([
+        "gateway.provider=aws".into(),
+        "gateway.replicas=2".into(),
+        "gateway.aws.region=eu-west-1".into(),
+        format!("gateway.aws.endpointURL={}", moto.endpoint),
+        format!("gateway.aws.vpcID={}", seeded.vpc),
+        "gateway.credentials.existingSecret=aws-keys".into(),
+    ]);
+    let objects = ccm_testkit::chart::render_objects(&[], &sets).unwrap();
+    let secret = ccm_testkit::aws::secret_access_key();
+    let credentials = format!(
+        "[default]\naws_access_key_id = {}\naws_secret_access_key = {secret}\n",
+        ccm_testkit::aws::ACCESS_KEY_ID
+    );
+    let secrets = BTreeMap::from([(
+        "aws-keys".to_owned(),
+        BTreeMap::from([("credentials".to_owned(), credentials)]),
+    )]);
+    run(objects, secrets).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_whose_flags_its_binary_refuses_is_named() {
+    let mut sets = ports();
+    sets.push("nodeController.extraArgs=[--concurrent-node-syncs=0]".into());
+    let objects = ccm_testkit::chart::render_objects(&[], &sets).unwrap();
+    let err = start_all(&objects, BTreeMap::new())
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("ccm-node-controller/node-controller"), "{err}");
+    assert!(err.contains("concurrent-node-syncs"), "{err}");
+}
