@@ -947,3 +947,31 @@ async fn with_tls_configured_clients_connect_over_https_and_verify_the_gateway()
     .unwrap();
     assert!(timed(plain.provider_info()).await.is_err());
 }
+
+#[tokio::test]
+async fn a_huge_invalid_request_is_invalid_argument_with_a_short_error() {
+    let gw = TestGateway::start(|_| {}).await;
+    let client = gw.client_with(Role::Node, RetryPolicy::none(), "kubernetes");
+    let nodes: Vec<NodeRef> = (0..1000).map(|_| by_name(&"N".repeat(1000))).collect();
+    let err = timed(client.get_instances(nodes, LookupPurpose::Initialize, true))
+        .await
+        .unwrap_err();
+    let Error::InvalidArgument {
+        violations,
+        message,
+    } = &err
+    else {
+        panic!("{err:?}");
+    };
+    assert_eq!(violations.len(), 21, "{violations:?}");
+    assert!(message.len() < 4096, "{} bytes", message.len());
+    // A cluster name of 10 KB is named, not repeated.
+    let long = gw.client_with(Role::Node, RetryPolicy::none(), &"c".repeat(10_000));
+    let err = timed(long.get_instances(vec![by_name("n")], LookupPurpose::Initialize, true))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument { violations, .. } if violations[0].field == "cluster_name"),
+        "{err:?}"
+    );
+}

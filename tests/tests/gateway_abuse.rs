@@ -147,6 +147,20 @@ async fn unauthenticated_streams_with_huge_or_unfinished_bodies_hold_little_memo
         senders.push(body);
         send = ready;
     }
+    // An oversized message is refused as gRPC prescribes, unread.
+    let first = tokio::time::timeout(Duration::from_secs(10), streams.remove(0))
+        .await
+        .expect("the oversized call is answered")
+        .unwrap();
+    assert_eq!(
+        first
+            .headers()
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok()),
+        Some("8"),
+        "RESOURCE_EXHAUSTED: {:?}",
+        first.headers()
+    );
     let until = Instant::now() + Duration::from_secs(4);
     let (peak, (ok, failed)) = tokio::join!(peak_rss(&gw, until), legitimate(&gw, "admin", until));
     drop(senders);

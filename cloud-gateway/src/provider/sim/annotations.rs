@@ -6,6 +6,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use ccm_runtime::settings::quote;
+
 use crate::provider::CloudError;
 
 /// The prefix of every sim annotation.
@@ -56,7 +58,7 @@ pub fn parse(annotations: &HashMap<String, String>) -> Result<LbOptions, CloudEr
                 "internal" => options.internal = true,
                 _ => problems.push((
                     field(key),
-                    format!("{value:?} is not accepted; use external or internal"),
+                    format!("{} is not accepted; use external or internal", quote(value)),
                 )),
             },
             ALGORITHM => {
@@ -65,7 +67,11 @@ pub fn parse(annotations: &HashMap<String, String>) -> Result<LbOptions, CloudEr
                 } else {
                     problems.push((
                         field(key),
-                        format!("{value:?} is not accepted; use {}", ALGORITHMS.join(", ")),
+                        format!(
+                            "{} is not accepted; use {}",
+                            quote(value),
+                            ALGORITHMS.join(", ")
+                        ),
                     ));
                 }
             }
@@ -75,7 +81,10 @@ pub fn parse(annotations: &HashMap<String, String>) -> Result<LbOptions, CloudEr
                 }
                 _ => problems.push((
                     field(key),
-                    format!("{value:?} is not accepted; use a duration from 1s to 300s, e.g. 10s"),
+                    format!(
+                        "{} is not accepted; use a duration from 1s to 300s, e.g. 10s",
+                        quote(value)
+                    ),
                 )),
             },
             _ => problems.push((
