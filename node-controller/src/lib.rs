@@ -89,14 +89,11 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
 }
 
 async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let supported = or_shutdown(
-        &shutdown,
-        ccm_runtime::gateway::supports(&ctx.gateway, Capability::Instances),
-    );
-    let Some(supported) = supported.await else {
+    let supported = ccm_runtime::gateway::supports(&ctx.gateway, Capability::Instances, &shutdown);
+    let Some(supported) = supported.await? else {
         return Ok(());
     };
-    if !supported? {
+    if !supported {
         anyhow::bail!("the cloud provider does not support instances");
     }
     tokio::select! {

@@ -101,14 +101,11 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
         shutdown.cancelled().await;
         return Ok(());
     }
-    let supported = or_shutdown(
-        &shutdown,
-        ccm_runtime::gateway::supports(&ctx.gateway, Capability::Routes),
-    );
-    let Some(supported) = supported.await else {
+    let supported = ccm_runtime::gateway::supports(&ctx.gateway, Capability::Routes, &shutdown);
+    let Some(supported) = supported.await? else {
         return Ok(());
     };
-    if !supported? {
+    if !supported {
         tracing::warn!("the cloud provider does not support routes: not programming routes");
         shutdown.cancelled().await;
         return Ok(());

@@ -17,8 +17,19 @@ pub fn client(config: &ccm_proto::ClientConfig) -> anyhow::Result<GatewayClient>
 }
 
 /// Whether the provider behind the gateway has `capability`; waits for the
-/// gateway to answer (it may start after the controller).
-pub async fn supports(client: &GatewayClient, capability: Capability) -> anyhow::Result<bool> {
+/// gateway to answer (it may start after the controller), or `None` when
+/// `shutdown` comes first.
+pub async fn supports(
+    client: &GatewayClient,
+    capability: Capability,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<Option<bool>> {
+    crate::shutdown::or_shutdown(shutdown, ask(client, capability))
+        .await
+        .transpose()
+}
+
+async fn ask(client: &GatewayClient, capability: Capability) -> anyhow::Result<bool> {
     let mut delay = std::time::Duration::from_millis(200);
     loop {
         match client.provider_info().await {

@@ -143,17 +143,15 @@ async fn run(
     nodes_changed: Arc<Notify>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let supported = or_shutdown(
-        &shutdown,
-        ccm_runtime::gateway::supports(&ctx.gateway, Capability::LoadBalancers),
-    );
-    let Some(supported) = supported.await else {
+    let supported =
+        ccm_runtime::gateway::supports(&ctx.gateway, Capability::LoadBalancers, &shutdown);
+    let Some(supported) = supported.await? else {
         return Ok(());
     };
     // Upstream skips the controller then; a Deployment that exited would
     // restart forever, so it idles (and stays ready), as the route
     // controller does without routes.
-    if !supported? {
+    if !supported {
         tracing::warn!(
             "the cloud provider does not support external load balancers: not managing any"
         );

@@ -96,23 +96,7 @@ impl GatewayProcess {
 
     /// The status code of `GET <path>` on the admin server, and the body.
     pub async fn admin_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(self.admin).await?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-            .await?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).await?;
-        let status = answer
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let body = answer
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        Ok((status, body))
+        Ok(crate::env::try_http_get(self.admin, path).await?)
     }
 
     /// Waits until `/readyz` answers 200; false after `within`.

@@ -11,3 +11,16 @@ pub mod fixtures;
 pub mod gateway;
 pub mod kubelet;
 pub mod sandbox;
+
+/// The directory of the workspace's binaries, in this package's integration
+/// tests (where Cargo sets `CARGO_BIN_EXE_<name>`): the binaries of every
+/// crate of the workspace are built beside the sandbox.
+#[macro_export]
+macro_rules! bin_dir {
+    () => {
+        std::path::Path::new(env!("CARGO_BIN_EXE_sandbox"))
+            .parent()
+            .expect("binaries live in a directory")
+            .to_path_buf()
+    };
+}

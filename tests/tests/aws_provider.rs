@@ -3,7 +3,7 @@
 //! failures and counts the actions the gateway sends. The gateway is the
 //! real binary with dummy credentials in its environment, as in a pod.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use ccm_proto::v1::{InstanceState, LookupPurpose, NodeAddressType, NodeRef, Route};
@@ -13,13 +13,6 @@ use ccm_testkit::gateway::GatewayProcess;
 
 const CLUSTER: &str = "kubernetes";
 const TIMEOUT: Duration = Duration::from_secs(90);
-
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_sandbox"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 struct Env {
     dir: tempfile::TempDir,
@@ -56,7 +49,7 @@ async fn env(instances: usize, args: &[&str]) -> Env {
     .collect();
     all.extend(args.iter().map(|s| s.to_string()));
     let gateway = GatewayProcess::start(
-        &bin_dir(),
+        &ccm_testkit::bin_dir!(),
         &dir.path().join("gateway"),
         &all,
         &aws::credentials_env(&secret, dir.path()),
@@ -482,7 +475,7 @@ async fn env_with_tables(env: &Env) -> GatewayProcess {
     .map(|s| s.to_string())
     .collect();
     GatewayProcess::start(
-        &bin_dir(),
+        &ccm_testkit::bin_dir!(),
         &env.dir.path().join("gateway-2"),
         &args,
         &aws::credentials_env(&env.secret, env.dir.path()),
@@ -546,7 +539,7 @@ async fn an_unreachable_or_unauthenticated_cloud_is_unavailable_or_refused_never
     );
     let secret = aws::secret_access_key();
     let unreachable = GatewayProcess::start(
-        &bin_dir(),
+        &ccm_testkit::bin_dir!(),
         &dir.path().join("unreachable"),
         &["--provider", "aws", "--aws-endpoint-url", &closed].map(String::from),
         &aws::credentials_env(&secret, dir.path()),
@@ -570,7 +563,7 @@ async fn an_unreachable_or_unauthenticated_cloud_is_unavailable_or_refused_never
     no_credentials
         .retain(|(k, _)| !k.starts_with("AWS_ACCESS_KEY") && !k.starts_with("AWS_SECRET"));
     let anonymous = GatewayProcess::start(
-        &bin_dir(),
+        &ccm_testkit::bin_dir!(),
         &dir.path().join("anonymous"),
         &["--provider", "aws", "--aws-endpoint-url", &moto.endpoint].map(String::from),
         &no_credentials,

@@ -6,19 +6,12 @@
 //! refuses fails the test with the container's name.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use ccm_testkit::apiserver::ApiServer;
 use ccm_testkit::kubelet::{self, Node};
 use serde_json::Value;
-
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_sandbox"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -72,7 +65,7 @@ async fn start_all(
     let node = Node {
         api: &api,
         objects,
-        bin_dir: bin_dir(),
+        bin_dir: ccm_testkit::bin_dir!(),
         root: dir.path().to_path_buf(),
         secrets,
     };

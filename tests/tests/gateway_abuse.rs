@@ -3,7 +3,7 @@
 //! keep being served while it happens. Each scenario is bounded in count
 //! and time; the figures it prints go into BENCHMARKS.md (abuse rows).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -17,15 +17,8 @@ use prost::Message;
 const BOUND: u64 = 128 * 1024 * 1024;
 const MIB: f64 = 1024.0 * 1024.0;
 
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_sandbox"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
 async fn gateway(dir: &Path, args: &[String]) -> GatewayProcess {
-    let gw = GatewayProcess::start(&bin_dir(), dir, args, &[])
+    let gw = GatewayProcess::start(&ccm_testkit::bin_dir!(), dir, args, &[])
         .await
         .unwrap();
     assert!(
@@ -55,6 +48,23 @@ fn request(address: &str, path: &str, token: Option<&str>) -> Request<()> {
         builder = builder.header("authorization", format!("Bearer {token}"));
     }
     builder.body(()).unwrap()
+}
+
+type Opened = (h2::client::ResponseFuture, h2::SendStream<Bytes>);
+
+/// Opens one more stream on the connection of `send` for `request`, once
+/// the server's stream limit lets it (`None` when it does not within
+/// `wait`, or the connection is gone).
+async fn open(
+    send: &h2::client::SendRequest<Bytes>,
+    request: Request<()>,
+    wait: Duration,
+) -> Option<Opened> {
+    let mut ready = tokio::time::timeout(wait, send.clone().ready())
+        .await
+        .ok()?
+        .ok()?;
+    ready.send_request(request, false).ok()
 }
 
 /// A gRPC frame: flag, length, message.
@@ -106,18 +116,11 @@ async fn unauthenticated_streams_with_huge_or_unfinished_bodies_hold_little_memo
     for _ in 0..3 {
         let send = connect(&gw.address).await;
         for _ in 0..200 {
-            let Ok(ready) =
-                tokio::time::timeout(Duration::from_secs(2), send.clone().ready()).await
+            let check = request(&gw.address, "/grpc.health.v1.Health/Check", None);
+            let Some((response, mut body)) = open(&send, check, Duration::from_secs(2)).await
             else {
                 break;
             };
-            let mut ready = ready.unwrap();
-            let (response, mut body) = ready
-                .send_request(
-                    request(&gw.address, "/grpc.health.v1.Health/Check", None),
-                    false,
-                )
-                .unwrap();
             let mut prefix = vec![0u8];
             prefix.extend_from_slice(&4_000_000u32.to_be_bytes());
             let _ = body.send_data(prefix.into(), false);
@@ -126,26 +129,18 @@ async fn unauthenticated_streams_with_huge_or_unfinished_bodies_hold_little_memo
             senders.push(body);
         }
     }
-    let mut send = connect(&gw.address).await;
+    let send = connect(&gw.address).await;
     for _ in 0..200 {
-        let Ok(ready) = tokio::time::timeout(Duration::from_secs(2), send.clone().ready()).await
-        else {
+        let check = request(&gw.address, "/grpc.health.v1.Health/Check", None);
+        let Some((response, mut body)) = open(&send, check, Duration::from_secs(2)).await else {
             break;
         };
-        let mut ready = ready.unwrap();
-        let (response, mut body) = ready
-            .send_request(
-                request(&gw.address, "/grpc.health.v1.Health/Check", None),
-                false,
-            )
-            .unwrap();
         let mut partial = vec![0u8];
         partial.extend_from_slice(&500u32.to_be_bytes());
         partial.extend_from_slice(&[0; 100]);
         let _ = body.send_data(partial.into(), false);
         streams.push(response);
         senders.push(body);
-        send = ready;
     }
     // An oversized message is refused as gRPC prescribes, unread.
     let first = tokio::time::timeout(Duration::from_secs(10), streams.remove(0))
@@ -212,27 +207,20 @@ async fn thousands_of_lookups_whose_answers_are_never_read_hold_little_memory() 
     let started = Instant::now();
     // 6000 calls over 30 connections; no answer is ever read.
     for _ in 0..30 {
-        let mut send = connect(&gw.address).await;
+        let send = connect(&gw.address).await;
         for _ in 0..200 {
-            let Ok(ready) =
-                tokio::time::timeout(Duration::from_millis(500), send.clone().ready()).await
+            let lookup = request(
+                &gw.address,
+                "/cloudgateway.v1.Instances/GetInstances",
+                Some(token),
+            );
+            let Some((response, mut stream)) =
+                open(&send, lookup, Duration::from_millis(500)).await
             else {
-                break;
-            };
-            let mut ready = ready.unwrap();
-            let Ok((response, mut stream)) = ready.send_request(
-                request(
-                    &gw.address,
-                    "/cloudgateway.v1.Instances/GetInstances",
-                    Some(token),
-                ),
-                false,
-            ) else {
                 break;
             };
             let _ = stream.send_data(body.clone(), true);
             held.push((response, stream));
-            send = ready;
         }
     }
     let sent = held.len();
@@ -292,27 +280,21 @@ async fn a_flood_of_bad_tokens_makes_few_reviews_and_known_callers_go_on() {
     let mut calls = Vec::new();
     for round in 0..2 {
         for c in 0..10 {
-            let mut send = connect(&gw.address).await;
+            let send = connect(&gw.address).await;
             for i in 0..200 {
                 let token = if round == 0 {
                     "the-same-bad-token".to_owned()
                 } else {
                     format!("bad-token-{c}-{i}")
                 };
-                let Ok(ready) =
-                    tokio::time::timeout(Duration::from_millis(500), send.clone().ready()).await
+                let info = request(
+                    &gw.address,
+                    "/cloudgateway.v1.Provider/GetProviderInfo",
+                    Some(&token),
+                );
+                let Some((response, mut stream)) =
+                    open(&send, info, Duration::from_millis(500)).await
                 else {
-                    break;
-                };
-                let mut ready = ready.unwrap();
-                let Ok((response, mut stream)) = ready.send_request(
-                    request(
-                        &gw.address,
-                        "/cloudgateway.v1.Provider/GetProviderInfo",
-                        Some(&token),
-                    ),
-                    false,
-                ) else {
                     break;
                 };
                 let _ = stream.send_data(frame(&[]), true);
@@ -326,7 +308,6 @@ async fn a_flood_of_bad_tokens_makes_few_reviews_and_known_callers_go_on() {
                         .to_owned();
                     Some(status)
                 }));
-                send = ready;
             }
         }
         if round == 0 {

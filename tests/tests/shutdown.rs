@@ -22,13 +22,6 @@ const CONTROLLERS: [(&str, Role); 3] = [
     ("route-controller", Role::Route),
 ];
 
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_sandbox"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
 fn free_addr() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -46,7 +39,7 @@ struct Proc {
 fn spawn(dir: &Path, name: &str, binary: &str, args: &[String]) -> Proc {
     let admin = free_addr();
     let log = dir.join(format!("{name}.log"));
-    let child = Command::new(bin_dir().join(binary))
+    let child = Command::new(ccm_testkit::bin_dir!().join(binary))
         .args(args)
         .arg("--admin-listen")
         .arg(admin.to_string())
@@ -227,9 +220,14 @@ async fn a_leader_hands_over_at_once_and_standbys_and_leaders_exit_on_sigterm() 
 async fn the_gateway_the_api_server_and_the_sandbox_exit_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     // The gateway, serving a client with a call it never finishes sending.
-    let gw = GatewayProcess::start(&bin_dir(), &dir.path().join("gateway"), &[], &[])
-        .await
-        .unwrap();
+    let gw = GatewayProcess::start(
+        &ccm_testkit::bin_dir!(),
+        &dir.path().join("gateway"),
+        &[],
+        &[],
+    )
+    .await
+    .unwrap();
     assert!(gw.wait_ready(Duration::from_secs(20)).await);
     let client = gw.client("admin", "kubernetes");
     client.provider_info().await.unwrap();
@@ -256,7 +254,7 @@ async fn the_gateway_the_api_server_and_the_sandbox_exit_on_sigterm() {
 
     // The test API server.
     let api_addr = free_addr();
-    let mut api = Command::new(bin_dir().join("kube-test-apiserver"))
+    let mut api = Command::new(ccm_testkit::bin_dir!().join("kube-test-apiserver"))
         .args(["--listen", &api_addr.to_string()])
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -278,7 +276,7 @@ async fn the_gateway_the_api_server_and_the_sandbox_exit_on_sigterm() {
     assert!(status.success(), "{status}");
 
     // The sandbox, with everything it started.
-    let mut sandbox = Command::new(bin_dir().join("sandbox"))
+    let mut sandbox = Command::new(ccm_testkit::bin_dir!().join("sandbox"))
         .args([
             "--nodes",
             "1",
