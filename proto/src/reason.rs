@@ -29,6 +29,10 @@ pub const ROLE_NOT_ALLOWED: &str = "ROLE_NOT_ALLOWED";
 pub const CONFLICT: &str = "CONFLICT";
 /// The load balancer address pool has no free address.
 pub const ADDRESS_POOL_EXHAUSTED: &str = "ADDRESS_POOL_EXHAUSTED";
+/// The cloud account is at one of its quotas (load balancers, target
+/// groups, listeners, security group rules); an operator must raise it or
+/// free some.
+pub const CLOUD_QUOTA_EXCEEDED: &str = "CLOUD_QUOTA_EXCEEDED";
 /// A request field is invalid; the `BadRequest` detail names it.
 pub const INVALID_ARGUMENT: &str = "INVALID_ARGUMENT";
 /// The cloud account is not set up for the request (e.g. no route table

@@ -121,29 +121,65 @@ impl Moto {
     pub fn ec2(&self) -> aws_sdk_ec2::Client {
         ec2_client(&self.endpoint)
     }
+
+    /// An ELBv2 client for this server with dummy credentials.
+    pub fn elb(&self) -> aws_sdk_elasticloadbalancingv2::Client {
+        elb_client(&self.endpoint)
+    }
 }
 
-/// An EC2 client for `endpoint` with dummy credentials, on rustls with ring
-/// as everything here.
-pub fn ec2_client(endpoint: &str) -> aws_sdk_ec2::Client {
+/// The SDK configuration for `endpoint` with dummy credentials, on rustls
+/// with ring as everything here.
+fn sdk_config(endpoint: &str) -> aws_config::SdkConfig {
     use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
     let http = aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
         .build_https();
-    let config = aws_sdk_ec2::Config::builder()
+    aws_config::SdkConfig::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new(REGION))
         .endpoint_url(endpoint)
         .http_client(http)
-        .credentials_provider(Credentials::new(
-            ACCESS_KEY_ID,
-            "seeding-secret",
-            None,
-            None,
-            "moto",
-        ))
-        .build();
-    aws_sdk_ec2::Client::from_conf(config)
+        .credentials_provider(
+            aws_credential_types::provider::SharedCredentialsProvider::new(Credentials::new(
+                ACCESS_KEY_ID,
+                "seeding-secret",
+                None,
+                None,
+                "moto",
+            )),
+        )
+        .build()
+}
+
+/// An EC2 client for `endpoint`.
+pub fn ec2_client(endpoint: &str) -> aws_sdk_ec2::Client {
+    aws_sdk_ec2::Client::new(&sdk_config(endpoint))
+}
+
+/// An ELBv2 client for `endpoint`.
+pub fn elb_client(endpoint: &str) -> aws_sdk_elasticloadbalancingv2::Client {
+    aws_sdk_elasticloadbalancingv2::Client::new(&sdk_config(endpoint))
+}
+
+/// Requests an ACM certificate for `domain` from moto (through boto3, which
+/// moto brings) and returns its ARN: there is no ACM client in Rust here.
+pub async fn request_certificate(endpoint: &str, domain: &str) -> anyhow::Result<String> {
+    let python = std::env::var("MOTO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = "import boto3, sys\n\
+        acm = boto3.client('acm', endpoint_url=sys.argv[1], region_name=sys.argv[2],\n\
+            aws_access_key_id='a', aws_secret_access_key='b')\n\
+        print(acm.request_certificate(DomainName=sys.argv[3])['CertificateArn'])\n";
+    let out = Command::new(&python)
+        .args(["-c", script, endpoint, REGION, domain])
+        .output()
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "request a certificate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?.trim().to_owned())
 }
 
 /// One seeded instance.
@@ -170,6 +206,8 @@ pub struct Seeded {
     /// `(zone, subnet ID)`.
     pub subnets: Vec<(String, String)>,
     pub route_table: String,
+    /// The nodes' security group, tagged for the cluster.
+    pub node_group: String,
     pub instances: Vec<SeededInstance>,
 }
 
@@ -238,10 +276,26 @@ pub async fn seed(
         ));
     }
     let route_table = route_table(ec2, &vpc_id, Some(cluster)).await?;
+    let node_group = ec2
+        .create_security_group()
+        .group_name(format!("{cluster}-nodes"))
+        .description("the cluster's nodes")
+        .vpc_id(&vpc_id)
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::SecurityGroup)
+                .tags(tag(&cluster_tag(cluster), "owned"))
+                .build(),
+        )
+        .send()
+        .await?
+        .group_id
+        .context("no group ID")?;
     let mut seeded = Seeded {
         vpc: vpc_id,
         subnets,
         route_table,
+        node_group,
         instances: Vec::new(),
     };
     for i in 0..instances {
@@ -293,6 +347,7 @@ pub async fn run_instance(
         .min_count(1)
         .max_count(1)
         .subnet_id(subnet)
+        .security_group_ids(&seeded.node_group)
         .ipv6_address_count(1)
         .tag_specifications(
             TagSpecification::builder()
@@ -441,13 +496,26 @@ struct Forward {
     state: Arc<Mutex<ProxyState>>,
 }
 
-/// The EC2 query action of a request body (`Action=DescribeInstances&...`).
-fn action(body: &[u8]) -> String {
-    String::from_utf8_lossy(body)
+/// The query action of a request (`Action=DescribeInstances&...`), bare
+/// for EC2 and as `<service>:<Action>` (IAM's form) for other services,
+/// whose name is in the signature's credential scope.
+fn action(headers: &http::HeaderMap, body: &[u8]) -> String {
+    let name = String::from_utf8_lossy(body)
         .split('&')
         .find_map(|kv| kv.strip_prefix("Action="))
         .unwrap_or("unknown")
-        .to_owned()
+        .to_owned();
+    let service = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split("Credential=").nth(1))
+        .and_then(|c| c.split('/').nth(3))
+        .unwrap_or("ec2");
+    if service == "ec2" {
+        name
+    } else {
+        format!("{service}:{name}")
+    }
 }
 
 async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) -> Response {
@@ -455,7 +523,7 @@ async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) ->
     let Ok(bytes) = axum::body::to_bytes(body, 64 << 20).await else {
         return StatusCode::BAD_REQUEST.into_response();
     };
-    let action = action(&bytes);
+    let action = action(&parts.headers, &bytes);
     let fault = {
         let mut state = f.state.lock().unwrap_or_else(|e| e.into_inner());
         state.actions.push(action.clone());

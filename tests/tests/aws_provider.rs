@@ -630,7 +630,12 @@ async fn an_assumed_role_is_used_for_every_call() {
     .await;
     // The role was assumed through STS (moto answers it on the same
     // endpoint), at start, for the readiness check.
-    assert_eq!(env.startup.get("AssumeRole"), Some(&1), "{:?}", env.startup);
+    assert_eq!(
+        env.startup.get("sts:AssumeRole"),
+        Some(&1),
+        "{:?}",
+        env.startup
+    );
     let node = env.gateway.client("node", CLUSTER);
     timed(node.get_instances(
         vec![by_name(&env.seeded.instances[0].name)],
@@ -639,25 +644,46 @@ async fn an_assumed_role_is_used_for_every_call() {
     ))
     .await
     .unwrap();
-    // The assumed credentials are cached, not asked for per call.
+    let lbs = env.gateway.client("service", CLUSTER);
+    timed(lbs.list_load_balancers()).await.unwrap();
+    // The assumed credentials are cached and shared by EC2 and ELB, not
+    // asked for per call or per service.
     let actions = env.proxy.take_actions();
-    assert_eq!(actions.get("AssumeRole"), None, "{actions:?}");
+    assert_eq!(actions.get("sts:AssumeRole"), None, "{actions:?}");
     assert_eq!(actions.get("DescribeInstances"), Some(&1), "{actions:?}");
+    assert_eq!(
+        actions.get("elasticloadbalancing:DescribeLoadBalancers"),
+        Some(&1),
+        "{actions:?}"
+    );
 }
 
-/// The EC2 actions of the IAM policy the docs give operators
-/// (`helm/aws/iam-policy.json`).
+/// The actions of the IAM policy the docs give operators
+/// (`helm/aws/iam-policy.json`), as the proxy names them: EC2's bare,
+/// others with their service prefix. Tagging on create is authorised
+/// separately by IAM but sent in the create request itself, so those two
+/// actions are in the policy and never on the wire.
 fn policy_actions() -> std::collections::BTreeSet<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/aws/iam-policy.json");
     let policy: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    policy["Statement"]
+    let mut actions: std::collections::BTreeSet<String> = policy["Statement"]
         .as_array()
         .unwrap()
         .iter()
         .flat_map(|s| s["Action"].as_array().unwrap())
-        .map(|a| a.as_str().unwrap().strip_prefix("ec2:").unwrap().to_owned())
-        .collect()
+        .map(|a| {
+            let a = a.as_str().unwrap();
+            a.strip_prefix("ec2:").unwrap_or(a).to_owned()
+        })
+        .collect();
+    for tag_on_create in ["CreateTags", "elasticloadbalancing:AddTags"] {
+        assert!(
+            actions.remove(tag_on_create),
+            "{tag_on_create} is in the policy"
+        );
+    }
+    actions
 }
 
 #[tokio::test]
@@ -690,6 +716,732 @@ async fn the_gateway_sends_exactly_the_actions_of_the_documented_iam_policy() {
         .unwrap();
     let listed = timed(routes.list_routes()).await.unwrap();
     timed(routes.delete_route(listed[0].clone())).await.unwrap();
+
+    // Every load balancer action: create, change each setting, shrink the
+    // hosts, delete.
+    let lbs = env.gateway.client("service", CLUSTER);
+    let first = lb_spec(
+        "88888888",
+        vec![
+            port("a", Protocol::Tcp, 80, 30080),
+            port("b", Protocol::Tcp, 81, 30081),
+            port("c", Protocol::Tcp, 82, 30082),
+        ],
+        &[
+            ("cross-zone-load-balancing-enabled", "true"),
+            ("proxy-protocol", "*"),
+        ],
+    );
+    let live = hosts(&env.seeded.instances[1..]);
+    ensure_ready(&lbs, &first, &live).await;
+    let second = lb_spec(
+        "88888888",
+        vec![
+            port("a", Protocol::Tcp, 80, 30090),
+            port("c", Protocol::Tcp, 82, 30082),
+        ],
+        &[("healthcheck-interval", "30")],
+    );
+    ensure_ready(&lbs, &second, &live).await;
+    timed(lbs.update_load_balancer_hosts(second.clone(), Vec::new()))
+        .await
+        .unwrap();
+    timed(lbs.delete_load_balancer(service("88888888")))
+        .await
+        .unwrap();
     seen.extend(env.proxy.take_actions().into_keys());
     assert_eq!(seen, policy_actions(), "actions sent vs. the IAM policy");
+}
+
+// Load balancers: Network Load Balancers, read back through the ELBv2 and
+// EC2 APIs as a user would inspect them.
+
+use aws_sdk_elasticloadbalancingv2::types::{LoadBalancer as Nlb, TargetGroup as ElbTargetGroup};
+use ccm_proto::v1::{Host, LoadBalancerSpec, Protocol, ServicePort, ServiceRef, TrafficPolicy};
+
+const NLB: &str = "service.beta.kubernetes.io/aws-load-balancer-";
+
+fn service(uid: &str) -> ServiceRef {
+    ServiceRef {
+        namespace: "shop".into(),
+        name: format!("web-{uid}"),
+        uid: format!("{uid}-0000-0000-0000-000000000000"),
+    }
+}
+
+fn port(name: &str, protocol: Protocol, port: i32, node_port: i32) -> ServicePort {
+    ServicePort {
+        name: name.into(),
+        protocol: protocol as i32,
+        port,
+        node_port,
+    }
+}
+
+fn lb_spec(uid: &str, ports: Vec<ServicePort>, annotations: &[(&str, &str)]) -> LoadBalancerSpec {
+    LoadBalancerSpec {
+        service: Some(service(uid)),
+        ports,
+        annotations: annotations
+            .iter()
+            .map(|(k, v)| (format!("{NLB}{k}"), v.to_string()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn hosts(instances: &[aws::SeededInstance]) -> Vec<Host> {
+    instances
+        .iter()
+        .map(|i| Host {
+            name: i.name.clone(),
+            provider_id: i.provider_id(),
+            addresses: Vec::new(),
+        })
+        .collect()
+}
+
+/// Ensures until the NLB is no longer provisioning; returns its hostname.
+async fn ensure_ready(
+    client: &ccm_proto::GatewayClient,
+    spec: &LoadBalancerSpec,
+    h: &[Host],
+) -> String {
+    timed(async {
+        loop {
+            match client.ensure_load_balancer(spec.clone(), h.to_vec()).await {
+                Ok(status) => return status.ingress[0].hostname.clone(),
+                Err(Error::RetryAfter { reason, .. }) if reason == reason::PROVISIONING => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("ensure: {e:?}"),
+            }
+        }
+    })
+    .await
+}
+
+async fn nlb(elb: &aws_sdk_elasticloadbalancingv2::Client, uid: &str) -> Option<Nlb> {
+    let name = cloud_gateway::provider::load_balancer_name(&service(uid).uid);
+    elb.describe_load_balancers()
+        .names(name)
+        .send()
+        .await
+        .ok()
+        .and_then(|a| a.load_balancers().first().cloned())
+}
+
+async fn target_groups(
+    elb: &aws_sdk_elasticloadbalancingv2::Client,
+    nlb: &Nlb,
+) -> Vec<ElbTargetGroup> {
+    let mut groups = elb
+        .describe_target_groups()
+        .load_balancer_arn(nlb.load_balancer_arn().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .target_groups()
+        .to_vec();
+    groups.sort_by_key(|g| g.port());
+    groups
+}
+
+async fn targets(
+    elb: &aws_sdk_elasticloadbalancingv2::Client,
+    group: &ElbTargetGroup,
+) -> Vec<(String, i32)> {
+    let mut out: Vec<(String, i32)> = elb
+        .describe_target_health()
+        .target_group_arn(group.target_group_arn().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .target_health_descriptions()
+        .iter()
+        .map(|d| {
+            let t = d.target().unwrap();
+            (t.id().unwrap().to_owned(), t.port().unwrap())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `(protocol, port, source)` of a security group's ingress rules.
+async fn ingress(ec2: &aws_sdk_ec2::Client, group: &str) -> Vec<(String, i32, String)> {
+    let answer = ec2
+        .describe_security_groups()
+        .group_ids(group)
+        .send()
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for p in answer.security_groups()[0].ip_permissions() {
+        let proto = p.ip_protocol().unwrap().to_owned();
+        let port = p.from_port().unwrap_or(-1);
+        for r in p.ip_ranges() {
+            out.push((proto.clone(), port, r.cidr_ip().unwrap().to_owned()));
+        }
+        for g in p.user_id_group_pairs() {
+            out.push((proto.clone(), port, g.group_id().unwrap().to_owned()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The nodes' group, tagged for the cluster: the one every seeded
+/// instance is in.
+async fn node_group(env: &Env) -> String {
+    let answer = env
+        .ec2
+        .describe_instances()
+        .instance_ids(&env.seeded.instances[0].id)
+        .send()
+        .await
+        .unwrap();
+    let groups = answer.reservations()[0].instances()[0].security_groups();
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert_eq!(groups[0].group_id(), Some(env.seeded.node_group.as_str()));
+    env.seeded.node_group.clone()
+}
+
+fn writes(actions: &std::collections::BTreeMap<String, usize>) -> Vec<&String> {
+    actions.keys().filter(|a| !a.contains("Describe")).collect()
+}
+
+#[tokio::test]
+async fn a_service_gets_an_nlb_with_a_listener_target_group_and_rules_per_port() {
+    let env = env(2, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let spec = lb_spec(
+        "11111111",
+        vec![
+            port("web", Protocol::Tcp, 80, 30080),
+            port("dns-tcp", Protocol::Tcp, 53, 30053),
+            port("dns-udp", Protocol::Udp, 53, 30053),
+            port("game", Protocol::Udp, 7777, 30777),
+        ],
+        &[],
+    );
+    let all = hosts(&env.seeded.instances);
+    let hostname = ensure_ready(&client, &spec, &all).await;
+
+    let lb = nlb(&elb, "11111111").await.expect("the NLB exists");
+    assert_eq!(lb.dns_name(), Some(hostname.as_str()));
+    assert_eq!(lb.r#type().map(|t| t.as_str()), Some("network"));
+    assert_eq!(lb.scheme().map(|s| s.as_str()), Some("internet-facing"));
+    let zones: Vec<&str> = lb
+        .availability_zones()
+        .iter()
+        .filter_map(|z| z.subnet_id())
+        .collect();
+    assert_eq!(
+        zones.len(),
+        2,
+        "one subnet per zone, by the role tag: {zones:?}"
+    );
+    let arn = lb.load_balancer_arn().unwrap();
+    let tags = elb.describe_tags().resource_arns(arn).send().await.unwrap();
+    let tags: Vec<(String, String)> = tags.tag_descriptions()[0]
+        .tags()
+        .iter()
+        .map(|t| (t.key().unwrap().to_owned(), t.value().unwrap().to_owned()))
+        .collect();
+    assert!(
+        tags.contains(&(aws::cluster_tag(CLUSTER), "owned".into())),
+        "{tags:?}"
+    );
+    assert!(
+        tags.contains(&(
+            "kubernetes.io/service-name".into(),
+            "shop/web-11111111".into()
+        )),
+        "{tags:?}"
+    );
+
+    let mut listeners: Vec<(i32, String, String)> = elb
+        .describe_listeners()
+        .load_balancer_arn(arn)
+        .send()
+        .await
+        .unwrap()
+        .listeners()
+        .iter()
+        .map(|l| {
+            (
+                l.port().unwrap(),
+                l.protocol().unwrap().as_str().to_owned(),
+                l.default_actions()[0]
+                    .target_group_arn()
+                    .unwrap()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    listeners.sort();
+    let groups = target_groups(&elb, &lb).await;
+    let shape: Vec<(i32, &str, &str, &str)> = groups
+        .iter()
+        .map(|g| {
+            (
+                g.port().unwrap(),
+                g.protocol().unwrap().as_str(),
+                g.health_check_protocol().unwrap().as_str(),
+                g.health_check_port().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (30053, "TCP_UDP", "TCP", "traffic-port"),
+            (30080, "TCP", "TCP", "traffic-port"),
+            (30777, "UDP", "TCP", "traffic-port"),
+        ]
+    );
+    let listed: Vec<(i32, &str)> = listeners
+        .iter()
+        .map(|(p, proto, _)| (*p, proto.as_str()))
+        .collect();
+    assert_eq!(listed, [(53, "TCP_UDP"), (80, "TCP"), (7777, "UDP")]);
+    for (port, _, tg) in &listeners {
+        let group = groups
+            .iter()
+            .find(|g| g.target_group_arn() == Some(tg))
+            .unwrap();
+        let node_port = group.port().unwrap();
+        assert!(
+            node_port == 30000 + port || node_port == 30000 + port % 1000,
+            "{port} -> {node_port}"
+        );
+        let mut want: Vec<(String, i32)> = env
+            .seeded
+            .instances
+            .iter()
+            .map(|i| (i.id.clone(), node_port))
+            .collect();
+        want.sort();
+        assert_eq!(targets(&elb, group).await, want);
+    }
+
+    // The NLB's own group admits everyone on the listener ports; the nodes'
+    // group admits the NLB's group on the node ports.
+    let group = lb.security_groups()[0].clone();
+    let rules = ingress(&env.ec2, &group).await;
+    let world = |proto: &str, port| (proto.to_owned(), port, "0.0.0.0/0".to_owned());
+    assert_eq!(
+        rules,
+        [
+            world("tcp", 53),
+            world("tcp", 80),
+            world("udp", 53),
+            world("udp", 7777)
+        ]
+    );
+    let node_rules = ingress(&env.ec2, &node_group(&env).await).await;
+    for (proto, port) in [
+        ("tcp", 30080),
+        ("tcp", 30053),
+        ("udp", 30053),
+        ("udp", 30777),
+    ] {
+        assert!(
+            node_rules.contains(&(proto.to_owned(), port, group.clone())),
+            "{proto}/{port} not open to the NLB: {node_rules:?}"
+        );
+    }
+
+    // Again, unchanged: reads only.
+    env.proxy.take_actions();
+    assert_eq!(ensure_ready(&client, &spec, &all).await, hostname);
+    let actions = env.proxy.take_actions();
+    assert!(
+        writes(&actions).is_empty(),
+        "a converged ensure wrote: {actions:?}"
+    );
+
+    let status = timed(client.get_load_balancer(service("11111111")))
+        .await
+        .unwrap();
+    assert!(status.exists);
+    assert_eq!(status.status.unwrap().ingress[0].hostname, hostname);
+    let listed = timed(client.list_load_balancers()).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        listed[0].service.as_ref().unwrap().uid,
+        service("11111111").uid
+    );
+}
+
+#[tokio::test]
+async fn host_changes_register_and_deregister_only_the_difference() {
+    let env = env(3, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let spec = lb_spec("22222222", vec![port("web", Protocol::Tcp, 80, 30080)], &[]);
+    let first = hosts(&env.seeded.instances[..2]);
+    ensure_ready(&client, &spec, &first).await;
+    env.proxy.take_actions();
+
+    // One node goes, one comes.
+    let next = hosts(&env.seeded.instances[1..]);
+    timed(client.update_load_balancer_hosts(spec.clone(), next))
+        .await
+        .unwrap();
+    let actions = env.proxy.take_actions();
+    assert_eq!(
+        actions.get("elasticloadbalancing:RegisterTargets"),
+        Some(&1),
+        "{actions:?}"
+    );
+    assert_eq!(
+        actions.get("elasticloadbalancing:DeregisterTargets"),
+        Some(&1),
+        "{actions:?}"
+    );
+    let lb = nlb(&elb, "22222222").await.unwrap();
+    let group = &target_groups(&elb, &lb).await[0];
+    let mut want: Vec<(String, i32)> = env.seeded.instances[1..]
+        .iter()
+        .map(|i| (i.id.clone(), 30080))
+        .collect();
+    want.sort();
+    assert_eq!(targets(&elb, group).await, want);
+
+    // The same hosts again: nothing registered or deregistered.
+    timed(client.update_load_balancer_hosts(spec.clone(), hosts(&env.seeded.instances[1..])))
+        .await
+        .unwrap();
+    let actions = env.proxy.take_actions();
+    assert!(writes(&actions).is_empty(), "{actions:?}");
+}
+
+#[tokio::test]
+async fn annotations_local_traffic_and_source_ranges_shape_an_internal_nlb() {
+    let env = env(2, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let (subnet_a, subnet_b) = (&env.seeded.subnets[0].1, &env.seeded.subnets[1].1);
+    let subnets = format!("{subnet_a},{subnet_b}");
+    let mut spec = lb_spec(
+        "33333333",
+        vec![port("web", Protocol::Tcp, 443, 30443)],
+        &[
+            ("type", "nlb"),
+            ("internal", "true"),
+            ("subnets", &subnets),
+            ("private-ipv4-addresses", "10.0.1.50,10.0.2.50"),
+            ("cross-zone-load-balancing-enabled", "true"),
+            ("proxy-protocol", "*"),
+            ("additional-resource-tags", "team=checkout,cost=42"),
+            ("healthcheck-interval", "30"),
+            ("healthcheck-timeout", "5"),
+            ("healthcheck-healthy-threshold", "3"),
+            ("healthcheck-unhealthy-threshold", "4"),
+        ],
+    );
+    spec.external_traffic_policy = TrafficPolicy::Local as i32;
+    spec.health_check_node_port = 32100;
+    spec.source_ranges = vec!["192.168.0.0/16".into(), "203.0.113.7/32".into()];
+    ensure_ready(&client, &spec, &hosts(&env.seeded.instances)).await;
+
+    let lb = nlb(&elb, "33333333").await.unwrap();
+    assert_eq!(lb.scheme().map(|s| s.as_str()), Some("internal"));
+    let arn = lb.load_balancer_arn().unwrap();
+    let attributes = elb
+        .describe_load_balancer_attributes()
+        .load_balancer_arn(arn)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        attributes
+            .attributes()
+            .iter()
+            .any(|a| a.key() == Some("load_balancing.cross_zone.enabled")
+                && a.value() == Some("true")),
+        "{attributes:?}"
+    );
+    let tags = elb.describe_tags().resource_arns(arn).send().await.unwrap();
+    let team = tags.tag_descriptions()[0]
+        .tags()
+        .iter()
+        .find(|t| t.key() == Some("team"))
+        .and_then(|t| t.value());
+    assert_eq!(team, Some("checkout"));
+
+    let group = &target_groups(&elb, &lb).await[0];
+    assert_eq!(
+        group.health_check_protocol().map(|p| p.as_str()),
+        Some("HTTP")
+    );
+    assert_eq!(group.health_check_port(), Some("32100"));
+    assert_eq!(group.health_check_path(), Some("/healthz"));
+    assert_eq!(group.health_check_interval_seconds(), Some(30));
+    assert_eq!(group.health_check_timeout_seconds(), Some(5));
+    assert_eq!(group.healthy_threshold_count(), Some(3));
+    assert_eq!(group.unhealthy_threshold_count(), Some(4));
+    let attributes = elb
+        .describe_target_group_attributes()
+        .target_group_arn(group.target_group_arn().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        attributes
+            .attributes()
+            .iter()
+            .any(|a| a.key() == Some("proxy_protocol_v2.enabled") && a.value() == Some("true")),
+        "{attributes:?}"
+    );
+    let nlb_group = lb.security_groups()[0].clone();
+    assert_eq!(
+        ingress(&env.ec2, &nlb_group).await,
+        [
+            ("tcp".to_owned(), 443, "192.168.0.0/16".to_owned()),
+            ("tcp".to_owned(), 443, "203.0.113.7/32".to_owned()),
+        ]
+    );
+    let node_rules = ingress(&env.ec2, &node_group(&env).await).await;
+    assert!(
+        node_rules.contains(&("tcp".into(), 32100, nlb_group.clone())),
+        "{node_rules:?}"
+    );
+
+    // Source ranges change: the group follows, nothing else is written.
+    spec.source_ranges = vec!["10.0.0.0/8".into()];
+    env.proxy.take_actions();
+    ensure_ready(&client, &spec, &hosts(&env.seeded.instances)).await;
+    assert_eq!(
+        ingress(&env.ec2, &nlb_group).await,
+        [("tcp".to_owned(), 443, "10.0.0.0/8".to_owned())]
+    );
+    let actions = env.proxy.take_actions();
+    assert_eq!(
+        writes(&actions),
+        [
+            "AuthorizeSecurityGroupIngress",
+            "RevokeSecurityGroupIngress"
+        ],
+        "{actions:?}"
+    );
+
+    // The scheme cannot change: said so, nothing written.
+    spec.annotations
+        .insert(format!("{NLB}internal"), "false".into());
+    spec.annotations
+        .remove(&format!("{NLB}private-ipv4-addresses"));
+    let err = timed(client.ensure_load_balancer(spec.clone(), hosts(&env.seeded.instances)))
+        .await
+        .unwrap_err();
+    let Error::InvalidArgument { violations, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(
+        violations[0].field.contains("aws-load-balancer-internal"),
+        "{violations:?}"
+    );
+    assert!(
+        violations[0]
+            .description
+            .contains("cannot change after creation"),
+        "{violations:?}"
+    );
+    assert!(writes(&env.proxy.take_actions()).is_empty());
+}
+
+#[tokio::test]
+async fn invalid_annotations_are_refused_before_any_cloud_call() {
+    let env = env(1, &[]).await;
+    let client = env.gateway.client("service", CLUSTER);
+    let spec = lb_spec(
+        "44444444",
+        vec![port("web", Protocol::Tcp, 80, 30080)],
+        &[
+            ("healthcheck-interval", "1"),
+            ("connection-draining-enabled", "true"),
+            ("internal", "maybe"),
+        ],
+    );
+    env.proxy.take_actions();
+    let err = timed(client.ensure_load_balancer(spec, hosts(&env.seeded.instances)))
+        .await
+        .unwrap_err();
+    let Error::InvalidArgument { violations, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(violations.len(), 3, "{violations:?}");
+    assert!(violations.iter().any(|v| v.field.contains("healthcheck-interval") && v.description.contains("5 to 300")));
+    assert!(
+        violations
+            .iter()
+            .any(|v| v.field.contains("connection-draining")
+                && v.description.contains("classic ELB"))
+    );
+    let actions = env.proxy.take_actions();
+    assert!(
+        actions.is_empty(),
+        "an invalid Service reached the cloud: {actions:?}"
+    );
+
+    // A Service for the AWS Load Balancer Controller is someone else's.
+    let theirs = lb_spec(
+        "55555555",
+        vec![port("web", Protocol::Tcp, 80, 30080)],
+        &[("type", "external")],
+    );
+    let err = timed(client.ensure_load_balancer(theirs, Vec::new()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ImplementedElsewhere { .. }), "{err:?}");
+    assert!(env.proxy.take_actions().is_empty());
+}
+
+#[tokio::test]
+async fn delete_leaves_nothing_behind_and_clusters_never_see_each_others_nlbs() {
+    let env = env(2, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let ours = env.gateway.client("service", CLUSTER);
+    let theirs = env.gateway.client("service", "other");
+    let spec = lb_spec(
+        "66666666",
+        vec![
+            port("web", Protocol::Tcp, 80, 30080),
+            port("dns", Protocol::Udp, 53, 30053),
+        ],
+        &[],
+    );
+    ensure_ready(&ours, &spec, &hosts(&env.seeded.instances)).await;
+    let lb = nlb(&elb, "66666666").await.unwrap();
+    let nlb_group = lb.security_groups()[0].clone();
+
+    // Another cluster in the account sees none of it and cannot delete it.
+    assert!(
+        timed(theirs.list_load_balancers())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let status = timed(theirs.get_load_balancer(service("66666666")))
+        .await
+        .unwrap();
+    assert!(!status.exists);
+    timed(theirs.delete_load_balancer(service("66666666")))
+        .await
+        .unwrap();
+    assert!(
+        nlb(&elb, "66666666").await.is_some(),
+        "another cluster deleted our NLB"
+    );
+
+    timed(ours.delete_load_balancer(service("66666666")))
+        .await
+        .unwrap();
+    assert!(nlb(&elb, "66666666").await.is_none());
+    let groups = elb.describe_target_groups().send().await.unwrap();
+    assert!(groups.target_groups().is_empty(), "{groups:?}");
+    let left = env
+        .ec2
+        .describe_security_groups()
+        .group_ids(&nlb_group)
+        .send()
+        .await;
+    assert!(
+        left.map(|a| a.security_groups().is_empty()).unwrap_or(true),
+        "the NLB's group is left"
+    );
+    let node_rules = ingress(&env.ec2, &node_group(&env).await).await;
+    assert!(
+        !node_rules.iter().any(|(_, _, source)| source == &nlb_group),
+        "node rules for the deleted NLB are left: {node_rules:?}"
+    );
+    // Idempotent.
+    timed(ours.delete_load_balancer(service("66666666")))
+        .await
+        .unwrap();
+    assert!(timed(ours.list_load_balancers()).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn tls_ports_get_tls_listeners_with_the_certificate_and_policy() {
+    let env = env(1, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let certificate = aws::request_certificate(&env.proxy.endpoint, "shop.example.com")
+        .await
+        .unwrap();
+    let policy = "ELBSecurityPolicy-TLS13-1-2-2021-06";
+    let spec = lb_spec(
+        "77777777",
+        vec![
+            port("http", Protocol::Tcp, 80, 30080),
+            port("https", Protocol::Tcp, 443, 30443),
+        ],
+        &[
+            ("ssl-cert", &certificate),
+            ("ssl-ports", "https"),
+            ("ssl-negotiation-policy", policy),
+        ],
+    );
+    ensure_ready(&client, &spec, &hosts(&env.seeded.instances)).await;
+    let lb = nlb(&elb, "77777777").await.unwrap();
+    let listeners = elb
+        .describe_listeners()
+        .load_balancer_arn(lb.load_balancer_arn().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let mut shape: Vec<(i32, String, Option<String>, Option<String>)> = listeners
+        .listeners()
+        .iter()
+        .map(|l| {
+            (
+                l.port().unwrap(),
+                l.protocol().unwrap().as_str().to_owned(),
+                l.certificates()
+                    .first()
+                    .and_then(|c| c.certificate_arn())
+                    .map(str::to_owned),
+                l.ssl_policy()
+                    .filter(|_| !l.certificates().is_empty())
+                    .map(str::to_owned),
+            )
+        })
+        .collect();
+    shape.sort();
+    assert_eq!(
+        shape,
+        [
+            (80, "TCP".to_owned(), None, None),
+            (
+                443,
+                "TLS".to_owned(),
+                Some(certificate.clone()),
+                Some(policy.to_owned())
+            ),
+        ]
+    );
+    // Target groups stay TCP: the NLB terminates TLS.
+    let groups = target_groups(&elb, &lb).await;
+    assert!(
+        groups
+            .iter()
+            .all(|g| g.protocol().map(|p| p.as_str()) == Some("TCP"))
+    );
+
+    // A port that is not the Service's is refused, naming the annotation.
+    let mut wrong = spec.clone();
+    wrong
+        .annotations
+        .insert(format!("{NLB}ssl-ports"), "8443".into());
+    let err = timed(client.ensure_load_balancer(wrong, Vec::new()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument { violations, .. } if violations[0].field.contains("ssl-ports")),
+        "{err:?}"
+    );
 }

@@ -48,6 +48,9 @@ impl From<CloudError> for Status {
                 Code::ResourceExhausted,
                 info(reason::ADDRESS_POOL_EXHAUSTED),
             ),
+            CloudError::QuotaExceeded(_) => {
+                (Code::ResourceExhausted, info(reason::CLOUD_QUOTA_EXCEEDED))
+            }
             CloudError::PermissionDenied(_) => (
                 Code::PermissionDenied,
                 info(reason::CLOUD_PERMISSION_DENIED),

@@ -63,6 +63,9 @@ pub enum CloudError {
     /// No free address is left in the pool.
     #[error("address pool exhausted: {0}")]
     PoolExhausted(String),
+    /// The cloud account is at a quota; an operator must raise it.
+    #[error("cloud quota reached: {0}")]
+    QuotaExceeded(String),
     /// The gateway's credentials may not do this.
     #[error("the cloud refused: {0}")]
     PermissionDenied(String),
@@ -104,6 +107,7 @@ impl CloudError {
             Self::InvalidArgument(_) => "invalid_argument",
             Self::Conflict(_) => "conflict",
             Self::PoolExhausted(_) => "pool_exhausted",
+            Self::QuotaExceeded(_) => "quota_exceeded",
             Self::PermissionDenied(_) => "permission_denied",
             Self::NotConfigured(_) => "not_configured",
             Self::Unavailable(_) => "unavailable",

@@ -1,4 +1,4 @@
-//! The EC2 client: region, endpoint and credentials from the SDK's standard
+//! The EC2 and ELBv2 clients: region, endpoint and credentials from the SDK's standard
 //! chain (environment, shared config and credentials files, web identity
 //! for IRSA, container and instance metadata), optionally through an
 //! assumed role. The SDK does not retry: a throttled request must reach the
@@ -39,10 +39,16 @@ impl Intercept for CountRequests {
     }
 }
 
-/// Builds the EC2 client; returns it with the region it uses. Nothing is
-/// sent to AWS yet (except what the credential chain asks of metadata
-/// services).
-pub(super) async fn ec2(settings: &AwsSettings) -> anyhow::Result<(aws_sdk_ec2::Client, String)> {
+/// The clients the provider uses, built on one shared configuration.
+pub(super) struct Clients {
+    pub ec2: aws_sdk_ec2::Client,
+    pub elb: aws_sdk_elasticloadbalancingv2::Client,
+    pub region: String,
+}
+
+/// Builds the EC2 and ELBv2 clients. Nothing is sent to AWS yet (except
+/// what the credential chain asks of metadata services).
+pub(super) async fn clients(settings: &AwsSettings) -> anyhow::Result<Clients> {
     // rustls on ring, the provider kube and tonic use, so the process has
     // one crypto provider.
     let http = aws_smithy_http_client::Builder::new()
@@ -64,12 +70,11 @@ pub(super) async fn ec2(settings: &AwsSettings) -> anyhow::Result<(aws_sdk_ec2::
     if let Some(url) = &settings.endpoint_url {
         loader = loader.endpoint_url(url.clone());
     }
-    let shared = loader.load().await;
+    let mut shared = loader.load().await;
     let region = shared
         .region()
         .map(ToString::to_string)
         .context("no AWS region: set --aws-region, AWS_REGION or a region in the AWS profile")?;
-    let mut config = aws_sdk_ec2::config::Builder::from(&shared).interceptor(CountRequests);
     if let Some(role) = &settings.role_arn {
         let mut assume = AssumeRoleProvider::builder(role.clone())
             .session_name(settings.role_session_name.clone())
@@ -77,7 +82,20 @@ pub(super) async fn ec2(settings: &AwsSettings) -> anyhow::Result<(aws_sdk_ec2::
         if let Some(id) = &settings.external_id {
             assume = assume.external_id(id.clone());
         }
-        config = config.credentials_provider(assume.build().await);
+        let assumed = assume.build().await;
+        shared = shared
+            .into_builder()
+            .credentials_provider(
+                aws_credential_types::provider::SharedCredentialsProvider::new(assumed),
+            )
+            .build();
     }
-    Ok((aws_sdk_ec2::Client::from_conf(config.build()), region))
+    let ec2 = aws_sdk_ec2::config::Builder::from(&shared).interceptor(CountRequests);
+    let elb =
+        aws_sdk_elasticloadbalancingv2::config::Builder::from(&shared).interceptor(CountRequests);
+    Ok(Clients {
+        ec2: aws_sdk_ec2::Client::from_conf(ec2.build()),
+        elb: aws_sdk_elasticloadbalancingv2::Client::from_conf(elb.build()),
+        region,
+    })
 }

@@ -54,6 +54,37 @@ const REFUSED: &[&str] = &[
     "PendingVerification",
 ];
 
+/// Error codes for an account quota (not throttling).
+const QUOTA: &[&str] = &[
+    "TooManyLoadBalancers",
+    "TooManyTargetGroups",
+    "TooManyListeners",
+    "TooManyTargets",
+    "TooManyRegistrationsForTargetId",
+    "TooManyTags",
+    "TooManyUniqueTargetGroupsPerLoadBalancer",
+    "RulesPerSecurityGroupLimitExceeded",
+    "SecurityGroupLimitExceeded",
+    "AddressLimitExceeded",
+];
+
+/// Error codes that say the request itself is wrong for this account,
+/// e.g. a certificate or subnet the Service names does not exist.
+const INVALID: &[&str] = &[
+    "CertificateNotFound",
+    "InvalidConfigurationRequest",
+    "InvalidSubnet",
+    "SubnetNotFound",
+    "InvalidSubnetID.NotFound",
+    "AllocationIdNotFound",
+    "InvalidAllocationID.NotFound",
+    "InvalidSecurityGroup",
+    "SSLPolicyNotFound",
+    "UnsupportedProtocol",
+    "ValidationError",
+    "InvalidParameterValue",
+];
+
 /// The service error code of `err`, when the cloud answered with one.
 pub(super) fn code<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> Option<&str> {
     match err {
@@ -62,7 +93,7 @@ pub(super) fn code<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> Option<&
     }
 }
 
-/// Maps an SDK error of the EC2 action `action` (e.g. `DescribeInstances`).
+/// Maps an SDK error of the AWS action `action` (e.g. `DescribeInstances`).
 pub(super) fn cloud_error<E, R>(action: &str, err: SdkError<E, R>) -> CloudError
 where
     E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
@@ -104,6 +135,15 @@ pub(super) fn classify(action: &str, code: &str, message: &str) -> CloudError {
         }
     } else if REFUSED.contains(&code) {
         CloudError::PermissionDenied(format!("{action}: {code}: {message}"))
+    } else if QUOTA.contains(&code) {
+        CloudError::QuotaExceeded(format!(
+            "{action}: {code}: {message}; raise the account's quota or free some"
+        ))
+    } else if INVALID.contains(&code) {
+        CloudError::invalid(
+            "spec",
+            format!("AWS refused it: {action}: {code}: {message}"),
+        )
     } else {
         // Internal errors, unavailability and codes we do not know: nothing
         // is known about the resource, so the caller may retry.

@@ -1,14 +1,18 @@
 //! `aws`: Amazon Web Services through the official SDK. Instances are EC2
 //! instances (`instances.rs`), routes are VPC routes in the route tables
-//! tagged for the cluster (`routes.rs`); load balancers are not built yet.
+//! tagged for the cluster (`routes.rs`), load balancers are Network Load
+//! Balancers (`load_balancers.rs`) configured by the upstream annotations
+//! (`annotations.rs`).
 //! Credentials come from the SDK's standard chain only (`client.rs`) and
 //! never leave this module. Every AWS error is mapped in `errors.rs`;
 //! ownership follows the `kubernetes.io/cluster/<name>` tag (`tags.rs`).
 //! Nothing outside this module names an AWS type.
 
+pub mod annotations;
 mod client;
 mod errors;
 mod instances;
+mod load_balancers;
 mod routes;
 mod tags;
 
@@ -39,6 +43,7 @@ struct Zones {
 /// The AWS cloud.
 pub struct AwsCloud {
     ec2: aws_sdk_ec2::Client,
+    elb: aws_sdk_elasticloadbalancingv2::Client,
     region: String,
     settings: AwsSettings,
     zones: Mutex<Zones>,
@@ -57,7 +62,7 @@ impl AwsCloud {
     /// Builds the client from `settings` and the SDK's credential chain.
     /// Nothing is asked of EC2 until the first call or [`Provider::check`].
     pub async fn connect(settings: AwsSettings) -> anyhow::Result<Self> {
-        let (ec2, region) = client::ec2(&settings).await?;
+        let client::Clients { ec2, elb, region } = client::clients(&settings).await?;
         tracing::info!(
             region = %region,
             endpoint = settings.endpoint_url.as_deref().unwrap_or("default"),
@@ -67,6 +72,7 @@ impl AwsCloud {
         );
         Ok(Self {
             ec2,
+            elb,
             region,
             settings,
             zones: Mutex::new(Zones::default()),
@@ -160,7 +166,7 @@ impl Provider for AwsCloud {
     }
 
     fn load_balancers(&self) -> Option<&dyn LoadBalancers> {
-        None
+        Some(self)
     }
 
     fn routes(&self) -> Option<&dyn Routes> {

@@ -1,0 +1,638 @@
+//! The Service annotations the AWS provider reads: the upstream AWS cloud
+//! provider's names (`service.beta.kubernetes.io/aws-load-balancer-*`)
+//! where they mean something for a Network Load Balancer. Each value is
+//! checked strictly; every problem is reported at once, naming the
+//! annotation and what it accepts. An annotation under the prefix that we
+//! do not read is refused too (with why, for the classic-ELB ones), so a
+//! manifest never silently loses a setting.
+//!
+//! `helm/aws/README.md` documents the same table; a test keeps the two in
+//! step.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+
+use ccm_runtime::settings::quote;
+
+use crate::provider::CloudError;
+
+/// The prefix of every annotation this module reads.
+pub const PREFIX: &str = "service.beta.kubernetes.io/aws-load-balancer-";
+
+pub const TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-type";
+pub const INTERNAL: &str = "service.beta.kubernetes.io/aws-load-balancer-internal";
+pub const CROSS_ZONE: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-cross-zone-load-balancing-enabled";
+pub const PROXY_PROTOCOL: &str = "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol";
+pub const ADDITIONAL_TAGS: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags";
+pub const SUBNETS: &str = "service.beta.kubernetes.io/aws-load-balancer-subnets";
+pub const EIP_ALLOCATIONS: &str = "service.beta.kubernetes.io/aws-load-balancer-eip-allocations";
+pub const PRIVATE_IPV4: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-private-ipv4-addresses";
+pub const HC_PROTOCOL: &str = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-protocol";
+pub const HC_PORT: &str = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-port";
+pub const HC_PATH: &str = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-path";
+pub const HC_INTERVAL: &str = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-interval";
+pub const HC_TIMEOUT: &str = "service.beta.kubernetes.io/aws-load-balancer-healthcheck-timeout";
+pub const HC_HEALTHY: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-healthcheck-healthy-threshold";
+pub const HC_UNHEALTHY: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-healthcheck-unhealthy-threshold";
+pub const SSL_CERT: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-cert";
+pub const SSL_PORTS: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-ports";
+pub const SSL_POLICY: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-negotiation-policy";
+pub const IP_ADDRESS_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-ip-address-type";
+
+/// Every annotation read here.
+pub const KNOWN: [&str; 19] = [
+    TYPE,
+    INTERNAL,
+    CROSS_ZONE,
+    PROXY_PROTOCOL,
+    ADDITIONAL_TAGS,
+    SUBNETS,
+    EIP_ALLOCATIONS,
+    PRIVATE_IPV4,
+    HC_PROTOCOL,
+    HC_PORT,
+    HC_PATH,
+    HC_INTERVAL,
+    HC_TIMEOUT,
+    HC_HEALTHY,
+    HC_UNHEALTHY,
+    SSL_CERT,
+    SSL_PORTS,
+    SSL_POLICY,
+    IP_ADDRESS_TYPE,
+];
+
+/// Upstream annotations refused, with the reason a user reads.
+pub const REFUSED: [(&str, &str); 14] = [
+    (
+        "target-node-labels",
+        "not yet: the gateway does not receive node labels; keep nodes out with the node.kubernetes.io/exclude-from-external-load-balancers label",
+    ),
+    (
+        "access-log-enabled",
+        "access logs are a classic ELB setting",
+    ),
+    (
+        "access-log-emit-interval",
+        "access logs are a classic ELB setting",
+    ),
+    (
+        "access-log-s3-bucket-name",
+        "access logs are a classic ELB setting",
+    ),
+    (
+        "access-log-s3-bucket-prefix",
+        "access logs are a classic ELB setting",
+    ),
+    (
+        "connection-draining-enabled",
+        "connection draining is a classic ELB setting",
+    ),
+    (
+        "connection-draining-timeout",
+        "connection draining is a classic ELB setting",
+    ),
+    (
+        "connection-idle-timeout",
+        "the idle timeout is a classic ELB setting; NLBs have a fixed one",
+    ),
+    (
+        "backend-protocol",
+        "a classic ELB setting; NLB target groups forward TCP, UDP or TLS as the listener does",
+    ),
+    (
+        "security-groups",
+        "the gateway makes and owns one security group per NLB; source ranges go into spec.loadBalancerSourceRanges",
+    ),
+    (
+        "extra-security-groups",
+        "the gateway makes and owns one security group per NLB; source ranges go into spec.loadBalancerSourceRanges",
+    ),
+    (
+        "nlb-target-type",
+        "a setting of the AWS Load Balancer Controller; this provider registers instances",
+    ),
+    (
+        "target-group-attributes",
+        "a setting of the AWS Load Balancer Controller",
+    ),
+    (
+        "scheme",
+        "a setting of the AWS Load Balancer Controller; use aws-load-balancer-internal",
+    ),
+];
+
+/// A health check protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HcProtocol {
+    Tcp,
+    Http,
+    Https,
+}
+
+impl HcProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Http => "HTTP",
+            Self::Https => "HTTPS",
+        }
+    }
+}
+
+/// Where health checks go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HcPort {
+    /// The port traffic goes to (the node port).
+    TrafficPort,
+    /// A fixed port.
+    Port(u16),
+}
+
+/// Health check settings the Service asks for; `None` takes the default,
+/// which depends on the traffic policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HealthCheckOverrides {
+    pub protocol: Option<HcProtocol>,
+    pub port: Option<HcPort>,
+    pub path: Option<String>,
+    pub interval: Option<i32>,
+    pub timeout: Option<i32>,
+    pub healthy: Option<i32>,
+    pub unhealthy: Option<i32>,
+}
+
+/// Which ports get TLS listeners.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TlsPorts {
+    /// Every port.
+    All,
+    /// Ports by number or name.
+    Some(Vec<String>),
+}
+
+/// TLS termination at the NLB.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tls {
+    pub certificate_arn: String,
+    pub ports: TlsPorts,
+    pub policy: Option<String>,
+}
+
+/// Everything the annotations ask of the NLB.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NlbOptions {
+    pub internal: bool,
+    pub cross_zone: Option<bool>,
+    pub proxy_protocol: bool,
+    pub tags: BTreeMap<String, String>,
+    /// Subnet IDs or Name tags.
+    pub subnets: Vec<String>,
+    pub eip_allocations: Vec<String>,
+    pub private_ipv4: Vec<Ipv4Addr>,
+    pub health_check: HealthCheckOverrides,
+    pub tls: Option<Tls>,
+    pub dualstack: bool,
+}
+
+/// What the Service's annotations mean to this provider.
+#[derive(Debug, PartialEq)]
+pub enum Verdict {
+    /// Another controller (the AWS Load Balancer Controller) owns it.
+    Elsewhere(String),
+    /// An NLB with these options.
+    Nlb(Box<NlbOptions>),
+}
+
+fn field(key: &str) -> String {
+    format!("spec.annotations[{key:?}]")
+}
+
+/// Comma-separated items, trimmed, empty ones dropped.
+fn items(value: &str) -> Vec<&str> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn boolean(value: &str) -> Option<bool> {
+    match value {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    }
+}
+
+fn number(value: &str, range: std::ops::RangeInclusive<i32>) -> Option<i32> {
+    value
+        .trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|n| range.contains(n))
+}
+
+/// Whether `id` looks like `<prefix>-<hex>`.
+fn aws_id(id: &str, prefix: &str) -> bool {
+    id.strip_prefix(prefix)
+        .and_then(|r| r.strip_prefix('-'))
+        .is_some_and(|r| {
+            (1..=32).contains(&r.len()) && r.bytes().all(|b| b.is_ascii_alphanumeric())
+        })
+}
+
+/// Tag keys the gateway sets itself.
+fn reserved_tag(key: &str) -> bool {
+    key.starts_with("kubernetes.io/cluster/")
+        || key == super::load_balancers::TAG_SERVICE_NAME
+        || key == super::load_balancers::TAG_SERVICE_UID
+        || key.to_ascii_lowercase().starts_with("aws:")
+}
+
+/// Reads and checks the AWS annotations, reporting every problem at once.
+pub fn parse(annotations: &HashMap<String, String>) -> Result<Verdict, CloudError> {
+    if let Some(kind) = annotations.get(TYPE).map(|v| v.trim())
+        && matches!(kind, "external" | "nlb-ip")
+    {
+        return Ok(Verdict::Elsewhere(format!(
+            "{TYPE}={kind} belongs to the AWS Load Balancer Controller"
+        )));
+    }
+    let mut problems: Vec<(String, String)> = Vec::new();
+    let mut o = NlbOptions::default();
+    let mut keys: Vec<&String> = annotations
+        .keys()
+        .filter(|k| k.starts_with(PREFIX))
+        .collect();
+    keys.sort();
+    for key in keys {
+        let value = annotations[key].as_str();
+        let mut bad = |accepts: &str| {
+            problems.push((
+                field(key),
+                format!("{} is not accepted; {accepts}", quote(value)),
+            ));
+        };
+        match key.as_str() {
+            TYPE => {
+                if value.trim() != "nlb" {
+                    bad(
+                        "use nlb (this provider makes Network Load Balancers only), or external for the AWS Load Balancer Controller",
+                    );
+                }
+            }
+            // "0.0.0.0/0" is what old manifests write for "internal".
+            INTERNAL => match value.trim() {
+                "true" | "0.0.0.0/0" => o.internal = true,
+                "false" => o.internal = false,
+                _ => bad("use true or false"),
+            },
+            CROSS_ZONE => match boolean(value.trim()) {
+                Some(b) => o.cross_zone = Some(b),
+                None => bad("use true or false"),
+            },
+            PROXY_PROTOCOL => {
+                if value.trim() == "*" {
+                    o.proxy_protocol = true;
+                } else {
+                    bad("use * (proxy protocol v2 on every port)");
+                }
+            }
+            ADDITIONAL_TAGS => {
+                let mut ok = true;
+                for item in items(value) {
+                    let (k, v) = item.split_once('=').unwrap_or((item, ""));
+                    let (k, v) = (k.trim(), v.trim());
+                    if k.is_empty() || k.len() > 128 || v.len() > 256 || reserved_tag(k) {
+                        ok = false;
+                    } else {
+                        o.tags.insert(k.to_owned(), v.to_owned());
+                    }
+                }
+                if !ok || o.tags.len() > 40 {
+                    bad(
+                        "use key=value pairs separated by commas, at most 40, keys of 1 to 128 characters not starting with aws: nor naming the cluster or Service tags, values of at most 256",
+                    );
+                }
+            }
+            SUBNETS => {
+                o.subnets = items(value).into_iter().map(str::to_owned).collect();
+                if o.subnets.is_empty()
+                    || o.subnets.len() > 20
+                    || o.subnets.iter().any(|s| s.len() > 255)
+                {
+                    bad(
+                        "use 1 to 20 subnet IDs (subnet-...) or subnet Name tags, separated by commas",
+                    );
+                }
+            }
+            EIP_ALLOCATIONS => {
+                o.eip_allocations = items(value).into_iter().map(str::to_owned).collect();
+                if o.eip_allocations.is_empty()
+                    || o.eip_allocations.len() > 20
+                    || !o.eip_allocations.iter().all(|a| aws_id(a, "eipalloc"))
+                {
+                    bad(
+                        "use Elastic IP allocation IDs (eipalloc-...), one per subnet, separated by commas",
+                    );
+                }
+            }
+            PRIVATE_IPV4 => {
+                let parsed: Result<Vec<Ipv4Addr>, _> =
+                    items(value).into_iter().map(str::parse).collect();
+                match parsed {
+                    Ok(ips) if !ips.is_empty() && ips.len() <= 20 => o.private_ipv4 = ips,
+                    _ => bad("use IPv4 addresses, one per subnet, separated by commas"),
+                }
+            }
+            HC_PROTOCOL => match value.trim().to_ascii_uppercase().as_str() {
+                "TCP" => o.health_check.protocol = Some(HcProtocol::Tcp),
+                "HTTP" => o.health_check.protocol = Some(HcProtocol::Http),
+                "HTTPS" => o.health_check.protocol = Some(HcProtocol::Https),
+                _ => bad("use TCP, HTTP or HTTPS"),
+            },
+            HC_PORT => match value.trim() {
+                "traffic-port" => o.health_check.port = Some(HcPort::TrafficPort),
+                v => match number(v, 1..=65535) {
+                    Some(n) => o.health_check.port = Some(HcPort::Port(n as u16)),
+                    None => bad("use traffic-port or a port number from 1 to 65535"),
+                },
+            },
+            HC_PATH => {
+                let v = value.trim();
+                if v.starts_with('/') && v.len() <= 1024 && v.bytes().all(|b| b.is_ascii_graphic())
+                {
+                    o.health_check.path = Some(v.to_owned());
+                } else {
+                    bad("use a path starting with / of at most 1024 printable characters");
+                }
+            }
+            HC_INTERVAL => match number(value, 5..=300) {
+                Some(n) => o.health_check.interval = Some(n),
+                None => bad("use whole seconds from 5 to 300"),
+            },
+            HC_TIMEOUT => match number(value, 2..=120) {
+                Some(n) => o.health_check.timeout = Some(n),
+                None => bad("use whole seconds from 2 to 120"),
+            },
+            HC_HEALTHY => match number(value, 2..=10) {
+                Some(n) => o.health_check.healthy = Some(n),
+                None => bad("use a count from 2 to 10"),
+            },
+            HC_UNHEALTHY => match number(value, 2..=10) {
+                Some(n) => o.health_check.unhealthy = Some(n),
+                None => bad("use a count from 2 to 10"),
+            },
+            SSL_CERT => {
+                let v = value.trim();
+                if v.starts_with("arn:") && v.len() <= 2048 && !v.contains(',') {
+                    o.tls
+                        .get_or_insert(Tls {
+                            certificate_arn: String::new(),
+                            ports: TlsPorts::All,
+                            policy: None,
+                        })
+                        .certificate_arn = v.to_owned();
+                } else {
+                    bad("use the ARN of one ACM or IAM certificate (arn:...)");
+                }
+            }
+            SSL_PORTS | SSL_POLICY => {}
+            IP_ADDRESS_TYPE => match value.trim() {
+                "ipv4" => o.dualstack = false,
+                "dualstack" => o.dualstack = true,
+                _ => bad("use ipv4 or dualstack"),
+            },
+            other => {
+                let suffix = &other[PREFIX.len()..];
+                let why = REFUSED
+                    .iter()
+                    .find(|(name, _)| *name == suffix)
+                    .map_or_else(
+                        || "not an annotation this provider knows".to_owned(),
+                        |(_, why)| format!("not supported for NLBs: {why}"),
+                    );
+                problems.push((field(key), why));
+            }
+        }
+    }
+    // The TLS settings that only make sense with a certificate.
+    let ports = annotations.get(SSL_PORTS).map(|v| v.trim());
+    let policy = annotations.get(SSL_POLICY).map(|v| v.trim());
+    match o.tls.as_mut() {
+        Some(tls) => {
+            if let Some(ports) = ports {
+                let list = items(ports);
+                if list == ["*"] {
+                    tls.ports = TlsPorts::All;
+                } else if !list.is_empty()
+                    && list.len() <= 100
+                    && list.iter().all(|p| p.len() <= 63)
+                {
+                    tls.ports = TlsPorts::Some(list.into_iter().map(str::to_owned).collect());
+                } else {
+                    problems.push((
+                        field(SSL_PORTS),
+                        format!("{} is not accepted; use * or port numbers or names separated by commas", quote(ports)),
+                    ));
+                }
+            }
+            if let Some(policy) = policy {
+                if !policy.is_empty()
+                    && policy.len() <= 128
+                    && policy
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+                {
+                    tls.policy = Some(policy.to_owned());
+                } else {
+                    problems.push((
+                        field(SSL_POLICY),
+                        format!("{} is not accepted; use the name of an ELB security policy, e.g. ELBSecurityPolicy-TLS13-1-2-2021-06", quote(policy)),
+                    ));
+                }
+            }
+        }
+        None => {
+            for (key, set) in [(SSL_PORTS, ports.is_some()), (SSL_POLICY, policy.is_some())] {
+                if set {
+                    problems.push((field(key), format!("needs {SSL_CERT} as well")));
+                }
+            }
+        }
+    }
+    let hc = &o.health_check;
+    if hc.path.is_some() && hc.protocol == Some(HcProtocol::Tcp) {
+        problems.push((field(HC_PATH), "TCP health checks have no path".into()));
+    }
+    if let (Some(interval), Some(timeout)) = (hc.interval, hc.timeout)
+        && timeout > interval
+    {
+        problems.push((
+            field(HC_TIMEOUT),
+            format!("{timeout}s is longer than the interval ({interval}s)"),
+        ));
+    }
+    if !o.eip_allocations.is_empty() && o.internal {
+        problems.push((
+            field(EIP_ALLOCATIONS),
+            "Elastic IPs are for internet-facing NLBs; this one is internal".into(),
+        ));
+    }
+    if !o.private_ipv4.is_empty() && !o.internal {
+        problems.push((
+            field(PRIVATE_IPV4),
+            format!("private addresses are for internal NLBs; set {INTERNAL}: \"true\""),
+        ));
+    }
+    for (key, count) in [
+        (EIP_ALLOCATIONS, o.eip_allocations.len()),
+        (PRIVATE_IPV4, o.private_ipv4.len()),
+    ] {
+        if count > 0 && count != o.subnets.len() {
+            problems.push((
+                field(key),
+                format!(
+                    "gives {count} values for {} subnets; name the subnets with {SUBNETS}, one value per subnet in the same order",
+                    o.subnets.len()
+                ),
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(Verdict::Nlb(Box::new(o)))
+    } else {
+        Err(CloudError::InvalidArgument(problems))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotations(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn nlb(pairs: &[(&str, &str)]) -> NlbOptions {
+        match parse(&annotations(pairs)).unwrap() {
+            Verdict::Nlb(o) => *o,
+            other => panic!("expected an NLB, got {other:?}"),
+        }
+    }
+
+    fn problems(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        match parse(&annotations(pairs)) {
+            Err(CloudError::InvalidArgument(p)) => p,
+            other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn no_annotations_is_an_internet_facing_tcp_checked_nlb() {
+        let o = nlb(&[("example.com/other", "x")]);
+        assert_eq!(o, NlbOptions::default());
+    }
+
+    #[test]
+    fn external_and_nlb_ip_belong_to_the_load_balancer_controller() {
+        for kind in ["external", "nlb-ip"] {
+            let verdict = parse(&annotations(&[(TYPE, kind), (HC_INTERVAL, "bogus")])).unwrap();
+            assert!(matches!(verdict, Verdict::Elsewhere(_)), "{kind}");
+        }
+    }
+
+    #[test]
+    fn valid_values_are_read() {
+        let o = nlb(&[
+            (TYPE, "nlb"),
+            (INTERNAL, "true"),
+            (CROSS_ZONE, "true"),
+            (PROXY_PROTOCOL, "*"),
+            (ADDITIONAL_TAGS, "team=web, cost-centre=42"),
+            (SUBNETS, "subnet-0a1, private-b"),
+            (PRIVATE_IPV4, "10.0.1.10,10.0.2.10"),
+            (HC_PROTOCOL, "http"),
+            (HC_PORT, "8080"),
+            (HC_PATH, "/ready"),
+            (HC_INTERVAL, "30"),
+            (HC_TIMEOUT, "5"),
+            (HC_HEALTHY, "3"),
+            (HC_UNHEALTHY, "4"),
+            (SSL_CERT, "arn:aws:acm:us-east-1:1:certificate/x"),
+            (SSL_PORTS, "443, https"),
+            (SSL_POLICY, "ELBSecurityPolicy-TLS13-1-2-2021-06"),
+            (IP_ADDRESS_TYPE, "dualstack"),
+        ]);
+        assert!(o.internal && o.proxy_protocol && o.dualstack);
+        assert_eq!(o.cross_zone, Some(true));
+        assert_eq!(o.tags["cost-centre"], "42");
+        assert_eq!(o.subnets, ["subnet-0a1", "private-b"]);
+        assert_eq!(o.private_ipv4.len(), 2);
+        assert_eq!(o.health_check.protocol, Some(HcProtocol::Http));
+        assert_eq!(o.health_check.port, Some(HcPort::Port(8080)));
+        let tls = o.tls.unwrap();
+        assert_eq!(
+            tls.ports,
+            TlsPorts::Some(vec!["443".into(), "https".into()])
+        );
+        assert!(tls.policy.is_some());
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_what_is_accepted() {
+        let found = problems(&[
+            (TYPE, "classic"),
+            (INTERNAL, "yes"),
+            (HC_INTERVAL, "1"),
+            (HC_PORT, "70000"),
+            (ADDITIONAL_TAGS, "kubernetes.io/cluster/other=owned"),
+            (SSL_PORTS, "443"),
+            (
+                "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout",
+                "60",
+            ),
+            (
+                "service.beta.kubernetes.io/aws-load-balancer-colour",
+                "blue",
+            ),
+        ]);
+        let has = |key: &str, text: &str| {
+            found
+                .iter()
+                .any(|(f, p)| f.contains(key) && p.contains(text))
+        };
+        assert_eq!(found.len(), 8, "{found:?}");
+        assert!(has("-type", "use nlb"));
+        assert!(has("-internal", "true or false"));
+        assert!(has("healthcheck-interval", "5 to 300"));
+        assert!(has("healthcheck-port", "traffic-port"));
+        assert!(has("additional-resource-tags", "key=value"));
+        assert!(has("ssl-ports", "needs"));
+        assert!(has("idle-timeout", "classic ELB"));
+        assert!(has("colour", "not an annotation"));
+    }
+
+    #[test]
+    fn addresses_must_match_the_named_subnets_and_the_scheme() {
+        let found = problems(&[
+            (EIP_ALLOCATIONS, "eipalloc-1,eipalloc-2"),
+            (SUBNETS, "subnet-1"),
+        ]);
+        assert!(found[0].1.contains("2 values for 1 subnets"), "{found:?}");
+        let found = problems(&[(PRIVATE_IPV4, "10.0.0.1")]);
+        assert!(
+            found.iter().any(|(_, p)| p.contains("internal NLBs")),
+            "{found:?}"
+        );
+    }
+}
