@@ -144,32 +144,35 @@ pub async fn sync_service(ctx: &Context, key: &Key) -> Result<()> {
     ensure(ctx, key, &svc).await
 }
 
+/// Deletes the Service's load balancer and releases the finalizer. Unlike
+/// upstream, which deletes only what GetLoadBalancer reports as existing,
+/// the delete is always sent (it is idempotent): a provider whose ensure
+/// takes several cloud calls (AWS: security group, target groups, then the
+/// NLB) may have made parts of a load balancer that does not exist yet, and
+/// only its delete finds and removes them.
 async fn delete(ctx: &Context, svc: &Service) -> Result<()> {
     let service = plan::service_ref(svc);
-    let exists = ctx.gateway.get_load_balancer(service.clone()).await?.exists;
-    if exists {
-        ctx.ensure_leader()?;
-        publish(
-            ctx,
-            svc,
-            EventType::Normal,
-            "DeletingLoadBalancer",
-            "Deleting load balancer".into(),
-        )
-        .await;
-        match ctx.gateway.delete_load_balancer(service).await {
-            Ok(()) | Err(GatewayError::ImplementedElsewhere { .. }) => {}
-            Err(e) => {
-                publish(
-                    ctx,
-                    svc,
-                    EventType::Warning,
-                    "DeleteLoadBalancerFailed",
-                    format!("Error deleting load balancer: {e}"),
-                )
-                .await;
-                return Err(e.into());
-            }
+    ctx.ensure_leader()?;
+    publish(
+        ctx,
+        svc,
+        EventType::Normal,
+        "DeletingLoadBalancer",
+        "Deleting load balancer".into(),
+    )
+    .await;
+    match ctx.gateway.delete_load_balancer(service).await {
+        Ok(()) | Err(GatewayError::ImplementedElsewhere { .. }) => {}
+        Err(e) => {
+            publish(
+                ctx,
+                svc,
+                EventType::Warning,
+                "DeleteLoadBalancerFailed",
+                format!("Error deleting load balancer: {e}"),
+            )
+            .await;
+            return Err(e.into());
         }
     }
     write_ingress(ctx, svc, Vec::new()).await?;

@@ -475,9 +475,15 @@ impl Fault {
 struct ProxyState {
     /// `(action or None for any, fault, remaining answers)`.
     faults: Vec<(Option<String>, Fault, usize)>,
-    /// Every action asked for, in order.
+    /// `(fault, fraction of requests)` answered at random.
+    rates: Vec<(Fault, f64)>,
+    /// Every action asked for, in order (the first [`MAX_RECORDED`]).
     actions: Vec<String>,
 }
+
+/// The most actions the proxy remembers between two `take_actions`, so a
+/// long-running sandbox stays bounded.
+const MAX_RECORDED: usize = 100_000;
 
 /// An HTTP proxy in front of moto that can answer with AWS errors.
 #[derive(Clone)]
@@ -526,7 +532,9 @@ async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) ->
     let action = action(&parts.headers, &bytes);
     let fault = {
         let mut state = f.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.actions.push(action.clone());
+        if state.actions.len() < MAX_RECORDED {
+            state.actions.push(action.clone());
+        }
         let hit = state
             .faults
             .iter_mut()
@@ -534,6 +542,13 @@ async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) ->
         hit.map(|(_, fault, left)| {
             *left -= 1;
             *fault
+        })
+        .or_else(|| {
+            state
+                .rates
+                .iter()
+                .find(|(_, rate)| fastrand::f64() < *rate)
+                .map(|(fault, _)| *fault)
         })
     };
     if let Some(fault) = fault {
@@ -594,13 +609,21 @@ impl FaultProxy {
             .push((action.map(str::to_owned), fault, times));
     }
 
-    /// Clears every fault.
-    pub fn heal(&self) {
+    /// Answers a `rate` fraction (0 to 1) of all requests with `fault`,
+    /// at random, until [`FaultProxy::heal`].
+    pub fn fail_at_rate(&self, fault: Fault, rate: f64) {
         self.state
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .faults
-            .clear();
+            .rates
+            .push((fault, rate));
+    }
+
+    /// Clears every fault.
+    pub fn heal(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.faults.clear();
+        state.rates.clear();
     }
 
     /// How often each action was asked for since the last call.

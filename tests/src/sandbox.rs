@@ -103,6 +103,8 @@ pub struct Sandbox {
 /// The AWS account the sandbox emulates: moto, and what was seeded in it.
 pub struct AwsAccount {
     pub moto: Moto,
+    /// The proxy the gateway reaches moto through, for injected faults.
+    pub proxy: aws::FaultProxy,
     pub seeded: Seeded,
     /// An EC2 client for it, as a person with the AWS CLI would have.
     pub ec2: aws_sdk_ec2::Client,
@@ -336,11 +338,6 @@ impl Sandbox {
             ),
         ];
         for (binary, role, extra) in controllers {
-            // The AWS provider has no load balancers yet: a service
-            // controller would refuse to start.
-            if binary == "service-controller" && sandbox.options.cloud == CloudKind::Aws {
-                continue;
-            }
             for replica in 0..sandbox.options.replicas {
                 let admin = free_port()?;
                 let name = format!("{binary}-{replica}");
@@ -392,11 +389,13 @@ impl Sandbox {
         let moto = Moto::start(&state.join("moto")).await?;
         let ec2 = moto.ec2();
         let seeded = aws::seed(&ec2, CLUSTER, self.options.nodes).await?;
+        // The gateway reaches moto through a proxy that tests can make fail.
+        let proxy = aws::FaultProxy::start(&moto.endpoint).await?;
         let args = [
             "--provider",
             "aws",
             "--aws-endpoint-url",
-            &moto.endpoint,
+            &proxy.endpoint,
             "--aws-vpc-id",
             &seeded.vpc,
         ]
@@ -413,7 +412,12 @@ impl Sandbox {
         ] {
             self.endpoints.insert(key.into(), value);
         }
-        self.aws = Some(AwsAccount { moto, seeded, ec2 });
+        self.aws = Some(AwsAccount {
+            moto,
+            proxy,
+            seeded,
+            ec2,
+        });
         Ok((args, env))
     }
 
@@ -688,7 +692,7 @@ impl Handle {
         Ok(())
     }
 
-    /// What a person wants to see: nodes initialised, load balancer IPs,
+    /// What a person wants to see: nodes initialised, load balancer addresses,
     /// routes.
     pub async fn progress(&self) -> anyhow::Result<Progress> {
         let client = ccm_runtime::kube::client(Some(&self.kubeconfig)).await?;
@@ -715,9 +719,8 @@ impl Handle {
                     .as_ref()?
                     .ingress
                     .as_ref()?
-                    .first()?
-                    .ip
-                    .clone()
+                    .first()
+                    .and_then(|i| i.ip.clone().or_else(|| i.hostname.clone()))
             })
             .collect();
         let routes = self
@@ -742,6 +745,7 @@ pub struct Progress {
     pub nodes: usize,
     pub initialised: usize,
     pub services: usize,
+    /// Each Service's load balancer address: an IP, or a DNS name (AWS).
     pub ips: Vec<String>,
     pub routes: usize,
 }
@@ -759,7 +763,7 @@ impl std::fmt::Display for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "nodes initialised: {}/{}   load balancer IPs: {}/{} [{}]   routes: {}",
+            "nodes initialised: {}/{}   load balancer addresses: {}/{} [{}]   routes: {}",
             self.initialised,
             self.nodes,
             self.ips.len(),

@@ -46,7 +46,7 @@ fn the_sandbox_converges_with_real_processes() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("nodes initialised: 4/4"), "{stdout}");
-    assert!(stdout.contains("load balancer IPs: 2/2"), "{stdout}");
+    assert!(stdout.contains("load balancer addresses: 2/2"), "{stdout}");
     assert!(stdout.contains("routes: 4"), "{stdout}");
     let endpoints: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.path().join("state/endpoints.json")).unwrap(),
@@ -357,38 +357,64 @@ mod scenarios {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn with_cloud_faults_during_churn_everything_converges_without_leaks() {
-        let (sandbox, kubelets, _dir) = start(3, 0).await;
+        churn_under_faults(CloudKind::Sim, 100).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_aws_with_faults_during_churn_no_nlb_target_group_or_security_group_leaks() {
+        churn_under_faults(CloudKind::Aws, 20).await;
+    }
+
+    /// Creates `count` Services and deletes every other one while the cloud
+    /// fails and throttles some of its calls; then checks that
+    /// each remaining Service has exactly one load balancer, nothing leaked,
+    /// and no node or route was lost.
+    async fn churn_under_faults(cloud: CloudKind, count: usize) {
+        let (sandbox, kubelets, _dir) = start_on(cloud, 3, 0).await;
         let h = sandbox.handle();
         until(&h, "nodes and routes", |p| {
             p.initialised == 3 && p.routes == 3
         })
         .await;
-        let mut faults = ccm_proto::v1::Faults {
-            error_rate: 0.2,
-            throttle_rate: 0.1,
-            ..Default::default()
-        };
-        faults.throttle_retry_after = Some(prost_types::Duration {
-            seconds: 0,
-            nanos: 200_000_000,
-        });
-        h.gateway_client("admin")
-            .unwrap()
-            .sim_admin()
-            .unwrap()
-            .set_faults(faults)
-            .await
-            .unwrap();
+        match &sandbox.aws {
+            // Per request: an ensure is a dozen or more AWS requests, so
+            // a few percent fails a good part of them.
+            Some(aws) => {
+                aws.proxy
+                    .fail_at_rate(ccm_testkit::aws::Fault::ServerError, 0.02);
+                aws.proxy
+                    .fail_at_rate(ccm_testkit::aws::Fault::Throttle, 0.01);
+            }
+            None => {
+                let mut faults = ccm_proto::v1::Faults {
+                    error_rate: 0.2,
+                    throttle_rate: 0.1,
+                    ..Default::default()
+                };
+                faults.throttle_retry_after = Some(prost_types::Duration {
+                    seconds: 0,
+                    nanos: 200_000_000,
+                });
+                h.gateway_client("admin")
+                    .unwrap()
+                    .sim_admin()
+                    .unwrap()
+                    .set_faults(faults)
+                    .await
+                    .unwrap();
+            }
+        }
         let client = sandbox.client().await.unwrap();
-        create_services(&client, (0..100).map(|i| format!("c{i:03}"))).await;
+        create_services(&client, (0..count).map(|i| format!("c{i:03}"))).await;
         let services: Api<Service> = Api::namespaced(client.clone(), "default");
-        for i in (0..100).step_by(2) {
+        for i in (0..count).step_by(2) {
             services
                 .delete(&format!("c{i:03}"), &DeleteParams::default())
                 .await
                 .unwrap();
         }
-        // The deleted ones go (finalizers released), the others get IPs.
+        // The deleted ones go (finalizers released), the others get
+        // addresses.
         let start = Instant::now();
         loop {
             let left = services
@@ -398,7 +424,7 @@ mod scenarios {
                 .items
                 .len();
             let p = h.progress().await.unwrap();
-            if left == 50 && p.ips.len() == 50 {
+            if left == count / 2 && p.ips.len() == count / 2 {
                 break;
             }
             assert!(
@@ -407,14 +433,33 @@ mod scenarios {
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        h.gateway_client("admin")
-            .unwrap()
-            .sim_admin()
-            .unwrap()
-            .set_faults(ccm_proto::v1::Faults::default())
-            .await
-            .unwrap();
+        match &sandbox.aws {
+            Some(aws) => aws.proxy.heal(),
+            None => h
+                .gateway_client("admin")
+                .unwrap()
+                .sim_admin()
+                .unwrap()
+                .set_faults(ccm_proto::v1::Faults::default())
+                .await
+                .map(drop)
+                .unwrap(),
+        }
         exactly_one_load_balancer_each(&h, &client).await;
+        if let Some(aws) = &sandbox.aws {
+            // Nothing of a deleted Service is left in the account: one
+            // target group and one security group per NLB.
+            let elb = ccm_testkit::aws::elb_client(&aws.moto.endpoint);
+            let groups = elb.describe_target_groups().send().await.unwrap();
+            assert_eq!(groups.target_groups().len(), count / 2, "{groups:?}");
+            let answer = aws.ec2.describe_security_groups().send().await.unwrap();
+            let nlb_groups = answer
+                .security_groups()
+                .iter()
+                .filter(|g| g.group_name().is_some_and(|n| n.starts_with("k8s-elb-")))
+                .count();
+            assert_eq!(nlb_groups, count / 2);
+        }
         let p = h.progress().await.unwrap();
         assert_eq!(
             (p.nodes, p.routes),
@@ -584,7 +629,7 @@ mod scenarios {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn on_aws_nodes_initialise_and_routes_follow_the_instances() {
-        let (sandbox, kubelets, _dir) = start_on(CloudKind::Aws, 3, 0).await;
+        let (sandbox, kubelets, _dir) = start_on(CloudKind::Aws, 3, 2).await;
         let h = sandbox.handle();
         until(&h, "convergence on AWS", |p| p.converged(&sandbox.options)).await;
         let aws = sandbox.aws.as_ref().expect("the AWS account");
@@ -633,6 +678,40 @@ mod scenarios {
         have.sort();
         assert_eq!(have, want);
 
+        // Each Service has its NLB's DNS name as its address, and the NLB
+        // sends its port to every instance on the Service's node port.
+        let elb = ccm_testkit::aws::elb_client(&aws.moto.endpoint);
+        let services: Api<Service> = Api::namespaced(sandbox.client().await.unwrap(), "default");
+        let ids = |instances: &[ccm_testkit::aws::SeededInstance]| {
+            let mut ids: Vec<String> = instances.iter().map(|i| i.id.clone()).collect();
+            ids.sort();
+            ids
+        };
+        let mut nlbs = Vec::new();
+        for name in ["demo", "demo-1"] {
+            let svc = services.get(name).await.unwrap();
+            let hostname = svc.status.unwrap().load_balancer.unwrap().ingress.unwrap()[0]
+                .hostname
+                .clone()
+                .unwrap();
+            let uid = svc.metadata.uid.unwrap();
+            let nlb_name = cloud_gateway::provider::load_balancer_name(&uid);
+            let nlb = elb
+                .describe_load_balancers()
+                .names(&nlb_name)
+                .send()
+                .await
+                .unwrap()
+                .load_balancers()[0]
+                .clone();
+            assert_eq!(nlb.dns_name(), Some(hostname.as_str()));
+            let node_port = svc.spec.unwrap().ports.unwrap()[0].node_port.unwrap();
+            let (targets, port) = nlb_targets(&elb, &nlb).await;
+            assert_eq!(port, Some(node_port));
+            assert_eq!(targets, ids(&aws.seeded.instances));
+            nlbs.push(nlb);
+        }
+
         // Terminating an instance through EC2 deletes its Node and its route.
         let gone = &aws.seeded.instances[2];
         aws.ec2
@@ -663,6 +742,71 @@ mod scenarios {
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+        // ... and takes it out of every NLB.
+        let left = ids(&aws.seeded.instances[..2]);
+        for nlb in &nlbs {
+            let start = Instant::now();
+            while nlb_targets(&elb, nlb).await.0 != left {
+                assert!(start.elapsed() < LIMIT, "{} still a target", gone.id);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+
+        // Deleting a Service deletes its NLB and its target groups.
+        services
+            .delete("demo-1", &DeleteParams::default())
+            .await
+            .unwrap();
+        let start = Instant::now();
+        loop {
+            let answer = elb.describe_load_balancers().send().await.unwrap();
+            let names: Vec<&str> = answer
+                .load_balancers()
+                .iter()
+                .filter_map(|l| l.load_balancer_name())
+                .collect();
+            if names == [nlbs[0].load_balancer_name().unwrap()] {
+                break;
+            }
+            assert!(
+                start.elapsed() < LIMIT,
+                "NLB of demo-1 not deleted: {names:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let groups = elb.describe_target_groups().send().await.unwrap();
+        assert_eq!(groups.target_groups().len(), 1, "{groups:?}");
         finish(sandbox, kubelets).await;
+    }
+
+    /// The instance targets of an NLB's one target group, sorted, and the
+    /// port they are registered on.
+    async fn nlb_targets(
+        elb: &aws_sdk_elasticloadbalancingv2::Client,
+        nlb: &aws_sdk_elasticloadbalancingv2::types::LoadBalancer,
+    ) -> (Vec<String>, Option<i32>) {
+        let groups = elb
+            .describe_target_groups()
+            .load_balancer_arn(nlb.load_balancer_arn().unwrap())
+            .send()
+            .await
+            .unwrap();
+        let health = elb
+            .describe_target_health()
+            .target_group_arn(groups.target_groups()[0].target_group_arn().unwrap())
+            .send()
+            .await
+            .unwrap();
+        let targets: Vec<_> = health
+            .target_health_descriptions()
+            .iter()
+            .filter_map(|d| d.target())
+            .collect();
+        let mut ids: Vec<String> = targets
+            .iter()
+            .filter_map(|t| t.id().map(str::to_owned))
+            .collect();
+        ids.sort();
+        (ids, targets.first().and_then(|t| t.port()))
     }
 }

@@ -41,11 +41,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let mut args = Args::parse();
-    if args.cloud == CloudKind::Aws && args.services > 0 {
-        eprintln!("the AWS provider has no load balancers yet: no Services are created");
-        args.services = 0;
-    }
+    let args = Args::parse();
     ccm_runtime::telemetry::init(ccm_runtime::telemetry::LogFormat::Plain, "warn");
     let bin_dir = std::env::current_exe()?
         .parent()
