@@ -24,22 +24,31 @@ pub async fn supports(
     capability: Capability,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<Option<bool>> {
-    crate::shutdown::or_shutdown(shutdown, ask(client, capability))
+    Ok(provider_info(client, shutdown)
+        .await?
+        .map(|info| match capability {
+            Capability::Instances => info.instances,
+            Capability::LoadBalancers => info.load_balancers,
+            Capability::Routes => info.routes,
+        }))
+}
+
+/// What the provider behind the gateway is and has; waits for the gateway
+/// to answer, or `None` when `shutdown` comes first.
+pub async fn provider_info(
+    client: &GatewayClient,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> anyhow::Result<Option<ccm_proto::v1::GetProviderInfoResponse>> {
+    crate::shutdown::or_shutdown(shutdown, ask(client))
         .await
         .transpose()
 }
 
-async fn ask(client: &GatewayClient, capability: Capability) -> anyhow::Result<bool> {
+async fn ask(client: &GatewayClient) -> anyhow::Result<ccm_proto::v1::GetProviderInfoResponse> {
     let mut delay = std::time::Duration::from_millis(200);
     loop {
         match client.provider_info().await {
-            Ok(info) => {
-                return Ok(match capability {
-                    Capability::Instances => info.instances,
-                    Capability::LoadBalancers => info.load_balancers,
-                    Capability::Routes => info.routes,
-                });
-            }
+            Ok(info) => return Ok(info),
             Err(
                 e @ (ccm_proto::Error::Unauthenticated { .. }
                 | ccm_proto::Error::PermissionDenied { .. }),

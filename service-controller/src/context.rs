@@ -31,6 +31,9 @@ pub struct Context {
     pub queue: WorkQueue<Key>,
     /// The hosts each load balancer was last given, stored before the call.
     pub last_hosts: Mutex<HashMap<Key, Vec<Host>>>,
+    /// The provider's annotations that select hosts by Node label (from
+    /// GetProviderInfo, set once at start).
+    pub host_label_annotations: std::sync::OnceLock<Vec<String>>,
     /// Load balancers the cloud is still provisioning, with the fingerprint
     /// of what was asked for: while that is unchanged, the next sync asks
     /// for the status (a read the gateway batches) instead of ensuring again.
@@ -47,10 +50,32 @@ impl Context {
         }
     }
 
-    /// The current backing hosts of every load balancer.
+    /// The current backing hosts of every load balancer, without labels.
     pub fn hosts(&self) -> Vec<Host> {
         let nodes = self.nodes.state();
-        crate::plan::hosts(nodes.iter().map(|n| n.as_ref()))
+        crate::plan::hosts(nodes.iter().map(|n| n.as_ref()), &Default::default())
+    }
+
+    /// The Node label keys `svc`'s host-selecting annotations name.
+    pub fn host_label_keys(&self, svc: &Service) -> std::collections::BTreeSet<String> {
+        crate::plan::host_label_keys(
+            svc,
+            self.host_label_annotations
+                .get()
+                .map(Vec::as_slice)
+                .unwrap_or_default(),
+        )
+    }
+
+    /// The backing hosts of `svc`'s load balancer: `shared` (from
+    /// [`Context::hosts`]) unless the Service selects hosts by label.
+    pub fn hosts_for(&self, svc: &Service, shared: &[Host]) -> Vec<Host> {
+        let keys = self.host_label_keys(svc);
+        if keys.is_empty() {
+            return shared.to_vec();
+        }
+        let nodes = self.nodes.state();
+        crate::plan::hosts(nodes.iter().map(|n| n.as_ref()), &keys)
     }
 
     pub fn remember_hosts(&self, key: &Key, hosts: Vec<Host>) {

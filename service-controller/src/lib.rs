@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use ccm_runtime::controller::Base;
-use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
 use ccm_runtime::shutdown::or_shutdown;
 use ccm_runtime::watch::{Seen, cached, cached_nodes, follow};
@@ -70,6 +69,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         settings,
         queue: WorkQueue::new(BACKOFF),
         last_hosts: Mutex::new(HashMap::new()),
+        host_label_annotations: std::sync::OnceLock::new(),
         provisioning: Mutex::new(HashMap::new()),
     });
     let nodes_changed = Arc::new(Notify::new());
@@ -143,11 +143,12 @@ async fn run(
     nodes_changed: Arc<Notify>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let supported =
-        ccm_runtime::gateway::supports(&ctx.gateway, Capability::LoadBalancers, &shutdown);
-    let Some(supported) = supported.await? else {
+    let info = ccm_runtime::gateway::provider_info(&ctx.gateway, &shutdown);
+    let Some(info) = info.await? else {
         return Ok(());
     };
+    let supported = info.load_balancers;
+    let _ = ctx.host_label_annotations.set(info.host_label_annotations);
     // Upstream skips the controller then; a Deployment that exited would
     // restart forever, so it idles (and stays ready), as the route
     // controller does without routes.

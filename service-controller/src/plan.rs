@@ -2,7 +2,7 @@
 //! the gateway is asked for, which nodes back a load balancer, and whether
 //! anything changed enough to act.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ccm_proto::v1::{
     Host, Ingress as CloudIngress, IpFamily, LoadBalancerSpec, LoadBalancerStatus as CloudStatus,
@@ -101,23 +101,49 @@ pub fn backs_load_balancers(node: &Node) -> bool {
             .is_some_and(|t| t.iter().any(|t| t.key == names::TAINT_TO_BE_DELETED))
 }
 
-/// What of a node matters to load balancers.
-pub fn node_fingerprint(node: &Node) -> (bool, String) {
+/// What of a node matters to load balancers: whether it backs them, its
+/// provider ID, and its labels (a Service may select hosts by label).
+pub fn node_fingerprint(node: &Node) -> (bool, String, BTreeMap<String, String>) {
     (
         backs_load_balancers(node),
         node.spec
             .as_ref()
             .and_then(|s| s.provider_id.clone())
             .unwrap_or_default(),
+        node.labels().clone(),
     )
 }
 
-/// The hosts of every load balancer, sorted by name.
-pub fn hosts<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Vec<Host> {
+/// The Node label keys that `svc`'s host-selecting `annotations` (the
+/// provider's, from GetProviderInfo) name: comma-separated `key` or
+/// `key=value` items. The provider validates the values.
+pub fn host_label_keys(svc: &Service, annotations: &[String]) -> BTreeSet<String> {
+    annotations
+        .iter()
+        .filter_map(|a| svc.annotations().get(a))
+        .flat_map(|v| v.split(','))
+        .map(|item| item.split('=').next().unwrap_or_default().trim())
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The hosts of a load balancer, sorted by name, each with its labels of
+/// `label_keys`.
+pub fn hosts<'a>(
+    nodes: impl IntoIterator<Item = &'a Node>,
+    label_keys: &BTreeSet<String>,
+) -> Vec<Host> {
     let mut out: Vec<Host> = nodes
         .into_iter()
         .filter(|n| backs_load_balancers(n))
         .map(|n| Host {
+            labels: n
+                .labels()
+                .iter()
+                .filter(|(k, _)| label_keys.contains(*k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             name: n.name_any(),
             provider_id: n
                 .spec
@@ -145,11 +171,19 @@ pub fn hosts<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Vec<Host> {
 }
 
 /// Upstream's `nodesSufficientlyEqual`: same count, same names with the
-/// same provider IDs.
+/// same provider IDs; and here the same labels, which are only those the
+/// Service selects by.
 pub fn hosts_equal(a: &[Host], b: &[Host]) -> bool {
-    let map = |h: &[Host]| -> HashMap<String, String> {
+    let map = |h: &[Host]| -> HashMap<String, (String, BTreeMap<String, String>)> {
         h.iter()
-            .map(|h| (h.name.clone(), h.provider_id.clone()))
+            .map(|h| {
+                let labels = h
+                    .labels
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                (h.name.clone(), (h.provider_id.clone(), labels))
+            })
             .collect()
     };
     a.len() == b.len() && map(a) == map(b)
@@ -397,12 +431,48 @@ mod tests {
 
     #[test]
     fn host_sets_compare_names_and_provider_ids() {
-        let a = hosts(&[node("a").provider_id("sim://1").build(), node("b").build()]);
-        let b = hosts(&[node("b").build(), node("a").provider_id("sim://1").build()]);
+        let none = BTreeSet::new();
+        let a = hosts(
+            &[node("a").provider_id("sim://1").build(), node("b").build()],
+            &none,
+        );
+        let b = hosts(
+            &[node("b").build(), node("a").provider_id("sim://1").build()],
+            &none,
+        );
         assert!(hosts_equal(&a, &b));
-        let c = hosts(&[node("a").provider_id("sim://2").build(), node("b").build()]);
+        let c = hosts(
+            &[node("a").provider_id("sim://2").build(), node("b").build()],
+            &none,
+        );
         assert!(!hosts_equal(&a, &c));
         assert!(!hosts_equal(&a, &a[..1]));
+    }
+
+    #[test]
+    fn hosts_carry_only_the_labels_the_service_selects_by() {
+        let annotation = "example.com/target-node-labels".to_owned();
+        let svc = load_balancer("d", "web")
+            .annotation(&annotation, "lb, zone=a")
+            .build();
+        let keys = host_label_keys(&svc, std::slice::from_ref(&annotation));
+        assert_eq!(keys, BTreeSet::from(["lb".to_owned(), "zone".to_owned()]));
+        assert!(host_label_keys(&load_balancer("d", "x").build(), &[annotation]).is_empty());
+        let labelled = |zone: &str| {
+            node("a")
+                .label("zone", zone)
+                .label("kubernetes.io/os", "linux")
+                .build()
+        };
+        let a = hosts(&[labelled("a")], &keys);
+        assert_eq!(a[0].labels.len(), 1, "{:?}", a[0].labels);
+        assert_eq!(a[0].labels["zone"], "a");
+        // A selected label that changes is a host change; others are not.
+        assert!(!hosts_equal(&a, &hosts(&[labelled("b")], &keys)));
+        assert!(hosts_equal(
+            &hosts(&[labelled("a")], &BTreeSet::new()),
+            &hosts(&[labelled("b")], &BTreeSet::new())
+        ));
     }
 
     #[test]

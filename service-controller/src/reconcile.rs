@@ -244,7 +244,7 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         tracing::info!("the Service is gone; no load balancer");
         return Ok(());
     }
-    let hosts = ctx.hosts();
+    let hosts = ctx.hosts_for(svc, &ctx.hosts());
     if hosts.is_empty() {
         publish(
             ctx,
@@ -374,12 +374,12 @@ pub async fn sync_hosts(ctx: &Context) {
         .filter_map(|svc| {
             let key = (svc.namespace().unwrap_or_default(), svc.name_any());
             let last = ctx.remembered_hosts(&key)?;
-            (!plan::hosts_equal(&last, &hosts)).then_some((key, svc))
+            let hosts = ctx.hosts_for(&svc, &hosts);
+            (!plan::hosts_equal(&last, &hosts)).then_some((key, svc, hosts))
         })
         .collect();
     let ctx_ref = ctx;
-    futures::future::join_all(changed.into_iter().map(|(key, svc)| {
-        let hosts = hosts.clone();
+    futures::future::join_all(changed.into_iter().map(|(key, svc, hosts)| {
         async move {
             if ctx_ref.ensure_leader().is_err() {
                 return;

@@ -479,7 +479,12 @@ struct ProxyState {
     rates: Vec<(Fault, f64)>,
     /// Every action asked for, in order (the first [`MAX_RECORDED`]).
     actions: Vec<String>,
+    /// The bodies of the last [`MAX_BODIES`] requests, with their actions.
+    bodies: std::collections::VecDeque<(String, String)>,
 }
+
+/// How many request bodies the proxy keeps.
+const MAX_BODIES: usize = 1000;
 
 /// The most actions the proxy remembers between two `take_actions`, so a
 /// long-running sandbox stays bounded.
@@ -535,6 +540,11 @@ async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) ->
         if state.actions.len() < MAX_RECORDED {
             state.actions.push(action.clone());
         }
+        if state.bodies.len() == MAX_BODIES {
+            state.bodies.pop_front();
+        }
+        let body = String::from_utf8_lossy(&bytes).into_owned();
+        state.bodies.push_back((action.clone(), body));
         let hit = state
             .faults
             .iter_mut()
@@ -624,6 +634,18 @@ impl FaultProxy {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.faults.clear();
         state.rates.clear();
+    }
+
+    /// The (form-encoded) bodies of the recent requests for `action`.
+    pub fn bodies(&self, action: &str) -> Vec<String> {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .bodies
+            .iter()
+            .filter(|(a, _)| a == action)
+            .map(|(_, b)| b.clone())
+            .collect()
     }
 
     /// How often each action was asked for since the last call.

@@ -3,7 +3,9 @@
 //! with the "upstream profile" of the same binaries (one worker, one
 //! lookup per node, no cache, coalescing or batching, no debounce). The
 //! simulated cloud answers every call after a fixed latency, under a fixed
-//! budget. `bench` prints the table and writes BENCHMARKS.md.
+//! budget. Scenarios 7 and 8 run 3 and 4 on the AWS provider against
+//! moto and count the AWS API requests at the proxy in front of it.
+//! `bench` prints the table and writes BENCHMARKS.md.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -18,7 +20,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::fixtures::{self, node};
-use crate::sandbox::{Options, Sandbox};
+use crate::sandbox::{CloudKind, Options, Sandbox};
 
 /// How big each scenario is.
 #[derive(Clone, Debug)]
@@ -33,6 +35,10 @@ pub struct Sizes {
     pub churn_nodes: usize,
     pub memory_nodes: usize,
     pub memory_services: usize,
+    /// Services of scenarios 3 and 4 on AWS (moto).
+    pub aws_services: usize,
+    /// Nodes joining in scenario 4 on AWS.
+    pub aws_joining: usize,
     pub latency_window: Duration,
     pub latency_high_rate: u32,
     /// Longest wait for any one convergence.
@@ -52,6 +58,8 @@ impl Sizes {
             churn_nodes: 100,
             memory_nodes: 5000,
             memory_services: 2000,
+            aws_services: 50,
+            aws_joining: 10,
             latency_window: Duration::from_secs(20),
             latency_high_rate: 500,
             limit: Duration::from_secs(300),
@@ -70,6 +78,8 @@ impl Sizes {
             churn_nodes: 5,
             memory_nodes: 100,
             memory_services: 40,
+            aws_services: 3,
+            aws_joining: 2,
             latency_window: Duration::from_secs(2),
             latency_high_rate: 100,
             limit: Duration::from_secs(120),
@@ -155,6 +165,19 @@ pub struct Row {
 }
 
 impl Row {
+    /// A row of AWS request counts, ours then the upstream profile's.
+    fn requests(scenario: &str, metric: &str, values: &[f64], note: &str) -> Self {
+        Row {
+            scenario: scenario.to_owned(),
+            metric: metric.to_owned(),
+            ours: values[0],
+            upstream: values.get(1).copied(),
+            unit: "requests",
+            target: None,
+            note: note.to_owned(),
+        }
+    }
+
     fn ratio(&self) -> Option<f64> {
         let u = self.upstream?;
         (self.ours > 0.0).then(|| u / self.ours)
@@ -262,6 +285,8 @@ impl Harness {
             ("4 node churn", 4),
             ("5 memory", 5),
             ("6 gateway latency", 6),
+            ("7 load balancer burst on AWS", 7),
+            ("8 node churn on AWS", 8),
         ] {
             if !only.is_empty() && !only.contains(&f) {
                 continue;
@@ -273,7 +298,9 @@ impl Harness {
                 3 => self.burst().await,
                 4 => self.churn().await,
                 5 => self.memory().await,
-                _ => self.latency().await,
+                6 => self.latency().await,
+                7 => self.aws_burst().await,
+                _ => self.aws_churn().await,
             }
             .with_context(|| format!("scenario {name}"))?;
             for row in &got {
@@ -532,6 +559,150 @@ impl Harness {
                 }
             ),
         }])
+    }
+
+    /// A sandbox on AWS (moto) for `profile` with `nodes` initialised
+    /// nodes; the gateway reaches moto through the proxy that counts its
+    /// requests.
+    async fn start_on_aws(&mut self, profile: Profile, nodes: usize) -> anyhow::Result<Run> {
+        self.runs += 1;
+        let mut args = profile.args();
+        args.entry("cloud-gateway".into()).or_default().extend([
+            format!("--budget-rate={}", self.cloud.budget),
+            format!("--budget-burst={}", 2.0 * self.cloud.budget),
+            "--log-level=warn".into(),
+        ]);
+        for binary in ["node-controller", "service-controller", "route-controller"] {
+            args.entry(binary.into())
+                .or_default()
+                .push("--log-level=warn".into());
+        }
+        let sandbox = Sandbox::start(Options {
+            cloud: CloudKind::Aws,
+            state_dir: self.work_dir.join(format!("run-{}", self.runs)),
+            nodes,
+            services: 0,
+            replicas: 1,
+            bin_dir: self.bin_dir.clone(),
+            rbac: None,
+            extra_args: args,
+        })
+        .await?;
+        sandbox.populate().await?;
+        let kube = sandbox.client().await?;
+        let run = Run {
+            sandbox,
+            kube,
+            profile,
+        };
+        run.wait_ready().await?;
+        run.until(
+            Duration::from_secs(120),
+            POLL,
+            "nodes initialised",
+            async |r| Ok(r.initialised().await? == nodes),
+        )
+        .await?;
+        Ok(run)
+    }
+
+    /// AWS API requests since the last call: `(all, writes)`.
+    fn aws_requests(run: &Run) -> (usize, usize) {
+        let actions = run
+            .sandbox
+            .aws
+            .as_ref()
+            .map(|a| a.proxy.take_actions())
+            .unwrap_or_default();
+        let all = actions.values().sum();
+        let writes = actions
+            .iter()
+            .filter(|(a, _)| !a.contains("Describe"))
+            .map(|(_, n)| n)
+            .sum();
+        (all, writes)
+    }
+
+    async fn aws_burst(&mut self) -> anyhow::Result<Vec<Row>> {
+        let m = self.sizes.aws_services;
+        let (mut all, mut writes) = (Vec::new(), Vec::new());
+        for profile in [Profile::Ours, Profile::Upstream] {
+            let run = self.start_on_aws(profile, 3).await?;
+            Self::aws_requests(&run);
+            run.services("burst", m).await?;
+            run.until(self.sizes.limit, POLL, "every NLB hostname", async |r| {
+                Ok(r.ingress_ips().await? == m)
+            })
+            .await?;
+            let (a, w) = Self::aws_requests(&run);
+            all.push(a as f64 / m as f64);
+            writes.push(w as f64 / m as f64);
+            run.sandbox.stop().await;
+        }
+        let scenario = format!("7. scenario 3 on AWS (moto): {m} LoadBalancer Services at once");
+        Ok(vec![
+            Row::requests(
+                &scenario,
+                "AWS API requests per Service",
+                &all,
+                "counted at the proxy in front of moto, until every Service has its NLB's DNS name; moto's speed is not AWS's, so no times",
+            ),
+            Row::requests(&scenario, "AWS writes per Service", &writes, ""),
+        ])
+    }
+
+    async fn aws_churn(&mut self) -> anyhow::Result<Vec<Row>> {
+        let (m, joining) = (self.sizes.aws_services, self.sizes.aws_joining);
+        let (mut all, mut registers) = (Vec::new(), Vec::new());
+        for profile in [Profile::Ours, Profile::Upstream] {
+            let run = self.start_on_aws(profile, 3).await?;
+            run.services("churn", m).await?;
+            run.until(self.sizes.limit, POLL, "every NLB hostname", async |r| {
+                Ok(r.ingress_ips().await? == m)
+            })
+            .await?;
+            Self::aws_requests(&run);
+            let aws = run.sandbox.aws.as_ref().context("no AWS account")?;
+            let mut ids = Vec::new();
+            for i in 0..joining {
+                let instance =
+                    crate::aws::run_instance(&aws.ec2, &aws.seeded, crate::sandbox::CLUSTER, 3 + i)
+                        .await?;
+                run.nodes_named(&[(instance.name.clone(), instance.private_ip.clone())])
+                    .await?;
+                ids.push(instance.id);
+            }
+            let elb = crate::aws::elb_client(&aws.moto.endpoint);
+            run.until(
+                self.sizes.limit,
+                Duration::from_secs(2),
+                "every NLB has every node",
+                async |_| nlbs_target_all(&elb, m, 3 + joining).await,
+            )
+            .await?;
+            let actions = aws.proxy.take_actions();
+            all.push(actions.values().sum::<usize>() as f64 / m as f64);
+            registers.push(
+                actions
+                    .get("elasticloadbalancing:RegisterTargets")
+                    .copied()
+                    .unwrap_or(0) as f64
+                    / m as f64,
+            );
+            run.sandbox.stop().await;
+        }
+        let scenario = format!(
+            "8. scenario 4 on AWS (moto): {joining} nodes join while {m} LoadBalancer Services exist"
+        );
+        Ok(vec![
+            Row::requests(
+                &scenario,
+                "AWS API requests per Service",
+                &all,
+                "node initialisation, routes and target registration together, until every NLB targets every node",
+            ),
+            Row::requests(&scenario, "RegisterTargets per Service", &registers, ""),
+        ])
     }
 
     async fn memory(&mut self) -> anyhow::Result<Vec<Row>> {
@@ -799,6 +970,25 @@ impl Run {
         uninitialized: bool,
         full_status: bool,
     ) -> anyhow::Result<()> {
+        let named: Vec<(String, String)> = ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| (format!("{prefix}-{i}"), ip.clone()))
+            .collect();
+        self.create_nodes(&named, uninitialized, full_status).await
+    }
+
+    /// Uninitialised nodes `(name, internal IP)`, as kubelets register them.
+    async fn nodes_named(&self, named: &[(String, String)]) -> anyhow::Result<()> {
+        self.create_nodes(named, true, false).await
+    }
+
+    async fn create_nodes(
+        &self,
+        named: &[(String, String)],
+        uninitialized: bool,
+        full_status: bool,
+    ) -> anyhow::Result<()> {
         let nodes: Api<Node> = Api::all(self.kube.clone());
         // What a real kubelet reports besides: ~40 images and node info,
         // most of a real Node's size.
@@ -813,10 +1003,10 @@ impl Run {
         let info = json!({"machineID": "0".repeat(32), "systemUUID": "1".repeat(36), "bootID": "2".repeat(36),
             "kernelVersion": "6.8.0-45-generic", "osImage": "Ubuntu 24.04.1 LTS", "containerRuntimeVersion": "containerd://1.7.22",
             "kubeletVersion": "v1.32.0", "kubeProxyVersion": "v1.32.0", "operatingSystem": "linux", "architecture": "amd64"});
-        futures::stream::iter(ips.iter().enumerate())
-            .map(|(i, ip)| {
+        futures::stream::iter(named.iter())
+            .map(|(name, ip)| {
                 let nodes = nodes.clone();
-                let name = format!("{prefix}-{i}");
+                let name = name.clone();
                 let mut b = node(&name)
                     .address("Hostname", &name)
                     .address("InternalIP", ip);
@@ -1050,4 +1240,28 @@ fn figure(x: f64) -> String {
     } else {
         format!("{x:.3}")
     }
+}
+
+/// Whether `m` NLBs each target `hosts` instances (read from moto directly,
+/// not counted).
+async fn nlbs_target_all(
+    elb: &aws_sdk_elasticloadbalancingv2::Client,
+    m: usize,
+    hosts: usize,
+) -> anyhow::Result<bool> {
+    let groups = elb.describe_target_groups().send().await?;
+    if groups.target_groups().len() != m {
+        return Ok(false);
+    }
+    for g in groups.target_groups() {
+        let health = elb
+            .describe_target_health()
+            .set_target_group_arn(g.target_group_arn().map(str::to_owned))
+            .send()
+            .await?;
+        if health.target_health_descriptions().len() != hosts {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }

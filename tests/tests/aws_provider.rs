@@ -796,7 +796,7 @@ fn hosts(instances: &[aws::SeededInstance]) -> Vec<Host> {
         .map(|i| Host {
             name: i.name.clone(),
             provider_id: i.provider_id(),
-            addresses: Vec::new(),
+            ..Default::default()
         })
         .collect()
 }
@@ -1150,6 +1150,18 @@ async fn annotations_local_traffic_and_source_ranges_shape_an_internal_nlb() {
 
     let lb = nlb(&elb, "33333333").await.unwrap();
     assert_eq!(lb.scheme().map(|s| s.as_str()), Some("internal"));
+    // Moto does not echo subnet mappings: read what the gateway asked for.
+    let created = env
+        .proxy
+        .bodies("elasticloadbalancing:CreateLoadBalancer")
+        .concat();
+    for (subnet, ip) in [(subnet_a, "10.0.1.50"), (subnet_b, "10.0.2.50")] {
+        assert!(created.contains(subnet), "{created}");
+        assert!(
+            created.contains(&format!("PrivateIPv4Address={ip}")),
+            "{created}"
+        );
+    }
     let arn = lb.load_balancer_arn().unwrap();
     let attributes = elb
         .describe_load_balancer_attributes()
@@ -1442,6 +1454,125 @@ async fn tls_ports_get_tls_listeners_with_the_certificate_and_policy() {
         .unwrap_err();
     assert!(
         matches!(&err, Error::InvalidArgument { violations, .. } if violations[0].field.contains("ssl-ports")),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn target_node_labels_keep_unlabelled_nodes_out() {
+    let env = env(3, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let info = timed(client.provider_info()).await.unwrap();
+    let annotation = format!("{NLB}target-node-labels");
+    assert_eq!(info.host_label_annotations, [annotation]);
+    let spec = lb_spec(
+        "99999999",
+        vec![port("web", Protocol::Tcp, 80, 30080)],
+        &[("target-node-labels", "pool=edge")],
+    );
+    let mut labelled = hosts(&env.seeded.instances);
+    labelled[0].labels.insert("pool".into(), "edge".into());
+    labelled[1].labels.insert("pool".into(), "batch".into());
+    ensure_ready(&client, &spec, &labelled).await;
+    let lb = nlb(&elb, "99999999").await.unwrap();
+    let group = &target_groups(&elb, &lb).await[0];
+    let only = vec![(env.seeded.instances[0].id.clone(), 30080)];
+    assert_eq!(targets(&elb, group).await, only);
+
+    // The third node joins the pool.
+    labelled[2].labels.insert("pool".into(), "edge".into());
+    timed(client.update_load_balancer_hosts(spec.clone(), labelled))
+        .await
+        .unwrap();
+    let mut both = vec![
+        (env.seeded.instances[0].id.clone(), 30080),
+        (env.seeded.instances[2].id.clone(), 30080),
+    ];
+    both.sort();
+    assert_eq!(targets(&elb, group).await, both);
+}
+
+#[tokio::test]
+async fn subnets_by_name_elastic_ips_and_dual_stack_reach_aws_as_asked() {
+    let env = env(1, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let subnet = env.seeded.subnets[1].1.clone();
+    env.ec2
+        .create_tags()
+        .resources(&subnet)
+        .tags(
+            aws_sdk_ec2::types::Tag::builder()
+                .key("Name")
+                .value("public-b")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let allocation = env
+        .ec2
+        .allocate_address()
+        .domain(aws_sdk_ec2::types::DomainType::Vpc)
+        .send()
+        .await
+        .unwrap()
+        .allocation_id
+        .unwrap();
+    let spec = lb_spec(
+        "aaaaaaaa",
+        vec![port("web", Protocol::Tcp, 80, 30080)],
+        &[
+            ("subnets", "public-b"),
+            ("eip-allocations", &allocation),
+            ("ip-address-type", "dualstack"),
+        ],
+    );
+    ensure_ready(&client, &spec, &hosts(&env.seeded.instances)).await;
+    let lb = nlb(&elb, "aaaaaaaa").await.unwrap();
+    let zones: Vec<&str> = lb
+        .availability_zones()
+        .iter()
+        .filter_map(|z| z.subnet_id())
+        .collect();
+    assert_eq!(zones, [subnet.as_str()], "the subnet named by its Name tag");
+    assert_eq!(lb.ip_address_type().map(|t| t.as_str()), Some("dualstack"));
+    // Moto does not echo subnet mappings: read what the gateway asked for.
+    let created = env.proxy.bodies("elasticloadbalancing:CreateLoadBalancer");
+    assert_eq!(created.len(), 1);
+    assert!(
+        created[0].contains(&format!("AllocationId={allocation}")),
+        "{}",
+        created[0]
+    );
+    // Everyone may connect, over IPv4 and IPv6.
+    let answer = env
+        .ec2
+        .describe_security_groups()
+        .group_ids(&lb.security_groups()[0])
+        .send()
+        .await
+        .unwrap();
+    let v6: Vec<&str> = answer.security_groups()[0]
+        .ip_permissions()
+        .iter()
+        .flat_map(|p| p.ipv6_ranges())
+        .filter_map(|r| r.cidr_ipv6())
+        .collect();
+    assert_eq!(v6, ["::/0"]);
+
+    // A Name no subnet has is refused, naming the annotation.
+    let wrong = lb_spec(
+        "bbbbbbbb",
+        vec![port("web", Protocol::Tcp, 80, 30080)],
+        &[("subnets", "nowhere")],
+    );
+    let err = timed(client.ensure_load_balancer(wrong, hosts(&env.seeded.instances)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument { violations, .. } if violations[0].field.contains("aws-load-balancer-subnets")),
         "{err:?}"
     );
 }

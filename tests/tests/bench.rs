@@ -23,7 +23,9 @@ fn the_benchmark_harness_runs_every_scenario_for_both_profiles() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = std::fs::read_to_string(&report).unwrap();
-    for scenario in ["| 1. ", "| 2. ", "| 3. ", "| 4. ", "| 5. ", "| 6. "] {
+    for scenario in [
+        "| 1. ", "| 2. ", "| 3. ", "| 4. ", "| 5. ", "| 6. ", "| 7. ", "| 8. ",
+    ] {
         assert!(text.contains(scenario), "{scenario} missing:\n{text}");
     }
     // Both profiles measured where the scenario compares them.

@@ -706,11 +706,80 @@ mod scenarios {
                 .clone();
             assert_eq!(nlb.dns_name(), Some(hostname.as_str()));
             let node_port = svc.spec.unwrap().ports.unwrap()[0].node_port.unwrap();
-            let (targets, port) = nlb_targets(&elb, &nlb).await;
-            assert_eq!(port, Some(node_port));
-            assert_eq!(targets, ids(&aws.seeded.instances));
+            // Nodes become targets once they have provider IDs, on the
+            // (debounced) host pass after their initialisation.
+            let want = (ids(&aws.seeded.instances), Some(node_port));
+            let start = Instant::now();
+            loop {
+                let have = nlb_targets(&elb, &nlb).await;
+                if have == want {
+                    break;
+                }
+                assert!(start.elapsed() < LIMIT, "{have:?}, not {want:?}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
             nlbs.push(nlb);
         }
+
+        // A Service that selects nodes by label targets only those, and
+        // follows a label put on one more node.
+        let annotation = "service.beta.kubernetes.io/aws-load-balancer-target-node-labels";
+        let label = |name: &str| {
+            let nodes = nodes.clone();
+            let name = name.to_owned();
+            async move {
+                nodes
+                    .patch(
+                        &name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(
+                            serde_json::json!({"metadata": {"labels": {"ccm-test/edge": "true"}}}),
+                        ),
+                    )
+                    .await
+                    .unwrap();
+            }
+        };
+        label(&aws.seeded.instances[0].name).await;
+        services
+            .create(
+                &PostParams::default(),
+                &ccm_testkit::fixtures::load_balancer("default", "edge")
+                    .annotation(annotation, "ccm-test/edge=true")
+                    .build(),
+            )
+            .await
+            .unwrap();
+        let edge_nlb = || async {
+            let uid = services.get("edge").await.ok()?.metadata.uid?;
+            let name = cloud_gateway::provider::load_balancer_name(&uid);
+            let answer = elb
+                .describe_load_balancers()
+                .names(name)
+                .send()
+                .await
+                .ok()?;
+            answer.load_balancers().first().cloned()
+        };
+        let until_targets = async |want: Vec<String>| {
+            let start = Instant::now();
+            loop {
+                if let Some(nlb) = edge_nlb().await
+                    && nlb_targets(&elb, &nlb).await.0 == want
+                {
+                    return;
+                }
+                assert!(start.elapsed() < LIMIT, "edge NLB never targeted {want:?}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        };
+        until_targets(ids(&aws.seeded.instances[..1])).await;
+        label(&aws.seeded.instances[1].name).await;
+        until_targets(ids(&aws.seeded.instances[..2])).await;
+        services
+            .delete("edge", &DeleteParams::default())
+            .await
+            .unwrap();
 
         // Terminating an instance through EC2 deletes its Node and its route.
         let gone = &aws.seeded.instances[2];
@@ -785,12 +854,16 @@ mod scenarios {
         elb: &aws_sdk_elasticloadbalancingv2::Client,
         nlb: &aws_sdk_elasticloadbalancingv2::types::LoadBalancer,
     ) -> (Vec<String>, Option<i32>) {
-        let groups = elb
+        // An NLB whose listener is not made yet has no target group: moto
+        // answers TargetGroupNotFound then.
+        let Ok(groups) = elb
             .describe_target_groups()
             .load_balancer_arn(nlb.load_balancer_arn().unwrap())
             .send()
             .await
-            .unwrap();
+        else {
+            return (Vec::new(), None);
+        };
         let health = elb
             .describe_target_health()
             .target_group_arn(groups.target_groups()[0].target_group_arn().unwrap())

@@ -32,6 +32,13 @@ impl Provider for ProviderService {
             instances: p.instances().is_some(),
             load_balancers: p.load_balancers().is_some(),
             routes: p.routes().is_some(),
+            host_label_annotations: p
+                .load_balancers()
+                .map(|lb| lb.host_label_annotations())
+                .unwrap_or_default()
+                .iter()
+                .map(|a| (*a).to_owned())
+                .collect(),
         }))
     }
 }

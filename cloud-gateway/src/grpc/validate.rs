@@ -27,6 +27,9 @@ const MAX_PORTS: usize = 100;
 const MAX_ADDRESSES: usize = 32;
 /// The most addresses of one load balancer host.
 const MAX_HOST_ADDRESSES: usize = 8;
+/// Node labels per host, and their bytes (keys and values) in all.
+const MAX_HOST_LABELS: usize = 16;
+const MAX_HOST_LABEL_BYTES: usize = 1024;
 const MAX_SOURCE_RANGES: usize = 200;
 /// Kubernetes' own limit on a Service's annotations, keys and values.
 const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
@@ -353,6 +356,20 @@ impl Violations {
                 &host.addresses,
                 MAX_HOST_ADDRESSES,
             );
+            let bytes: usize = host.labels.iter().map(|(k, v)| k.len() + v.len()).sum();
+            // Kubernetes' own limits on a label's key and value.
+            let oversized = host
+                .labels
+                .iter()
+                .any(|(k, v)| k.len() > MAX_ANNOTATION_KEY || v.len() > 63);
+            if host.labels.len() > MAX_HOST_LABELS || bytes > MAX_HOST_LABEL_BYTES || oversized {
+                self.add(
+                    format!("hosts[{i}].labels"),
+                    format!(
+                        "at most {MAX_HOST_LABELS} labels of {MAX_HOST_LABEL_BYTES} bytes in all, keys of at most {MAX_ANNOTATION_KEY} and values of at most 63 bytes"
+                    ),
+                );
+            }
         }
     }
 
@@ -463,6 +480,8 @@ fn largest_host() -> Host {
         name: maxed(MAX_NAME),
         provider_id: maxed(MAX_PROVIDER_ID),
         addresses: vec![largest_address(); MAX_HOST_ADDRESSES],
+        // Bounded apart in `max_request_bytes`.
+        labels: Default::default(),
     }
 }
 
@@ -484,7 +503,10 @@ pub fn max_request_bytes(path: &str) -> Option<usize> {
     // value's (lengths below 2 MiB take at most three bytes).
     let annotations = MAX_ANNOTATIONS_BYTES + MAX_ANNOTATIONS * (1 + 3 + 1 + 2 + 1 + 3);
     let spec = field(largest_spec_without_annotations().encoded_len() + annotations);
-    let hosts = MAX_HOSTS * field(largest_host().encoded_len());
+    // Host labels: an entry's tag and length (below 16 KiB: two bytes), its
+    // key's (at most 317 bytes: two) and its value's (at most 63: one).
+    let labels = MAX_HOST_LABEL_BYTES + MAX_HOST_LABELS * (1 + 2 + 1 + 2 + 1 + 1);
+    let hosts = MAX_HOSTS * field(largest_host().encoded_len() + labels);
     let route = Route {
         name: maxed(MAX_ROUTE_NAME),
         target_node: maxed(MAX_NAME),
@@ -669,6 +691,14 @@ mod tests {
                 };
                 MAX_HOST_ADDRESSES
             ],
+            labels: (0..MAX_HOST_LABELS)
+                .map(|i| {
+                    (
+                        format!("k{i:02}"),
+                        "v".repeat(MAX_HOST_LABEL_BYTES / MAX_HOST_LABELS - 3),
+                    )
+                })
+                .collect(),
         };
         let mut v = Violations::default();
         v.spec(Some(&spec));

@@ -298,6 +298,12 @@ pub trait LoadBalancers: Send + Sync {
 
     /// Every load balancer of the cluster.
     async fn list(&self, cluster: &str) -> Result<Vec<LoadBalancer>>;
+
+    /// Service annotations that select backend hosts by Node label; the
+    /// controller then sends the labels they name in `Host.labels`.
+    fn host_label_annotations(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 /// Routes (upstream Routes).

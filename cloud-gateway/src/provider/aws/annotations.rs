@@ -39,13 +39,15 @@ pub const HC_HEALTHY: &str =
     "service.beta.kubernetes.io/aws-load-balancer-healthcheck-healthy-threshold";
 pub const HC_UNHEALTHY: &str =
     "service.beta.kubernetes.io/aws-load-balancer-healthcheck-unhealthy-threshold";
+pub const TARGET_NODE_LABELS: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-target-node-labels";
 pub const SSL_CERT: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-cert";
 pub const SSL_PORTS: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-ports";
 pub const SSL_POLICY: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-negotiation-policy";
 pub const IP_ADDRESS_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-ip-address-type";
 
 /// Every annotation read here.
-pub const KNOWN: [&str; 19] = [
+pub const KNOWN: [&str; 20] = [
     TYPE,
     INTERNAL,
     CROSS_ZONE,
@@ -61,6 +63,7 @@ pub const KNOWN: [&str; 19] = [
     HC_TIMEOUT,
     HC_HEALTHY,
     HC_UNHEALTHY,
+    TARGET_NODE_LABELS,
     SSL_CERT,
     SSL_PORTS,
     SSL_POLICY,
@@ -68,11 +71,7 @@ pub const KNOWN: [&str; 19] = [
 ];
 
 /// Upstream annotations refused, with the reason a user reads.
-pub const REFUSED: [(&str, &str); 14] = [
-    (
-        "target-node-labels",
-        "not yet: the gateway does not receive node labels; keep nodes out with the node.kubernetes.io/exclude-from-external-load-balancers label",
-    ),
+pub const REFUSED: [(&str, &str); 13] = [
     (
         "access-log-enabled",
         "access logs are a classic ELB setting",
@@ -196,8 +195,24 @@ pub struct NlbOptions {
     pub eip_allocations: Vec<String>,
     pub private_ipv4: Vec<Ipv4Addr>,
     pub health_check: HealthCheckOverrides,
+    /// Label keys, with the value each must have (`None`: any value).
+    pub target_node_labels: Vec<(String, Option<String>)>,
     pub tls: Option<Tls>,
     pub dualstack: bool,
+}
+
+impl NlbOptions {
+    /// Whether a node with `labels` is a target: it has every label the
+    /// target-node-labels annotation names, with the value it gives.
+    pub fn selects(&self, labels: &HashMap<String, String>) -> bool {
+        self.target_node_labels
+            .iter()
+            .all(|(key, value)| match (labels.get(key), value) {
+                (Some(have), Some(want)) => have == want,
+                (Some(_), None) => true,
+                (None, _) => false,
+            })
+    }
 }
 
 /// What the Service's annotations mean to this provider.
@@ -236,6 +251,35 @@ fn number(value: &str, range: std::ops::RangeInclusive<i32>) -> Option<i32> {
         .parse::<i32>()
         .ok()
         .filter(|n| range.contains(n))
+}
+
+/// Whether `key` is a Kubernetes label key: an optional DNS subdomain
+/// prefix and `/`, then a name of 1 to 63 characters.
+fn label_key(key: &str) -> bool {
+    let (prefix, name) = match key.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let prefix_ok = prefix.is_none_or(|p| {
+        p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            })
+    });
+    prefix_ok && !name.is_empty() && label_value(name)
+}
+
+/// Whether `value` is a Kubernetes label value.
+fn label_value(value: &str) -> bool {
+    let b = value.as_bytes();
+    b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.first().is_none_or(u8::is_ascii_alphanumeric)
+        && b.last().is_none_or(u8::is_ascii_alphanumeric)
 }
 
 /// Whether `id` looks like `<prefix>-<hex>`.
@@ -389,6 +433,26 @@ pub fn parse(annotations: &HashMap<String, String>) -> Result<Verdict, CloudErro
                 Some(n) => o.health_check.unhealthy = Some(n),
                 None => bad("use a count from 2 to 10"),
             },
+            TARGET_NODE_LABELS => {
+                let mut selector = Vec::new();
+                let mut ok = true;
+                for item in items(value) {
+                    let (k, v) = match item.split_once('=') {
+                        Some((k, v)) => (k.trim(), Some(v.trim())),
+                        None => (item, None),
+                    };
+                    if label_key(k) && v.is_none_or(label_value) {
+                        selector.push((k.to_owned(), v.map(str::to_owned)));
+                    } else {
+                        ok = false;
+                    }
+                }
+                if ok && !selector.is_empty() && selector.len() <= 16 {
+                    o.target_node_labels = selector;
+                } else {
+                    bad("use 1 to 16 label keys or key=value pairs separated by commas");
+                }
+            }
             SSL_CERT => {
                 let v = value.trim();
                 if v.starts_with("arn:") && v.len() <= 2048 && !v.contains(',') {
@@ -568,6 +632,7 @@ mod tests {
             (HC_TIMEOUT, "5"),
             (HC_HEALTHY, "3"),
             (HC_UNHEALTHY, "4"),
+            (TARGET_NODE_LABELS, "node-role.example.com/lb, zone=a"),
             (SSL_CERT, "arn:aws:acm:us-east-1:1:certificate/x"),
             (SSL_PORTS, "443, https"),
             (SSL_POLICY, "ELBSecurityPolicy-TLS13-1-2-2021-06"),
@@ -580,6 +645,13 @@ mod tests {
         assert_eq!(o.private_ipv4.len(), 2);
         assert_eq!(o.health_check.protocol, Some(HcProtocol::Http));
         assert_eq!(o.health_check.port, Some(HcPort::Port(8080)));
+        assert_eq!(
+            o.target_node_labels,
+            [
+                ("node-role.example.com/lb".to_owned(), None),
+                ("zone".to_owned(), Some("a".to_owned()))
+            ]
+        );
         let tls = o.tls.unwrap();
         assert_eq!(
             tls.ports,
@@ -634,5 +706,35 @@ mod tests {
             found.iter().any(|(_, p)| p.contains("internal NLBs")),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn target_node_labels_select_by_key_and_by_value() {
+        let o = nlb(&[(TARGET_NODE_LABELS, "lb, zone=a")]);
+        let labels = |pairs: &[(&str, &str)]| annotations(pairs);
+        assert!(o.selects(&labels(&[("lb", ""), ("zone", "a")])));
+        assert!(!o.selects(&labels(&[("lb", ""), ("zone", "b")])));
+        assert!(!o.selects(&labels(&[("zone", "a")])));
+        assert!(NlbOptions::default().selects(&labels(&[])));
+        let found = problems(&[(TARGET_NODE_LABELS, "Bad Key=x")]);
+        assert!(found[0].1.contains("label keys"), "{found:?}");
+    }
+
+    #[test]
+    fn the_operators_table_names_every_annotation_read_or_refused() {
+        let doc = include_str!("../../../../helm/aws/README.md");
+        for key in KNOWN {
+            let short = key.trim_start_matches("service.beta.kubernetes.io/");
+            assert!(
+                doc.contains(&format!("| `{short}` |")),
+                "{short} not in the table"
+            );
+        }
+        for (name, _) in REFUSED {
+            assert!(
+                doc.contains(&format!("`{name}`")),
+                "{name} not in the refused table"
+            );
+        }
     }
 }

@@ -470,10 +470,11 @@ impl AwsCloud {
         }
     }
 
-    /// The running target instances among `hosts`.
-    async fn target_instances(&self, hosts: &[Host]) -> Result<Vec<Ec2Instance>> {
+    /// The running target instances among `hosts` that the Service selects.
+    async fn target_instances(&self, hosts: &[Host], o: &NlbOptions) -> Result<Vec<Ec2Instance>> {
         let ids: Vec<String> = hosts
             .iter()
+            .filter(|h| o.selects(&h.labels))
             .filter_map(|h| match parse_provider_id(&h.provider_id) {
                 Ok(id) => Some(id),
                 Err(e) => {
@@ -1085,12 +1086,13 @@ impl AwsCloud {
     }
 
     /// Listeners as wanted: each forwards to its target group; others go.
+    /// Returns the target groups the listeners forwarded to before.
     async fn sync_listeners(
         &self,
         arn: &str,
         wanted: &[(Listening, String)],
         o: &NlbOptions,
-    ) -> Result<()> {
+    ) -> Result<BTreeSet<String>> {
         let listeners = self
             .elb
             .describe_listeners()
@@ -1100,6 +1102,11 @@ impl AwsCloud {
             .map_err(|e| errors::cloud_error("DescribeListeners", e))?
             .listeners()
             .to_vec();
+        let before: BTreeSet<String> = listeners
+            .iter()
+            .flat_map(|l| l.default_actions())
+            .filter_map(|a| a.target_group_arn().map(str::to_owned))
+            .collect();
         let forward = |tg: &str| {
             Action::builder()
                 .r#type(ActionTypeEnum::Forward)
@@ -1184,7 +1191,7 @@ impl AwsCloud {
                 }
             }
         }
-        Ok(())
+        Ok(before)
     }
 
     /// This Service's target groups (by name prefix, confirmed by tag).
@@ -1222,20 +1229,32 @@ impl AwsCloud {
                 break;
             }
         }
-        let arns: Vec<String> = groups
-            .iter()
-            .filter_map(|g| g.target_group_arn().map(str::to_owned))
-            .collect();
-        let tags = self.elb_tags(&arns).await?;
-        Ok(groups
+        Ok(self
+            .owned_by(cluster, groups, TargetGroup::target_group_arn)
+            .await?
             .into_iter()
-            .filter(|g| {
-                g.target_group_arn()
-                    .and_then(|a| tags.get(a))
-                    .is_some_and(|t| {
-                        elb_belongs(t, cluster)
-                            && tag_value(t, TAG_SERVICE_UID) == Some(service.uid.as_str())
-                    })
+            .filter(|(_, t)| tag_value(t, TAG_SERVICE_UID) == Some(service.uid.as_str()))
+            .map(|(g, _)| g)
+            .collect())
+    }
+
+    /// Those of `items` tagged for `cluster`, each with its tags.
+    async fn owned_by<T>(
+        &self,
+        cluster: &str,
+        items: Vec<T>,
+        arn: fn(&T) -> Option<&str>,
+    ) -> Result<Vec<(T, Vec<Tag>)>> {
+        let arns: Vec<String> = items
+            .iter()
+            .filter_map(|i| arn(i).map(str::to_owned))
+            .collect();
+        let mut tags = self.elb_tags(&arns).await?;
+        Ok(items
+            .into_iter()
+            .filter_map(|i| {
+                let t = tags.remove(arn(&i)?)?;
+                elb_belongs(&t, cluster).then_some((i, t))
             })
             .collect())
     }
@@ -1295,7 +1314,7 @@ impl LoadBalancers for AwsCloud {
         }
         let lb_name = load_balancer_name(&service.uid);
         let existing = self.owned_nlb(cluster, &lb_name).await?;
-        let targets = self.target_instances(hosts).await?;
+        let targets = self.target_instances(hosts, &o).await?;
         let vpc = match &existing {
             Some(nlb) => nlb.vpc_id().unwrap_or_default().to_owned(),
             None => self.vpc_of(&targets)?,
@@ -1355,15 +1374,13 @@ impl LoadBalancers for AwsCloud {
             self.sync_targets(&tg_arn, &ids, l.node_port).await?;
             wanted.push((l.clone(), tg_arn));
         }
-        self.sync_listeners(&arn, &wanted, &o).await?;
+        let before = self.sync_listeners(&arn, &wanted, &o).await?;
         // Groups no listener uses any more (a port or node port changed).
+        // One left by a failed attempt is found by the Service's delete,
+        // which looks for every group of the Service.
         let in_use: BTreeSet<&str> = wanted.iter().map(|(_, a)| a.as_str()).collect();
-        for g in self.service_target_groups(cluster, &service).await? {
-            if let Some(a) = g.target_group_arn()
-                && !in_use.contains(a)
-            {
-                self.delete_target_group(a).await?;
-            }
+        for stale in before.iter().filter(|a| !in_use.contains(a.as_str())) {
+            self.delete_target_group(stale).await?;
         }
         if is_provisioning(&nlb) {
             // Ask once more: the NLB may have become active meanwhile.
@@ -1393,7 +1410,7 @@ impl LoadBalancers for AwsCloud {
         let Some(nlb) = self.owned_nlb(cluster, &lb_name).await? else {
             return Err(CloudError::NotFound(format!("load balancer {lb_name}")));
         };
-        let targets = self.target_instances(hosts).await?;
+        let targets = self.target_instances(hosts, &o).await?;
         let ids: BTreeSet<String> = targets
             .iter()
             .filter_map(|i| i.instance_id().map(str::to_owned))
@@ -1498,6 +1515,10 @@ impl LoadBalancers for AwsCloud {
         }
     }
 
+    fn host_label_annotations(&self) -> &'static [&'static str] {
+        &[annotations::TARGET_NODE_LABELS]
+    }
+
     async fn list(&self, cluster: &str) -> Result<Vec<LoadBalancer>> {
         let mut nlbs = Vec::new();
         let mut marker = None;
@@ -1524,19 +1545,9 @@ impl LoadBalancers for AwsCloud {
                 break;
             }
         }
-        let arns: Vec<String> = nlbs
-            .iter()
-            .filter_map(|l| l.load_balancer_arn().map(str::to_owned))
-            .collect();
-        let tags = self.elb_tags(&arns).await?;
         let mut out = Vec::new();
-        for nlb in nlbs {
-            let Some(t) = nlb.load_balancer_arn().and_then(|a| tags.get(a)) else {
-                continue;
-            };
-            if !elb_belongs(t, cluster) {
-                continue;
-            }
+        for (nlb, t) in self.owned_by(cluster, nlbs, Nlb::load_balancer_arn).await? {
+            let t = &t;
             let (namespace, name) = tag_value(t, TAG_SERVICE_NAME)
                 .and_then(|v| v.split_once('/'))
                 .unwrap_or_default();
