@@ -677,21 +677,16 @@ impl AwsCloud {
         }
     }
 
-    /// Brings `group`'s rules from `have` to `want`, touching only rules
-    /// `owned` says are ours.
+    /// Brings `group`'s rules from `have` to `want`. Callers pass as
+    /// `have` only rules that are theirs to revoke.
     async fn sync_rules(
         &self,
         group: &str,
         have: &BTreeSet<Rule>,
         want: &BTreeSet<Rule>,
-        owned: impl Fn(&Rule) -> bool,
     ) -> Result<()> {
         let add: Vec<IpPermission> = want.difference(have).map(permission).collect();
-        let remove: Vec<IpPermission> = have
-            .difference(want)
-            .filter(|r| owned(r))
-            .map(permission)
-            .collect();
+        let remove: Vec<IpPermission> = have.difference(want).map(permission).collect();
         if !add.is_empty() {
             match self
                 .ec2
@@ -799,7 +794,7 @@ impl AwsCloud {
                 .into_iter()
                 .filter(|r| r.2 == Source::Group(nlb_group.to_owned()))
                 .collect();
-            self.sync_rules(id, &have, want, |_| true).await?;
+            self.sync_rules(id, &have, want).await?;
         }
         Ok(())
     }
@@ -823,8 +818,7 @@ impl AwsCloud {
                 .into_iter()
                 .filter(|r| r.2 == Source::Group(nlb_group.to_owned()))
                 .collect();
-            self.sync_rules(id, &have, &BTreeSet::new(), |_| true)
-                .await?;
+            self.sync_rules(id, &have, &BTreeSet::new()).await?;
         }
         Ok(())
     }
@@ -1331,13 +1325,8 @@ impl LoadBalancers for AwsCloud {
             .nlb_security_group(cluster, &lb_name, &vpc, &tags)
             .await?;
         let group_id = group.group_id().unwrap_or_default().to_owned();
-        self.sync_rules(
-            &group_id,
-            &rules_of(&group),
-            &client_rules(spec, &o, &ls),
-            |_| true,
-        )
-        .await?;
+        self.sync_rules(&group_id, &rules_of(&group), &client_rules(spec, &o, &ls))
+            .await?;
         self.open_nodes(
             cluster,
             &group_id,
