@@ -6,6 +6,7 @@ pub mod apiserver;
 pub mod aws;
 pub mod bench;
 pub mod chart;
+pub mod conformance;
 pub mod env;
 pub mod fixtures;
 pub mod gateway;

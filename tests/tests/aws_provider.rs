@@ -1576,3 +1576,25 @@ async fn subnets_by_name_elastic_ips_and_dual_stack_reach_aws_as_asked() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn the_aws_provider_passes_the_conformance_suite() {
+    let env = env(1, &[]).await;
+    let out = ccm_testkit::conformance::run_binary(
+        &ccm_testkit::bin_dir!(),
+        &env.gateway.address,
+        &env.dir.path().join("gateway/state/tokens"),
+        CLUSTER,
+        Some(&env.seeded.instances[0].name),
+    )
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(" 0 failed, 1 skipped"), "{stdout}");
+    assert!(stdout.contains("SKIP provider.unimplemented"), "{stdout}");
+}

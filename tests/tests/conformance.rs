@@ -1,0 +1,106 @@
+//! `gateway-conformance` against real gateways: our gateway on the sim
+//! passes every check; one whose tokens file gives the route controller's
+//! token the admin role breaks the role rule, and the suite says so in one
+//! line and exits non-zero. (The AWS run is in `aws_provider.rs`, beside
+//! the emulator.)
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use ccm_testkit::gateway::GatewayProcess;
+
+async fn conformance(address: &str, tokens: &Path, node: Option<&str>) -> Output {
+    ccm_testkit::conformance::run_binary(
+        &ccm_testkit::bin_dir!(),
+        address,
+        tokens,
+        "conformance",
+        node,
+    )
+    .await
+    .unwrap()
+}
+
+async fn sim_gateway(dir: &Path, args: &[&str]) -> GatewayProcess {
+    let args: Vec<String> = ["--provider", "sim"]
+        .iter()
+        .chain(args)
+        .map(|s| s.to_string())
+        .collect();
+    let gateway = GatewayProcess::start(&ccm_testkit::bin_dir!(), dir, &args, &[])
+        .await
+        .unwrap();
+    assert!(
+        gateway.wait_ready(Duration::from_secs(60)).await,
+        "{}",
+        gateway.log_text()
+    );
+    gateway
+}
+
+#[tokio::test]
+async fn the_sim_gateway_passes_every_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = sim_gateway(dir.path(), &[]).await;
+    let mut admin = gateway.client("admin", "kubernetes").sim_admin().unwrap();
+    admin
+        .create_instance(ccm_proto::v1::CreateInstanceRequest {
+            name: "conformance-node".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let out = conformance(
+        &gateway.address,
+        &dir.path().join("state/tokens"),
+        Some("conformance-node"),
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The sim offers every capability, so only that check has nothing
+    // to try.
+    assert!(stdout.contains(" 0 failed, 1 skipped"), "{stdout}");
+    assert!(stdout.contains("SKIP provider.unimplemented"), "{stdout}");
+    assert!(stdout.contains("PASS lb.ensure-idempotent"), "{stdout}");
+}
+
+#[tokio::test]
+async fn a_gateway_that_breaks_a_rule_fails_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    // The route controller's token carries the admin role: it may call
+    // LoadBalancers, which the contract forbids the route role.
+    for (role, token) in [
+        ("node", "conformance-node-token"),
+        ("service", "conformance-service-token"),
+        ("route", "conformance-route-token"),
+    ] {
+        std::fs::write(tokens.join(format!("{role}.token")), token).unwrap();
+    }
+    let file = dir.path().join("tokens.yaml");
+    std::fs::write(
+        &file,
+        "tokens:\n  - {token: conformance-node-token, role: node}\n  - {token: conformance-service-token, role: service}\n  - {token: conformance-route-token, role: admin}\n",
+    )
+    .unwrap();
+    let gateway = sim_gateway(
+        &dir.path().join("gateway"),
+        &["--tokens-file", file.to_str().unwrap()],
+    )
+    .await;
+    let out = conformance(&gateway.address, &tokens, None).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let failed: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(failed.len(), 1, "{stdout}");
+    assert!(failed[0].starts_with("FAIL auth.wrong-role"), "{stdout}");
+    assert!(failed[0].contains("PERMISSION_DENIED"), "{stdout}");
+    assert!(stdout.contains("SKIP routes.create-idempotent"), "{stdout}");
+}
