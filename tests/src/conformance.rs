@@ -1,6 +1,7 @@
 //! The contract checks `gateway-conformance` runs against any
 //! `cloudgateway.v1` gateway: each names the rule of the contract it tests
-//! (the rules are the proto comments) and passes, fails with what it saw,
+//! (`proto/CONTRACT.md` lists the rules, each with its check's name; the
+//! fields are in the proto comments) and passes, fails with what it saw,
 //! or is skipped with why. They use only the public gRPC contract and the
 //! callers' tokens, never anything of our gateway's insides, so a vendor's
 //! gateway in any language can be checked the same way.
@@ -12,6 +13,27 @@ use ccm_proto::v1::{
     ServiceRef,
 };
 use ccm_proto::{ClientConfig, Error, GatewayClient, RetryPolicy, TokenSource, reason};
+
+/// Every check, in the order [`run`] runs them. `proto/CONTRACT.md` names
+/// each beside its rule.
+pub const CHECKS: [&str; 16] = [
+    "health.serving",
+    "provider.info",
+    "auth.no-token",
+    "auth.wrong-role",
+    "provider.unimplemented",
+    "request.malformed-cluster",
+    "instances.foreign-provider-id",
+    "instances.not-found",
+    "instances.found-by-name",
+    "instances.batch-in-order",
+    "lb.update-hosts-missing",
+    "lb.invalid-spec",
+    "lb.ensure-idempotent",
+    "lb.delete-idempotent",
+    "routes.delete-missing",
+    "routes.create-idempotent",
+];
 
 /// Where the gateway is and who may call it.
 #[derive(Clone, Debug)]

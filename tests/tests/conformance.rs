@@ -63,6 +63,13 @@ async fn the_sim_gateway_passes_every_check() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Every check ran, in order, each named once.
+    let names: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|name| name.contains('.'))
+        .collect();
+    assert_eq!(names, ccm_testkit::conformance::CHECKS, "{stdout}");
     // The sim offers every capability, so only that check has nothing
     // to try.
     assert!(stdout.contains(" 0 failed, 1 skipped"), "{stdout}");
@@ -103,4 +110,15 @@ async fn a_gateway_that_breaks_a_rule_fails_with_one_clear_line() {
     assert!(failed[0].starts_with("FAIL auth.wrong-role"), "{stdout}");
     assert!(failed[0].contains("PERMISSION_DENIED"), "{stdout}");
     assert!(stdout.contains("SKIP routes.create-idempotent"), "{stdout}");
+}
+
+#[test]
+fn the_contract_names_every_check_beside_its_rule() {
+    let contract = include_str!("../../proto/CONTRACT.md");
+    for check in ccm_testkit::conformance::CHECKS {
+        assert!(
+            contract.contains(&format!("[{check}]")),
+            "{check} has no rule in proto/CONTRACT.md"
+        );
+    }
 }
