@@ -102,15 +102,19 @@ pub fn backs_load_balancers(node: &Node) -> bool {
 }
 
 /// What of a node matters to load balancers: whether it backs them, its
-/// provider ID, and its labels (a Service may select hosts by label).
-pub fn node_fingerprint(node: &Node) -> (bool, String, BTreeMap<String, String>) {
+/// provider ID, and its labels (a Service may select hosts by label), kept
+/// as a digest so the watch does not hold a second copy of every label.
+pub fn node_fingerprint(node: &Node) -> (bool, String, u64) {
+    use std::hash::{Hash, Hasher};
+    let mut labels = std::collections::hash_map::DefaultHasher::new();
+    node.labels().hash(&mut labels);
     (
         backs_load_balancers(node),
         node.spec
             .as_ref()
             .and_then(|s| s.provider_id.clone())
             .unwrap_or_default(),
-        node.labels().clone(),
+        labels.finish(),
     )
 }
 

@@ -907,6 +907,19 @@ async fn node_group(env: &Env) -> String {
     env.seeded.node_group.clone()
 }
 
+/// The field violations of an ensure the gateway must refuse as
+/// INVALID_ARGUMENT.
+async fn refused(
+    client: &ccm_proto::GatewayClient,
+    spec: LoadBalancerSpec,
+    hosts: Vec<Host>,
+) -> Vec<ccm_proto::FieldViolation> {
+    match timed(client.ensure_load_balancer(spec, hosts)).await {
+        Err(Error::InvalidArgument { violations, .. }) => violations,
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+}
+
 fn writes(actions: &std::collections::BTreeMap<String, usize>) -> Vec<&String> {
     actions.keys().filter(|a| !a.contains("Describe")).collect()
 }
@@ -1246,12 +1259,7 @@ async fn annotations_local_traffic_and_source_ranges_shape_an_internal_nlb() {
         .insert(format!("{NLB}internal"), "false".into());
     spec.annotations
         .remove(&format!("{NLB}private-ipv4-addresses"));
-    let err = timed(client.ensure_load_balancer(spec.clone(), hosts(&env.seeded.instances)))
-        .await
-        .unwrap_err();
-    let Error::InvalidArgument { violations, .. } = &err else {
-        panic!("{err:?}");
-    };
+    let violations = refused(&client, spec.clone(), hosts(&env.seeded.instances)).await;
     assert!(
         violations[0].field.contains("aws-load-balancer-internal"),
         "{violations:?}"
@@ -1279,12 +1287,7 @@ async fn invalid_annotations_are_refused_before_any_cloud_call() {
         ],
     );
     env.proxy.take_actions();
-    let err = timed(client.ensure_load_balancer(spec, hosts(&env.seeded.instances)))
-        .await
-        .unwrap_err();
-    let Error::InvalidArgument { violations, .. } = &err else {
-        panic!("{err:?}");
-    };
+    let violations = refused(&client, spec, hosts(&env.seeded.instances)).await;
     assert_eq!(violations.len(), 3, "{violations:?}");
     assert!(violations.iter().any(|v| v.field.contains("healthcheck-interval") && v.description.contains("5 to 300")));
     assert!(
@@ -1449,13 +1452,8 @@ async fn tls_ports_get_tls_listeners_with_the_certificate_and_policy() {
     wrong
         .annotations
         .insert(format!("{NLB}ssl-ports"), "8443".into());
-    let err = timed(client.ensure_load_balancer(wrong, Vec::new()))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::InvalidArgument { violations, .. } if violations[0].field.contains("ssl-ports")),
-        "{err:?}"
-    );
+    let violations = refused(&client, wrong, Vec::new()).await;
+    assert!(violations[0].field.contains("ssl-ports"), "{violations:?}");
 }
 
 #[tokio::test]
@@ -1568,12 +1566,10 @@ async fn subnets_by_name_elastic_ips_and_dual_stack_reach_aws_as_asked() {
         vec![port("web", Protocol::Tcp, 80, 30080)],
         &[("subnets", "nowhere")],
     );
-    let err = timed(client.ensure_load_balancer(wrong, hosts(&env.seeded.instances)))
-        .await
-        .unwrap_err();
+    let violations = refused(&client, wrong, hosts(&env.seeded.instances)).await;
     assert!(
-        matches!(&err, Error::InvalidArgument { violations, .. } if violations[0].field.contains("aws-load-balancer-subnets")),
-        "{err:?}"
+        violations[0].field.contains("aws-load-balancer-subnets"),
+        "{violations:?}"
     );
 }
 

@@ -215,15 +215,6 @@ impl NlbOptions {
     }
 }
 
-/// What the Service's annotations mean to this provider.
-#[derive(Debug, PartialEq)]
-pub enum Verdict {
-    /// Another controller (the AWS Load Balancer Controller) owns it.
-    Elsewhere(String),
-    /// An NLB with these options.
-    Nlb(Box<NlbOptions>),
-}
-
 fn field(key: &str) -> String {
     format!("spec.annotations[{key:?}]")
 }
@@ -300,11 +291,13 @@ fn reserved_tag(key: &str) -> bool {
 }
 
 /// Reads and checks the AWS annotations, reporting every problem at once.
-pub fn parse(annotations: &HashMap<String, String>) -> Result<Verdict, CloudError> {
+/// A Service for the AWS Load Balancer Controller is
+/// `ImplementedElsewhere`, before any other annotation is looked at.
+pub fn parse(annotations: &HashMap<String, String>) -> Result<NlbOptions, CloudError> {
     if let Some(kind) = annotations.get(TYPE).map(|v| v.trim())
         && matches!(kind, "external" | "nlb-ip")
     {
-        return Ok(Verdict::Elsewhere(format!(
+        return Err(CloudError::ImplementedElsewhere(format!(
             "{TYPE}={kind} belongs to the AWS Load Balancer Controller"
         )));
     }
@@ -570,7 +563,7 @@ pub fn parse(annotations: &HashMap<String, String>) -> Result<Verdict, CloudErro
         }
     }
     if problems.is_empty() {
-        Ok(Verdict::Nlb(Box::new(o)))
+        Ok(o)
     } else {
         Err(CloudError::InvalidArgument(problems))
     }
@@ -588,10 +581,7 @@ mod tests {
     }
 
     fn nlb(pairs: &[(&str, &str)]) -> NlbOptions {
-        match parse(&annotations(pairs)).unwrap() {
-            Verdict::Nlb(o) => *o,
-            other => panic!("expected an NLB, got {other:?}"),
-        }
+        parse(&annotations(pairs)).unwrap()
     }
 
     fn problems(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -610,8 +600,11 @@ mod tests {
     #[test]
     fn external_and_nlb_ip_belong_to_the_load_balancer_controller() {
         for kind in ["external", "nlb-ip"] {
-            let verdict = parse(&annotations(&[(TYPE, kind), (HC_INTERVAL, "bogus")])).unwrap();
-            assert!(matches!(verdict, Verdict::Elsewhere(_)), "{kind}");
+            let verdict = parse(&annotations(&[(TYPE, kind), (HC_INTERVAL, "bogus")]));
+            assert!(
+                matches!(verdict, Err(CloudError::ImplementedElsewhere(_))),
+                "{kind}"
+            );
         }
     }
 

@@ -30,7 +30,7 @@ use ccm_proto::v1::{
     TrafficPolicy,
 };
 
-use super::annotations::{self, HcPort, HcProtocol, NlbOptions, TlsPorts, Verdict};
+use super::annotations::{self, HcPort, HcProtocol, NlbOptions, TlsPorts};
 use super::instances::parse_provider_id;
 use super::{AwsCloud, errors, tags};
 use crate::provider::{CloudError, LoadBalancers, Result, load_balancer_name};
@@ -454,19 +454,6 @@ impl AwsCloud {
                 "a load balancer named {name} exists without the tag {}=owned; it is not this cluster's and is left alone",
                 tags::cluster_key(cluster)
             )))
-        }
-    }
-
-    /// The options the Service's annotations ask for.
-    fn options(spec: &LoadBalancerSpec) -> Result<NlbOptions> {
-        let annotations: HashMap<String, String> = spec
-            .annotations
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        match annotations::parse(&annotations)? {
-            Verdict::Elsewhere(why) => Err(CloudError::ImplementedElsewhere(why)),
-            Verdict::Nlb(o) => Ok(*o),
         }
     }
 
@@ -1195,34 +1182,23 @@ impl AwsCloud {
         service: &ServiceRef,
     ) -> Result<Vec<TargetGroup>> {
         let prefix = target_group_prefix(&load_balancer_name(&service.uid));
-        let mut groups = Vec::new();
-        let mut marker = None;
-        loop {
-            let page = self
-                .elb
-                .describe_target_groups()
-                .page_size(400)
-                .set_marker(marker)
-                .send()
-                .await
-                .map_err(|e| errors::cloud_error("DescribeTargetGroups", e))?;
-            groups.extend(
-                page.target_groups()
-                    .iter()
-                    .filter(|g| {
-                        g.target_group_name()
-                            .is_some_and(|n| n.starts_with(&prefix))
-                    })
-                    .cloned(),
-            );
-            marker = page
-                .next_marker()
-                .filter(|m| !m.is_empty())
-                .map(str::to_owned);
-            if marker.is_none() {
-                break;
-            }
-        }
+        let groups: Vec<TargetGroup> = self
+            .elb
+            .describe_target_groups()
+            .page_size(400)
+            .into_paginator()
+            .items()
+            .send()
+            .try_collect()
+            .await
+            .map_err(|e| errors::cloud_error("DescribeTargetGroups", e))?;
+        let groups: Vec<TargetGroup> = groups
+            .into_iter()
+            .filter(|g| {
+                g.target_group_name()
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
+            .collect();
         Ok(self
             .owned_by(cluster, groups, TargetGroup::target_group_arn)
             .await?
@@ -1293,7 +1269,7 @@ impl LoadBalancers for AwsCloud {
         hosts: &[Host],
     ) -> Result<LoadBalancerStatus> {
         let service = spec.service.clone().unwrap_or_default();
-        let o = Self::options(spec)?;
+        let o = annotations::parse(&spec.annotations)?;
         let ls = listenings(spec, &o)?;
         let hc = health_check(spec, &o)?;
         if !spec.load_balancer_ip.is_empty() {
@@ -1393,7 +1369,7 @@ impl LoadBalancers for AwsCloud {
         hosts: &[Host],
     ) -> Result<()> {
         let service = spec.service.clone().unwrap_or_default();
-        let o = Self::options(spec)?;
+        let o = annotations::parse(&spec.annotations)?;
         let ls = listenings(spec, &o)?;
         let lb_name = load_balancer_name(&service.uid);
         let Some(nlb) = self.owned_nlb(cluster, &lb_name).await? else {
@@ -1509,31 +1485,20 @@ impl LoadBalancers for AwsCloud {
     }
 
     async fn list(&self, cluster: &str) -> Result<Vec<LoadBalancer>> {
-        let mut nlbs = Vec::new();
-        let mut marker = None;
-        loop {
-            let page = self
-                .elb
-                .describe_load_balancers()
-                .page_size(400)
-                .set_marker(marker)
-                .send()
-                .await
-                .map_err(|e| errors::cloud_error("DescribeLoadBalancers", e))?;
-            nlbs.extend(
-                page.load_balancers()
-                    .iter()
-                    .filter(|l| l.r#type() == Some(&LoadBalancerTypeEnum::Network))
-                    .cloned(),
-            );
-            marker = page
-                .next_marker()
-                .filter(|m| !m.is_empty())
-                .map(str::to_owned);
-            if marker.is_none() {
-                break;
-            }
-        }
+        let nlbs: Vec<Nlb> = self
+            .elb
+            .describe_load_balancers()
+            .page_size(400)
+            .into_paginator()
+            .items()
+            .send()
+            .try_collect()
+            .await
+            .map_err(|e| errors::cloud_error("DescribeLoadBalancers", e))?;
+        let nlbs: Vec<Nlb> = nlbs
+            .into_iter()
+            .filter(|l| l.r#type() == Some(&LoadBalancerTypeEnum::Network))
+            .collect();
         let mut out = Vec::new();
         for (nlb, t) in self.owned_by(cluster, nlbs, Nlb::load_balancer_arn).await? {
             let t = &t;
