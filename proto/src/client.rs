@@ -261,8 +261,9 @@ impl GatewayClient {
                 .await
             {
                 Ok(Ok(response)) => return Ok(response.into_inner()),
-                // tonic's server answers an expired grpc-timeout with
-                // CANCELLED; past our own deadline, that is what it means.
+                // A tonic server answers an expired grpc-timeout with
+                // CANCELLED (ours says DEADLINE_EXCEEDED; a vendor's may
+                // not); past our own deadline, that is what it means.
                 Ok(Err(status))
                     if status.code() == tonic::Code::Cancelled
                         && started.elapsed() >= self.timeout =>
@@ -437,13 +438,22 @@ impl GatewayClient {
 
     /// The raw SimAdmin client with this client's token, for the sandbox,
     /// tests and the command line. Calls through it are not retried.
-    pub fn sim_admin(
-        &self,
-    ) -> Result<
-        SimAdminClient<tonic::service::interceptor::InterceptedService<Channel, AuthInterceptor>>,
-    > {
+    pub fn sim_admin(&self) -> Result<SimAdminClient<AuthorizedChannel>> {
+        Ok(SimAdminClient::new(self.authorized_channel()?))
+    }
+
+    /// The connection, with no token: for the services open to everyone
+    /// (health, reflection).
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// The connection with this client's token on every call, for raw
+    /// calls outside the typed methods (the conformance suite sends bytes
+    /// that are not a message). Not retried, no deadline of its own.
+    pub fn authorized_channel(&self) -> Result<AuthorizedChannel> {
         let header = self.token.header()?;
-        Ok(SimAdminClient::with_interceptor(
+        Ok(tonic::service::interceptor::InterceptedService::new(
             self.channel.clone(),
             AuthInterceptor { header },
         ))
@@ -455,6 +465,10 @@ fn deadline_exceeded(timeout: Duration) -> Error {
         message: format!("no answer within {timeout:?}"),
     }
 }
+
+/// A connection that sends a fixed token on every call.
+pub type AuthorizedChannel =
+    tonic::service::interceptor::InterceptedService<Channel, AuthInterceptor>;
 
 /// Adds a fixed `authorization` header to every request.
 #[derive(Clone, Debug)]

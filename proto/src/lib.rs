@@ -8,7 +8,7 @@ pub mod codec;
 pub mod error;
 pub mod reason;
 
-pub use client::{ClientConfig, GatewayClient, RetryPolicy, TokenSource};
+pub use client::{AuthorizedChannel, ClientConfig, GatewayClient, RetryPolicy, TokenSource};
 pub use error::{Error, FieldViolation, Result};
 
 /// Generated types and service stubs of `cloudgateway.v1`.

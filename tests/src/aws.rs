@@ -24,6 +24,8 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use tokio::process::{Child, Command};
 
+use crate::gateway::free_port;
+
 /// The region the tests and the sandbox use; moto serves any.
 pub const REGION: &str = "eu-west-1";
 /// The zones the seeded subnets are in.
@@ -66,12 +68,6 @@ pub struct Moto {
     /// `http://127.0.0.1:<port>`.
     pub endpoint: String,
     _child: Child,
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 impl Moto {

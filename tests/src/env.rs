@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccm_proto::client::AuthInterceptor;
 use ccm_proto::v1::sim_admin_client::SimAdminClient;
 use ccm_proto::v1::{CreateInstanceRequest, SimInstance};
 use ccm_proto::{ClientConfig, GatewayClient, TokenSource};
@@ -16,8 +15,6 @@ use cloud_gateway::provider::Operation;
 use cloud_gateway::provider::sim::SimCloud;
 use cloud_gateway::settings::Settings as GatewaySettings;
 use tokio_util::sync::CancellationToken;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
 use crate::apiserver::ApiServer;
 
@@ -34,7 +31,7 @@ pub struct TestEnv {
 }
 
 /// The SimAdmin client type.
-pub type SimAdmin = SimAdminClient<InterceptedService<Channel, AuthInterceptor>>;
+pub type SimAdmin = SimAdminClient<ccm_proto::AuthorizedChannel>;
 
 impl TestEnv {
     /// Starts everything with default gateway settings (a generous budget).

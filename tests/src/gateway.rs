@@ -9,7 +9,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::process::{Child, Command};
 
-fn free_port() -> anyhow::Result<u16> {
+/// A loopback port free now (another process may take it before use).
+pub fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())

@@ -12,6 +12,7 @@ pub mod fixtures;
 pub mod gateway;
 pub mod kubelet;
 pub mod sandbox;
+pub mod toy;
 
 /// The directory of the workspace's binaries, in this package's integration
 /// tests (where Cargo sets `CARGO_BIN_EXE_<name>`): the binaries of every

@@ -5,7 +5,7 @@
 //! runs. The README's run command starts it; end-to-end tests drive it.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -21,6 +21,7 @@ use tokio::process::{Child, Command};
 use crate::apiserver::{TokenEntry, TokenUser};
 use crate::aws::{self, Moto, Seeded};
 use crate::fixtures::{self, node};
+use crate::gateway::free_port;
 
 /// The cloud the sandbox runs on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -31,6 +32,10 @@ pub enum CloudKind {
     /// AWS, emulated by moto on loopback: the gateway's AWS provider, its
     /// SDK and credential chain, against EC2's API.
     Aws,
+    /// Not our gateway at all: the toy gateway in Python
+    /// (tests/toy-gateway), a second implementation of the contract with
+    /// its own in-memory cloud, which the controllers use unchanged.
+    Toy,
 }
 
 /// The cluster name the sandbox's controllers use (the controllers'
@@ -63,6 +68,8 @@ pub const RELEASE: &str = "ccm";
 pub const NAMESPACE: &str = "kube-system";
 /// The audience of the controllers' gateway tokens, as in the chart.
 pub const GATEWAY_AUDIENCE: &str = "cloud-gateway";
+/// The process name (and log) of the toy gateway.
+const TOY_GATEWAY: &str = "toy-gateway";
 /// The components, each with its gateway role.
 const COMPONENTS: [(&str, &str); 4] = [
     ("cloud-gateway", "admin"),
@@ -119,10 +126,6 @@ struct Process {
     child: Child,
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
@@ -150,7 +153,14 @@ impl Sandbox {
             .append(true)
             .open(self.options.state_dir.join(format!("{name}.log")))?;
         let path = self.options.bin_dir.join(binary);
-        Command::new(&path)
+        let mut command = if binary == TOY_GATEWAY {
+            let mut command = Command::new(crate::toy::python());
+            command.arg(crate::toy::script());
+            command
+        } else {
+            Command::new(&path)
+        };
+        command
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
             // The leader election identity starts with it, so a lease
@@ -284,32 +294,53 @@ impl Sandbox {
             .iter()
             .map(|(binary, role)| format!("{NAMESPACE}/{}={role}", service_account(binary)))
             .collect();
-        let (cloud_args, cloud_env) = sandbox.cloud().await?;
-        sandbox.spawn(
-            "cloud-gateway",
-            "cloud-gateway",
-            &[
-                "--listen".into(),
-                addr(grpc).to_string(),
-                "--admin-listen".into(),
-                addr(admin).to_string(),
-                "--state-dir".into(),
-                gateway_dir.display().to_string(),
-                "--kubeconfig".into(),
-                state.join("kubeconfig-cloud-gateway").display().to_string(),
-                "--service-account-roles".into(),
-                roles.join(","),
-                "--token-audience".into(),
-                GATEWAY_AUDIENCE.into(),
-                "--tokens-file".into(),
-                state.join("gateway-tokens.yaml").display().to_string(),
-            ]
-            .into_iter()
-            .chain(cloud_args)
-            .chain(sandbox.extra_args("cloud-gateway"))
-            .collect::<Vec<_>>(),
-            &cloud_env,
-        )?;
+        if sandbox.options.cloud == CloudKind::Toy {
+            // Its tokens are the files the controllers send, taken as they
+            // are: it does no TokenReview.
+            sandbox.spawn(
+                TOY_GATEWAY,
+                TOY_GATEWAY,
+                &[
+                    "--listen".into(),
+                    addr(grpc).to_string(),
+                    "--proto-dir".into(),
+                    crate::toy::proto_dir().display().to_string(),
+                    "--tokens-dir".into(),
+                    state.join("tokens").display().to_string(),
+                ],
+                &[],
+            )?;
+        } else {
+            let (cloud_args, cloud_env) = sandbox.cloud().await?;
+            sandbox.spawn(
+                "cloud-gateway",
+                "cloud-gateway",
+                &[
+                    "--listen".into(),
+                    addr(grpc).to_string(),
+                    "--admin-listen".into(),
+                    addr(admin).to_string(),
+                    "--state-dir".into(),
+                    gateway_dir.display().to_string(),
+                    "--kubeconfig".into(),
+                    state.join("kubeconfig-cloud-gateway").display().to_string(),
+                    "--service-account-roles".into(),
+                    roles.join(","),
+                    "--token-audience".into(),
+                    GATEWAY_AUDIENCE.into(),
+                    "--tokens-file".into(),
+                    state.join("gateway-tokens.yaml").display().to_string(),
+                ]
+                .into_iter()
+                .chain(cloud_args)
+                .chain(sandbox.extra_args("cloud-gateway"))
+                .collect::<Vec<_>>(),
+                &cloud_env,
+            )?;
+            sandbox
+                .endpoints
+                .insert("gateway_admin".into(), format!("http://{}", addr(admin)));
+        }
         sandbox.gateway = format!("http://{}", addr(grpc));
         sandbox
             .endpoints
@@ -320,9 +351,6 @@ impl Sandbox {
         sandbox
             .endpoints
             .insert("gateway".into(), sandbox.gateway.clone());
-        sandbox
-            .endpoints
-            .insert("gateway_admin".into(), format!("http://{}", addr(admin)));
         sandbox.endpoints.insert(
             "admin_token_file".into(),
             state.join("tokens/admin.token").display().to_string(),

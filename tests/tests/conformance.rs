@@ -1,8 +1,9 @@
-//! `gateway-conformance` against real gateways: our gateway on the sim
-//! passes every check; one whose tokens file gives the route controller's
-//! token the admin role breaks the role rule, and the suite says so in one
-//! line and exits non-zero. (The AWS run is in `aws_provider.rs`, beside
-//! the emulator.)
+//! `gateway-conformance` against real gateways: our gateway on the sim and
+//! the toy gateway in Python (a second implementation sharing no code with
+//! ours) pass every check; one whose tokens file gives the route
+//! controller's token the admin role breaks the role rule, and the suite
+//! says so in one line and exits non-zero. (The AWS run is in
+//! `aws_provider.rs`, beside the emulator.)
 
 use std::path::Path;
 use std::process::Output;
@@ -10,16 +11,35 @@ use std::time::Duration;
 
 use ccm_testkit::gateway::GatewayProcess;
 
-async fn conformance(address: &str, tokens: &Path, node: Option<&str>) -> Output {
+async fn conformance(address: &str, tokens: &Path, args: &[&str]) -> Output {
     ccm_testkit::conformance::run_binary(
         &ccm_testkit::bin_dir!(),
         address,
         tokens,
         "conformance",
-        node,
+        args,
     )
     .await
     .unwrap()
+}
+
+/// Asserts the run passed with every check run, in order, and only the
+/// one with nothing to try on a provider offering everything skipped.
+fn assert_passes_everything(out: &Output) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|name| name.contains('.'))
+        .collect();
+    assert_eq!(names, ccm_testkit::conformance::CHECKS, "{stdout}");
+    assert!(stdout.contains(" 0 failed, 1 skipped"), "{stdout}");
+    assert!(stdout.contains("SKIP provider.unimplemented"), "{stdout}");
 }
 
 async fn sim_gateway(dir: &Path, args: &[&str]) -> GatewayProcess {
@@ -43,38 +63,36 @@ async fn sim_gateway(dir: &Path, args: &[&str]) -> GatewayProcess {
 async fn the_sim_gateway_passes_every_check() {
     let dir = tempfile::tempdir().unwrap();
     let gateway = sim_gateway(dir.path(), &[]).await;
-    let mut admin = gateway.client("admin", "kubernetes").sim_admin().unwrap();
-    admin
-        .create_instance(ccm_proto::v1::CreateInstanceRequest {
-            name: "conformance-node".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    // No --node: the suite makes its instances through the admin hook.
     let out = conformance(
         &gateway.address,
         &dir.path().join("state/tokens"),
-        Some("conformance-node"),
+        &[
+            "--invalid-annotation",
+            "sim.cloudgateway.io/algorithm=fastest",
+        ],
     )
     .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // Every check ran, in order, each named once.
-    let names: Vec<&str> = stdout
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .filter(|name| name.contains('.'))
-        .collect();
-    assert_eq!(names, ccm_testkit::conformance::CHECKS, "{stdout}");
-    // The sim offers every capability, so only that check has nothing
-    // to try.
-    assert!(stdout.contains(" 0 failed, 1 skipped"), "{stdout}");
-    assert!(stdout.contains("SKIP provider.unimplemented"), "{stdout}");
-    assert!(stdout.contains("PASS lb.ensure-idempotent"), "{stdout}");
+    assert_passes_everything(&out);
+}
+
+#[tokio::test]
+async fn the_python_gateway_passes_every_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let toy = ccm_testkit::toy::ToyGateway::start(dir.path())
+        .await
+        .unwrap();
+    let out = conformance(
+        &toy.address,
+        &toy.tokens,
+        &[
+            "--invalid-annotation",
+            "toy.cloudgateway.io/idle-timeout=forever",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", toy.log_text());
+    assert_passes_everything(&out);
 }
 
 #[tokio::test]
@@ -102,7 +120,7 @@ async fn a_gateway_that_breaks_a_rule_fails_with_one_clear_line() {
         &["--tokens-file", file.to_str().unwrap()],
     )
     .await;
-    let out = conformance(&gateway.address, &tokens, None).await;
+    let out = conformance(&gateway.address, &tokens, &[]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     let failed: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL")).collect();

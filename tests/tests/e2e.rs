@@ -627,6 +627,127 @@ mod scenarios {
         assert!(report["roles"].as_u64().unwrap() >= 7, "{report}");
     }
 
+    /// The controllers, unchanged, against a gateway that is not ours: the
+    /// toy gateway in Python (tests/toy-gateway), which knows the contract
+    /// only from the protos. The cluster converges and follows its cloud.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_the_python_gateway_the_controllers_converge_a_cluster() {
+        let (sandbox, kubelets, _dir) = start_on(CloudKind::Toy, 4, 2).await;
+        let h = sandbox.handle();
+        until(&h, "convergence on the toy gateway", |p| {
+            p.converged(&sandbox.options)
+        })
+        .await;
+        let client = sandbox.client().await.unwrap();
+        let nodes: Api<Node> = Api::all(client.clone());
+
+        // Nodes carry what the toy cloud says of their instances.
+        let mut names = Vec::new();
+        for node in nodes.list(&Default::default()).await.unwrap().items {
+            let name = node.metadata.name.clone().unwrap();
+            let provider_id = node.spec.as_ref().unwrap().provider_id.clone();
+            assert!(
+                provider_id
+                    .as_deref()
+                    .unwrap_or_default()
+                    .starts_with("toy://toy-1"),
+                "{name}: {provider_id:?}"
+            );
+            let labels = node.metadata.labels.unwrap_or_default();
+            let label = |key: &str| labels.get(key).map(String::as_str);
+            assert_eq!(label("topology.kubernetes.io/region"), Some("toy-1"));
+            assert_eq!(label("node.kubernetes.io/instance-type"), Some("toy.small"));
+            assert!(label("topology.kubernetes.io/zone").is_some_and(|z| z.starts_with("toy-1")));
+            names.push(name);
+        }
+        names.sort();
+        // Services have addresses from the toy pool, with every node behind.
+        let lb_hosts = async || {
+            let mut all: Vec<Vec<String>> = h
+                .gateway_client("service")
+                .unwrap()
+                .list_load_balancers()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|lb| lb.hosts)
+                .collect();
+            all.sort();
+            all
+        };
+        let p = h.progress().await.unwrap();
+        assert!(p.ips.iter().all(|ip| ip.starts_with("198.18.")), "{p}");
+        until_true("every node behind both load balancers", async || {
+            lb_hosts().await == vec![names.clone(), names.clone()]
+        })
+        .await;
+        // Each node's pod CIDR is routed to it.
+        let routes = h
+            .gateway_client("route")
+            .unwrap()
+            .list_routes()
+            .await
+            .unwrap();
+        for node in nodes.list(&Default::default()).await.unwrap().items {
+            let cidr = node.spec.unwrap().pod_cidr.unwrap();
+            let route = routes.iter().find(|r| r.destination_cidr == cidr);
+            assert_eq!(
+                route.map(|r| (r.target_node.as_str(), r.blackhole)),
+                Some((node.metadata.name.as_deref().unwrap(), false)),
+                "{routes:?}"
+            );
+        }
+
+        // The toy cloud's console: a stopped instance taints its node; a
+        // terminated one takes its node, route and backends with it.
+        let mut console = h.gateway_client("admin").unwrap().sim_admin().unwrap();
+        console
+            .stop_instance(InstanceId {
+                id: "node-1".into(),
+            })
+            .await
+            .unwrap();
+        until_true("shutdown taint", async || {
+            nodes
+                .get("node-1")
+                .await
+                .unwrap()
+                .spec
+                .and_then(|s| s.taints)
+                .unwrap_or_default()
+                .iter()
+                .any(|t| t.key == "node.cloudprovider.kubernetes.io/shutdown")
+        })
+        .await;
+        console
+            .terminate_instance(InstanceId {
+                id: "node-1".into(),
+            })
+            .await
+            .unwrap();
+        until_true("node-1 deleted", async || {
+            nodes.get_opt("node-1").await.unwrap().is_none()
+        })
+        .await;
+        until(&h, "route of node-1 removed", |p| {
+            p.routes == 3 && p.nodes == 3
+        })
+        .await;
+        names.retain(|n| n != "node-1");
+        until_true("node-1 no longer a backend", async || {
+            lb_hosts().await == vec![names.clone(), names.clone()]
+        })
+        .await;
+
+        // A deleted Service takes its load balancer.
+        Api::<Service>::namespaced(client, "default")
+            .delete("demo", &DeleteParams::default())
+            .await
+            .unwrap();
+        until_true("load balancer deleted", async || lbs(&h).await == 1).await;
+        finish(sandbox, kubelets).await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn on_aws_nodes_initialise_and_routes_follow_the_instances() {
         let (sandbox, kubelets, _dir) = start_on(CloudKind::Aws, 3, 2).await;

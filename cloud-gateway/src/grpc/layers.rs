@@ -1,8 +1,10 @@
 //! The tower layer that counts and times every gRPC request by method and
-//! code. It sits outside auth, so refused calls are counted too.
+//! code, and answers a call whose `grpc-timeout` passes with
+//! `DEADLINE_EXCEEDED`. It sits outside auth, so refused calls are counted
+//! too.
 
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use tower::{Layer, Service};
@@ -50,10 +52,31 @@ fn method_label(path: &str) -> String {
     }
 }
 
+/// The caller's deadline from the `grpc-timeout` header: at most 8 digits
+/// and a unit (gRPC over HTTP/2). Anything else is no deadline.
+fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for MetricsService<S>
 where
     S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
     S::Future: Send + 'static,
+    ResBody: Default + Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -67,9 +90,26 @@ where
         let method = method_label(req.uri().path());
         let metrics = self.metrics.clone();
         let start = Instant::now();
+        let deadline = grpc_timeout(req.headers());
         let future = self.inner.call(req);
+        // tonic's server runs the same timer, but answers CANCELLED when it
+        // fires; the contract (and gRPC) say DEADLINE_EXCEEDED. This sleep
+        // starts before tonic's, so it fires first and the call's work is
+        // dropped with it.
+        let expired = deadline.map(|d| Box::pin(tokio::time::sleep(d)));
         Box::pin(async move {
-            let result = future.await;
+            let result = match expired {
+                None => future.await,
+                Some(expired) => tokio::select! {
+                    biased;
+                    result = future => result,
+                    () = expired => Ok(tonic::Status::deadline_exceeded(format!(
+                        "the caller's deadline of {:?} passed",
+                        deadline.unwrap_or_default()
+                    ))
+                    .into_http()),
+                },
+            };
             // Unary errors are "trailers-only" responses: the code is in
             // the headers. No grpc-status header means the call succeeded.
             let code = match &result {
@@ -94,5 +134,30 @@ where
                 .observe(start.elapsed().as_secs_f64());
             result
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(value: &str) -> Option<Duration> {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("grpc-timeout", value.parse().unwrap());
+        grpc_timeout(&headers)
+    }
+
+    #[test]
+    fn grpc_timeout_values_of_every_unit_and_garbage_is_none() {
+        assert_eq!(parse("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(parse("99999999u"), Some(Duration::from_micros(99_999_999)));
+        assert_eq!(parse("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "m", "123456789m", "12x", "-1S", "1.5S", "ms"] {
+            assert_eq!(parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
     }
 }

@@ -26,7 +26,8 @@ struct Args {
     #[arg(long)]
     tls_ca: Option<PathBuf>,
     /// A directory with one token file per role: node.token,
-    /// service.token, route.token.
+    /// service.token, route.token, and admin.token where the gateway
+    /// offers the admin hook.
     #[arg(long)]
     tokens_dir: Option<PathBuf>,
     /// A role's token file, `ROLE=PATH` (repeatable; overrides --tokens-dir).
@@ -39,10 +40,15 @@ struct Args {
     /// A second cluster name, which must never see the first's resources.
     #[arg(long, default_value = "conformance-other")]
     other_cluster: String,
-    /// The name of a node whose instance exists in the cloud; checks that
-    /// need one are skipped without it.
+    /// The name of a node whose instance exists in the cloud; without it,
+    /// one is made through the admin hook, or the checks that need one are
+    /// skipped.
     #[arg(long)]
     node: Option<String>,
+    /// An annotation the provider refuses, `KEY=VALUE`, for the check that
+    /// a refused annotation makes nothing.
+    #[arg(long, value_parser = annotation)]
+    invalid_annotation: Option<(String, String)>,
     /// The longest a check waits for provisioning, in seconds.
     #[arg(long, default_value_t = 120, value_parser = number_within(1u64, 3600))]
     patience: u64,
@@ -53,11 +59,19 @@ fn role_file(value: &str) -> Result<(String, PathBuf), String> {
         .split_once('=')
         .ok_or_else(|| format!("{value:?} is not ROLE=PATH"))?;
     match role {
-        "node" | "service" | "route" => Ok((role.to_owned(), PathBuf::from(path))),
+        "node" | "service" | "route" | "admin" => Ok((role.to_owned(), PathBuf::from(path))),
         _ => Err(format!(
-            "{role:?} is not a role; use node, service or route"
+            "{role:?} is not a role; use node, service, route or admin"
         )),
     }
+}
+
+fn annotation(value: &str) -> Result<(String, String), String> {
+    value
+        .split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .filter(|(k, _)| !k.is_empty())
+        .ok_or_else(|| format!("{value:?} is not KEY=VALUE"))
 }
 
 #[tokio::main]
@@ -66,11 +80,11 @@ async fn main() -> anyhow::Result<()> {
     ccm_runtime::process::install_crypto_provider();
     let mut tokens = BTreeMap::new();
     if let Some(dir) = &args.tokens_dir {
-        for role in ["node", "service", "route"] {
-            tokens.insert(
-                role.to_owned(),
-                TokenSource::File(dir.join(format!("{role}.token"))),
-            );
+        for role in ["node", "service", "route", "admin"] {
+            let file = dir.join(format!("{role}.token"));
+            if role != "admin" || file.is_file() {
+                tokens.insert(role.to_owned(), TokenSource::File(file));
+            }
         }
     }
     for (role, path) in &args.tokens {
@@ -83,6 +97,7 @@ async fn main() -> anyhow::Result<()> {
         cluster: args.cluster,
         other_cluster: args.other_cluster,
         node: args.node,
+        invalid_annotation: args.invalid_annotation,
         patience: Duration::from_secs(args.patience),
     };
     let results = run(&target, |checked| println!("{checked}")).await;

@@ -1,5 +1,6 @@
 //! `sandbox`: the whole system on loopback, as separate processes, on the
-//! simulated cloud or on AWS emulated by moto. Ctrl-C stops it.
+//! simulated cloud, on AWS emulated by moto, or with the toy gateway in
+//! Python in place of ours. Ctrl-C stops it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,8 +14,10 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "sandbox", version)]
 struct Args {
-    /// The cloud: sim (the simulated cloud) or aws (the AWS provider against
-    /// moto, an AWS API emulator from PyPI, started on loopback).
+    /// The cloud: sim (the simulated cloud), aws (the AWS provider against
+    /// moto, an AWS API emulator from PyPI, started on loopback) or toy (no
+    /// cloud-gateway: tests/toy-gateway, a second implementation of the
+    /// contract in Python).
     #[arg(long = "provider", value_enum, default_value = "sim")]
     cloud: CloudKind,
     /// Where state, logs, the kubeconfig and endpoints.json go (cleared at start).

@@ -1,0 +1,100 @@
+//! The toy gateway (`tests/toy-gateway/toy_gateway.py`): a second
+//! implementation of cloudgateway.v1, in Python, with an in-memory cloud.
+//! It shares no code with ours; tests run the conformance suite and the
+//! unchanged controllers against it to prove the contract is enough.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::process::{Child, Command};
+
+/// The script, in the source tree.
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("toy-gateway/toy_gateway.py")
+}
+
+/// The protos it compiles at start, in the source tree.
+pub fn proto_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto")
+}
+
+/// The Python that runs it (grpcio, grpcio-tools from
+/// tests/requirements.txt); `TOY_PYTHON` overrides.
+pub fn python() -> String {
+    std::env::var("TOY_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// The command line that starts it on `listen` with the role tokens in
+/// `tokens` (`<role>.token`).
+pub fn command(listen: &str, tokens: &Path) -> Command {
+    let mut command = Command::new(python());
+    command
+        .arg(script())
+        .args(["--listen", listen, "--proto-dir"])
+        .arg(proto_dir())
+        .arg("--tokens-dir")
+        .arg(tokens);
+    command
+}
+
+/// The toy gateway as a process on loopback, with a token per role in
+/// `<dir>/tokens/` and its log in `<dir>/toy-gateway.log`.
+pub struct ToyGateway {
+    /// `http://127.0.0.1:<port>`.
+    pub address: String,
+    /// The directory of the role tokens.
+    pub tokens: PathBuf,
+    log: PathBuf,
+    _child: Child,
+}
+
+impl ToyGateway {
+    /// Starts it and waits until it listens.
+    pub async fn start(dir: &Path) -> anyhow::Result<Self> {
+        let tokens = dir.join("tokens");
+        std::fs::create_dir_all(&tokens)?;
+        for role in ["node", "service", "route", "admin"] {
+            std::fs::write(
+                tokens.join(format!("{role}.token")),
+                format!("{role}-{}", uuid::Uuid::new_v4().simple()),
+            )?;
+        }
+        let port = crate::gateway::free_port()?;
+        let log = dir.join("toy-gateway.log");
+        let mut child = command(&format!("127.0.0.1:{port}"), &tokens)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("start {} {}", python(), script().display()))?;
+        let text = |log: &Path| std::fs::read_to_string(log).unwrap_or_default();
+        for _ in 0..600 {
+            if let Some(status) = child.try_wait()? {
+                anyhow::bail!(
+                    "the toy gateway exited ({status}); pip install -r tests/requirements.txt?\n{}",
+                    text(&log)
+                );
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Ok(Self {
+                    address: format!("http://127.0.0.1:{port}"),
+                    tokens,
+                    log,
+                    _child: child,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!("the toy gateway did not listen in 60 s:\n{}", text(&log))
+    }
+
+    /// Its log.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
