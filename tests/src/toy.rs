@@ -51,8 +51,9 @@ pub struct ToyGateway {
 }
 
 impl ToyGateway {
-    /// Starts it and waits until it listens.
-    pub async fn start(dir: &Path) -> anyhow::Result<Self> {
+    /// Starts it with more flags in `args` (`--offer`) and waits until it
+    /// listens.
+    pub async fn start(dir: &Path, args: &[&str]) -> anyhow::Result<Self> {
         let tokens = dir.join("tokens");
         std::fs::create_dir_all(&tokens)?;
         for role in ["node", "service", "route", "admin"] {
@@ -64,6 +65,7 @@ impl ToyGateway {
         let port = crate::gateway::free_port()?;
         let log = dir.join("toy-gateway.log");
         let mut child = command(&format!("127.0.0.1:{port}"), &tokens)
+            .args(args)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .kill_on_drop(true)

@@ -76,10 +76,9 @@ async fn the_sim_gateway_passes_every_check() {
     assert_passes_everything(&out);
 }
 
-#[tokio::test]
-async fn the_python_gateway_passes_every_check() {
+async fn toy_conformance(offer: &str) -> (Output, String) {
     let dir = tempfile::tempdir().unwrap();
-    let toy = ccm_testkit::toy::ToyGateway::start(dir.path())
+    let toy = ccm_testkit::toy::ToyGateway::start(dir.path(), &["--offer", offer])
         .await
         .unwrap();
     let out = conformance(
@@ -91,8 +90,36 @@ async fn the_python_gateway_passes_every_check() {
         ],
     )
     .await;
-    assert!(out.status.success(), "{}", toy.log_text());
+    (out, toy.log_text())
+}
+
+#[tokio::test]
+async fn the_python_gateway_passes_every_check() {
+    let (out, log) = toy_conformance("instances,load_balancers,routes").await;
+    assert!(out.status.success(), "{log}");
     assert_passes_everything(&out);
+}
+
+#[tokio::test]
+async fn a_gateway_without_routes_passes_and_answers_unimplemented_for_them() {
+    let (out, log) = toy_conformance("instances,load_balancers").await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{log}");
+    assert!(stdout.contains("PASS provider.unimplemented"), "{stdout}");
+    assert!(stdout.contains(" 0 failed, 3 skipped"), "{stdout}");
+    for check in [
+        "routes.delete-missing",
+        "routes.create-idempotent",
+        "routes.blackhole",
+    ] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("SKIP {check} "))
+                    && l.ends_with("the provider has no routes capability")),
+            "{stdout}"
+        );
+    }
 }
 
 #[tokio::test]

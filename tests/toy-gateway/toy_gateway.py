@@ -10,7 +10,10 @@ shared with our Rust gateway; it knows the contract only from the protos
 
 usage:
   toy_gateway.py --listen 127.0.0.1:7443 --tokens-dir DIR [--proto-dir proto]
+                 [--offer instances,load_balancers,routes]
 
+`--offer` names the capabilities it backs (all three by default); the
+others answer UNIMPLEMENTED, as a cloud without, say, routes would.
 DIR holds one token per role, `<role>.token` for node, service, route and
 admin (the files the controllers and the conformance suite read). The
 admin role may also call the SimAdmin subset that serves as the
@@ -52,6 +55,8 @@ ROLES = {
     "route": {"Routes"},
     "admin": {"Instances", "LoadBalancers", "Routes", "SimAdmin"},
 }
+# The services a provider may or may not back, by GetProviderInfo's field.
+CAPABILITIES = {"Instances": "instances", "LoadBalancers": "load_balancers", "Routes": "routes"}
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MAX_BATCH = 1000
 
@@ -215,9 +220,10 @@ class Gateway:
     the request's raw bytes, so a message that does not decode is
     INVALID_ARGUMENT (grpcio's own decoding would answer INTERNAL)."""
 
-    def __init__(self, pb, tokens):
+    def __init__(self, pb, tokens, offered):
         self.pb = pb
         self.tokens = tokens
+        self.offered = offered
         self.cloud = Cloud(pb)
 
     # ---- plumbing
@@ -251,7 +257,7 @@ class Gateway:
                     request = request_type.FromString(raw)
                 except message.DecodeError as e:
                     raise invalid([("", f"the request is not a valid {request_type.DESCRIPTOR.name}: {e}")])
-                if implementation is None:
+                if implementation is None or service in CAPABILITIES and service not in self.offered:
                     raise Refused(grpc.StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED",
                                   f"{service}.{method} is not implemented by the toy cloud")
                 return implementation(request, context)
@@ -275,7 +281,7 @@ class Gateway:
 
     def Provider_GetProviderInfo(self, request, context):
         return self.pb["provider"].GetProviderInfoResponse(
-            name=PROVIDER, instances=True, load_balancers=True, routes=True)
+            name=PROVIDER, **{CAPABILITIES[s]: True for s in self.offered})
 
     # ---- Instances
 
@@ -579,12 +585,17 @@ def main():
     parser = argparse.ArgumentParser(description="A toy cloudgateway.v1 gateway in Python.")
     parser.add_argument("--listen", default="127.0.0.1:7443")
     parser.add_argument("--tokens-dir", required=True)
+    parser.add_argument("--offer", default="instances,load_balancers,routes")
     parser.add_argument("--proto-dir",
                         default=os.path.join(os.path.dirname(__file__), "..", "..", "proto"))
     args = parser.parse_args()
 
     pb = compile_protos(args.proto_dir)
-    gateway = Gateway(pb, read_tokens(args.tokens_dir))
+    wanted = {c.strip() for c in args.offer.split(",") if c.strip()}
+    offered = {s for s, c in CAPABILITIES.items() if c in wanted}
+    if wanted - set(CAPABILITIES.values()):
+        raise SystemExit(f"--offer: unknown {sorted(wanted - set(CAPABILITIES.values()))}")
+    gateway = Gateway(pb, read_tokens(args.tokens_dir), offered)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=32),
         options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
@@ -592,7 +603,7 @@ def main():
     server.add_generic_rpc_handlers(gateway.handlers())
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    served = [f"{PACKAGE}.{s}" for s in ("Provider", "Instances", "LoadBalancers", "Routes")]
+    served = [f"{PACKAGE}.{s}" for s in ["Provider", *sorted(offered)]]
     for name in ["", *served]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     names = [*served, health.SERVICE_NAME, reflection.SERVICE_NAME,
