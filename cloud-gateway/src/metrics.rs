@@ -7,6 +7,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use ccm_runtime::metrics::Listed;
+
 /// Labels of gRPC request metrics.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RpcLabels {
@@ -128,37 +130,37 @@ impl Metrics {
         r.register(
             "grpc_requests",
             "gRPC requests handled, by method and code",
-            m.grpc_requests.clone(),
+            Listed(m.grpc_requests.clone()),
         );
         r.register(
             "grpc_request_duration_seconds",
             "gRPC request latency",
-            m.grpc_duration.clone(),
+            Listed(m.grpc_duration.clone()),
         );
         r.register(
             "cloud_calls",
             "Provider calls, by operation and outcome",
-            m.cloud_calls.clone(),
+            Listed(m.cloud_calls.clone()),
         );
         r.register(
             "cloud_call_duration_seconds",
             "Provider call latency",
-            m.cloud_duration.clone(),
+            Listed(m.cloud_duration.clone()),
         );
         r.register(
             "cloud_api_requests",
             "Requests sent to the cloud's API, by operation (one provider call may send several)",
-            m.cloud_requests.clone(),
+            Listed(m.cloud_requests.clone()),
         );
         r.register(
             "budget_wait_seconds",
             "Time calls waited for the API budget",
-            m.budget_wait.clone(),
+            Listed(m.budget_wait.clone()),
         );
         r.register(
             "budget_rejected",
             "Calls refused because the budget was exhausted",
-            m.budget_rejected.clone(),
+            Listed(m.budget_rejected.clone()),
         );
         r.register(
             "budget_throttled",
@@ -173,7 +175,7 @@ impl Metrics {
         r.register(
             "instance_cache",
             "Instance lookups by cache result",
-            m.instance_cache.clone(),
+            Listed(m.instance_cache.clone()),
         );
         r.register(
             "instance_batch_size",
@@ -203,12 +205,12 @@ impl Metrics {
         r.register(
             "requests_refused",
             "Requests refused at a limit, by limit",
-            m.requests_refused.clone(),
+            Listed(m.requests_refused.clone()),
         );
         r.register(
             "token_reviews",
             "ServiceAccount tokens checked, by result (limited: refused without asking the API)",
-            m.token_reviews.clone(),
+            Listed(m.token_reviews.clone()),
         );
         m
     }

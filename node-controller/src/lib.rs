@@ -62,7 +62,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         metrics: base.metrics.clone(),
         leadership: base.leadership.clone(),
         settings,
-        queue: WorkQueue::new(BACKOFF),
+        queue: WorkQueue::new(BACKOFF).with_metrics(base.metrics.queue.clone()),
     });
     tokio::spawn({
         let (ctx, readiness) = (ctx.clone(), readiness.clone());

@@ -6,6 +6,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use ccm_runtime::metrics::{Listed, slo_buckets};
+use ccm_runtime::queue::QueueMetrics;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub error: &'static str,
@@ -34,28 +37,30 @@ pub struct Metrics {
     pub nodes_deleted: Counter,
     pub deletions_held_back: Counter,
     pub shutdown_taints: Family<ActionLabels, Counter>,
+    pub queue: QueueMetrics,
 }
 
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
+        let r = registry.sub_registry_with_prefix("node_controller");
         let m = Self {
             reconciles: Counter::default(),
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
-            // Upstream's buckets: 1 s to about 17 min.
-            taint_removal_delay: Histogram::new(exponential_buckets(1.0, 4.0, 6)),
+            // Upstream's buckets start at 1 s, where all of ours would land.
+            taint_removal_delay: Histogram::new(slo_buckets()),
             gateway_calls: Family::default(),
             address_updates: Counter::default(),
             nodes_deleted: Counter::default(),
             deletions_held_back: Counter::default(),
             shutdown_taints: Family::default(),
+            queue: QueueMetrics::register(r),
         };
-        let r = registry.sub_registry_with_prefix("node_controller");
         r.register("reconciles", "Node syncs run", m.reconciles.clone());
         r.register(
             "reconcile_errors",
             "Node syncs failed, by error",
-            m.reconcile_errors.clone(),
+            Listed(m.reconcile_errors.clone()),
         );
         r.register(
             "reconcile_duration_seconds",
@@ -70,7 +75,7 @@ impl Metrics {
         r.register(
             "gateway_calls",
             "Gateway calls, by operation and outcome",
-            m.gateway_calls.clone(),
+            Listed(m.gateway_calls.clone()),
         );
         r.register(
             "address_updates",
@@ -90,7 +95,7 @@ impl Metrics {
         r.register(
             "shutdown_taints",
             "Shutdown taints added or removed",
-            m.shutdown_taints.clone(),
+            Listed(m.shutdown_taints.clone()),
         );
         m
     }

@@ -23,9 +23,21 @@ pub struct Context {
     pub settings: Settings,
     /// One key: "reconcile the routes".
     pub queue: WorkQueue<()>,
+    /// Pod CIDRs found without their route, and since when.
+    pub missing_since: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 impl Context {
+    /// Notes when `node`'s pod CIDRs were seen, for the delay to their
+    /// routes (the next reconcile forgets those already routed).
+    pub fn note_pod_cidrs(&self, node: &k8s_openapi::api::core::v1::Node) {
+        let now = std::time::Instant::now();
+        let mut missing = self.missing_since.lock().unwrap_or_else(|e| e.into_inner());
+        for cidr in crate::reconcile::node_info(node).pod_cidrs {
+            missing.entry(cidr).or_insert(now);
+        }
+    }
+
     /// Fails unless this replica leads now. Every write checks it first.
     pub fn ensure_leader(&self) -> Result<()> {
         if self.leadership.is_leader() {

@@ -69,7 +69,8 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         metrics: base.metrics.clone(),
         leadership: base.leadership.clone(),
         settings,
-        queue: WorkQueue::new(BACKOFF),
+        queue: WorkQueue::new(BACKOFF).with_metrics(base.metrics.queue.clone()),
+        missing_since: Default::default(),
     });
     tokio::spawn({
         let (ctx, readiness) = (ctx.clone(), readiness.clone());
@@ -79,7 +80,11 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             shutdown.clone(),
             fingerprint,
             move |seen| match seen {
-                Seen::Changed(_) | Seen::Deleted(_) => ctx.queue.add(()),
+                Seen::Changed(node) => {
+                    ctx.note_pod_cidrs(node);
+                    ctx.queue.add(())
+                }
+                Seen::Deleted(_) => ctx.queue.add(()),
                 Seen::Synced => {
                     readiness.set(true);
                     ctx.queue.add(());

@@ -6,6 +6,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use ccm_runtime::metrics::{Listed, slo_buckets};
+use ccm_runtime::queue::QueueMetrics;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub error: &'static str,
@@ -20,10 +23,13 @@ pub struct Metrics {
     pub routes_created: Counter,
     pub routes_deleted: Counter,
     pub route_errors: Family<ErrorLabels, Counter>,
+    pub route_creation_delay: Histogram,
+    pub queue: QueueMetrics,
 }
 
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
+        let r = registry.sub_registry_with_prefix("route_controller");
         let m = Self {
             reconciles: Counter::default(),
             reconcile_errors: Family::default(),
@@ -31,8 +37,9 @@ impl Metrics {
             routes_created: Counter::default(),
             routes_deleted: Counter::default(),
             route_errors: Family::default(),
+            route_creation_delay: Histogram::new(slo_buckets()),
+            queue: QueueMetrics::register(r),
         };
-        let r = registry.sub_registry_with_prefix("route_controller");
         r.register(
             "route_syncs",
             "Route reconciles run (upstream: route_sync_total)",
@@ -41,7 +48,7 @@ impl Metrics {
         r.register(
             "reconcile_errors",
             "Route reconciles failed, by error",
-            m.reconcile_errors.clone(),
+            Listed(m.reconcile_errors.clone()),
         );
         r.register(
             "reconcile_duration_seconds",
@@ -53,7 +60,12 @@ impl Metrics {
         r.register(
             "route_errors",
             "Route creates and deletes that failed, by error",
-            m.route_errors.clone(),
+            Listed(m.route_errors.clone()),
+        );
+        r.register(
+            "route_creation_delay_seconds",
+            "Time from a node's pod CIDR first seen without its route to the route created",
+            m.route_creation_delay.clone(),
         );
         m
     }

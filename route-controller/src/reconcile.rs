@@ -69,6 +69,16 @@ pub async fn reconcile(ctx: &Context) -> Result<()> {
     let infos: Vec<NodeInfo> = nodes.values().map(|n| node_info(n)).collect();
     let plan = plan::plan(&infos, &routes, &ctx.settings.cluster_cidrs);
     ctx.ensure_leader()?;
+    {
+        // Remember when each missing route was first found missing; forget
+        // those no longer wanted.
+        let now = Instant::now();
+        let mut missing = ctx.missing_since.lock().unwrap_or_else(|e| e.into_inner());
+        missing.retain(|cidr, _| plan.create.iter().any(|c| &c.cidr == cidr));
+        for create in &plan.create {
+            missing.entry(create.cidr.clone()).or_insert(now);
+        }
+    }
 
     // Deletes first: a CIDR that moved between nodes must be free before
     // its new route is created.
@@ -153,6 +163,16 @@ async fn create_route(
     match ctx.gateway.create_route(create.uid.clone(), route).await {
         Ok(_) => {
             ctx.metrics.routes_created.inc();
+            let since = ctx
+                .missing_since
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&create.cidr);
+            if let Some(since) = since {
+                ctx.metrics
+                    .route_creation_delay
+                    .observe(since.elapsed().as_secs_f64());
+            }
             tracing::info!(node = %create.node, cidr = %create.cidr, "created route");
             None
         }

@@ -95,7 +95,7 @@ async fn a_node_gets_a_route_per_pod_cidr_named_after_its_uid() {
         env.create_instance(name).await;
     }
     let nodes: Api<Node> = Api::all(env.client().await);
-    let _c = start(&env, &[]).await;
+    let c = start(&env, &[]).await;
     let a = create(&nodes, node("a").pod_cidr("10.244.1.0/24")).await;
     create(
         &nodes,
@@ -125,6 +125,12 @@ async fn a_node_gets_a_route_per_pod_cidr_named_after_its_uid() {
     );
     condition_becomes(&nodes, "a", "False", "RouteCreated").await;
     condition_becomes(&nodes, "dual", "False", "RouteCreated").await;
+    // Each route's delay from its pod CIDR seen to the route made.
+    assert_eq!(
+        c.metric("route_controller_route_creation_delay_seconds_count")
+            .await,
+        3.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::Readiness;
 use crate::args::Common;
 use crate::leader::Leadership;
+use crate::metrics::LeaderGauge;
 
 /// How long a stopping controller waits for its lease to be released.
 const LEASE_RELEASE: std::time::Duration = std::time::Duration::from_secs(3);
@@ -43,12 +44,6 @@ impl<M> Base<M> {
     ) -> anyhow::Result<Self> {
         let client = crate::kube::client(common.kubeconfig.as_deref()).await?;
         let gateway = crate::gateway::client(&common.gateway)?;
-        let mut registry = Registry::default();
-        let metrics = metrics(&mut registry);
-        let readiness = Readiness::new();
-        let admin_addr = crate::admin::spawn(common.admin_listen, registry, readiness.clone())
-            .await
-            .with_context(|| format!("bind admin address {}", common.admin_listen))?;
         let identity = crate::leader::default_identity();
         let leadership = crate::leader::start(
             client.clone(),
@@ -56,6 +51,19 @@ impl<M> Base<M> {
             identity.clone(),
             shutdown.clone(),
         );
+        let mut registry = Registry::default();
+        let metrics = metrics(&mut registry);
+        registry
+            .sub_registry_with_label(("controller".into(), controller.to_owned().into()))
+            .register(
+                "ccm_controller_leader",
+                "1 while this replica holds the controller's lease, else 0",
+                LeaderGauge(leadership.clone()),
+            );
+        let readiness = Readiness::new();
+        let admin_addr = crate::admin::spawn(common.admin_listen, registry, readiness.clone())
+            .await
+            .with_context(|| format!("bind admin address {}", common.admin_listen))?;
         let recorder = Recorder::new(
             client.clone(),
             Reporter {

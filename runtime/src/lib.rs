@@ -14,6 +14,7 @@ pub mod controller;
 pub mod gateway;
 pub mod kube;
 pub mod leader;
+pub mod metrics;
 pub mod names;
 pub mod process;
 pub mod queue;

@@ -6,9 +6,43 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
+
+/// How deep a controller's queue is and how long keys wait in it.
+#[derive(Clone, Debug)]
+pub struct QueueMetrics {
+    /// Keys waiting now.
+    pub depth: Gauge,
+    /// Time from a key's queueing to a worker taking it.
+    pub wait: Histogram,
+}
+
+impl QueueMetrics {
+    /// Registers `queue_depth` and `queue_wait_seconds` in `registry`
+    /// (under the controller's prefix).
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            depth: Gauge::default(),
+            wait: Histogram::new(crate::metrics::wait_buckets()),
+        };
+        registry.register(
+            "queue_depth",
+            "Keys waiting in the work queue",
+            m.depth.clone(),
+        );
+        registry.register(
+            "queue_wait_seconds",
+            "Time from a key's queueing to a worker taking it",
+            m.wait.clone(),
+        );
+        m
+    }
+}
 
 /// Per-key exponential backoff bounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +61,8 @@ impl Backoff {
 }
 
 struct Inner<K> {
-    queue: VecDeque<K>,
+    /// Keys in order, each with when it was queued.
+    queue: VecDeque<(K, Instant)>,
     queued: HashSet<K>,
     processing: HashSet<K>,
     dirty: HashSet<K>,
@@ -40,6 +75,7 @@ pub struct WorkQueue<K> {
     inner: Arc<Mutex<Inner<K>>>,
     ready: Arc<Notify>,
     backoff: Backoff,
+    metrics: Option<QueueMetrics>,
 }
 
 impl<K> Clone for WorkQueue<K> {
@@ -48,6 +84,7 @@ impl<K> Clone for WorkQueue<K> {
             inner: self.inner.clone(),
             ready: self.ready.clone(),
             backoff: self.backoff,
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -66,7 +103,14 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             })),
             ready: Arc::new(Notify::new()),
             backoff,
+            metrics: None,
         }
+    }
+
+    /// Reports depth and waits into `metrics`.
+    pub fn with_metrics(mut self, metrics: QueueMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<K>> {
@@ -84,7 +128,10 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             return;
         }
         inner.queued.insert(key.clone());
-        inner.queue.push_back(key);
+        inner.queue.push_back((key, Instant::now()));
+        if let Some(m) = &self.metrics {
+            m.depth.set(inner.queue.len() as i64);
+        }
         drop(inner);
         self.ready.notify_one();
     }
@@ -127,10 +174,14 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             let notified = self.ready.notified();
             {
                 let mut inner = self.lock();
-                if let Some(key) = inner.queue.pop_front() {
+                if let Some((key, queued_at)) = inner.queue.pop_front() {
                     inner.queued.remove(&key);
                     inner.processing.insert(key.clone());
                     let more = !inner.queue.is_empty();
+                    if let Some(m) = &self.metrics {
+                        m.depth.set(inner.queue.len() as i64);
+                        m.wait.observe(queued_at.elapsed().as_secs_f64());
+                    }
                     drop(inner);
                     if more {
                         // Let another worker take the next one.

@@ -38,6 +38,9 @@ pub struct Context {
     /// of what was asked for: while that is unchanged, the next sync asks
     /// for the status (a read the gateway batches) instead of ensuring again.
     pub provisioning: Mutex<HashMap<Key, u64>>,
+    /// When the oldest node change not yet passed on to the load balancers
+    /// was seen.
+    pub hosts_changed_at: Mutex<Option<std::time::Instant>>,
 }
 
 impl Context {
@@ -48,6 +51,22 @@ impl Context {
         } else {
             Err(Error::NotLeader)
         }
+    }
+
+    /// Notes a node change the next host pass must carry.
+    pub fn note_node_change(&self) {
+        self.hosts_changed_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(std::time::Instant::now);
+    }
+
+    /// Takes the time of the oldest node change not yet carried.
+    pub fn take_node_change(&self) -> Option<std::time::Instant> {
+        self.hosts_changed_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// The current backing hosts of every load balancer, without labels.

@@ -67,10 +67,11 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         metrics: base.metrics.clone(),
         leadership: base.leadership.clone(),
         settings,
-        queue: WorkQueue::new(BACKOFF),
+        queue: WorkQueue::new(BACKOFF).with_metrics(base.metrics.queue.clone()),
         last_hosts: Mutex::new(HashMap::new()),
         host_label_annotations: std::sync::OnceLock::new(),
         provisioning: Mutex::new(HashMap::new()),
+        hosts_changed_at: Mutex::new(None),
     });
     let nodes_changed = Arc::new(Notify::new());
 
@@ -115,6 +116,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     // debounced host pass.
     tokio::spawn({
         let nodes_changed = nodes_changed.clone();
+        let ctx = ctx.clone();
         let mut synced = Some(synced_once);
         follow(
             "node",
@@ -122,7 +124,10 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             shutdown.clone(),
             plan::node_fingerprint,
             move |seen| match seen {
-                Seen::Changed(_) | Seen::Deleted(_) => nodes_changed.notify_one(),
+                Seen::Changed(_) | Seen::Deleted(_) => {
+                    ctx.note_node_change();
+                    nodes_changed.notify_one()
+                }
                 Seen::Synced => {
                     if let Some(mark) = synced.take() {
                         mark();
@@ -164,6 +169,9 @@ async fn run(
         _ = shutdown.cancelled() => return Ok(()),
     }
     tracing::info!(classes = ?ctx.settings.classes, "leading; syncing load balancers");
+    // Node changes seen on standby are carried by the full sync below, not
+    // timed as host passes.
+    ctx.take_node_change();
     let caches = async {
         ctx.services
             .wait_until_ready()

@@ -7,6 +7,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use ccm_runtime::metrics::{Listed, slo_buckets};
+use ccm_runtime::queue::QueueMetrics;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub error: &'static str,
@@ -19,30 +22,34 @@ pub struct Metrics {
     pub sync_errors: Family<ErrorLabels, Counter>,
     pub sync_duration: Histogram,
     pub time_to_ingress: Histogram,
+    pub host_sync_delay: Histogram,
     pub host_updates: Counter,
     pub host_update_errors: Counter,
     pub orphans: Gauge,
     pub orphans_deleted: Counter,
+    pub queue: QueueMetrics,
 }
 
 impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
+        let r = registry.sub_registry_with_prefix("service_controller");
         let m = Self {
             syncs: Counter::default(),
             sync_errors: Family::default(),
             sync_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
-            time_to_ingress: Histogram::new(exponential_buckets(0.25, 2.0, 14)),
+            time_to_ingress: Histogram::new(slo_buckets()),
+            host_sync_delay: Histogram::new(slo_buckets()),
             host_updates: Counter::default(),
             host_update_errors: Counter::default(),
             orphans: Gauge::default(),
             orphans_deleted: Counter::default(),
+            queue: QueueMetrics::register(r),
         };
-        let r = registry.sub_registry_with_prefix("service_controller");
         r.register("syncs", "Service syncs run", m.syncs.clone());
         r.register(
             "sync_errors",
             "Service syncs failed, by error",
-            m.sync_errors.clone(),
+            Listed(m.sync_errors.clone()),
         );
         r.register(
             "sync_duration_seconds",
@@ -53,6 +60,11 @@ impl Metrics {
             "time_to_ingress_seconds",
             "Time from a Service's creation to its first ingress",
             m.time_to_ingress.clone(),
+        );
+        r.register(
+            "host_sync_delay_seconds",
+            "Time from a node change to the end of the host pass that gave every load balancer its new hosts (passes with a failed update are not counted)",
+            m.host_sync_delay.clone(),
         );
         r.register(
             "host_updates",

@@ -362,6 +362,8 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
 /// One host pass: every load balancer whose host set changed gets one
 /// update. A failed update falls back to a full ensure of that Service.
 pub async fn sync_hosts(ctx: &Context) {
+    // Changes seen from here on wait for the next pass.
+    let changed_at = ctx.take_node_change();
     let hosts = ctx.hosts();
     let services: Vec<_> = ctx
         .services
@@ -379,10 +381,10 @@ pub async fn sync_hosts(ctx: &Context) {
         })
         .collect();
     let ctx_ref = ctx;
-    futures::future::join_all(changed.into_iter().map(|(key, svc, hosts)| {
+    let done = futures::future::join_all(changed.into_iter().map(|(key, svc, hosts)| {
         async move {
             if ctx_ref.ensure_leader().is_err() {
-                return;
+                return false;
             }
             ctx_ref.remember_hosts(&key, hosts.clone());
             ctx_ref.metrics.host_updates.inc();
@@ -400,7 +402,8 @@ pub async fn sync_hosts(ctx: &Context) {
                         "UnAvailableLoadBalancer",
                         "There are no available nodes for LoadBalancer".into(),
                     )
-                    .await
+                    .await;
+                    true
                 }
                 Ok(()) => {
                     publish(
@@ -410,10 +413,13 @@ pub async fn sync_hosts(ctx: &Context) {
                         "UpdatedLoadBalancer",
                         "Updated load balancer with new hosts".into(),
                     )
-                    .await
+                    .await;
+                    true
                 }
                 // Gone or handled elsewhere: nothing to update.
-                Err(GatewayError::ImplementedElsewhere { .. } | GatewayError::NotFound { .. }) => {}
+                Err(GatewayError::ImplementedElsewhere { .. } | GatewayError::NotFound { .. }) => {
+                    true
+                }
                 Err(e) => {
                     ctx_ref.metrics.host_update_errors.inc();
                     publish(
@@ -425,11 +431,19 @@ pub async fn sync_hosts(ctx: &Context) {
                     )
                     .await;
                     ctx_ref.queue.add(key);
+                    false
                 }
             }
         }
     }))
     .await;
+    if let Some(at) = changed_at
+        && done.iter().all(|ok| *ok)
+    {
+        ctx.metrics
+            .host_sync_delay
+            .observe(at.elapsed().as_secs_f64());
+    }
 }
 
 /// Tracks load balancers of this cluster whose Service is gone.
