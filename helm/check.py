@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 from pathlib import Path
 
@@ -85,15 +86,46 @@ def containers(docs: list[dict]):
                 yield d, c
 
 
+def check_rules(c: Checks, rule: dict, name: str) -> None:
+    """A PrometheusRule's shape: every alert named once, with an expression,
+    a severity and a summary and description for whoever is paged."""
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    names = [a.get("alert") for a in alerts]
+    c.expect(len(alerts) > 0 and len(set(names)) == len(names) and all(names), f"{name}: alerts named once")
+    for a in alerts:
+        c.expect(bool(a.get("expr", "").strip()) and a.get("labels", {}).get("severity") in ("warning", "critical")
+                 and a.get("annotations", {}).get("summary") and a.get("annotations", {}).get("description"),
+                 f"{name}: {a.get('alert')} has an expression, a severity, a summary and a description")
+
+
+def dashboard_queries(docs: list[dict]) -> list[str]:
+    """Every PromQL query of the dashboard ConfigMap."""
+    out = []
+    for d in docs:
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard"):
+            for text in d["data"].values():
+                for panel in json.loads(text)["panels"]:
+                    out.extend(t["expr"] for t in panel.get("targets", []))
+    return out
+
+
+def rule_queries(docs: list[dict]) -> list[str]:
+    return [r["expr"] for d in docs if d["kind"] == "PrometheusRule"
+            for g in d["spec"]["groups"] for r in g["rules"]]
+
+
 def validate_all(c: Checks, docs: list[dict], label: str) -> None:
     version = kv_utils.latest_version()
     for d in docs:
         name = f"{label}: {d['kind']}/{d['metadata']['name']}"
-        if d["apiVersion"].startswith("monitoring.coreos.com/"):
+        if d["kind"] == "ServiceMonitor":
             # A CRD the Kubernetes schemas do not carry: check its shape.
             spec = d.get("spec", {})
             c.expect(bool(spec.get("selector", {}).get("matchLabels")) and bool(spec.get("endpoints")),
                      f"{name}: selector and endpoints")
+            continue
+        if d["kind"] == "PrometheusRule":
+            check_rules(c, d, name)
             continue
         try:
             kubernetes_validate.validate(d, version, strict=True)
@@ -185,6 +217,24 @@ def check() -> int:
         if d["metadata"]["name"] == "ccm-node-controller":
             c.expect("--concurrent-node-syncs=64" in ctr["args"] and "--lookup-batch-size=50" in ctr["args"],
                      "config and extraArgs reach the node controller")
+    # Monitoring: the dashboard for Grafana's sidecar and the alert rules.
+    mon = render({"grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Kubernetes"}},
+                  "prometheusRule": {"enabled": True, "labels": {"release": "prom"}}})
+    validate_all(c, mon, "monitoring")
+    dash = next((d for d in mon if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "ccm-dashboard"), None)
+    c.expect(dash is not None and dash["metadata"]["labels"].get("grafana_dashboard") == "1"
+             and dash["metadata"].get("annotations", {}).get("grafana_folder") == "Kubernetes",
+             "grafanaDashboard.enabled adds a ConfigMap with the sidecar's label")
+    queries = dashboard_queries(mon)
+    c.expect(len(queries) >= 20 and all(q.strip() for q in queries), f"the dashboard parses, {len(queries)} queries")
+    rule = next((d for d in mon if d["kind"] == "PrometheusRule"), None)
+    c.expect(rule is not None and rule["metadata"]["labels"].get("release") == "prom",
+             "prometheusRule.enabled adds a PrometheusRule with its labels")
+    c.expect("ConfigMap" not in kinds(render()) and "PrometheusRule" not in kinds(render()),
+             "no dashboard and no rules by default")
+    partial = render({"prometheusRule": {"enabled": True}, "routeController": {"enabled": False}})
+    c.expect(not any("route_controller" in q or "ccm-route-controller" in q for q in rule_queries(partial)),
+             "no alert watches a controller that is not installed")
     existing = render({"gateway": {"credentials": {"existingSecret": "cloud-keys"}}})
     gw = next(d for d in existing if d["kind"] == "Deployment" and d["metadata"]["name"] == "ccm-gateway")
     c.expect(any(v.get("secret", {}).get("secretName") == "cloud-keys" for v in gw["spec"]["template"]["spec"]["volumes"])

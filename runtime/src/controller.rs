@@ -54,10 +54,10 @@ impl<M> Base<M> {
         let mut registry = Registry::default();
         let metrics = metrics(&mut registry);
         registry
-            .sub_registry_with_label(("controller".into(), controller.to_owned().into()))
+            .sub_registry_with_label(("lease".into(), common.lease.name.clone().into()))
             .register(
                 "ccm_controller_leader",
-                "1 while this replica holds the controller's lease, else 0",
+                "1 while this replica holds the controller's lease (named by the label), else 0",
                 LeaderGauge(leadership.clone()),
             );
         let readiness = Readiness::new();

@@ -394,7 +394,7 @@ async fn fifty_nodes_joining_cause_about_one_host_update_per_load_balancer() {
     );
     assert_eq!(c.metric("service_controller_queue_depth").await, 0.0);
     assert_eq!(
-        c.metric(r#"ccm_controller_leader{controller="service-controller"}"#)
+        c.metric(r#"ccm_controller_leader{lease="ccm-service-controller"}"#)
             .await,
         1.0
     );

@@ -49,3 +49,129 @@ fn a_person_can_render_the_chart_with_their_values() {
             .all(|d| d["metadata"]["namespace"].is_null() || d["metadata"]["namespace"] == "cloud")
     );
 }
+
+/// Every PromQL query of the rendered dashboard and alert rules.
+fn monitoring_queries() -> Vec<String> {
+    let docs = ccm_testkit::chart::render_objects(
+        &[],
+        &[
+            "grafanaDashboard.enabled=true".into(),
+            "prometheusRule.enabled=true".into(),
+        ],
+    )
+    .unwrap();
+    let mut queries = Vec::new();
+    for d in &docs {
+        if d["kind"] == "ConfigMap" && d["metadata"]["name"] == "ccm-dashboard" {
+            let dashboard: serde_json::Value =
+                serde_json::from_str(d["data"]["cloud-controller-manager.json"].as_str().unwrap())
+                    .unwrap();
+            for panel in dashboard["panels"].as_array().unwrap() {
+                for target in panel["targets"].as_array().into_iter().flatten() {
+                    queries.push(target["expr"].as_str().unwrap().to_owned());
+                }
+            }
+        }
+        if d["kind"] == "PrometheusRule" {
+            for group in d["spec"]["groups"].as_array().unwrap() {
+                for rule in group["rules"].as_array().unwrap() {
+                    queries.push(rule["expr"].as_str().unwrap().to_owned());
+                }
+            }
+        }
+    }
+    queries
+}
+
+/// The names of our metrics a query uses (PromQL functions, labels and
+/// keywords never start with our prefixes).
+fn metric_names(query: &str) -> Vec<String> {
+    const OURS: [&str; 5] = [
+        "node_controller_",
+        "service_controller_",
+        "route_controller_",
+        "cloud_gateway_",
+        "ccm_",
+    ];
+    query
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|t| OURS.iter().any(|p| t.starts_with(p)))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The metric families a `/metrics` body declares (`# TYPE name kind`).
+fn declared(body: &str) -> std::collections::BTreeSet<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether `name` as a query names it (a family, or one of its series:
+/// `_total` of a counter, `_bucket`/`_sum`/`_count` of a histogram) is
+/// among `families`.
+fn exported(name: &str, families: &std::collections::BTreeSet<String>) -> bool {
+    families.contains(name)
+        || ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .any(|suffix| {
+                name.strip_suffix(suffix)
+                    .is_some_and(|f| families.contains(f))
+            })
+}
+
+/// The dashboard and the alerts use only metrics the binaries export, and
+/// export from the start, before any sample: a panel or an alert on a
+/// missing name would stay empty, or never fire, without anyone noticing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_and_alerts_use_only_metrics_the_binaries_export() {
+    let queries = monitoring_queries();
+    assert!(queries.len() >= 25, "{} queries", queries.len());
+    for q in &queries {
+        assert!(!metric_names(q).is_empty(), "{q} names none of our metrics");
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let sandbox = ccm_testkit::sandbox::Sandbox::start(ccm_testkit::sandbox::Options {
+        cloud: ccm_testkit::sandbox::CloudKind::Sim,
+        state_dir: dir.path().join("state"),
+        nodes: 0,
+        services: 0,
+        replicas: 1,
+        bin_dir: ccm_testkit::bin_dir!(),
+        rbac: None,
+        extra_args: Default::default(),
+    })
+    .await
+    .unwrap();
+    // Scraped before the processes did any work: nothing is observed yet.
+    let mut families = std::collections::BTreeSet::new();
+    for (name, url) in &sandbox.endpoints {
+        if !name.ends_with("admin") {
+            continue;
+        }
+        let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+        let body = ccm_testkit::env::eventually(&format!("{name} /metrics"), || async {
+            match ccm_testkit::env::try_http_get(addr, "/metrics").await {
+                Ok((200, body)) => Some(body),
+                _ => None,
+            }
+        })
+        .await;
+        families.extend(declared(&body));
+    }
+    sandbox.stop().await;
+    let mut missing: Vec<String> = queries
+        .iter()
+        .flat_map(|q| metric_names(q))
+        .filter(|name| !exported(name, &families))
+        .collect();
+    missing.sort();
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "the chart's monitoring names metrics no binary exports: {missing:?}\nexported: {families:?}"
+    );
+}
