@@ -217,6 +217,13 @@ def check() -> int:
         if d["metadata"]["name"] == "ccm-node-controller":
             c.expect("--concurrent-node-syncs=64" in ctr["args"] and "--lookup-batch-size=50" in ctr["args"],
                      "config and extraArgs reach the node controller")
+    # Traces: every component exports to the collector named.
+    traced = render({"tracing": {"otlpEndpoint": "http://otel-collector.monitoring:4317"}})
+    c.expect(all("--otlp-endpoint=http://otel-collector.monitoring:4317" in ctr["args"] for _, ctr in containers(traced))
+             and len(list(containers(traced))) == 4, "tracing.otlpEndpoint reaches all four components")
+    c.expect(not any("--otlp-endpoint" in " ".join(ctr["args"]) for _, ctr in containers(render())),
+             "no trace export by default")
+
     # Monitoring: the dashboard for Grafana's sidecar and the alert rules.
     mon = render({"grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Kubernetes"}},
                   "prometheusRule": {"enabled": True, "labels": {"release": "prom"}}})
@@ -274,6 +281,7 @@ def check() -> int:
     # The schema refuses bad values before anything is rendered.
     bad = {
         "replicas as a string": {"nodeController": {"replicas": "two"}},
+        "an OTLP endpoint that is not a URL": {"tracing": {"otlpEndpoint": "collector:4317"}},
         "unknown top-level key": {"gatewy": {}},
         "unknown nested key": {"gateway": {"replica": 1}},
         "two sim gateways": {"gateway": {"replicas": 2}},

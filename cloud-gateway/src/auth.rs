@@ -271,6 +271,7 @@ impl Authenticator {
 
     /// Checks the caller of a request to `path` against [`allowed_roles`];
     /// `None` for the open services.
+    #[tracing::instrument(name = "auth", skip_all, fields(caller, role))]
     pub async fn authorize(
         &self,
         path: &str,
@@ -292,6 +293,9 @@ impl Authenticator {
             (None, Some(reviewer)) => reviewer.caller(token).await?,
             (None, None) => return Err(Status::unauthenticated("unknown bearer token")),
         };
+        let span = tracing::Span::current();
+        span.record("caller", caller.name.as_str());
+        span.record("role", caller.role.as_str());
         if !roles.contains(&caller.role) {
             return Err(refuse(
                 Code::PermissionDenied,

@@ -68,6 +68,7 @@ impl Cloud {
 
     /// Takes one call's worth of budget at `priority`, waiting as the budget
     /// says. Follow it with exactly one [`Self::call_admitted`].
+    #[tracing::instrument(name = "budget wait", skip(self), fields(priority = priority.as_str(), waited_ms))]
     pub async fn admit(&self, priority: Priority) -> Result<()> {
         let priority_labels = PriorityLabels {
             priority: priority.as_str(),
@@ -77,6 +78,7 @@ impl Cloud {
             .set(self.budget.waiting() as i64);
         match self.budget.acquire(priority).await {
             Ok(waited) => {
+                tracing::Span::current().record("waited_ms", waited.as_secs_f64() * 1000.0);
                 self.metrics
                     .budget_wait
                     .get_or_create(&priority_labels)
@@ -96,6 +98,11 @@ impl Cloud {
     }
 
     /// Runs a provider call whose budget [`Self::admit`] already took.
+    #[tracing::instrument(
+        name = "provider call",
+        skip_all,
+        fields(operation = op.as_str(), requests, outcome)
+    )]
     pub async fn call_admitted<T>(
         &self,
         op: Operation,
@@ -104,6 +111,7 @@ impl Cloud {
     ) -> Result<T> {
         let start = Instant::now();
         let (result, requests) = provider::metered(call).await;
+        tracing::Span::current().record("requests", requests);
         let elapsed = start.elapsed();
         // The call was admitted for one request; the rest are charged now.
         self.budget.charge(requests - 1);
@@ -117,6 +125,7 @@ impl Cloud {
             Ok(_) => "ok",
             Err(e) => e.metric_label(),
         };
+        tracing::Span::current().record("outcome", outcome);
         self.metrics
             .cloud_calls
             .get_or_create(&CloudLabels {

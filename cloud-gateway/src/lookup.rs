@@ -10,8 +10,11 @@ use std::time::Duration;
 
 use ccm_proto::v1::NodeRef;
 use futures::future::join_all;
+use opentelemetry::trace::TraceContextExt as _;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::budget::Priority;
 use crate::cloud::Cloud;
@@ -50,6 +53,8 @@ struct Pending {
     priority: Priority,
     /// Set only without coalescing; with it, replies wait in `inflight`.
     reply: Option<Reply>,
+    /// The trace of the call that asked, which the batch's span links.
+    caller: opentelemetry::trace::SpanContext,
 }
 
 #[derive(Default)]
@@ -130,6 +135,11 @@ impl InstanceLookups {
     /// Looks up `nodes`; one answer per node, in order. Fails as a whole if
     /// any provider call behind it failed: a partial answer could read as
     /// "not found" where nothing is known.
+    #[tracing::instrument(
+        name = "instance lookup",
+        skip(self, nodes),
+        fields(nodes = nodes.len(), fresh, priority = priority.as_str(), hits, merged, misses)
+    )]
     pub async fn lookup(
         &self,
         nodes: &[NodeRef],
@@ -137,6 +147,11 @@ impl InstanceLookups {
         priority: Priority,
     ) -> Result<Vec<Answer>> {
         let now = Instant::now();
+        let caller = tracing::Span::current()
+            .context()
+            .span()
+            .span_context()
+            .clone();
         let (mut hits, mut merged, mut misses) = (0, 0, 0);
         let slots: Vec<Slot> = {
             let mut state = self.state();
@@ -194,6 +209,7 @@ impl InstanceLookups {
                             node: node.clone(),
                             priority,
                             reply: None,
+                            caller: caller.clone(),
                         });
                     } else {
                         state.pending.push(Pending {
@@ -201,6 +217,7 @@ impl InstanceLookups {
                             node: node.clone(),
                             priority,
                             reply: Some(tx),
+                            caller: caller.clone(),
                         });
                     }
                     misses += 1;
@@ -215,6 +232,10 @@ impl InstanceLookups {
         self.count("hit", hits);
         self.count("merged", merged);
         self.count("miss", misses);
+        let span = tracing::Span::current();
+        span.record("hits", hits);
+        span.record("merged", merged);
+        span.record("misses", misses);
         if misses > 0 {
             self.wake.notify_one();
         }
@@ -297,6 +318,18 @@ impl InstanceLookups {
     /// Sends one batch, whose budget `admitted` says was taken (or why
     /// not), to the provider and hands out the answers.
     async fn fetch(self: Arc<Self>, batch: Vec<Pending>, admitted: Result<()>) {
+        // The batch serves many calls, each in its own trace: its span is a
+        // root that links every lookup riding in it.
+        let span = tracing::info_span!(parent: None, "instance batch", size = batch.len());
+        for pending in &batch {
+            if pending.caller.is_valid() {
+                span.add_link(pending.caller.clone());
+            }
+        }
+        self.fetch_in(batch, admitted).instrument(span).await
+    }
+
+    async fn fetch_in(self: Arc<Self>, batch: Vec<Pending>, admitted: Result<()>) {
         let nodes: Vec<NodeRef> = batch.iter().map(|p| p.node.clone()).collect();
         self.cloud
             .metrics()

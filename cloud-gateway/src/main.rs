@@ -7,7 +7,12 @@ fn main() -> ExitCode {
     ccm_runtime::process::main::<Args, Settings, _, _>(
         "cloud-gateway",
         Settings::from_args,
-        |s| (s.log_format, s.log_level.clone()),
+        |s| ccm_runtime::telemetry::Options {
+            format: s.log_format,
+            directives: s.log_level.clone(),
+            otlp_endpoint: s.otlp_endpoint.clone(),
+            service: String::new(),
+        },
         |settings, shutdown| async move {
             let gateway = Gateway::start(settings, shutdown).await?;
             gateway.wait().await

@@ -78,6 +78,10 @@ pub struct Args {
     /// Log filter, e.g. info or info,cloud_gateway=debug; RUST_LOG wins.
     #[arg(long, env = "CLOUD_GATEWAY_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+    /// Send traces over OTLP/gRPC to this collector, e.g.
+    /// http://otel-collector:4317; off when unset.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
     /// PEM certificate for gRPC over TLS (with --tls-key).
     #[arg(long, env = "CLOUD_GATEWAY_TLS_CERT")]
     pub tls_cert: Option<String>,
@@ -342,6 +346,8 @@ pub struct Settings {
     pub provider: ProviderKind,
     pub log_format: LogFormat,
     pub log_level: String,
+    /// Where traces go over OTLP; `None` for nowhere.
+    pub otlp_endpoint: Option<String>,
     /// `(certificate, key)` PEM files.
     pub tls: Option<(PathBuf, PathBuf)>,
     pub budget: BudgetConfig,
@@ -404,6 +410,13 @@ impl Settings {
         });
         let log_format = p.parse("log-format", &args.log_format, str::parse::<LogFormat>);
         p.parse("log-level", &args.log_level, parse_filter);
+        let otlp_endpoint = args.otlp_endpoint.as_ref().map(|endpoint| {
+            p.parse(
+                "otlp-endpoint",
+                endpoint,
+                ccm_runtime::telemetry::parse_otlp_endpoint,
+            )
+        });
         let tokens = match &args.tokens_file {
             None => None,
             Some(file) => match Tokens::from_file(file.as_ref()) {
@@ -687,6 +700,7 @@ impl Settings {
             provider: provider.expect("checked"),
             log_format: log_format.expect("checked"),
             log_level: args.log_level.clone(),
+            otlp_endpoint: otlp_endpoint.map(|e| e.expect("checked")),
             tls,
             budget: BudgetConfig {
                 rate: rate.expect("checked"),

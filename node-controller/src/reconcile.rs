@@ -208,6 +208,7 @@ async fn lookup_batches<N: std::borrow::Borrow<Node>>(
 
 /// One pass of the periodic address sync: initialised nodes, looked up in
 /// batches, addresses rewritten where they changed.
+#[tracing::instrument(skip_all)]
 pub async fn sync_addresses(ctx: &Context) {
     let nodes: Vec<_> = ctx
         .store
@@ -278,6 +279,7 @@ async fn set_shutdown_taint(ctx: &Context, name: &str, present: bool) {
 /// are looked up in batches; a shut-down instance taints its node; a node
 /// is deleted only on a fresh, confirmed "not found", and none is when too
 /// many would be.
+#[tracing::instrument(skip_all)]
 pub async fn monitor(ctx: &Context) {
     let nodes = ctx.store.state();
     let total = nodes.len();

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::error::{Error, Result};
 use crate::reason;
@@ -239,8 +241,26 @@ impl GatewayClient {
         &self.cluster_name
     }
 
-    /// Runs one RPC with token, deadline and retries.
+    /// Runs one RPC with token, deadline and retries, as a client span
+    /// whose W3C trace context goes with the request (when traces are on).
     async fn call<Req, Resp, F, Fut>(&self, req: Req, rpc: F) -> Result<Resp>
+    where
+        Req: Clone,
+        F: Fn(Channel, Request<Req>) -> Fut,
+        Fut: Future<Output = std::result::Result<Response<Resp>, Status>>,
+    {
+        let method = rpc_name::<Req>();
+        let span = tracing::info_span!(
+            "gateway call",
+            otel.name = format!("cloudgateway.v1/{method}"),
+            otel.kind = "client",
+            rpc.method = method,
+            attempts = tracing::field::Empty,
+        );
+        self.attempts(req, rpc).instrument(span).await
+    }
+
+    async fn attempts<Req, Resp, F, Fut>(&self, req: Req, rpc: F) -> Result<Resp>
     where
         Req: Clone,
         F: Fn(Channel, Request<Req>) -> Fut,
@@ -249,11 +269,16 @@ impl GatewayClient {
         let mut attempt = 1;
         let mut reread = false;
         loop {
+            tracing::Span::current().record("attempts", attempt);
             let mut request = Request::new(req.clone());
             request.set_timeout(self.timeout);
             request
                 .metadata_mut()
                 .insert("authorization", self.token.header()?);
+            let context = tracing::Span::current().context();
+            opentelemetry::global::get_text_map_propagator(|propagator| {
+                propagator.inject_context(&context, &mut MetadataInjector(request.metadata_mut()))
+            });
             let started = Instant::now();
             // The deadline is enforced here as well as sent: a gateway that
             // stops answering must not hang the caller.
@@ -460,6 +485,28 @@ impl GatewayClient {
     }
 }
 
+/// The RPC a request type belongs to: `GetInstancesRequest` is
+/// `GetInstances`.
+fn rpc_name<Req>() -> &'static str {
+    let name = std::any::type_name::<Req>();
+    let name = name.rsplit("::").next().unwrap_or(name);
+    name.strip_suffix("Request").unwrap_or(name)
+}
+
+/// Writes W3C trace context into a request's metadata.
+struct MetadataInjector<'a>(&'a mut tonic::metadata::MetadataMap);
+
+impl opentelemetry::propagation::Injector for MetadataInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(key), Ok(value)) = (
+            tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+            value.parse(),
+        ) {
+            self.0.insert(key, value);
+        }
+    }
+}
+
 fn deadline_exceeded(timeout: Duration) -> Error {
     Error::DeadlineExceeded {
         message: format!("no answer within {timeout:?}"),
@@ -538,6 +585,12 @@ mod tests {
             policy.delay_after(&retry_after(reason::CLOUD_THROTTLED, 60), 1),
             None
         );
+    }
+
+    #[test]
+    fn spans_are_named_after_the_rpc() {
+        assert_eq!(rpc_name::<GetInstancesRequest>(), "GetInstances");
+        assert_eq!(rpc_name::<GetProviderInfoRequest>(), "GetProviderInfo");
     }
 
     #[test]

@@ -67,6 +67,10 @@ pub struct CommonArgs {
     /// Log filter, e.g. info or info,node_controller=debug; RUST_LOG wins.
     #[arg(long, env = "CCM_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+    /// Send traces over OTLP/gRPC to this collector, e.g.
+    /// http://otel-collector:4317; off when unset.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Leader election settings.
@@ -91,6 +95,19 @@ pub struct Common {
     pub lease: LeaseSettings,
     pub log_format: LogFormat,
     pub log_level: String,
+    pub otlp_endpoint: Option<String>,
+}
+
+impl Common {
+    /// How the process logs and traces.
+    pub fn telemetry(&self) -> crate::telemetry::Options {
+        crate::telemetry::Options {
+            format: self.log_format,
+            directives: self.log_level.clone(),
+            otlp_endpoint: self.otlp_endpoint.clone(),
+            service: String::new(),
+        }
+    }
 }
 
 impl CommonArgs {
@@ -185,6 +202,16 @@ impl CommonArgs {
         }
         let log_format = p.parse("log-format", &self.log_format, str::parse::<LogFormat>);
         p.parse("log-level", &self.log_level, crate::telemetry::parse_filter);
+        let otlp_endpoint = match &self.otlp_endpoint {
+            Some(endpoint) => p
+                .parse(
+                    "otlp-endpoint",
+                    endpoint,
+                    crate::telemetry::parse_otlp_endpoint,
+                )
+                .map(Some),
+            None => Some(None),
+        };
         if let Some(Err(problem)) = self.kubeconfig.as_deref().map(check_file) {
             p.push("kubeconfig", problem);
         }
@@ -213,6 +240,7 @@ impl CommonArgs {
             },
             log_format: log_format?,
             log_level: self.log_level.clone(),
+            otlp_endpoint: otlp_endpoint?,
         })
     }
 }

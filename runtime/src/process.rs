@@ -10,18 +10,19 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use crate::settings::Problems;
-use crate::telemetry::LogFormat;
+use crate::telemetry;
 
 /// How long a process may drain after the first shutdown signal: inside
 /// Kubernetes' default grace period of 30 s.
 const DRAIN: Duration = Duration::from_secs(10);
 
 /// Runs a binary: `resolve` checks the parsed flags into settings, `log`
-/// says how to log, `run` does the work until the token is cancelled.
+/// says how to log and where to send traces, `run` does the work until the
+/// token is cancelled.
 pub fn main<A, S, R, Fut>(
     name: &str,
     resolve: impl FnOnce(&A) -> Result<S, Problems>,
-    log: impl FnOnce(&S) -> (LogFormat, String),
+    log: impl FnOnce(&S) -> telemetry::Options,
     run: R,
 ) -> ExitCode
 where
@@ -36,8 +37,6 @@ where
             return ExitCode::from(2);
         }
     };
-    let (format, level) = log(&settings);
-    crate::telemetry::init(format, &level);
     install_crypto_provider();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
@@ -46,6 +45,15 @@ where
             return ExitCode::FAILURE;
         }
     };
+    {
+        // The trace exporter's connection is made on this runtime.
+        let _inside = runtime.enter();
+        let mut options = log(&settings);
+        if options.service.is_empty() {
+            options.service = name.to_owned();
+        }
+        telemetry::init(&options);
+    }
     let result = runtime.block_on(async {
         let shutdown = crate::shutdown::on_signals()?;
         let run = run(settings, shutdown.clone());
@@ -63,6 +71,12 @@ where
             }
         }
     });
+    // Spans still buffered go out before the runtime their connection
+    // runs on stops.
+    {
+        let _inside = runtime.enter();
+        telemetry::flush();
+    }
     // Tasks left running are dropped; nothing blocks the exit.
     runtime.shutdown_timeout(Duration::from_secs(1));
     match result {

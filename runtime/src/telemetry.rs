@@ -1,10 +1,18 @@
-//! Logging through `tracing`, plain or JSON. Libraries never install a
-//! subscriber; binaries call [`init`] once.
+//! Logging through `tracing`, plain or JSON, and, when an OTLP endpoint is
+//! configured, the same spans exported as OpenTelemetry traces with W3C
+//! trace context carried across processes. Libraries never install a
+//! subscriber; binaries call [`init`] once, inside their runtime.
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::OnceLock;
 
+use opentelemetry::propagation::Extractor;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -68,20 +76,126 @@ fn hold_at_info(mut filter: EnvFilter, directives: &str) -> EnvFilter {
     filter
 }
 
-/// Installs the global subscriber. `RUST_LOG`, when set, wins over
-/// `directives`. Calling it twice is harmless (tests do).
-pub fn init(format: LogFormat, directives: &str) {
+/// How a process logs and traces.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    pub format: LogFormat,
+    /// Log filter directives (see [`parse_filter`]).
+    pub directives: String,
+    /// Where to send traces over OTLP/gRPC (`--otlp-endpoint`, or
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`); `None` turns tracing export off, with
+    /// no exporter, no propagator and no span bookkeeping for it.
+    pub otlp_endpoint: Option<String>,
+    /// The service name traces carry (`OTEL_SERVICE_NAME` wins).
+    pub service: String,
+}
+
+/// Checks an OTLP endpoint: an `http://` or `https://` URL.
+pub fn parse_otlp_endpoint(value: &str) -> Result<String, String> {
+    let ok = (value.starts_with("http://") || value.starts_with("https://"))
+        && value.parse::<http::Uri>().is_ok_and(|u| u.host().is_some());
+    if ok {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not an OTLP endpoint; use http://host:4317 or https://host:4317"
+        ))
+    }
+}
+
+static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+
+/// Installs the global subscriber. `RUST_LOG`, when set, wins over the
+/// directives. Calling it twice is harmless (tests do). With an OTLP
+/// endpoint it must run inside a tokio runtime (the exporter's connection
+/// lives there).
+pub fn init(options: &Options) {
     let from_env = std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty());
-    let directives = from_env.as_deref().unwrap_or(directives);
+    let directives = from_env.as_deref().unwrap_or(&options.directives);
     let filter = EnvFilter::try_new(directives).unwrap_or_else(|_| EnvFilter::new("info"));
     let filter = hold_at_info(filter, directives);
     use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Plain => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
+    use tracing_subscriber::Layer as _;
+    let ansi = std::io::stderr().is_terminal();
+    // The log filter is the log's own: spans a trace needs are kept even
+    // when the log shows warnings only.
+    let logs = match options.format {
+        LogFormat::Plain => tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_writer(std::io::stderr)
+            .boxed(),
+    }
+    .with_filter(filter);
+    let traces = options.otlp_endpoint.as_deref().and_then(|endpoint| {
+        match tracer_provider(endpoint, &options.service) {
+            Ok(provider) => {
+                let tracer = provider.tracer(options.service.clone());
+                let _ = PROVIDER.set(provider);
+                opentelemetry::global::set_text_map_propagator(
+                    opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+                );
+                Some(
+                    tracing_opentelemetry::layer()
+                        .with_tracer(tracer)
+                        .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+                )
+            }
+            Err(e) => {
+                eprintln!("traces: {e}; not exporting");
+                None
+            }
+        }
+    });
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init();
+}
+
+fn tracer_provider(endpoint: &str, service: &str) -> anyhow::Result<SdkTracerProvider> {
+    use opentelemetry_otlp::WithExportConfig as _;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(endpoint)
+        // A collector that is down must not hold the exit up for long.
+        .with_timeout(std::time::Duration::from_secs(3))
+        .build()?;
+    let name = std::env::var("OTEL_SERVICE_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| service.to_owned());
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(name)
+                .build(),
+        )
+        .build())
+}
+
+/// Sends the spans still buffered; call once at exit. Nothing without an
+/// endpoint.
+pub fn flush() {
+    if let Some(provider) = PROVIDER.get() {
+        let _ = provider.shutdown();
+    }
+}
+
+/// Reads W3C trace context from gRPC or HTTP headers.
+pub struct HeaderExtractor<'a>(pub &'a http::HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
 }

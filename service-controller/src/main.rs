@@ -6,7 +6,7 @@ fn main() -> ExitCode {
     ccm_runtime::process::main::<Args, Settings, _, _>(
         "service-controller",
         Settings::from_args,
-        |s| (s.common.log_format, s.common.log_level.clone()),
+        |s| s.common.telemetry(),
         |settings, shutdown| async move {
             service_controller::start(settings, shutdown)
                 .await?

@@ -361,6 +361,7 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
 
 /// One host pass: every load balancer whose host set changed gets one
 /// update. A failed update falls back to a full ensure of that Service.
+#[tracing::instrument(skip_all)]
 pub async fn sync_hosts(ctx: &Context) {
     // Changes seen from here on wait for the next pass.
     let changed_at = ctx.take_node_change();
@@ -455,6 +456,7 @@ pub struct Orphans {
 /// One orphan check: reports orphans, and deletes those orphaned longer
 /// than the grace period when enabled. Runs only on a synced cache, or
 /// every load balancer would look orphaned.
+#[tracing::instrument(skip_all)]
 pub async fn check_orphans(ctx: &Context, orphans: &mut Orphans) {
     let lbs = match ctx.gateway.list_load_balancers().await {
         Ok(lbs) => lbs,

@@ -11,6 +11,7 @@ pub mod env;
 pub mod fixtures;
 pub mod gateway;
 pub mod kubelet;
+pub mod otlp;
 pub mod sandbox;
 pub mod toy;
 

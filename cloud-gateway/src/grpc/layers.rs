@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use tower::{Layer, Service};
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::metrics::{MethodLabels, Metrics, RpcLabels};
 
@@ -91,7 +93,27 @@ where
         let metrics = self.metrics.clone();
         let start = Instant::now();
         let deadline = grpc_timeout(req.headers());
-        let future = self.inner.call(req);
+        // A contract call continues the caller's trace (W3C trace context
+        // in its metadata); health and reflection calls are not traced.
+        let span = if req.uri().path().starts_with("/cloudgateway.v1.") {
+            let parent = opentelemetry::global::get_text_map_propagator(|p| {
+                p.extract(&ccm_runtime::telemetry::HeaderExtractor(req.headers()))
+            });
+            let span = tracing::info_span!(
+                "grpc request",
+                otel.name = method.trim_start_matches('/'),
+                otel.kind = "server",
+                rpc.method = method.as_str(),
+                rpc.grpc.status_code = tracing::field::Empty,
+            );
+            let _ = span.set_parent(parent);
+            span
+        } else {
+            tracing::Span::none()
+        };
+        let future = span
+            .in_scope(|| self.inner.call(req))
+            .instrument(span.clone());
         // tonic's server runs the same timer, but answers CANCELLED when it
         // fires; the contract (and gRPC) say DEADLINE_EXCEEDED. This sleep
         // starts before tonic's, so it fires first and the call's work is
@@ -121,6 +143,7 @@ where
                     .map_or(tonic::Code::Ok, tonic::Code::from_i32),
                 Err(_) => tonic::Code::Unknown,
             };
+            span.record("rpc.grpc.status_code", code as i32);
             metrics
                 .grpc_requests
                 .get_or_create(&RpcLabels {

@@ -42,7 +42,10 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    ccm_runtime::telemetry::init(ccm_runtime::telemetry::LogFormat::Plain, "warn");
+    ccm_runtime::telemetry::init(&ccm_runtime::telemetry::Options {
+        directives: "warn".into(),
+        ..Default::default()
+    });
     let bin_dir = std::env::current_exe()?
         .parent()
         .map(PathBuf::from)

@@ -33,7 +33,10 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    ccm_runtime::telemetry::init(ccm_runtime::telemetry::LogFormat::Plain, "info");
+    ccm_runtime::telemetry::init(&ccm_runtime::telemetry::Options {
+        directives: "info".into(),
+        ..Default::default()
+    });
     let server = ApiServer::start_with(Config {
         listen: args.listen,
         ..Config::default()
