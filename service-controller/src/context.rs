@@ -41,6 +41,9 @@ pub struct Context {
     /// When the oldest node change not yet passed on to the load balancers
     /// was seen.
     pub hosts_changed_at: Mutex<Option<std::time::Instant>>,
+    /// Since when each Service has had a change (its creation included)
+    /// that no ensure has carried to its load balancer yet.
+    pub changed_since: Mutex<HashMap<Key, std::time::Instant>>,
 }
 
 impl Context {
@@ -132,12 +135,32 @@ impl Context {
             == Some(&fingerprint)
     }
 
-    /// Forgets what is remembered of `key` (hosts sent, provisioning).
+    /// Forgets what is remembered of `key` (hosts sent, provisioning, a
+    /// change waiting).
     pub fn forget(&self, key: &Key) {
         self.last_hosts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);
         self.set_provisioning(key, None);
+        self.take_change(key);
+    }
+
+    /// Notes a change of `key` the next ensure must carry (the oldest such
+    /// change counts).
+    pub fn note_change(&self, key: &Key) {
+        self.changed_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_insert_with(std::time::Instant::now);
+    }
+
+    /// Takes when the oldest change of `key` not yet carried was seen.
+    pub fn take_change(&self, key: &Key) -> Option<std::time::Instant> {
+        self.changed_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key)
     }
 }

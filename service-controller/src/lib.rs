@@ -72,6 +72,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         host_label_annotations: std::sync::OnceLock::new(),
         provisioning: Mutex::new(HashMap::new()),
         hosts_changed_at: Mutex::new(None),
+        changed_since: Mutex::new(HashMap::new()),
     });
     let nodes_changed = Arc::new(Notify::new());
 
@@ -99,8 +100,11 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
                     let relevant = plan::wants_load_balancer(svc, &ctx.settings.classes)
                         || plan::has_finalizer(svc);
                     if (matches!(seen, Seen::Changed(_)) && relevant) || plan::needs_cleanup(svc) {
-                        ctx.queue
-                            .add((svc.namespace().unwrap_or_default(), svc.name_any()));
+                        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+                        if plan::wants_load_balancer(svc, &ctx.settings.classes) {
+                            ctx.note_change(&key);
+                        }
+                        ctx.queue.add(key);
                     }
                 }
                 Seen::Synced => {
@@ -108,7 +112,9 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
                         mark();
                     }
                 }
-                Seen::Deleted(_) => {}
+                Seen::Deleted(svc) => {
+                    ctx.take_change(&(svc.namespace().unwrap_or_default(), svc.name_any()));
+                }
             },
         )
     });
@@ -169,9 +175,13 @@ async fn run(
         _ = shutdown.cancelled() => return Ok(()),
     }
     tracing::info!(classes = ?ctx.settings.classes, "leading; syncing load balancers");
-    // Node changes seen on standby are carried by the full sync below, not
-    // timed as host passes.
+    // Changes seen on standby are carried by the full sync below, not
+    // timed: their wait was the previous leader's.
     ctx.take_node_change();
+    ctx.changed_since
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clear();
     let caches = async {
         ctx.services
             .wait_until_ready()

@@ -22,6 +22,7 @@ pub struct Metrics {
     pub sync_errors: Family<ErrorLabels, Counter>,
     pub sync_duration: Histogram,
     pub time_to_ingress: Histogram,
+    pub change_to_ingress: Histogram,
     pub host_sync_delay: Histogram,
     pub host_updates: Counter,
     pub host_update_errors: Counter,
@@ -38,6 +39,7 @@ impl Metrics {
             sync_errors: Family::default(),
             sync_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             time_to_ingress: Histogram::new(slo_buckets()),
+            change_to_ingress: Histogram::new(slo_buckets()),
             host_sync_delay: Histogram::new(slo_buckets()),
             host_updates: Counter::default(),
             host_update_errors: Counter::default(),
@@ -60,6 +62,11 @@ impl Metrics {
             "time_to_ingress_seconds",
             "Time from a Service's creation to its first ingress",
             m.time_to_ingress.clone(),
+        );
+        r.register(
+            "change_to_ingress_seconds",
+            "Time from a LoadBalancer Service's change (its creation included) seen by the controller to its load balancer ensured and ingress written",
+            m.change_to_ingress.clone(),
         );
         r.register(
             "host_sync_delay_seconds",

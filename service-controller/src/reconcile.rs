@@ -296,7 +296,13 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
                     .time_to_ingress
                     .observe(age.as_secs_f64().max(0.0));
             }
+            let carried = ctx.take_change(key);
             write_ingress(ctx, svc, ingress).await?;
+            if let Some(seen) = carried {
+                ctx.metrics
+                    .change_to_ingress
+                    .observe(seen.elapsed().as_secs_f64());
+            }
             if plan::current_condition(svc).is_some() {
                 write_condition(
                     ctx,

@@ -387,6 +387,11 @@ async fn fifty_nodes_joining_cause_about_one_host_update_per_load_balancer() {
             .await,
         20.0
     );
+    assert_eq!(
+        c.metric("service_controller_change_to_ingress_seconds_count")
+            .await,
+        20.0
+    );
     assert!(
         c.metric("service_controller_queue_wait_seconds_count")
             .await

@@ -190,6 +190,8 @@ pub struct Harness {
     pub work_dir: PathBuf,
     pub sizes: Sizes,
     pub cloud: Cloud,
+    /// The charts the run drew (joining nodes over time, latency).
+    pub plots: Vec<crate::plot::Plot>,
     runs: usize,
 }
 
@@ -214,6 +216,7 @@ impl Harness {
             work_dir,
             sizes,
             cloud,
+            plots: Vec::new(),
             runs: 0,
         }
     }
@@ -315,20 +318,33 @@ impl Harness {
         let n = self.sizes.join_nodes;
         let mut time = Vec::new();
         let mut calls = Vec::new();
+        // (profile, [(s, nodes initialised, lookup calls so far)])
+        let mut over_time = Vec::new();
         for profile in [Profile::Ours, Profile::Upstream] {
             let run = self.start(profile, 1, &[]).await?;
             let ips = run.instances("join", n).await?;
             run.stats(true).await?;
             let started = Instant::now();
+            let mut samples = vec![(0.0, 0.0, 0.0)];
             run.nodes("join", &ips, true, false).await?;
             run.until(
                 self.sizes.limit,
-                POLL,
+                POLL / 2,
                 "every node initialised",
-                async |r| Ok(r.initialised().await? == n),
+                async |r| {
+                    let done = r.initialised().await?;
+                    let lookups = r.stats(false).await?.get("get_instances").copied();
+                    samples.push((
+                        started.elapsed().as_secs_f64(),
+                        done as f64,
+                        lookups.unwrap_or(0) as f64,
+                    ));
+                    Ok(done == n)
+                },
             )
             .await?;
             time.push(started.elapsed().as_secs_f64());
+            over_time.push((profile.name(), samples));
             calls.push(
                 run.stats(false)
                     .await?
@@ -339,6 +355,33 @@ impl Harness {
             run.sandbox.stop().await;
         }
         let scenario = format!("1. {n} nodes join at once");
+        let line = |pick: fn(&(f64, f64, f64)) -> f64| {
+            over_time
+                .iter()
+                .map(|(name, samples)| {
+                    (
+                        name.to_string(),
+                        samples.iter().map(|s| (s.0, pick(s))).collect(),
+                    )
+                })
+                .collect()
+        };
+        self.plots.push(crate::plot::Plot {
+            file: "join-nodes.svg".into(),
+            title: format!("{n} nodes join at once: nodes initialised"),
+            x_label: "seconds since the first Node was created".into(),
+            y_label: "nodes initialised".into(),
+            log_x: false,
+            series: line(|s| s.1),
+        });
+        self.plots.push(crate::plot::Plot {
+            file: "join-calls.svg".into(),
+            title: format!("{n} nodes join at once: cloud lookup calls"),
+            x_label: "seconds since the first Node was created".into(),
+            y_label: "provider lookup calls so far".into(),
+            log_x: false,
+            series: line(|s| s.2),
+        });
         Ok(vec![
             Row {
                 scenario: scenario.clone(),
@@ -757,19 +800,36 @@ impl Harness {
         let low_rate = 15;
         let mut low = Vec::new();
         let mut high = None;
+        let mut distributions = Vec::new();
         for profile in [Profile::Ours, Profile::Upstream] {
             let run = self.start(profile, 1, &[]).await?;
             let ips = run.instances("lat", 1).await?;
             run.nodes("lat", &ips, false, false).await?;
             let client = run.sandbox.handle().gateway_client("node")?;
             lookup(&client).await?;
-            low.push(measure(&client, low_rate, window).await?);
+            let samples = measure(&client, low_rate, window).await?;
+            low.push(percentiles(&samples));
+            distributions.push((format!("{} at {low_rate} req/s", profile.name()), samples));
             if profile == Profile::Ours {
-                high = Some(measure(&client, self.sizes.latency_high_rate, window).await?);
+                let rate = self.sizes.latency_high_rate;
+                let samples = measure(&client, rate, window).await?;
+                high = Some(percentiles(&samples));
+                distributions.push((format!("{} at {rate} req/s", profile.name()), samples));
             }
             run.sandbox.stop().await;
         }
         let high = high.expect("measured");
+        self.plots.push(crate::plot::Plot {
+            file: "latency.svg".into(),
+            title: "GetInstances latency, one cached node".into(),
+            x_label: "latency, ms (log scale)".into(),
+            y_label: "share of calls at or below".into(),
+            log_x: true,
+            series: distributions
+                .iter()
+                .map(|(label, samples)| (label.clone(), crate::plot::cdf(samples)))
+                .collect(),
+        });
         let scenario = "6. gateway GetInstances latency, one cached node".to_owned();
         let row = |metric: String, ours: f64, upstream: Option<f64>, target, note: String| Row {
             scenario: scenario.clone(),
@@ -848,12 +908,13 @@ async fn lookup(client: &ccm_proto::GatewayClient) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends lookups at `rate` per second for `window`; returns p50 and p99 in ms.
+/// Sends lookups at `rate` per second for `window`; returns each call's
+/// latency in ms.
 async fn measure(
     client: &ccm_proto::GatewayClient,
     rate: u32,
     window: Duration,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<Vec<f64>> {
     let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let end = Instant::now() + window;
@@ -870,9 +931,15 @@ async fn measure(
     for call in calls {
         ms.push(call.await??.as_secs_f64() * 1000.0);
     }
+    Ok(ms)
+}
+
+/// p50 and p99 of latencies in ms.
+fn percentiles(samples: &[f64]) -> (f64, f64) {
+    let mut ms = samples.to_vec();
     ms.sort_by(f64::total_cmp);
     let pick = |q: f64| ms[((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len()) - 1];
-    Ok((pick(0.50), pick(0.99)))
+    (pick(0.50), pick(0.99))
 }
 
 fn rss_mib(pid: u32) -> anyhow::Result<(f64, f64)> {
@@ -1182,7 +1249,17 @@ pub fn machine() -> String {
 }
 
 /// The report as Markdown.
-pub fn markdown(rows: &[Row], cloud: &Cloud, command: &str, machine: &str, when: &str) -> String {
+/// The report: the table, the run's notes, and its charts (written by the
+/// caller under `plots_dir`, a path relative to the report).
+pub fn markdown(
+    rows: &[Row],
+    plots: &[crate::plot::Plot],
+    plots_dir: &str,
+    cloud: &Cloud,
+    command: &str,
+    machine: &str,
+    when: &str,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# Benchmarks\n");
     let _ = writeln!(
@@ -1228,6 +1305,12 @@ calls/s (burst {}).\n",
         .collect();
     if !notes.is_empty() {
         let _ = writeln!(out, "\nNotes from the run:\n\n{}", notes.join("\n"));
+    }
+    if !plots.is_empty() {
+        let _ = writeln!(out, "\nDrawn by the same run:\n");
+        for p in plots {
+            let _ = writeln!(out, "![{}]({plots_dir}/{})\n", p.title, p.file);
+        }
     }
     out
 }

@@ -12,6 +12,7 @@ pub mod fixtures;
 pub mod gateway;
 pub mod kubelet;
 pub mod otlp;
+pub mod plot;
 pub mod sandbox;
 pub mod toy;
 

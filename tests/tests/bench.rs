@@ -47,4 +47,22 @@ fn the_benchmark_harness_runs_every_scenario_for_both_profiles() {
         "the upstream profile looks up each node once"
     );
     assert!(ours < upstream, "{calls}");
+    // The charts of the same run, beside the report and linked from it.
+    for plot in ["join-nodes.svg", "join-calls.svg", "latency.svg"] {
+        assert!(
+            text.contains(&format!("](benchmarks/{plot})")),
+            "{plot} not linked:\n{text}"
+        );
+        let svg = std::fs::read_to_string(dir.path().join("benchmarks").join(plot)).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("<polyline"),
+            "{plot}: {svg}"
+        );
+    }
+    let joining = std::fs::read_to_string(dir.path().join("benchmarks/join-nodes.svg")).unwrap();
+    assert_eq!(
+        joining.matches("<polyline").count(),
+        2,
+        "ours and the upstream profile"
+    );
 }

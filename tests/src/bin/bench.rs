@@ -83,9 +83,27 @@ async fn main() -> anyhow::Result<()> {
     )
     .trim()
     .to_owned();
-    let report = markdown(&rows, &cloud, &command, &machine(), &when);
+    // Charts go beside the report, in `benchmarks/`.
+    const PLOTS: &str = "benchmarks";
+    let report = markdown(
+        &rows,
+        &harness.plots,
+        PLOTS,
+        &cloud,
+        &command,
+        &machine(),
+        &when,
+    );
     println!("{report}");
     if let Some(out) = &args.out {
+        let dir = out
+            .parent()
+            .map(|p| p.join(PLOTS))
+            .unwrap_or_else(|| PathBuf::from(PLOTS));
+        std::fs::create_dir_all(&dir)?;
+        for plot in &harness.plots {
+            std::fs::write(dir.join(&plot.file), plot.svg())?;
+        }
         // What people wrote below the marker (findings, what limits the
         // rest) survives a new run; the table above it is replaced.
         let kept = std::fs::read_to_string(out)
