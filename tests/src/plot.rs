@@ -21,7 +21,7 @@ const WIDTH: f64 = 720.0;
 const HEIGHT: f64 = 380.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 20.0;
-const TOP: f64 = 40.0;
+const TOP: f64 = 62.0;
 const BOTTOM: f64 = 50.0;
 const COLOURS: [&str; 6] = [
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
@@ -133,14 +133,15 @@ impl Plot {
                 r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
                 path.join(" ")
             );
-            let y = TOP + 8.0 + 16.0 * i as f64;
+            // The legend runs in a row between the title and the chart.
+            let x = LEFT + 200.0 * i as f64;
+            let y = TOP - 20.0;
             let _ = writeln!(
                 out,
-                r#"<line x1="{a}" y1="{y}" x2="{b}" y2="{y}" stroke="{colour}" stroke-width="3"/><text x="{c}" y="{d}">{}</text>"#,
+                r#"<line x1="{x}" y1="{y}" x2="{b}" y2="{y}" stroke="{colour}" stroke-width="3"/><text x="{c}" y="{d}">{}</text>"#,
                 escape(label),
-                a = LEFT + 12.0,
-                b = LEFT + 32.0,
-                c = LEFT + 38.0,
+                b = x + 20.0,
+                c = x + 26.0,
                 d = y + 4.0
             );
         }
