@@ -199,3 +199,27 @@ impl Extractor for HeaderExtractor<'_> {
         self.0.keys().map(http::HeaderName::as_str).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_otlp_endpoint_is_an_http_or_https_url_with_a_host() {
+        for ok in [
+            "http://otel-collector:4317",
+            "https://collector.example:4317",
+        ] {
+            assert_eq!(parse_otlp_endpoint(ok).as_deref(), Ok(ok));
+        }
+        for bad in [
+            "otel-collector:4317",
+            "grpc://collector:4317",
+            "http://",
+            "",
+        ] {
+            let err = parse_otlp_endpoint(bad).unwrap_err();
+            assert!(err.contains("http://host:4317"), "{bad}: {err}");
+        }
+    }
+}

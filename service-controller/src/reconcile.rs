@@ -423,9 +423,17 @@ pub async fn sync_hosts(ctx: &Context) {
                     .await;
                     true
                 }
-                // Gone or handled elsewhere: nothing to update.
-                Err(GatewayError::ImplementedElsewhere { .. } | GatewayError::NotFound { .. }) => {
-                    true
+                // Handled elsewhere: nothing to update.
+                Err(GatewayError::ImplementedElsewhere { .. }) => true,
+                // No load balancer yet (its first ensure still in flight,
+                // with the hosts of before this change) or no longer (gone
+                // from the cloud): the Service needs a full ensure with
+                // today's hosts. Without it, an ensure racing this pass left
+                // its load balancer on the old hosts, and no later pass saw
+                // a difference to send.
+                Err(GatewayError::NotFound { .. }) => {
+                    ctx_ref.queue.add(key);
+                    false
                 }
                 Err(e) => {
                     ctx_ref.metrics.host_update_errors.inc();

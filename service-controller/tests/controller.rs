@@ -367,8 +367,9 @@ async fn fifty_nodes_joining_cause_about_one_host_update_per_load_balancer() {
     );
     assert!(c.metric("service_controller_host_updates_total").await >= 20.0);
     // The SLO histograms: the node changes reached every load balancer in
-    // passes that each waited the 1 s debounce; the 20 Services got their
-    // ingress, and their keys went through the queue.
+    // timed host passes (a change may ride in a pass another change woke,
+    // so no pass time is certain); the 20 Services got their ingress, and
+    // their keys went through the queue.
     eventually("a host pass timed", || async {
         (c.metric("service_controller_host_sync_delay_seconds_count")
             .await
@@ -376,12 +377,6 @@ async fn fifty_nodes_joining_cause_about_one_host_update_per_load_balancer() {
             .then_some(())
     })
     .await;
-    assert_eq!(
-        c.metric(r#"service_controller_host_sync_delay_seconds_bucket{le="0.8"}"#)
-            .await,
-        0.0,
-        "a pass cannot finish before its debounce"
-    );
     assert_eq!(
         c.metric("service_controller_time_to_ingress_seconds_count")
             .await,
