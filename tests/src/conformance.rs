@@ -395,6 +395,15 @@ async fn raw_unary(
 
 const GET_INSTANCES: &str = "/cloudgateway.v1.Instances/GetInstances";
 
+/// A gRPC message on the wire: uncompressed flag, length, message.
+pub fn grpc_frame(message: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(5 + message.len());
+    out.push(0);
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out.into()
+}
+
 /// One unary call over a bare HTTP/2 connection with `grpc-timeout` set to
 /// `deadline`: a gRPC client library would enforce that deadline itself and
 /// hide what the gateway does at it. Returns the gateway's code and how long
@@ -428,14 +437,11 @@ async fn call_with_deadline(
         .header("grpc-timeout", format!("{}m", deadline.as_millis()))
         .body(())
         .map_err(|e| e.to_string())?;
-    let mut frame = vec![0];
-    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    frame.extend_from_slice(message);
     let started = Instant::now();
     let answer = async {
         let mut send = send.ready().await?;
         let (response, mut body) = send.send_request(request, false)?;
-        body.send_data(frame.into(), true)?;
+        body.send_data(grpc_frame(message), true)?;
         let response = response.await?;
         let status = |headers: &http::HeaderMap| {
             headers

@@ -300,14 +300,7 @@ impl Sandbox {
             sandbox.spawn(
                 TOY_GATEWAY,
                 TOY_GATEWAY,
-                &[
-                    "--listen".into(),
-                    addr(grpc).to_string(),
-                    "--proto-dir".into(),
-                    crate::toy::proto_dir().display().to_string(),
-                    "--tokens-dir".into(),
-                    state.join("tokens").display().to_string(),
-                ],
+                &crate::toy::args(&addr(grpc).to_string(), &state.join("tokens")),
                 &[],
             )?;
         } else {

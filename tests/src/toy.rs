@@ -26,17 +26,17 @@ pub fn python() -> String {
     std::env::var("TOY_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// The command line that starts it on `listen` with the role tokens in
-/// `tokens` (`<role>.token`).
-pub fn command(listen: &str, tokens: &Path) -> Command {
-    let mut command = Command::new(python());
-    command
-        .arg(script())
-        .args(["--listen", listen, "--proto-dir"])
-        .arg(proto_dir())
-        .arg("--tokens-dir")
-        .arg(tokens);
-    command
+/// Its flags to listen on `listen` with the role tokens in `tokens`
+/// (`<role>.token`).
+pub fn args(listen: &str, tokens: &Path) -> Vec<String> {
+    vec![
+        "--listen".into(),
+        listen.into(),
+        "--proto-dir".into(),
+        proto_dir().display().to_string(),
+        "--tokens-dir".into(),
+        tokens.display().to_string(),
+    ]
 }
 
 /// The toy gateway as a process on loopback, with a token per role in
@@ -64,7 +64,9 @@ impl ToyGateway {
         }
         let port = crate::gateway::free_port()?;
         let log = dir.join("toy-gateway.log");
-        let mut child = command(&format!("127.0.0.1:{port}"), &tokens)
+        let mut child = Command::new(python())
+            .arg(script())
+            .args(self::args(&format!("127.0.0.1:{port}"), &tokens))
             .args(args)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)

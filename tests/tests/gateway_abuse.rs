@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ccm_proto::v1::{LookupPurpose, NodeRef};
 use ccm_testkit::apiserver::ApiServer;
+use ccm_testkit::conformance::grpc_frame;
 use ccm_testkit::gateway::GatewayProcess;
 use http::Request;
 use prost::Message;
@@ -65,14 +66,6 @@ async fn open(
         .ok()?
         .ok()?;
     ready.send_request(request, false).ok()
-}
-
-/// A gRPC frame: flag, length, message.
-fn frame(message: &[u8]) -> Bytes {
-    let mut out = vec![0];
-    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    out.extend_from_slice(message);
-    out.into()
 }
 
 /// Samples the gateway's resident memory until `until`; returns the peak.
@@ -201,7 +194,7 @@ async fn thousands_of_lookups_whose_answers_are_never_read_hold_little_memory() 
         purpose: LookupPurpose::Refresh as i32,
     }
     .encode_to_vec();
-    let body = frame(&message);
+    let body = grpc_frame(&message);
     let before = gw.rss().unwrap();
     let mut held = Vec::new();
     let started = Instant::now();
@@ -297,7 +290,7 @@ async fn a_flood_of_bad_tokens_makes_few_reviews_and_known_callers_go_on() {
                 else {
                     break;
                 };
-                let _ = stream.send_data(frame(&[]), true);
+                let _ = stream.send_data(grpc_frame(&[]), true);
                 calls.push(tokio::spawn(async move {
                     let response = response.await.ok()?;
                     let status = response
