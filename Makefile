@@ -1,7 +1,7 @@
 # The two commands the README promises. Cargo's target directory may be
 # shared between clones through CARGO_TARGET_DIR.
 
-.PHONY: run test bench
+.PHONY: run test bench bench-large
 
 # The whole system on loopback on the simulated cloud (see README).
 run:
@@ -17,3 +17,9 @@ test:
 bench:
 	cargo build --release --bins
 	cargo run --release --bin bench -- --out BENCHMARKS.md
+
+# The same with ten times the nodes and Services of scenarios 1, 2 and 5
+# beside the first sizes (about an hour on 2 cores).
+bench-large:
+	cargo build --release --bins
+	cargo run --release --bin bench -- --out BENCHMARKS.md --join-nodes 1000,5000 --steady-nodes 1000,10000 --memory 5000x2000,10000x5000

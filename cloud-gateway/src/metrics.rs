@@ -52,7 +52,8 @@ pub struct PriorityLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CacheLabels {
     /// `hit`, `miss` (sent to the cloud) or `merged` (joined a lookup
-    /// already on its way).
+    /// already on its way); `refresh` counts hits near their expiry that
+    /// also queued a background fetch of the instance.
     pub result: &'static str,
 }
 

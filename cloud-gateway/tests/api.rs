@@ -167,6 +167,41 @@ async fn cached_answers_say_so_and_fresh_reads_go_to_the_cloud() {
 }
 
 #[tokio::test]
+async fn an_instance_read_all_the_time_is_refreshed_before_its_cache_entry_expires() {
+    // A 1 s lifetime: reads from 0.8 s on also fetch the instance again.
+    let gw = TestGateway::start(|s| s.lookups.cache_ttl = Duration::from_secs(1)).await;
+    gw.create_instance("node-a").await;
+    let node = gw.client(Role::Node);
+    let read = || node.get_instances(vec![by_name("node-a")], LookupPurpose::Refresh, false);
+    assert!(!read().await.unwrap()[0].cached);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(read().await.unwrap()[0].cached, "young: a plain hit");
+    assert_eq!(gw.calls(Operation::GetInstances), 1);
+    // The instance stops behind the cache's back; a read near expiry is
+    // answered from the cache at once and fetches the instance again.
+    gw.sim().set_running("node-a", false).unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let near = read().await.unwrap();
+    assert_eq!(
+        (near[0].state(), near[0].cached),
+        (InstanceState::Running, true)
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while gw.calls(Operation::GetInstances) < 2 {
+        assert!(std::time::Instant::now() < deadline, "no refresh");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Past the first answer's lifetime: the refreshed one, from the cache.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = read().await.unwrap();
+    assert_eq!(
+        (after[0].state(), after[0].cached),
+        (InstanceState::Shutdown, true)
+    );
+    assert_eq!(gw.calls(Operation::GetInstances), 2);
+}
+
+#[tokio::test]
 async fn writes_through_the_gateway_invalidate_the_cached_instance() {
     let gw = TestGateway::start(|s| s.lookups.cache_ttl = Duration::from_secs(60)).await;
     gw.create_instance("node-a").await;

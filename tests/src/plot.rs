@@ -155,12 +155,14 @@ pub fn cdf(samples: &[f64]) -> Vec<(f64, f64)> {
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
     let n = sorted.len() as f64;
-    // At most about 400 points: a line, not every sample.
+    // About 400 points for the body: a line, not every sample; every
+    // sample of the slowest 1%, where the tail is read.
     let step = (sorted.len() / 400).max(1);
+    let tail = sorted.len() - sorted.len().div_ceil(100);
     let mut out: Vec<(f64, f64)> = sorted
         .iter()
         .enumerate()
-        .filter(|(i, _)| i % step == 0)
+        .filter(|(i, _)| i % step == 0 || *i >= tail)
         .map(|(i, &v)| (v, (i + 1) as f64 / n))
         .collect();
     if let Some(&last) = sorted.last() {

@@ -661,12 +661,16 @@ pub struct Handle {
 impl Handle {
     /// A gateway client with `role`'s token.
     pub fn gateway_client(&self, role: &str) -> anyhow::Result<GatewayClient> {
-        let token = self.tokens.join(format!("{role}.token"));
-        Ok(GatewayClient::new(ClientConfig::new(
+        Ok(GatewayClient::new(self.client_config(role))?)
+    }
+
+    /// How a client with `role`'s token reaches the gateway.
+    pub fn client_config(&self, role: &str) -> ClientConfig {
+        ClientConfig::new(
             self.gateway.clone(),
             CLUSTER,
-            TokenSource::File(token),
-        ))?)
+            TokenSource::File(self.tokens.join(format!("{role}.token"))),
+        )
     }
 
     /// One round of simulated kubelets: Ready while the instance runs,

@@ -3,7 +3,9 @@
 //!
 //!     cargo build --release --bins && target/release/bench --out BENCHMARKS.md
 //!
-//! (`make bench` does both.) The binaries it starts are the ones beside it.
+//! (`make bench` does both; `make bench-large` adds ten times the nodes
+//! and Services of scenarios 1, 2 and 5.) Every size is a flag. The
+//! binaries it starts are the ones beside it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -37,6 +39,99 @@ struct Args {
     /// Where the sandboxes keep their state and logs.
     #[arg(long, default_value = "target/bench")]
     work_dir: PathBuf,
+    /// Scenario 1: nodes joining at once, one run per size (default 1000).
+    #[arg(long, value_delimiter = ',', value_parser = number_within(1usize, 100_000))]
+    join_nodes: Vec<usize>,
+    /// Scenario 2: nodes in the steady state, one run per size (default 1000).
+    #[arg(long, value_delimiter = ',', value_parser = number_within(1usize, 100_000))]
+    steady_nodes: Vec<usize>,
+    /// Scenario 2: measured window in seconds (default 90).
+    #[arg(long, value_parser = number_within(1u64, 3600))]
+    steady_window_s: Option<u64>,
+    /// Scenario 2: how much faster than real time (default 10).
+    #[arg(long, value_parser = number_within(1u32, 100))]
+    compression: Option<u32>,
+    /// Scenario 3: Services created at once (default 200).
+    #[arg(long, value_parser = number_within(1usize, 100_000))]
+    burst_services: Option<usize>,
+    /// Scenario 4: Services that exist while nodes join (default 200).
+    #[arg(long, value_parser = number_within(1usize, 100_000))]
+    churn_services: Option<usize>,
+    /// Scenario 4: nodes joining (default 100).
+    #[arg(long, value_parser = number_within(1usize, 100_000))]
+    churn_nodes: Option<usize>,
+    /// Scenario 5: NODESxSERVICES held, one run per pair (default 5000x2000).
+    #[arg(long, value_delimiter = ',', value_parser = nodes_by_services)]
+    memory: Vec<(usize, usize)>,
+    /// Scenario 6: calls per series and rate (default 10000).
+    #[arg(long, value_parser = number_within(10usize, 10_000_000))]
+    latency_samples: Option<usize>,
+    /// Scenario 6: the high rate, calls per second (default 500).
+    #[arg(long, value_parser = number_within(1u32, 100_000))]
+    latency_high_rate: Option<u32>,
+    /// Scenarios 7 and 8: Services on AWS (moto) (default 50).
+    #[arg(long, value_parser = number_within(1usize, 10_000))]
+    aws_services: Option<usize>,
+    /// Scenario 8: nodes joining on AWS (default 10).
+    #[arg(long, value_parser = number_within(1usize, 1000))]
+    aws_joining: Option<usize>,
+}
+
+/// `5000x2000`: Nodes and Services.
+fn nodes_by_services(s: &str) -> Result<(usize, usize), String> {
+    let (n, m) = s
+        .split_once('x')
+        .ok_or_else(|| format!("{s:?}: expected NODESxSERVICES, e.g. 10000x5000"))?;
+    let parse = |v: &str| {
+        v.parse::<usize>()
+            .ok()
+            .filter(|v| (1..=100_000).contains(v))
+            .ok_or_else(|| format!("{v:?} in {s:?}: expected a number from 1 to 100000"))
+    };
+    Ok((parse(n)?, parse(m)?))
+}
+
+impl Args {
+    /// The sizes: `--smoke`'s or the default run's, each flag given
+    /// replacing its part.
+    fn sizes(&self) -> Sizes {
+        let mut sizes = if self.smoke {
+            Sizes::smoke()
+        } else {
+            Sizes::full()
+        };
+        let list = |given: &Vec<usize>, default: &mut Vec<usize>| {
+            if !given.is_empty() {
+                *default = given.clone();
+            }
+        };
+        list(&self.join_nodes, &mut sizes.join_nodes);
+        list(&self.steady_nodes, &mut sizes.steady_nodes);
+        if !self.memory.is_empty() {
+            sizes.memory = self.memory.clone();
+        }
+        let one = |given: Option<usize>, default: &mut usize| {
+            if let Some(v) = given {
+                *default = v;
+            }
+        };
+        one(self.burst_services, &mut sizes.burst_services);
+        one(self.churn_services, &mut sizes.churn_services);
+        one(self.churn_nodes, &mut sizes.churn_nodes);
+        one(self.latency_samples, &mut sizes.latency_samples);
+        one(self.aws_services, &mut sizes.aws_services);
+        one(self.aws_joining, &mut sizes.aws_joining);
+        if let Some(s) = self.steady_window_s {
+            sizes.steady_window = Duration::from_secs(s);
+        }
+        if let Some(k) = self.compression {
+            sizes.compression = k;
+        }
+        if let Some(r) = self.latency_high_rate {
+            sizes.latency_high_rate = r;
+        }
+        sizes
+    }
 }
 
 #[tokio::main]
@@ -54,11 +149,7 @@ async fn main() -> anyhow::Result<()> {
         latency: Duration::from_millis(args.latency_ms),
         budget: args.budget,
     };
-    let sizes = if args.smoke {
-        Sizes::smoke()
-    } else {
-        Sizes::full()
-    };
+    let sizes = args.sizes();
     if args.work_dir.exists() {
         std::fs::remove_dir_all(&args.work_dir)?;
     }
@@ -87,6 +178,7 @@ async fn main() -> anyhow::Result<()> {
     const PLOTS: &str = "benchmarks";
     let report = markdown(
         &rows,
+        &harness.tables,
         &harness.plots,
         PLOTS,
         &cloud,
