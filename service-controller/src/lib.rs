@@ -22,7 +22,7 @@ use anyhow::Context as _;
 use ccm_runtime::controller::Base;
 use ccm_runtime::queue::{Backoff, WorkQueue};
 use ccm_runtime::shutdown::or_shutdown;
-use ccm_runtime::watch::{Seen, cached, cached_nodes, follow};
+use ccm_runtime::watch::{Seen, cached_nodes, cached_with, follow};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{Api, ResourceExt};
 use tokio::sync::Notify;
@@ -56,7 +56,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let readiness = base.readiness.clone();
     let client = base.client.clone();
 
-    let (services, service_stream) = cached(Api::<Service>::all(client.clone()));
+    let (services, service_stream) = cached_with(Api::<Service>::all(client.clone()), plan::slim);
     let (nodes, node_stream) = cached_nodes(Api::<Node>::all(client.clone()));
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -94,7 +94,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             "service",
             service_stream,
             shutdown.clone(),
-            plan::fingerprint,
+            plan::fingerprint_digest,
             move |seen| match seen {
                 Seen::Changed(svc) | Seen::Unchanged(svc) => {
                     let relevant = plan::wants_load_balancer(svc, &ctx.settings.classes)
