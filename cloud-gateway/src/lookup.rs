@@ -298,8 +298,13 @@ impl InstanceLookups {
         if self.cloud.budget().overflow(Priority::Low, calls).is_some() {
             return 0;
         }
-        let n = due.len() as u64;
+        let mut n = 0;
         for (key, node) in due {
+            // A node named twice in one request is fetched once.
+            if state.inflight.contains_key(&key) {
+                continue;
+            }
+            n += 1;
             state.inflight.insert(key.clone(), Vec::new());
             state.pending.push(Pending {
                 key,
