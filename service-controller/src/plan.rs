@@ -90,9 +90,15 @@ pub fn slim(svc: &mut Service) {
 /// [`fingerprint`] as a digest, which the watch keeps per Service instead
 /// of a second copy of its ports and annotations.
 pub fn fingerprint_digest(svc: &Service) -> u64 {
-    use std::hash::{Hash, Hasher};
+    digest(fingerprint(svc).to_string())
+}
+
+/// A 64-bit digest of `value`, for remembering what something was without
+/// keeping a copy (stable within the process).
+pub fn digest(value: impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    fingerprint(svc).to_string().hash(&mut h);
+    value.hash(&mut h);
     h.finish()
 }
 
@@ -148,16 +154,13 @@ pub fn backs_load_balancers(node: &Node) -> bool {
 /// provider ID, and its labels (a Service may select hosts by label), kept
 /// as a digest so the watch does not hold a second copy of every label.
 pub fn node_fingerprint(node: &Node) -> (bool, String, u64) {
-    use std::hash::{Hash, Hasher};
-    let mut labels = std::collections::hash_map::DefaultHasher::new();
-    node.labels().hash(&mut labels);
     (
         backs_load_balancers(node),
         node.spec
             .as_ref()
             .and_then(|s| s.provider_id.clone())
             .unwrap_or_default(),
-        labels.finish(),
+        digest(node.labels()),
     )
 }
 

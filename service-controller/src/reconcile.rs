@@ -203,10 +203,7 @@ enum Poll {
 
 /// A stable fingerprint of what an ensure asks for.
 fn fingerprint(spec: &ccm_proto::v1::LoadBalancerSpec, hosts: &[ccm_proto::v1::Host]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    format!("{spec:?}{hosts:?}").hash(&mut h);
-    h.finish()
+    plan::digest(format!("{spec:?}{hosts:?}"))
 }
 
 /// Reads the status of a load balancer the cloud is provisioning, which the

@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use tokio::process::{Child, Command};
 
-use crate::gateway::free_port;
+use crate::gateway::{Started, free_port};
 
 /// The region the tests and the sandbox use; moto serves any.
 pub const REGION: &str = "eu-west-1";
@@ -89,26 +89,22 @@ impl Moto {
                 .spawn()
                 .with_context(|| format!("start {python} -m moto.server"))?;
             let endpoint = format!("http://127.0.0.1:{port}");
-            for _ in 0..300 {
-                if let Some(status) = child.try_wait()? {
-                    let log = std::fs::read_to_string(dir.join("moto.log")).unwrap_or_default();
-                    last = Some(anyhow::anyhow!(
-                        "moto exited ({status}); is it installed? pip install -r tests/requirements.txt\n{log}"
-                    ));
-                    break;
-                }
-                if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .is_ok()
-                {
+            match crate::gateway::until_listening(&mut child, port, Duration::from_secs(30)).await?
+            {
+                Started::Listening => {
                     return Ok(Self {
                         endpoint,
                         _child: child,
                     });
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                Started::Exited(status) => {
+                    let log = std::fs::read_to_string(dir.join("moto.log")).unwrap_or_default();
+                    last = Some(anyhow::anyhow!(
+                        "moto exited ({status}); is it installed? pip install -r tests/requirements.txt\n{log}"
+                    ));
+                }
+                Started::Silent => last = Some(anyhow::anyhow!("moto did not listen within 30 s")),
             }
-            last.get_or_insert_with(|| anyhow::anyhow!("moto did not listen within 30 s"));
         }
         Err(last.unwrap_or_else(|| anyhow::anyhow!("moto did not start")))
     }

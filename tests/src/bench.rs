@@ -25,6 +25,7 @@ use serde_json::json;
 use cloud_gateway::lookup::LookupConfig;
 
 use crate::fixtures::{self, node};
+use crate::gateway::Started;
 use crate::sandbox::{CloudKind, Options, Sandbox};
 
 /// How big each scenario is. Scenarios 1, 2 and 5 run once per size
@@ -253,6 +254,30 @@ impl Harness {
         }
     }
 
+    /// Counts a new run; returns `profile`'s flags with the account's
+    /// budget (sped up by `compression`) and quiet logs.
+    fn next_run(&mut self, profile: Profile, compression: u32) -> BTreeMap<String, Vec<String>> {
+        self.runs += 1;
+        let mut args = profile.args();
+        let rate = self.cloud.budget * f64::from(compression);
+        args.entry("cloud-gateway".into()).or_default().extend([
+            format!("--budget-rate={rate}"),
+            format!("--budget-burst={}", 2.0 * rate),
+            "--log-level=warn".into(),
+        ]);
+        for binary in ["node-controller", "service-controller", "route-controller"] {
+            args.entry(binary.into())
+                .or_default()
+                .push("--log-level=warn".into());
+        }
+        args
+    }
+
+    /// Where the current run keeps its state.
+    fn run_dir(&self) -> PathBuf {
+        self.work_dir.join(format!("run-{}", self.runs))
+    }
+
     /// A fresh sandbox for `profile`; `compression` speeds periods, budget
     /// and latency up by that factor.
     async fn start(
@@ -261,33 +286,15 @@ impl Harness {
         compression: u32,
         extra: &[(&str, String)],
     ) -> anyhow::Result<Run> {
-        self.runs += 1;
-        let mut args = profile.args();
-        let k = f64::from(compression);
-        args.entry("cloud-gateway".into()).or_default().extend([
-            format!("--budget-rate={}", self.cloud.budget * k),
-            format!("--budget-burst={}", 2.0 * self.cloud.budget * k),
-            "--log-level=warn".into(),
-        ]);
+        let mut args = self.next_run(profile, compression);
         for (binary, arg) in extra {
             args.entry(binary.to_string())
                 .or_default()
                 .push(arg.clone());
         }
-        for binary in ["node-controller", "service-controller", "route-controller"] {
-            args.entry(binary.into())
-                .or_default()
-                .push("--log-level=warn".into());
-        }
         let sandbox = Sandbox::start(Options {
-            cloud: Default::default(),
-            state_dir: self.work_dir.join(format!("run-{}", self.runs)),
-            nodes: 0,
-            services: 0,
-            replicas: 1,
-            bin_dir: self.bin_dir.clone(),
-            rbac: None,
             extra_args: args,
+            ..Options::new(self.run_dir(), self.bin_dir.clone())
         })
         .await?;
         let kube = sandbox.client().await?;
@@ -367,8 +374,8 @@ impl Harness {
 
     /// Seconds the budget adds to `calls` calls made at once: the burst
     /// goes at once, the rest at the rate.
-    fn budget_secs(&self, calls: f64, compression: u32) -> f64 {
-        let rate = self.cloud.budget * f64::from(compression);
+    fn budget_secs(&self, calls: f64) -> f64 {
+        let rate = self.cloud.budget;
         (calls - 2.0 * rate).max(0.0) / rate
     }
 
@@ -431,27 +438,34 @@ impl Harness {
         } else {
             format!("-{n}")
         };
-        self.plots.push(crate::plot::Plot {
-            file: format!("join-nodes{suffix}.svg"),
-            title: format!("{n} nodes join at once: nodes initialised"),
-            x_label: "seconds since the first Node was created".into(),
-            y_label: "nodes initialised".into(),
-            log_x: false,
-            series: line(|s| s.1),
-        });
-        self.plots.push(crate::plot::Plot {
-            file: format!("join-calls{suffix}.svg"),
-            title: format!("{n} nodes join at once: cloud lookup calls"),
-            x_label: "seconds since the first Node was created".into(),
-            y_label: "provider lookup calls so far".into(),
-            log_x: false,
-            series: line(|s| s.2),
-        });
+        for (file, what, y_label, pick) in [
+            (
+                "join-nodes",
+                "nodes initialised",
+                "nodes initialised",
+                (|s| s.1) as fn(&(f64, f64, f64)) -> f64,
+            ),
+            (
+                "join-calls",
+                "cloud lookup calls",
+                "provider lookup calls so far",
+                |s| s.2,
+            ),
+        ] {
+            self.plots.push(crate::plot::Plot {
+                file: format!("{file}{suffix}.svg"),
+                title: format!("{n} nodes join at once: {what}"),
+                x_label: "seconds since the first Node was created".into(),
+                y_label: y_label.into(),
+                log_x: false,
+                series: line(pick),
+            });
+        }
         // No node is initialised before it is registered, and the last one
         // needs a lookup after that: a batch at the gateway's size, within
         // the budget.
         let fewest = Self::batches(n);
-        let limit = registered[0] + self.cloud.latency.as_secs_f64() + self.budget_secs(fewest, 1);
+        let limit = registered[0] + self.cloud.latency.as_secs_f64() + self.budget_secs(fewest);
         let (within, faster) = if n >= 5000 { (5.0, 50.0) } else { (10.0, 10.0) };
         Ok(vec![
             Row {
@@ -613,7 +627,7 @@ impl Harness {
         // One ensure each, within the budget; the last one provisions for
         // 1 s; then one listing reads every status.
         let latency = self.cloud.latency.as_secs_f64();
-        let limit = self.budget_secs(m as f64, 1) + latency + 1.0 + latency;
+        let limit = self.budget_secs(m as f64) + latency + 1.0 + latency;
         Ok(vec![
             Row {
                 scenario: scenario.clone(),
@@ -697,27 +711,12 @@ impl Harness {
     /// nodes; the gateway reaches moto through the proxy that counts its
     /// requests.
     async fn start_on_aws(&mut self, profile: Profile, nodes: usize) -> anyhow::Result<Run> {
-        self.runs += 1;
-        let mut args = profile.args();
-        args.entry("cloud-gateway".into()).or_default().extend([
-            format!("--budget-rate={}", self.cloud.budget),
-            format!("--budget-burst={}", 2.0 * self.cloud.budget),
-            "--log-level=warn".into(),
-        ]);
-        for binary in ["node-controller", "service-controller", "route-controller"] {
-            args.entry(binary.into())
-                .or_default()
-                .push("--log-level=warn".into());
-        }
+        let args = self.next_run(profile, 1);
         let sandbox = Sandbox::start(Options {
             cloud: CloudKind::Aws,
-            state_dir: self.work_dir.join(format!("run-{}", self.runs)),
             nodes,
-            services: 0,
-            replicas: 1,
-            bin_dir: self.bin_dir.clone(),
-            rbac: None,
             extra_args: args,
+            ..Options::new(self.run_dir(), self.bin_dir.clone())
         })
         .await?;
         sandbox.populate().await?;
@@ -917,9 +916,11 @@ impl Harness {
         let ips = run.instances("lat", 1).await?;
         run.nodes("lat", &ips, false, false).await?;
         let floor = Floor::start(&self.bin_dir).await?;
-        let gateway = Callee::Ours(run.sandbox.handle().client_config("node"));
         let series = [
-            ("gateway, our client", gateway.clone()),
+            (
+                "gateway, our client",
+                Callee::Ours(run.sandbox.handle().client_config("node")),
+            ),
             ("floor, our client", Callee::Ours(floor.config())),
             (
                 "floor, bare tonic client",
@@ -1080,24 +1081,19 @@ struct Floor {
 impl Floor {
     async fn start(bin_dir: &std::path::Path) -> anyhow::Result<Self> {
         let port = crate::gateway::free_port()?;
-        let process = tokio::process::Command::new(bin_dir.join("latency-floor"))
+        let mut process = tokio::process::Command::new(bin_dir.join("latency-floor"))
             .arg(format!("--listen=127.0.0.1:{port}"))
             .kill_on_drop(true)
             .spawn()
             .context("start latency-floor")?;
-        let floor = Floor {
-            address: format!("http://127.0.0.1:{port}"),
-            process,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            anyhow::ensure!(Instant::now() < deadline, "latency-floor did not listen");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        match crate::gateway::until_listening(&mut process, port, Duration::from_secs(10)).await? {
+            Started::Listening => Ok(Floor {
+                address: format!("http://127.0.0.1:{port}"),
+                process,
+            }),
+            Started::Exited(status) => anyhow::bail!("latency-floor exited ({status})"),
+            Started::Silent => anyhow::bail!("latency-floor did not listen within 10 s"),
         }
-        Ok(floor)
     }
 
     fn pid(&self) -> Option<u32> {

@@ -16,6 +16,39 @@ pub fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
+/// What a process started to listen on a port did.
+pub enum Started {
+    Listening,
+    Exited(std::process::ExitStatus),
+    /// Still running, but nothing listened within the wait.
+    Silent,
+}
+
+/// Waits up to `within` for `child` to listen on loopback `port`, looking
+/// every 100 ms; stops early if it exits.
+pub async fn until_listening(
+    child: &mut Child,
+    port: u16,
+    within: Duration,
+) -> anyhow::Result<Started> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Started::Exited(status));
+        }
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(Started::Listening);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(Started::Silent);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The gateway binary as a process on loopback, with generated tokens (one
 /// per role in `<dir>/state/tokens/`) and its log in `<dir>/gateway.log`.
 pub struct GatewayProcess {
@@ -67,20 +100,16 @@ impl GatewayProcess {
             tokens: state.join("tokens"),
             child,
         };
-        for _ in 0..300 {
-            if let Some(status) = gateway.child.try_wait()? {
-                anyhow::bail!("cloud-gateway exited ({status}):\n{}", gateway.log_text());
+        // Tokens are generated (when they are) before the port opens.
+        match until_listening(&mut gateway.child, grpc, Duration::from_secs(30)).await? {
+            Started::Listening => Ok(gateway),
+            Started::Exited(status) => {
+                anyhow::bail!("cloud-gateway exited ({status}):\n{}", gateway.log_text())
             }
-            // Tokens are generated (when they are) before the port opens.
-            if tokio::net::TcpStream::connect(("127.0.0.1", grpc))
-                .await
-                .is_ok()
-            {
-                return Ok(gateway);
+            Started::Silent => {
+                anyhow::bail!("cloud-gateway did not listen:\n{}", gateway.log_text())
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        anyhow::bail!("cloud-gateway did not listen:\n{}", gateway.log_text())
     }
 
     /// A client for `cluster` with `role`'s token and no retries, so a

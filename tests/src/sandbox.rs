@@ -62,6 +62,23 @@ pub struct Options {
     pub extra_args: BTreeMap<String, Vec<String>>,
 }
 
+impl Options {
+    /// One replica of each controller on the sim, with no Nodes, Services,
+    /// RBAC or extra flags: set what differs with `..Options::new(..)`.
+    pub fn new(state_dir: PathBuf, bin_dir: PathBuf) -> Self {
+        Self {
+            cloud: CloudKind::Sim,
+            state_dir,
+            nodes: 0,
+            services: 0,
+            replicas: 1,
+            bin_dir,
+            rbac: None,
+            extra_args: BTreeMap::new(),
+        }
+    }
+}
+
 /// The release name and namespace the sandbox plays: its identities are the
 /// chart's ServiceAccounts `ccm-<component>` in `kube-system`.
 pub const RELEASE: &str = "ccm";

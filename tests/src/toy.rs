@@ -10,6 +10,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::process::{Child, Command};
 
+use crate::gateway::Started;
+
 /// The script, in the source tree.
 pub fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("toy-gateway/toy_gateway.py")
@@ -74,27 +76,21 @@ impl ToyGateway {
             .spawn()
             .with_context(|| format!("start {} {}", python(), script().display()))?;
         let text = |log: &Path| std::fs::read_to_string(log).unwrap_or_default();
-        for _ in 0..600 {
-            if let Some(status) = child.try_wait()? {
-                anyhow::bail!(
-                    "the toy gateway exited ({status}); pip install -r tests/requirements.txt?\n{}",
-                    text(&log)
-                );
+        match crate::gateway::until_listening(&mut child, port, Duration::from_secs(60)).await? {
+            Started::Listening => Ok(Self {
+                address: format!("http://127.0.0.1:{port}"),
+                tokens,
+                log,
+                _child: child,
+            }),
+            Started::Exited(status) => anyhow::bail!(
+                "the toy gateway exited ({status}); pip install -r tests/requirements.txt?\n{}",
+                text(&log)
+            ),
+            Started::Silent => {
+                anyhow::bail!("the toy gateway did not listen in 60 s:\n{}", text(&log))
             }
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                return Ok(Self {
-                    address: format!("http://127.0.0.1:{port}"),
-                    tokens,
-                    log,
-                    _child: child,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        anyhow::bail!("the toy gateway did not listen in 60 s:\n{}", text(&log))
     }
 
     /// Its log.

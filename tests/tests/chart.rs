@@ -134,16 +134,10 @@ async fn the_dashboard_and_alerts_use_only_metrics_the_binaries_export() {
     }
 
     let dir = tempfile::tempdir().unwrap();
-    let sandbox = ccm_testkit::sandbox::Sandbox::start(ccm_testkit::sandbox::Options {
-        cloud: ccm_testkit::sandbox::CloudKind::Sim,
-        state_dir: dir.path().join("state"),
-        nodes: 0,
-        services: 0,
-        replicas: 1,
-        bin_dir: ccm_testkit::bin_dir!(),
-        rbac: None,
-        extra_args: Default::default(),
-    })
+    let sandbox = ccm_testkit::sandbox::Sandbox::start(ccm_testkit::sandbox::Options::new(
+        dir.path().join("state"),
+        ccm_testkit::bin_dir!(),
+    ))
     .await
     .unwrap();
     // Scraped before the processes did any work: nothing is observed yet.

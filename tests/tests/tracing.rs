@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use ccm_testkit::otlp::{ReceivedSpan, Receiver};
-use ccm_testkit::sandbox::{CloudKind, Options, Sandbox};
+use ccm_testkit::sandbox::{Options, Sandbox};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
 
@@ -22,18 +22,13 @@ async fn one_services_ensure_is_one_trace_across_the_controller_and_the_gateway(
     let dir = tempfile::tempdir().unwrap();
     let traced = vec!["--otlp-endpoint".to_owned(), receiver.endpoint.clone()];
     let sandbox = Sandbox::start(Options {
-        cloud: CloudKind::Sim,
-        state_dir: dir.path().join("state"),
         nodes: 2,
-        services: 0,
-        replicas: 1,
-        bin_dir: ccm_testkit::bin_dir!(),
-        rbac: None,
         extra_args: BTreeMap::from([
             ("cloud-gateway".to_owned(), traced.clone()),
             ("service-controller".to_owned(), traced.clone()),
             ("node-controller".to_owned(), traced),
         ]),
+        ..Options::new(dir.path().join("state"), ccm_testkit::bin_dir!())
     })
     .await
     .unwrap();
