@@ -56,8 +56,13 @@ impl Context {
         }
     }
 
-    /// Notes a node change the next host pass must carry.
+    /// Notes a node change the next host pass must carry. Only a leader
+    /// times changes: one seen on standby waited for the previous leader,
+    /// and the full sync on taking the lease carries it.
     pub fn note_node_change(&self) {
+        if !self.leadership.is_leader() {
+            return;
+        }
         self.hosts_changed_at
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -147,8 +152,11 @@ impl Context {
     }
 
     /// Notes a change of `key` the next ensure must carry (the oldest such
-    /// change counts).
+    /// change counts); on standby, nothing (as [`Self::note_node_change`]).
     pub fn note_change(&self, key: &Key) {
+        if !self.leadership.is_leader() {
+            return;
+        }
         self.changed_since
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -175,13 +175,6 @@ async fn run(
         _ = shutdown.cancelled() => return Ok(()),
     }
     tracing::info!(classes = ?ctx.settings.classes, "leading; syncing load balancers");
-    // Changes seen on standby are carried by the full sync below, not
-    // timed: their wait was the previous leader's.
-    ctx.take_node_change();
-    ctx.changed_since
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clear();
     let caches = async {
         ctx.services
             .wait_until_ready()
