@@ -14,9 +14,11 @@ use clap::Parser;
 pub struct Args {
     #[command(flatten)]
     pub common: CommonArgs,
-    /// Nodes initialised at once. Upstream uses 1; lookups of concurrent
-    /// workers are merged into batch calls by the gateway, so more workers
-    /// cost the cloud fewer calls per node, not more.
+    /// Node syncs run at once. Upstream uses 1; a sync that initialises
+    /// also takes its share of the other nodes waiting for it and looks
+    /// them up in one call, and the gateway merges the lookups of
+    /// concurrent syncs, so more workers cost the cloud fewer calls per
+    /// node, not more.
     #[arg(long, default_value = "32")]
     pub concurrent_node_syncs: String,
     /// Address updates written at once by the periodic sync; 0 means the value of --concurrent-node-syncs.
@@ -28,7 +30,7 @@ pub struct Args {
     /// How often not-ready nodes are checked for a gone or shut-down instance.
     #[arg(long, default_value = "5s")]
     pub node_monitor_period: String,
-    /// Nodes per gateway lookup in the periodic passes (1 to 1000).
+    /// Most nodes per gateway lookup, in the periodic passes and in one initialising sync (1 to 1000).
     #[arg(long, default_value = "500")]
     pub lookup_batch_size: String,
     /// Largest share of the cluster's nodes deleted in one pass; past it, none are and a Warning is raised.

@@ -64,7 +64,7 @@ impl Metrics {
         );
         r.register(
             "reconcile_duration_seconds",
-            "Time per node sync",
+            "Time per node sync (nodes initialised together each count the whole batch)",
             m.reconcile_duration.clone(),
         );
         r.register(

@@ -12,6 +12,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
+use tracing::Instrument as _;
 
 use crate::context::{Context, node_ref};
 use crate::error::{Error, Result};
@@ -72,43 +73,88 @@ async fn publish(
     }
 }
 
-/// Syncs one node: initialises it if it carries the uninitialized taint,
-/// else reconciles its topology labels.
-#[tracing::instrument(skip(ctx, name), fields(node = %name))]
-pub async fn sync_node(ctx: &Context, name: &str) -> Result<()> {
-    let Some(node) = ctx
-        .store
+/// Whether the cached node `name` waits for initialisation.
+pub fn waits_for_initialisation(ctx: &Context, name: &str) -> bool {
+    ctx.store
         .get(&kube::runtime::reflector::ObjectRef::new(name))
-    else {
-        return Ok(());
-    };
-    if !plan::is_uninitialized(&node) {
-        let labels = plan::reconcile_labels(&node);
-        if !labels.is_empty() {
-            ctx.ensure_leader()?;
-            let patch = json!({"metadata": {"labels": labels}});
-            ctx.nodes
-                .patch(
-                    name,
-                    &PatchParams::apply(FIELD_MANAGER),
-                    &Patch::Merge(patch),
-                )
-                .await?;
-        }
-        return Ok(());
-    }
-    initialize(ctx, &node).await
+        .is_some_and(|node| plan::is_uninitialized(&node))
 }
 
-async fn initialize(ctx: &Context, node: &Node) -> Result<()> {
-    let name = node.name_any();
-    let results = ctx
-        .lookup(vec![node_ref(node)], LookupPurpose::Initialize, false)
+/// Syncs the named nodes, answering for each in order: those that carry
+/// the uninitialized taint are looked up in one gateway call and
+/// initialised one after another; the others get their topology labels
+/// reconciled.
+#[tracing::instrument(skip_all, fields(nodes = names.len()))]
+pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
+    let mut results: Vec<Result<()>> = Vec::with_capacity(names.len());
+    let mut waiting = Vec::new();
+    for name in names {
+        let node = ctx
+            .store
+            .get(&kube::runtime::reflector::ObjectRef::new(name));
+        results.push(match node {
+            None => Ok(()),
+            Some(node) if plan::is_uninitialized(&node) => {
+                waiting.push((results.len(), node));
+                Ok(())
+            }
+            Some(node) => reconcile_labels(ctx, &node).await,
+        });
+    }
+    if waiting.is_empty() {
+        return results;
+    }
+    let refs = waiting.iter().map(|(_, node)| node_ref(node)).collect();
+    match ctx.lookup(refs, LookupPurpose::Initialize, false).await {
+        Ok(found) if found.len() == waiting.len() => {
+            for ((i, node), result) in waiting.into_iter().zip(found) {
+                let span = tracing::info_span!("initialize", node = %node.name_any());
+                results[i] = initialize(ctx, &node, result).instrument(span).await;
+            }
+        }
+        Ok(found) => {
+            let e = format!(
+                "the gateway answered {} results for {} nodes",
+                found.len(),
+                waiting.len()
+            );
+            for (i, _) in waiting {
+                results[i] = Err(Error::Invalid(e.clone()));
+            }
+        }
+        Err(e) => {
+            for (i, _) in waiting {
+                results[i] = Err(match &e {
+                    Error::Gateway(e) => Error::Gateway(e.clone()),
+                    other => Error::Invalid(other.to_string()),
+                });
+            }
+        }
+    }
+    results
+}
+
+/// Puts the topology labels of an initialised node right, if they drifted.
+async fn reconcile_labels(ctx: &Context, node: &Node) -> Result<()> {
+    let labels = plan::reconcile_labels(node);
+    if labels.is_empty() {
+        return Ok(());
+    }
+    ctx.ensure_leader()?;
+    let patch = json!({"metadata": {"labels": labels}});
+    ctx.nodes
+        .patch(
+            &node.name_any(),
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(patch),
+        )
         .await?;
-    let result = results
-        .into_iter()
-        .next()
-        .ok_or_else(|| Error::Invalid("the gateway answered no result".into()))?;
+    Ok(())
+}
+
+/// Initialises `node` with what the gateway answered for it.
+async fn initialize(ctx: &Context, node: &Node, result: InstanceResult) -> Result<()> {
+    let name = node.name_any();
     let instance = match (result.state(), result.instance) {
         (InstanceState::NotFound, _) => return Err(Error::InstanceNotFound(name)),
         (_, Some(instance)) => instance,

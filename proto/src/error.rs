@@ -21,7 +21,7 @@ pub struct FieldViolation {
 }
 
 /// What went wrong with a gateway call.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum Error {
     /// The named resource does not exist (a confirmed answer).
     #[error("not found: {message}")]

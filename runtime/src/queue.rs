@@ -197,6 +197,39 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         }
     }
 
+    /// Takes, without waiting, up to `max` more waiting keys that `want`
+    /// (oldest first), for a worker that handles several keys in one go.
+    /// Each is held as if [`Self::next`] had handed it out: the caller must
+    /// call [`Self::done`] with every one.
+    pub fn take(&self, max: usize, want: impl Fn(&K) -> bool) -> Vec<K> {
+        let mut inner = self.lock();
+        let mut taken = Vec::new();
+        // Keys passed over go back in front, in their order.
+        let mut passed = Vec::new();
+        while taken.len() < max {
+            let Some((key, queued_at)) = inner.queue.pop_front() else {
+                break;
+            };
+            if !want(&key) {
+                passed.push((key, queued_at));
+                continue;
+            }
+            if let Some(m) = &self.metrics {
+                m.wait.observe(queued_at.elapsed().as_secs_f64());
+            }
+            inner.queued.remove(&key);
+            inner.processing.insert(key.clone());
+            taken.push(key);
+        }
+        for entry in passed.into_iter().rev() {
+            inner.queue.push_front(entry);
+        }
+        if let Some(m) = &self.metrics {
+            m.depth.set(inner.queue.len() as i64);
+        }
+        taken
+    }
+
     /// Marks `key` done; if it was added meanwhile, it is queued again.
     pub fn done(&self, key: &K) {
         let again = {
@@ -277,6 +310,28 @@ mod tests {
         assert!(q.is_empty());
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(q.next().await, Some("a"));
+    }
+
+    #[tokio::test]
+    async fn a_worker_takes_more_keys_it_wants_and_leaves_the_rest_in_order() {
+        let q = queue();
+        for key in ["a", "b", "c", "d", "e"] {
+            q.add(key);
+        }
+        let first = q.next().await.unwrap();
+        let more = q.take(2, |k| *k != "b");
+        assert_eq!((first, more.clone()), ("a", vec!["c", "d"]));
+        assert_eq!(q.len(), 2);
+        // Taken keys are held: added again, they wait for done.
+        q.add("c");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.next().await, Some("b"));
+        assert_eq!(q.next().await, Some("e"));
+        for key in more {
+            q.done(&key);
+        }
+        assert_eq!(q.next().await, Some("c"));
+        assert!(q.take(10, |_| true).is_empty());
     }
 
     #[tokio::test]
