@@ -202,6 +202,42 @@ async fn an_instance_read_all_the_time_is_refreshed_before_its_cache_entry_expir
 }
 
 #[tokio::test]
+async fn entries_past_half_their_life_ride_in_a_call_made_anyway() {
+    let gw = TestGateway::start(|s| s.lookups.cache_ttl = Duration::from_secs(2)).await;
+    for name in ["old", "new"] {
+        gw.create_instance(name).await;
+    }
+    let node = gw.client(Role::Node);
+    let read = |names: &[&str]| {
+        node.get_instances(
+            names.iter().map(|n| by_name(n)).collect(),
+            LookupPurpose::Refresh,
+            false,
+        )
+    };
+    read(&["old"]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // "old" is past half its life; "new" is a miss whose call has room.
+    let answers = read(&["old", "new"]).await.unwrap();
+    assert_eq!(
+        answers.iter().map(|a| a.cached).collect::<Vec<_>>(),
+        [true, false]
+    );
+    assert_eq!(gw.calls(Operation::GetInstances), 2, "no call of its own");
+    // "old" was fetched again with "new": both live past the first
+    // answer's lifetime, without another call.
+    gw.sim().set_running("old", false).unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let later = read(&["old", "new"]).await.unwrap();
+    assert_eq!(
+        later.iter().map(|a| a.cached).collect::<Vec<_>>(),
+        [true, true]
+    );
+    assert_eq!(later[0].state(), InstanceState::Running);
+    assert_eq!(gw.calls(Operation::GetInstances), 2);
+}
+
+#[tokio::test]
 async fn writes_through_the_gateway_invalidate_the_cached_instance() {
     let gw = TestGateway::start(|s| s.lookups.cache_ttl = Duration::from_secs(60)).await;
     gw.create_instance("node-a").await;

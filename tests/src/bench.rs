@@ -566,6 +566,23 @@ impl Harness {
         // state once per cache lifetime (10 s).
         let limit = (12.0 * Self::batches(n) + 360.0 * Self::batches(not_ready)) / n as f64;
         let fewer = if n >= 10_000 { 100.0 } else { 50.0 };
+        // The most the upstream profile can make is the account's whole
+        // budget. Where its periods ask for more (10,000 nodes: 48 per
+        // node-hour, 133 calls/s), its figure is the budget, not its demand,
+        // and no ratio above cap ÷ limit can be measured: the target is
+        // then to be at the limit.
+        let cap = self.cloud.budget * 3600.0 / n as f64;
+        let capped = per_node_hour[1] >= 0.95 * cap;
+        let target = if capped {
+            (
+                format!(
+                    "≥ {fewer}× fewer; upstream capped by the budget ({cap:.1}), so ≤ 1.1× the limit"
+                ),
+                per_node_hour[0] <= 1.1 * limit,
+            )
+        } else {
+            (format!("≥ {fewer}× fewer"), ratio >= fewer)
+        };
         Ok(vec![Row {
             scenario: format!("2. steady state, {n} nodes ({not_ready} NotReady)"),
             metric: "provider calls per node-hour".into(),
@@ -573,7 +590,7 @@ impl Harness {
             upstream: Some(per_node_hour[1]),
             unit: "calls",
             limit: Some(limit),
-            target: Some((format!("≥ {fewer}× fewer"), ratio >= fewer)),
+            target: Some(target),
             note: format!(
                 "{}s measured at {k}× speed (address sync 5m→{}, monitor 5s→{}, cache 10s→{}, budget and latency scaled alike) = {:.1} cluster-minutes; the limit: each node's addresses read once per 5 min and each NotReady node's state once per 10 s, {} nodes per call",
                 window.as_secs(),
