@@ -19,7 +19,7 @@ bench:
 	cargo run --release --bin bench -- --out BENCHMARKS.md
 
 # The same with ten times the nodes and Services of scenarios 1, 2 and 5
-# beside the first sizes (36 minutes on 2 cores).
+# beside the first sizes (33 minutes on 2 cores).
 bench-large:
 	cargo build --release --bins
 	cargo run --release --bin bench -- --out BENCHMARKS.md --join-nodes 1000,5000 --steady-nodes 1000,10000 --memory 5000x2000,10000x5000
