@@ -53,7 +53,7 @@ impl Context {
         nodes: Vec<NodeRef>,
         purpose: LookupPurpose,
         fresh: bool,
-    ) -> Result<Vec<InstanceResult>> {
+    ) -> Result<Vec<InstanceResult>, ccm_proto::Error> {
         let result = self.gateway.get_instances(nodes, purpose, fresh).await;
         self.metrics
             .gateway_calls
@@ -65,6 +65,6 @@ impl Context {
                 },
             })
             .inc();
-        Ok(result?)
+        result
     }
 }

@@ -124,10 +124,7 @@ pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
         }
         Err(e) => {
             for (i, _) in waiting {
-                results[i] = Err(match &e {
-                    Error::Gateway(e) => Error::Gateway(e.clone()),
-                    other => Error::Invalid(other.to_string()),
-                });
+                results[i] = Err(Error::Gateway(e.clone()));
             }
         }
     }

@@ -1611,6 +1611,7 @@ latency, a bare tonic server on the same machine): ours ÷ limit is 1.00× at th
         out,
         "| scenario | metric | ours | upstream profile | ratio | limit | ours ÷ limit | target | met |\n|---|---|---:|---:|---:|---:|---:|---|---|"
     );
+    let dash = || "—".to_owned();
     for r in rows {
         let _ = writeln!(
             out,
@@ -1621,16 +1622,14 @@ latency, a bare tonic server on the same machine): ours ÷ limit is 1.00× at th
             r.unit,
             r.upstream
                 .map(|u| format!("{} {}", figure(u), r.unit))
-                .unwrap_or_else(|| "—".into()),
-            r.ratio()
-                .map(|x| format!("{x:.1}×"))
-                .unwrap_or_else(|| "—".into()),
+                .unwrap_or_else(dash),
+            r.ratio().map(|x| format!("{x:.1}×")).unwrap_or_else(dash),
             r.limit
                 .map(|l| format!("{} {}", figure(l), r.unit))
-                .unwrap_or_else(|| "—".into()),
+                .unwrap_or_else(dash),
             r.times_limit()
                 .map(|x| format!("{x:.2}×"))
-                .unwrap_or_else(|| "—".into()),
+                .unwrap_or_else(dash),
             r.target.as_ref().map_or("—", |t| t.0.as_str()),
             r.target
                 .as_ref()
