@@ -271,7 +271,7 @@ impl Authenticator {
 
     /// Checks the caller of a request to `path` against [`allowed_roles`];
     /// `None` for the open services.
-    #[tracing::instrument(name = "auth", skip_all, fields(caller, role))]
+    #[tracing::instrument(target = "ccm_calls", name = "auth", skip_all, fields(caller, role))]
     pub async fn authorize(
         &self,
         path: &str,

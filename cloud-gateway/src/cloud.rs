@@ -68,7 +68,7 @@ impl Cloud {
 
     /// Takes one call's worth of budget at `priority`, waiting as the budget
     /// says. Follow it with exactly one [`Self::call_admitted`].
-    #[tracing::instrument(name = "budget wait", skip(self), fields(priority = priority.as_str(), waited_ms))]
+    #[tracing::instrument(target = "ccm_calls", name = "budget wait", skip(self), fields(priority = priority.as_str(), waited_ms))]
     pub async fn admit(&self, priority: Priority) -> Result<()> {
         let priority_labels = PriorityLabels {
             priority: priority.as_str(),
@@ -99,6 +99,7 @@ impl Cloud {
 
     /// Runs a provider call whose budget [`Self::admit`] already took.
     #[tracing::instrument(
+        target = "ccm_calls",
         name = "provider call",
         skip_all,
         fields(operation = op.as_str(), requests, outcome)

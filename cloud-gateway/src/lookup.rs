@@ -136,6 +136,7 @@ impl InstanceLookups {
     /// any provider call behind it failed: a partial answer could read as
     /// "not found" where nothing is known.
     #[tracing::instrument(
+        target = "ccm_calls",
         name = "instance lookup",
         skip(self, nodes),
         fields(nodes = nodes.len(), fresh, priority = priority.as_str(), hits, merged, misses)
@@ -396,7 +397,7 @@ impl InstanceLookups {
     async fn fetch(self: Arc<Self>, batch: Vec<Pending>, admitted: Result<()>) {
         // The batch serves many calls, each in its own trace: its span is a
         // root that links every lookup riding in it.
-        let span = tracing::info_span!(parent: None, "instance batch", size = batch.len());
+        let span = tracing::info_span!(target: ccm_proto::CALL_SPANS, parent: None, "instance batch", size = batch.len());
         for pending in &batch {
             if pending.caller.is_valid() {
                 span.add_link(pending.caller.clone());

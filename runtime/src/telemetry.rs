@@ -65,15 +65,33 @@ const HELD_AT_INFO: &[&str] = &[
     "aws_smithy_runtime_api",
 ];
 
-fn hold_at_info(mut filter: EnvFilter, directives: &str) -> EnvFilter {
-    for target in HELD_AT_INFO {
-        if !directives.contains(target)
-            && let Ok(directive) = format!("{target}=info").parse()
-        {
-            filter = filter.add_directive(directive);
-        }
+/// What the log filter holds beyond the operator's `directives`, for each
+/// target they do not name: the libraries of [`HELD_AT_INFO`] at their
+/// default level but never above `info`; and, when nothing in the log is
+/// above `info`, no gateway call spans ([`ccm_proto::CALL_SPANS`]): they
+/// are for traces, and at `debug` they give the log lines their context.
+fn held_directives(directives: &str) -> Vec<String> {
+    use tracing_subscriber::filter::LevelFilter;
+    // A directive list without a bare level logs nothing else.
+    let default = directives
+        .split(',')
+        .filter_map(|d| d.trim().parse::<LevelFilter>().ok())
+        .next_back()
+        .unwrap_or(LevelFilter::OFF);
+    let held = default.min(LevelFilter::INFO);
+    let mut out: Vec<String> = HELD_AT_INFO
+        .iter()
+        .filter(|target| !directives.contains(*target))
+        .map(|target| format!("{target}={held}"))
+        .collect();
+    let quiet = EnvFilter::try_new(directives)
+        .ok()
+        .and_then(|filter| filter.max_level_hint())
+        .is_some_and(|most| most <= LevelFilter::INFO);
+    if quiet && !directives.contains(ccm_proto::CALL_SPANS) {
+        out.push(format!("{}=off", ccm_proto::CALL_SPANS));
     }
-    filter
+    out
 }
 
 /// How a process logs and traces.
@@ -112,8 +130,15 @@ static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 pub fn init(options: &Options) {
     let from_env = std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty());
     let directives = from_env.as_deref().unwrap_or(&options.directives);
-    let filter = EnvFilter::try_new(directives).unwrap_or_else(|_| EnvFilter::new("info"));
-    let filter = hold_at_info(filter, directives);
+    let directives = if EnvFilter::try_new(directives).is_ok() {
+        directives
+    } else {
+        "info"
+    };
+    let filter = held_directives(directives)
+        .iter()
+        .filter_map(|d| d.parse().ok())
+        .fold(EnvFilter::new(directives), EnvFilter::add_directive);
     use std::io::IsTerminal;
     use tracing_subscriber::Layer as _;
     let ansi = std::io::stderr().is_terminal();
@@ -151,10 +176,13 @@ pub fn init(options: &Options) {
             }
         }
     });
-    let _ = tracing_subscriber::registry()
-        .with(logs)
-        .with(traces)
-        .try_init();
+    // Two branches, not an `Option` layer: a `None` layer says every
+    // callsite is of interest, so every span would be built for no one.
+    let registry = tracing_subscriber::registry().with(logs);
+    let _ = match traces {
+        Some(traces) => registry.with(traces).try_init(),
+        None => registry.try_init(),
+    };
 }
 
 fn tracer_provider(endpoint: &str, service: &str) -> anyhow::Result<SdkTracerProvider> {
@@ -203,6 +231,40 @@ impl Extractor for HeaderExtractor<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn libraries_that_log_credentials_are_held_at_info_or_below() {
+        let held = |directives| held_directives(directives);
+        assert!(held("debug").contains(&"aws_sigv4=info".to_owned()));
+        assert!(held("trace").contains(&"aws_sdk_ec2=info".to_owned()));
+        // Held, never raised: a quiet log stays quiet.
+        assert!(held("warn").contains(&"aws_sigv4=warn".to_owned()));
+        assert!(held("cloud_gateway=debug").contains(&"aws_sigv4=off".to_owned()));
+        // A target the operator names is theirs.
+        assert!(
+            !held("debug,aws_sigv4=trace")
+                .iter()
+                .any(|d| d.starts_with("aws_sigv4="))
+        );
+    }
+
+    #[test]
+    fn call_spans_are_left_out_of_a_log_at_info_or_quieter() {
+        let off = format!("{}=off", ccm_proto::CALL_SPANS);
+        for quiet in ["info", "warn", "error,cloud_gateway=info", "off"] {
+            assert!(held_directives(quiet).contains(&off), "{quiet}");
+        }
+        for verbose in [
+            "debug",
+            "info,cloud_gateway=debug",
+            "trace",
+            "warn,ccm_calls=info",
+            // A bare target means every level of it.
+            "info,cloud_gateway",
+        ] {
+            assert!(!held_directives(verbose).contains(&off), "{verbose}");
+        }
+    }
 
     #[test]
     fn an_otlp_endpoint_is_an_http_or_https_url_with_a_host() {

@@ -36,7 +36,7 @@ fn priority(purpose: i32) -> Priority {
 
 #[tonic::async_trait]
 impl Instances for InstancesService {
-    #[tracing::instrument(skip_all, fields(nodes = request.get_ref().nodes.len(), fresh = request.get_ref().fresh))]
+    #[tracing::instrument(target = "ccm_calls", skip_all, fields(nodes = request.get_ref().nodes.len(), fresh = request.get_ref().fresh))]
     async fn get_instances(
         &self,
         request: Request<GetInstancesRequest>,

@@ -100,6 +100,7 @@ where
                 p.extract(&ccm_runtime::telemetry::HeaderExtractor(req.headers()))
             });
             let span = tracing::info_span!(
+                target: ccm_proto::CALL_SPANS,
                 "grpc request",
                 otel.name = method.trim_start_matches('/'),
                 otel.kind = "server",

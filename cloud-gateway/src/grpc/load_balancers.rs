@@ -61,7 +61,7 @@ impl LoadBalancers for LoadBalancersService {
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(service = ?request.get_ref().spec.as_ref().and_then(|s| s.service.as_ref()).map(|s| format!("{}/{}", s.namespace, s.name))))]
+    #[tracing::instrument(target = "ccm_calls", skip_all, fields(service = ?request.get_ref().spec.as_ref().and_then(|s| s.service.as_ref()).map(|s| format!("{}/{}", s.namespace, s.name))))]
     async fn ensure_load_balancer(
         &self,
         request: Request<EnsureLoadBalancerRequest>,
