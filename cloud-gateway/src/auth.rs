@@ -260,13 +260,16 @@ fn refuse(code: Code, reason: &str, message: String) -> Status {
 #[derive(Debug)]
 pub struct Authenticator {
     tokens: Tokens,
-    reviewer: Option<TokenReviewer>,
+    reviewer: Option<Arc<TokenReviewer>>,
 }
 
 impl Authenticator {
     /// Accepts `tokens`, and ServiceAccount tokens when `reviewer` is given.
     pub fn new(tokens: Tokens, reviewer: Option<TokenReviewer>) -> Self {
-        Self { tokens, reviewer }
+        Self {
+            tokens,
+            reviewer: reviewer.map(Arc::new),
+        }
     }
 
     /// Checks the caller of a request to `path` against [`allowed_roles`];

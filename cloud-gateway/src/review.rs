@@ -41,7 +41,8 @@ pub struct ServiceAccountAuth {
     pub roles: HashMap<String, Role>,
     /// The audience tokens must be bound to.
     pub audience: String,
-    /// How long an accepted token is trusted before it is reviewed again.
+    /// How long an accepted token is trusted; one in use is reviewed again
+    /// in the background in the last fifth of it.
     pub cache_ttl: Duration,
     /// The kubeconfig to reach the API with; in-cluster config without it.
     pub kubeconfig: Option<std::path::PathBuf>,
@@ -204,19 +205,33 @@ impl TokenReviewer {
     /// rejects or a ServiceAccount without a role, `UNAVAILABLE` when the API
     /// cannot be asked or unknown tokens are coming faster than reviews are
     /// allowed (then nothing is remembered and the client retries).
-    pub async fn caller(&self, token: &[u8]) -> Result<Caller, Status> {
+    ///
+    /// A known caller never waits for its re-review: a token used in the
+    /// last fifth of its time in the cache is reviewed again in the
+    /// background while the cached answer serves.
+    pub async fn caller(self: &Arc<Self>, token: &[u8]) -> Result<Caller, Status> {
         if token.len() > MAX_TOKEN {
             self.count("refused");
             return Err(Status::unauthenticated("the bearer token is too long"));
         }
         let key = digest(token);
-        let refusal_ttl = REFUSAL_TTL.min(self.settings.cache_ttl);
+        let ttl = self.settings.cache_ttl;
+        let refusal_ttl = REFUSAL_TTL.min(ttl);
         let (cell, known) = {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((at, caller)) = cache.accepted.get(&key)
-                && at.elapsed() < self.settings.cache_ttl
+                && at.elapsed() < ttl
             {
-                return Ok(caller.clone());
+                let caller = caller.clone();
+                if at.elapsed() >= ttl - ttl / 5 && !cache.pending.contains_key(&key) {
+                    let cell = cache.pending.entry(key).or_default().clone();
+                    let (reviewer, token) = (self.clone(), token.to_vec());
+                    tokio::spawn(async move {
+                        let outcome = cell.get_or_init(|| reviewer.review(&token, true)).await;
+                        reviewer.record(key, &cell, outcome);
+                    });
+                }
+                return Ok(caller);
             }
             if let Some((at, why)) = cache.refused.get(&key)
                 && at.elapsed() < refusal_ttl
@@ -228,31 +243,40 @@ impl TokenReviewer {
             (cell, known)
         };
         let outcome = cell.get_or_init(|| self.review(token, known)).await.clone();
-        {
-            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-            if cache
-                .pending
-                .get(&key)
-                .is_some_and(|c| Arc::ptr_eq(c, &cell))
-            {
-                cache.pending.remove(&key);
-                match &outcome {
-                    Outcome::Accepted(caller) => {
-                        bounded(&mut cache.accepted, self.settings.cache_ttl);
-                        cache.accepted.insert(key, (Instant::now(), caller.clone()));
-                    }
-                    Outcome::Refused(why) => {
-                        bounded(&mut cache.refused, refusal_ttl);
-                        cache.refused.insert(key, (Instant::now(), why.clone()));
-                    }
-                    Outcome::Unavailable(_) => {}
-                }
-            }
-        }
+        self.record(key, &cell, &outcome);
         match outcome {
             Outcome::Accepted(caller) => Ok(caller),
             Outcome::Refused(why) => Err(Status::unauthenticated(why)),
             Outcome::Unavailable(why) => Err(Status::unavailable(why)),
+        }
+    }
+
+    /// Remembers what the review in `cell` said of the token `key`, unless a
+    /// later review has taken its place. A refusal ends an acceptance at
+    /// once.
+    fn record(&self, key: Digest, cell: &Arc<OnceCell<Outcome>>, outcome: &Outcome) {
+        let ttl = self.settings.cache_ttl;
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if !cache
+            .pending
+            .get(&key)
+            .is_some_and(|c| Arc::ptr_eq(c, cell))
+        {
+            return;
+        }
+        cache.pending.remove(&key);
+        match outcome {
+            Outcome::Accepted(caller) => {
+                bounded(&mut cache.accepted, ttl);
+                cache.accepted.insert(key, (Instant::now(), caller.clone()));
+            }
+            Outcome::Refused(why) => {
+                cache.accepted.remove(&key);
+                let refusal_ttl = REFUSAL_TTL.min(ttl);
+                bounded(&mut cache.refused, refusal_ttl);
+                cache.refused.insert(key, (Instant::now(), why.clone()));
+            }
+            Outcome::Unavailable(_) => {}
         }
     }
 

@@ -57,7 +57,7 @@ pub struct Args {
         default_value = "cloud-gateway"
     )]
     pub token_audience: String,
-    /// How long an accepted ServiceAccount token is trusted before it is reviewed again.
+    /// How long an accepted ServiceAccount token is trusted; one in use is reviewed again in the background in the last fifth of it.
     #[arg(long, default_value = "30s")]
     pub token_review_cache_ttl: String,
     /// TokenReviews of tokens not accepted before, per second (twice as many in a burst); more such calls get UNAVAILABLE. Known callers are not held to it.

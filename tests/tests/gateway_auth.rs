@@ -145,6 +145,57 @@ async fn concurrent_calls_with_one_token_cause_one_review() {
     assert_eq!(env.api.token_reviews(), 1);
 }
 
+/// Waits up to 5 s for the API server to have answered `n` reviews.
+async fn until_reviews(env: &Env, n: u64) {
+    let start = std::time::Instant::now();
+    while env.api.token_reviews() < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{} reviews, waited for {n}",
+            env.api.token_reviews()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_caller_in_use_is_reviewed_again_before_its_answer_expires() {
+    let env = start_with(Duration::from_secs(4)).await;
+    env.api
+        .register_token("node-token", node_controller(&[AUDIENCE]));
+    let node = env.with_token("node-token");
+    lookup(&node).await.unwrap();
+    assert_eq!(env.api.token_reviews(), 1);
+    // In the last fifth of the answer's life a call is answered from the
+    // cache and starts the review in the background.
+    tokio::time::sleep(Duration::from_millis(3400)).await;
+    lookup(&node).await.unwrap();
+    until_reviews(&env, 2).await;
+    // Past the first answer's life no call waits for a review: the new
+    // answer serves.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    lookup(&node).await.unwrap();
+    assert_eq!(env.api.token_reviews(), 2);
+}
+
+#[tokio::test]
+async fn a_token_revoked_is_refused_as_soon_as_the_review_ahead_says_so() {
+    let env = start_with(Duration::from_secs(4)).await;
+    env.api
+        .register_token("node-token", node_controller(&[AUDIENCE]));
+    let node = env.with_token("node-token");
+    lookup(&node).await.unwrap();
+    env.api.revoke_token("node-token");
+    tokio::time::sleep(Duration::from_millis(3400)).await;
+    // Still the cached answer (as before the review ahead existed)...
+    lookup(&node).await.unwrap();
+    until_reviews(&env, 2).await;
+    // ...but once the API has said no, the token is refused at once, not
+    // when the old answer would have expired.
+    let got = lookup(&node).await;
+    assert!(matches!(got, Err(Error::Unauthenticated { .. })), "{got:?}");
+}
+
 #[tokio::test]
 async fn a_rotated_token_file_is_read_again_as_soon_as_the_old_token_is_refused() {
     // No review cache, so the revoked token is refused at once.
