@@ -218,9 +218,12 @@ mod scenarios {
                     Some(now) if now != leader => break,
                     _ => {
                         // Lease 6 s in the sandbox, plus a retry period and the
-                        // settle check.
+                        // settle check: about 8 s. The rest is room for a
+                        // loaded machine (CI runs this beside the benchmark's
+                        // smoke run), where a lease request may time out and
+                        // wait for the next retry.
                         assert!(
-                            killed_at.elapsed() < Duration::from_secs(12),
+                            killed_at.elapsed() < Duration::from_secs(20),
                             "{lease}: no takeover"
                         );
                         tokio::time::sleep(Duration::from_millis(200)).await;
