@@ -216,7 +216,6 @@ impl TokenReviewer {
         }
         let key = digest(token);
         let ttl = self.settings.cache_ttl;
-        let refusal_ttl = REFUSAL_TTL.min(ttl);
         let (cell, known) = {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((at, caller)) = cache.accepted.get(&key)
@@ -234,7 +233,7 @@ impl TokenReviewer {
                 return Ok(caller);
             }
             if let Some((at, why)) = cache.refused.get(&key)
-                && at.elapsed() < refusal_ttl
+                && at.elapsed() < self.refusal_ttl()
             {
                 return Err(Status::unauthenticated(why.clone()));
             }
@@ -249,6 +248,11 @@ impl TokenReviewer {
             Outcome::Refused(why) => Err(Status::unauthenticated(why)),
             Outcome::Unavailable(why) => Err(Status::unavailable(why)),
         }
+    }
+
+    /// How long a refusal is remembered: never longer than an acceptance.
+    fn refusal_ttl(&self) -> Duration {
+        REFUSAL_TTL.min(self.settings.cache_ttl)
     }
 
     /// Remembers what the review in `cell` said of the token `key`, unless a
@@ -272,8 +276,7 @@ impl TokenReviewer {
             }
             Outcome::Refused(why) => {
                 cache.accepted.remove(&key);
-                let refusal_ttl = REFUSAL_TTL.min(ttl);
-                bounded(&mut cache.refused, refusal_ttl);
+                bounded(&mut cache.refused, self.refusal_ttl());
                 cache.refused.insert(key, (Instant::now(), why.clone()));
             }
             Outcome::Unavailable(_) => {}

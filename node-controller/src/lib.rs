@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::args::Settings;
 use crate::context::Context;
-use crate::metrics::{ErrorLabels, Metrics};
+use crate::metrics::Metrics;
 
 /// The name events are reported under, as upstream's.
 pub const CONTROLLER_NAME: &str = "cloud-node-controller";
@@ -155,13 +155,11 @@ async fn worker(ctx: Arc<Context>) {
                 Ok(()) => ctx.queue.forget(name),
                 Err(crate::error::Error::NotLeader) => {}
                 Err(e) => {
-                    ctx.metrics
-                        .reconcile_errors
-                        .get_or_create(&ErrorLabels {
-                            error: e.metric_label(),
-                        })
-                        .inc();
-                    let delay = ctx.queue.add_failed(name.clone());
+                    let delay = ctx.queue.retry_failed(
+                        name.clone(),
+                        &ctx.metrics.reconcile_errors,
+                        e.metric_label(),
+                    );
                     tracing::warn!(node = %name, error = %e, retry_in = ?delay, "node sync failed");
                 }
             }

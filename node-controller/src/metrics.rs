@@ -6,13 +6,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub use ccm_runtime::metrics::{ErrorCounts, ErrorLabels};
 use ccm_runtime::metrics::{Listed, slo_buckets};
 use ccm_runtime::queue::QueueMetrics;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ErrorLabels {
-    pub error: &'static str,
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GatewayLabels {
@@ -29,7 +25,7 @@ pub struct ActionLabels {
 #[derive(Clone)]
 pub struct Metrics {
     pub reconciles: Counter,
-    pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub reconcile_errors: ErrorCounts,
     pub reconcile_duration: Histogram,
     pub taint_removal_delay: Histogram,
     pub gateway_calls: Family<GatewayLabels, Counter>,

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::args::Settings;
 use crate::context::Context;
-use crate::metrics::{ErrorLabels, Metrics};
+use crate::metrics::Metrics;
 
 /// The name events are reported under, as upstream's.
 pub const CONTROLLER_NAME: &str = "route_controller";
@@ -152,13 +152,9 @@ async fn worker(ctx: Arc<Context>) {
             Ok(()) => ctx.queue.forget(&key),
             Err(crate::error::Error::NotLeader) => {}
             Err(e) => {
-                ctx.metrics
-                    .reconcile_errors
-                    .get_or_create(&ErrorLabels {
-                        error: e.metric_label(),
-                    })
-                    .inc();
-                let delay = ctx.queue.add_failed(key);
+                let delay =
+                    ctx.queue
+                        .retry_failed(key, &ctx.metrics.reconcile_errors, e.metric_label());
                 tracing::warn!(error = %e, retry_in = ?delay, "route reconcile failed");
             }
         }

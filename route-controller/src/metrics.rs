@@ -1,28 +1,23 @@
 //! The route controller's metrics, under `route_controller_`.
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub use ccm_runtime::metrics::{ErrorCounts, ErrorLabels};
 use ccm_runtime::metrics::{Listed, slo_buckets};
 use ccm_runtime::queue::QueueMetrics;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ErrorLabels {
-    pub error: &'static str,
-}
 
 /// Every metric of the route controller.
 #[derive(Clone)]
 pub struct Metrics {
     pub reconciles: Counter,
-    pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub reconcile_errors: ErrorCounts,
     pub reconcile_duration: Histogram,
     pub routes_created: Counter,
     pub routes_deleted: Counter,
-    pub route_errors: Family<ErrorLabels, Counter>,
+    pub route_errors: ErrorCounts,
     pub route_creation_delay: Histogram,
     pub queue: QueueMetrics,
 }

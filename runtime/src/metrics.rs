@@ -2,11 +2,22 @@
 //! measure, families listed even before their first sample, and the leader
 //! gauge read at scrape time.
 
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::exponential_buckets;
 
 use crate::leader::Leadership;
+
+/// The label of an error counter: a stable name of the error's kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub error: &'static str,
+}
+
+/// Errors counted by kind.
+pub type ErrorCounts = Family<ErrorLabels, Counter>;
 
 /// Waits inside a process (a queue, a budget): 1 ms to about 65 s.
 pub fn wait_buckets() -> impl Iterator<Item = f64> {

@@ -148,6 +148,20 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         });
     }
 
+    /// A failed sync of `key`: counts it in `errors` under `kind` and
+    /// queues it after its backoff; returns the delay.
+    pub fn retry_failed(
+        &self,
+        key: K,
+        errors: &crate::metrics::ErrorCounts,
+        kind: &'static str,
+    ) -> Duration {
+        errors
+            .get_or_create(&crate::metrics::ErrorLabels { error: kind })
+            .inc();
+        self.add_failed(key)
+    }
+
     /// Counts a failure of `key` and queues it after its backoff; returns
     /// the delay.
     pub fn add_failed(&self, key: K) -> Duration {

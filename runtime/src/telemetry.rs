@@ -130,15 +130,14 @@ static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 pub fn init(options: &Options) {
     let from_env = std::env::var("RUST_LOG").ok().filter(|s| !s.is_empty());
     let directives = from_env.as_deref().unwrap_or(&options.directives);
-    let directives = if EnvFilter::try_new(directives).is_ok() {
-        directives
-    } else {
-        "info"
+    let (directives, filter) = match EnvFilter::try_new(directives) {
+        Ok(filter) => (directives, filter),
+        Err(_) => ("info", EnvFilter::new("info")),
     };
     let filter = held_directives(directives)
         .iter()
         .filter_map(|d| d.parse().ok())
-        .fold(EnvFilter::new(directives), EnvFilter::add_directive);
+        .fold(filter, EnvFilter::add_directive);
     use std::io::IsTerminal;
     use tracing_subscriber::Layer as _;
     let ansi = std::io::stderr().is_terminal();

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::args::Settings;
 use crate::context::Context;
 use crate::error::Error;
-use crate::metrics::{ErrorLabels, Metrics};
+use crate::metrics::Metrics;
 
 /// The name events are reported under, as upstream's.
 pub const CONTROLLER_NAME: &str = "service-controller";
@@ -237,13 +237,9 @@ async fn worker(ctx: Arc<Context>) {
             // The cloud said when: come back exactly then.
             Err(Error::RetryAfter(delay)) => ctx.queue.add_after(key.clone(), delay),
             Err(e) => {
-                ctx.metrics
-                    .sync_errors
-                    .get_or_create(&ErrorLabels {
-                        error: e.metric_label(),
-                    })
-                    .inc();
-                let delay = ctx.queue.add_failed(key.clone());
+                let delay =
+                    ctx.queue
+                        .retry_failed(key.clone(), &ctx.metrics.sync_errors, e.metric_label());
                 tracing::warn!(service = %format!("{}/{}", key.0, key.1), error = %e, retry_in = ?delay, "service sync failed");
             }
         }

@@ -1,25 +1,20 @@
 //! The service controller's metrics, under `service_controller_`.
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub use ccm_runtime::metrics::{ErrorCounts, ErrorLabels};
 use ccm_runtime::metrics::{Listed, slo_buckets};
 use ccm_runtime::queue::QueueMetrics;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ErrorLabels {
-    pub error: &'static str,
-}
 
 /// Every metric of the service controller.
 #[derive(Clone)]
 pub struct Metrics {
     pub syncs: Counter,
-    pub sync_errors: Family<ErrorLabels, Counter>,
+    pub sync_errors: ErrorCounts,
     pub sync_duration: Histogram,
     pub time_to_ingress: Histogram,
     pub change_to_ingress: Histogram,

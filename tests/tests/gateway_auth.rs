@@ -78,6 +78,13 @@ impl Env {
     fn with_token(&self, token: &str) -> GatewayClient {
         self.client(TokenSource::Static(token.into()))
     }
+
+    /// A client with a valid token of the node controller, `node-token`.
+    fn node_controller(&self) -> GatewayClient {
+        self.api
+            .register_token("node-token", node_controller(&[AUDIENCE]));
+        self.with_token("node-token")
+    }
 }
 
 fn node_controller(audiences: &[&str]) -> TokenUser {
@@ -98,9 +105,7 @@ async fn lookup(client: &GatewayClient) -> Result<(), Error> {
 #[tokio::test]
 async fn a_service_account_token_for_the_gateway_gets_its_role_and_nothing_more() {
     let env = start().await;
-    env.api
-        .register_token("node-token", node_controller(&[AUDIENCE]));
-    let node = env.with_token("node-token");
+    let node = env.node_controller();
     lookup(&node).await.unwrap();
     assert!(matches!(
         node.list_load_balancers().await,
@@ -134,9 +139,7 @@ async fn tokens_for_another_audience_unknown_accounts_and_forgeries_are_refused(
 #[tokio::test]
 async fn concurrent_calls_with_one_token_cause_one_review() {
     let env = start().await;
-    env.api
-        .register_token("node-token", node_controller(&[AUDIENCE]));
-    let node = env.with_token("node-token");
+    let node = env.node_controller();
     let calls = (0..50).map(|_| lookup(&node));
     for result in futures::future::join_all(calls).await {
         result.unwrap();
@@ -161,9 +164,7 @@ async fn until_reviews(env: &Env, n: u64) {
 #[tokio::test]
 async fn a_caller_in_use_is_reviewed_again_before_its_answer_expires() {
     let env = start_with(Duration::from_secs(4)).await;
-    env.api
-        .register_token("node-token", node_controller(&[AUDIENCE]));
-    let node = env.with_token("node-token");
+    let node = env.node_controller();
     lookup(&node).await.unwrap();
     assert_eq!(env.api.token_reviews(), 1);
     // In the last fifth of the answer's life a call is answered from the
@@ -181,9 +182,7 @@ async fn a_caller_in_use_is_reviewed_again_before_its_answer_expires() {
 #[tokio::test]
 async fn a_token_revoked_is_refused_as_soon_as_the_review_ahead_says_so() {
     let env = start_with(Duration::from_secs(4)).await;
-    env.api
-        .register_token("node-token", node_controller(&[AUDIENCE]));
-    let node = env.with_token("node-token");
+    let node = env.node_controller();
     lookup(&node).await.unwrap();
     env.api.revoke_token("node-token");
     tokio::time::sleep(Duration::from_millis(3400)).await;
@@ -261,9 +260,7 @@ async fn a_flood_of_one_bad_token_makes_a_handful_of_reviews() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_distinct_bad_tokens_is_bounded_and_known_callers_go_on() {
     let env = start_with(Duration::from_secs(1)).await;
-    env.api
-        .register_token("node-token", node_controller(&[AUDIENCE]));
-    let node = env.with_token("node-token");
+    let node = env.node_controller();
     lookup(&node).await.unwrap();
     let reviews_before = env.api.token_reviews();
     let started = std::time::Instant::now();
