@@ -10,7 +10,7 @@
 //!   flow-control windows cap the bytes a client can send ahead of what the
 //!   gateway reads (`stream_window`, `connection_window`);
 //! - per request: the message may be no larger than the largest valid
-//!   request of its method ([`crate::grpc::validate::max_request_bytes`]),
+//!   request of its method ([`crate::limits::max_request_bytes`]),
 //!   which is checked from the length prefix before the body is read; the
 //!   whole body must arrive within `request_receive_timeout`;
 //! - across the process: at most `max_in_flight` requests (a request counts
@@ -139,7 +139,7 @@ fn class(path: &str) -> Class {
         p => Class {
             public: false,
             streaming: false,
-            max_bytes: crate::grpc::validate::max_request_bytes(p).unwrap_or(PUBLIC_MESSAGE),
+            max_bytes: crate::limits::max_request_bytes(p).unwrap_or(PUBLIC_MESSAGE),
         },
     }
 }

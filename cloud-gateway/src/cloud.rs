@@ -1,15 +1,19 @@
 //! The one path from the gRPC services to the provider: every cloud call
 //! takes a token from the shared budget, is timed and counted by operation
 //! and outcome, feeds throttling answers back into the budget, and, when it
-//! changes the cloud, leaves an audit log line.
+//! changes the cloud, leaves an audit log line. The compiler keeps it the
+//! one path: [`Cloud`] holds the provider privately and hands a capability
+//! only to a closure run inside [`Capability::call`], after the budget
+//! admitted it; the readiness check goes through the budget too.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ccm_provider::{self as provider, CloudError, Instances, LoadBalancers, Operation, Provider, Result, Routes};
+
 use crate::budget::{Budget, Priority};
 use crate::metrics::{CloudLabels, Metrics, OperationLabels, PriorityLabels};
-use crate::provider::{self, CloudError, Operation, Provider, Result};
 
 /// Who asked, for the audit log.
 #[derive(Clone, Debug)]
@@ -39,9 +43,30 @@ impl Cloud {
         }
     }
 
-    /// The provider, for capability checks and building calls.
-    pub fn provider(&self) -> &dyn Provider {
-        &*self.provider
+    /// The provider's name, the scheme of its provider IDs.
+    pub fn name(&self) -> &str {
+        self.provider.name()
+    }
+
+    /// Which capabilities the provider offers.
+    pub fn offers(&self) -> Offers {
+        Offers {
+            instances: self.provider.instances().is_some(),
+            load_balancers: self.provider.load_balancers().is_some(),
+            routes: self.provider.routes().is_some(),
+            host_label_annotations: self
+                .provider
+                .load_balancers()
+                .map(|lb| lb.host_label_annotations())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The provider's own check of a provider ID (no cloud call).
+    pub fn check_provider_id(&self, provider_id: &str) -> std::result::Result<(), String> {
+        self.provider
+            .instances()
+            .map_or(Ok(()), |i| i.check_provider_id(provider_id))
     }
 
     /// The budget.
@@ -54,22 +79,54 @@ impl Cloud {
         &self.metrics
     }
 
-    /// Runs one provider call `call` for `op` at `priority`.
-    pub async fn call<T>(
-        &self,
-        op: Operation,
-        priority: Priority,
-        audit: Option<Audit<'_>>,
-        call: impl Future<Output = Result<T>>,
-    ) -> Result<T> {
-        self.admit(priority).await?;
-        self.call_admitted(op, audit, call).await
+    /// Instance lookups; `NotImplemented` when the provider has none.
+    pub fn instances(&self) -> Result<Capability<'_, dyn Instances + '_>> {
+        let capability = self
+            .provider
+            .instances()
+            .ok_or(CloudError::NotImplemented("instances"))?;
+        Ok(Capability {
+            cloud: self,
+            capability,
+        })
+    }
+
+    /// Load balancers; `NotImplemented` when the provider has none.
+    pub fn load_balancers(&self) -> Result<Capability<'_, dyn LoadBalancers + '_>> {
+        let capability = self
+            .provider
+            .load_balancers()
+            .ok_or(CloudError::NotImplemented("load balancers"))?;
+        Ok(Capability {
+            cloud: self,
+            capability,
+        })
+    }
+
+    /// Routes; `NotImplemented` when the provider has none.
+    pub fn routes(&self) -> Result<Capability<'_, dyn Routes + '_>> {
+        let capability = self
+            .provider
+            .routes()
+            .ok_or(CloudError::NotImplemented("routes"))?;
+        Ok(Capability {
+            cloud: self,
+            capability,
+        })
+    }
+
+    /// The provider's readiness check (credentials valid, API reachable),
+    /// at low priority through the budget like any other call.
+    pub async fn check(&self) -> Result<()> {
+        let admitted = self.admit(Priority::Low).await?;
+        self.run(admitted, Operation::Check, None, self.provider.check())
+            .await
     }
 
     /// Takes one call's worth of budget at `priority`, waiting as the budget
-    /// says. Follow it with exactly one [`Self::call_admitted`].
+    /// says; the answer is spent by one [`Capability::call_admitted`].
     #[tracing::instrument(target = "ccm_calls", name = "budget wait", skip(self), fields(priority = priority.as_str(), waited_ms))]
-    pub async fn admit(&self, priority: Priority) -> Result<()> {
+    pub async fn admit(&self, priority: Priority) -> Result<Admitted> {
         let priority_labels = PriorityLabels {
             priority: priority.as_str(),
         };
@@ -94,18 +151,19 @@ impl Cloud {
                 });
             }
         }
-        Ok(())
+        Ok(Admitted(()))
     }
 
-    /// Runs a provider call whose budget [`Self::admit`] already took.
+    /// Runs a provider call whose budget [`Self::admit`] took.
     #[tracing::instrument(
         target = "ccm_calls",
         name = "provider call",
         skip_all,
         fields(operation = op.as_str(), requests, outcome)
     )]
-    pub async fn call_admitted<T>(
+    async fn run<T>(
         &self,
+        _admitted: Admitted,
         op: Operation,
         audit: Option<Audit<'_>>,
         call: impl Future<Output = Result<T>>,
@@ -157,5 +215,64 @@ impl Cloud {
             );
         }
         result
+    }
+}
+
+/// What a provider offers, for `GetProviderInfo`.
+#[derive(Clone, Copy, Debug)]
+pub struct Offers {
+    /// Instance lookups.
+    pub instances: bool,
+    /// Load balancers.
+    pub load_balancers: bool,
+    /// Routes.
+    pub routes: bool,
+    /// Service annotations that select hosts by Node label.
+    pub host_label_annotations: &'static [&'static str],
+}
+
+/// The budget's word that one call may go ahead; only [`Cloud::admit`]
+/// gives one, and one call spends it.
+#[must_use = "an admitted call is charged to the budget"]
+#[derive(Debug)]
+pub struct Admitted(());
+
+/// One capability of the provider, reachable only through its calls.
+pub struct Capability<'a, C: ?Sized> {
+    cloud: &'a Cloud,
+    capability: &'a C,
+}
+
+impl<'a, C: ?Sized> Capability<'a, C> {
+    /// Runs `call` on the capability for `op` at `priority`, once the
+    /// budget admits it.
+    pub async fn call<T, F>(
+        &self,
+        op: Operation,
+        priority: Priority,
+        audit: Option<Audit<'_>>,
+        call: impl FnOnce(&'a C) -> F,
+    ) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        let admitted = self.cloud.admit(priority).await?;
+        self.call_admitted(admitted, op, audit, call).await
+    }
+
+    /// Runs `call` on the capability for `op` with budget already taken.
+    pub async fn call_admitted<T, F>(
+        &self,
+        admitted: Admitted,
+        op: Operation,
+        audit: Option<Audit<'_>>,
+        call: impl FnOnce(&'a C) -> F,
+    ) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        self.cloud
+            .run(admitted, op, audit, call(self.capability))
+            .await
     }
 }

@@ -7,13 +7,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use ccm_proto::v1::{LoadBalancerStatus, ServiceRef};
 use tokio::sync::oneshot;
 
 use crate::budget::Priority;
 use crate::cloud::Cloud;
 use crate::lookup::LookupConfig;
-use crate::provider::{CloudError, Operation, Result, load_balancer_name};
+use ccm_provider::{CloudError, LoadBalancerStatus, Operation, Result, ServiceRef, load_balancer_name};
 
 type Answer = Result<Option<LoadBalancerStatus>>;
 type Waiters = Vec<(ServiceRef, oneshot::Sender<Answer>)>;
@@ -64,18 +63,11 @@ impl LoadBalancerReads {
     }
 
     async fn get_one(&self, cluster: &str, service: &ServiceRef) -> Answer {
-        let provider = self
-            .cloud
-            .provider()
-            .load_balancers()
-            .ok_or(CloudError::NotImplemented("load balancers"))?;
         self.cloud
-            .call(
-                Operation::GetLoadBalancer,
-                Priority::Normal,
-                None,
-                provider.get(cluster, service),
-            )
+            .load_balancers()?
+            .call(Operation::GetLoadBalancer, Priority::Normal, None, |lbs| {
+                lbs.get(cluster, service)
+            })
             .await
     }
 
@@ -89,31 +81,24 @@ impl LoadBalancerReads {
             .unwrap_or_else(|e| e.into_inner())
             .remove(cluster)
             .unwrap_or_default();
-        let provider = self
-            .cloud
-            .provider()
-            .load_balancers()
-            .ok_or(CloudError::NotImplemented("load balancers"));
-        let listed = match (admitted, provider, waiters.as_slice()) {
+        let listed = match (admitted, self.cloud.load_balancers(), waiters.as_slice()) {
             (Err(e), _, _) | (_, Err(e), _) => Err(e),
-            (Ok(()), Ok(provider), [(service, _)]) => {
-                let answer = self
-                    .cloud
-                    .call_admitted(
-                        Operation::GetLoadBalancer,
-                        None,
-                        provider.get(cluster, service),
-                    )
+            (Ok(admitted), Ok(lbs), [(service, _)]) => {
+                let answer = lbs
+                    .call_admitted(admitted, Operation::GetLoadBalancer, None, |lbs| {
+                        lbs.get(cluster, service)
+                    })
                     .await;
                 if let Some((_, tx)) = waiters.into_iter().next() {
                     let _ = tx.send(answer);
                 }
                 return;
             }
-            (Ok(()), Ok(provider), _) => {
-                self.cloud
-                    .call_admitted(Operation::ListLoadBalancers, None, provider.list(cluster))
-                    .await
+            (Ok(admitted), Ok(lbs), _) => {
+                lbs.call_admitted(admitted, Operation::ListLoadBalancers, None, |lbs| {
+                    lbs.list(cluster)
+                })
+                .await
             }
         };
         tracing::debug!(
@@ -123,7 +108,7 @@ impl LoadBalancerReads {
         );
         let listed: Result<HashMap<String, LoadBalancerStatus>> = listed.map(|lbs| {
             lbs.into_iter()
-                .map(|lb| (lb.name, lb.status.unwrap_or_default()))
+                .map(|lb| (lb.name, lb.status))
                 .collect()
         });
         for (service, tx) in waiters {

@@ -10,9 +10,9 @@ pub mod budget;
 pub mod cloud;
 pub mod grpc;
 pub mod lbreads;
+pub mod limits;
 pub mod lookup;
 pub mod metrics;
-pub mod provider;
 pub mod review;
 pub mod settings;
 
@@ -21,6 +21,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use ccm_provider::Provider;
+use ccm_provider_sim::SimCloud;
 use ccm_proto::v1::instances_server::InstancesServer;
 use ccm_proto::v1::load_balancers_server::LoadBalancersServer;
 use ccm_proto::v1::provider_server::ProviderServer;
@@ -40,13 +42,11 @@ use crate::budget::Budget;
 use crate::cloud::Cloud;
 use crate::grpc::{
     InstancesService, LoadBalancersService, MetricsLayer, ProviderService, RoutesService,
+    SimAdminService,
 };
 use crate::lbreads::LoadBalancerReads;
 use crate::lookup::InstanceLookups;
 use crate::metrics::Metrics;
-use crate::provider::Provider;
-use crate::provider::sim::SimCloud;
-use crate::provider::sim::admin::SimAdminService;
 use crate::review::TokenReviewer;
 use crate::settings::{ProviderKind, Settings};
 
@@ -94,7 +94,7 @@ impl Gateway {
             #[cfg(feature = "aws")]
             ProviderKind::Aws => (
                 Arc::new(
-                    crate::provider::aws::AwsCloud::connect(settings.aws.clone())
+                    ccm_provider_aws::AwsCloud::connect(settings.aws.clone())
                         .await
                         .context("set up the AWS provider")?,
                 ),
@@ -117,7 +117,7 @@ impl Gateway {
         let metrics = Metrics::register(&mut registry);
         let provider_name = provider.name().to_owned();
         let budget = Budget::start(settings.budget.clone());
-        let cloud = Arc::new(Cloud::new(provider.clone(), budget, metrics.clone()));
+        let cloud = Arc::new(Cloud::new(provider, budget, metrics.clone()));
         let lookups = InstanceLookups::start(cloud.clone(), settings.lookups.clone());
 
         let reviewer = match &settings.service_accounts {
@@ -190,7 +190,7 @@ impl Gateway {
                 .context("TLS")?;
         }
         let limits = settings.limits.clone();
-        let largest = grpc::validate::largest_request_bytes();
+        let largest = limits::largest_request_bytes();
         let router = server
             .initial_stream_window_size(limits.stream_window)
             .initial_connection_window_size(limits.connection_window)
@@ -262,7 +262,7 @@ impl Gateway {
             async move {
                 let mut delay = std::time::Duration::from_millis(200);
                 loop {
-                    match provider.check().await {
+                    match cloud.check().await {
                         Ok(()) => break,
                         Err(e) => tracing::warn!(error = %e, "provider not ready yet"),
                     }

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use ccm_proto::v1::NodeRef;
 use futures::future::join_all;
 use opentelemetry::trace::TraceContextExt as _;
 use tokio::sync::{Notify, oneshot};
@@ -17,9 +16,10 @@ use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::budget::Priority;
-use crate::cloud::Cloud;
+use crate::cloud::{Admitted, Cloud};
 use crate::metrics::CacheLabels;
-use crate::provider::{CloudError, Lookup, Operation, Result};
+use ccm_provider::{CloudError, Lookup, NodeRef, Operation, Result};
+
 
 /// Cache and batching settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -394,7 +394,7 @@ impl InstanceLookups {
 
     /// Sends one batch, whose budget `admitted` says was taken (or why
     /// not), to the provider and hands out the answers.
-    async fn fetch(self: Arc<Self>, batch: Vec<Pending>, admitted: Result<()>) {
+    async fn fetch(self: Arc<Self>, batch: Vec<Pending>, admitted: Result<Admitted>) {
         // The batch serves many calls, each in its own trace: its span is a
         // root that links every lookup riding in it.
         let span = tracing::info_span!(target: ccm_proto::CALL_SPANS, parent: None, "instance batch", size = batch.len());
@@ -406,24 +406,21 @@ impl InstanceLookups {
         self.fetch_in(batch, admitted).instrument(span).await
     }
 
-    async fn fetch_in(self: Arc<Self>, batch: Vec<Pending>, admitted: Result<()>) {
+    async fn fetch_in(self: Arc<Self>, batch: Vec<Pending>, admitted: Result<Admitted>) {
         let nodes: Vec<NodeRef> = batch.iter().map(|p| p.node.clone()).collect();
         self.cloud
             .metrics()
             .instance_batch_size
             .observe(nodes.len() as f64);
-        let result = match (admitted, self.cloud.provider().instances()) {
-            (Err(e), _) => Err(e),
-            (Ok(()), Some(instances)) => {
-                self.cloud
-                    .call_admitted(
-                        Operation::GetInstances,
-                        None,
-                        instances.get_instances(&nodes),
-                    )
+        let result = match (admitted, self.cloud.instances()) {
+            (Err(e), _) | (_, Err(e)) => Err(e),
+            (Ok(admitted), Ok(instances)) => {
+                instances
+                    .call_admitted(admitted, Operation::GetInstances, None, |i| {
+                        i.get_instances(&nodes)
+                    })
                     .await
             }
-            (Ok(()), None) => Err(CloudError::NotImplemented("instances")),
         };
         let result = result.and_then(|lookups| {
             if lookups.len() == nodes.len() {

@@ -16,8 +16,10 @@ use crate::admission::Limits;
 use crate::auth::Tokens;
 use crate::budget::BudgetConfig;
 use crate::lookup::LookupConfig;
-use crate::provider::sim::SimConfig;
+use ccm_provider_sim::SimConfig;
 use crate::review::ServiceAccountAuth;
+#[cfg(feature = "aws")]
+use ccm_provider_aws::AwsSettings;
 
 /// The cloud gateway: the only component of the cloud controller manager
 /// that talks to the cloud.
@@ -216,121 +218,12 @@ pub enum ProviderKind {
     Aws,
 }
 
-/// The AWS provider's settings. Credentials are not among them: they come
-/// from the SDK's standard chain only.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct AwsSettings {
-    /// The region; `None` asks the SDK's chain.
-    pub region: Option<String>,
-    /// An endpoint for every AWS API in place of the public ones.
-    pub endpoint_url: Option<String>,
-    /// The cluster's VPC.
-    pub vpc_id: Option<String>,
-    /// Route tables to use (each must carry the cluster tag); empty means
-    /// every route table with the cluster tag.
-    pub route_table_ids: Vec<String>,
-    /// A role to assume.
-    pub role_arn: Option<String>,
-    /// The external ID for assuming the role.
-    pub external_id: Option<String>,
-    /// The session name for assuming the role.
-    pub role_session_name: String,
-    /// Whether node InternalIPs include IPv4 and IPv6 addresses, and which
-    /// family comes first.
-    pub node_ip_families: Vec<IpFamily>,
-    /// The longest one API request may take.
-    pub request_timeout: std::time::Duration,
-}
-
-/// An address family of node addresses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IpFamily {
-    /// IPv4.
-    V4,
-    /// IPv6.
-    V6,
-}
-
 /// Providers this build has, for error messages.
 const PROVIDERS: &str = if cfg!(feature = "aws") {
     "sim, aws"
 } else {
     "sim (this gateway was built without the aws feature)"
 };
-
-fn aws_id(prefix: &str, value: &str) -> Result<String, String> {
-    let value = value.trim();
-    let ok = value.strip_prefix(prefix).is_some_and(|hex| {
-        (1..=32).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_alphanumeric())
-    });
-    if ok {
-        Ok(value.to_owned())
-    } else {
-        Err(format!("is not an ID of the form {prefix}0123abcd"))
-    }
-}
-
-fn aws_region(value: &str) -> Result<String, String> {
-    let value = value.trim();
-    let ok = (1..=32).contains(&value.len())
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !value.starts_with('-')
-        && !value.ends_with('-');
-    if ok {
-        Ok(value.to_owned())
-    } else {
-        Err("is not a region name such as eu-west-1".into())
-    }
-}
-
-fn endpoint_url(value: &str) -> Result<String, String> {
-    let value = value.trim();
-    let uri: http::Uri = value.parse().map_err(|_| "is not a URL".to_owned())?;
-    match (uri.scheme_str(), uri.authority()) {
-        (Some("http" | "https"), Some(_)) => Ok(value.to_owned()),
-        _ => Err("is not an http:// or https:// URL".into()),
-    }
-}
-
-fn role_arn(value: &str) -> Result<String, String> {
-    let value = value.trim();
-    let parts: Vec<&str> = value.splitn(6, ':').collect();
-    let ok = parts.len() == 6
-        && parts[0] == "arn"
-        && parts[1].starts_with("aws")
-        && parts[2] == "iam"
-        && parts[4].len() == 12
-        && parts[4].bytes().all(|b| b.is_ascii_digit())
-        && parts[5]
-            .strip_prefix("role/")
-            .is_some_and(|r| !r.is_empty());
-    if ok {
-        Ok(value.to_owned())
-    } else {
-        Err("is not a role ARN such as arn:aws:iam::123456789012:role/cloud-gateway".into())
-    }
-}
-
-fn ip_families(value: &str) -> Result<Vec<IpFamily>, String> {
-    let mut out = Vec::new();
-    for item in list(value) {
-        let family = match item {
-            "ipv4" => IpFamily::V4,
-            "ipv6" => IpFamily::V6,
-            other => return Err(format!("{other:?} is not ipv4 or ipv6")),
-        };
-        if out.contains(&family) {
-            return Err(format!("{item} is named twice"));
-        }
-        out.push(family);
-    }
-    if out.is_empty() {
-        return Err("needs ipv4, ipv6 or both".into());
-    }
-    Ok(out)
-}
 
 /// The checked configuration.
 #[derive(Clone, Debug)]
@@ -355,6 +248,7 @@ pub struct Settings {
     pub limits: Limits,
     pub lookups: LookupConfig,
     pub sim: SimConfig,
+    #[cfg(feature = "aws")]
     pub aws: AwsSettings,
 }
 
@@ -417,330 +311,356 @@ impl Settings {
                 ccm_runtime::telemetry::parse_otlp_endpoint,
             )
         });
-        let tokens = match &args.tokens_file {
-            None => None,
-            Some(file) => match Tokens::from_file(file.as_ref()) {
-                Ok(tokens) => Some(tokens),
-                Err(problems) => {
-                    for problem in problems {
-                        p.push("tokens-file", problem);
-                    }
-                    None
-                }
-            },
-        };
-        let review_ttl = p.parse(
-            "token-review-cache-ttl",
-            &args.token_review_cache_ttl,
-            duration_within(Duration::from_secs(1), Duration::from_secs(3600)),
-        );
-        let reviews_per_second = p.parse(
-            "token-reviews-per-second",
-            &args.token_reviews_per_second,
-            number_within(0.1, 10_000.0),
-        );
-        let reviews_in_flight = p.parse(
-            "token-reviews-in-flight",
-            &args.token_reviews_in_flight,
-            number_within(1usize, 1000),
-        );
-        if args.token_audience.trim().is_empty() {
-            p.push("token-audience", "must not be empty");
-        }
-        let roles = match args.service_account_roles.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(text) => match ServiceAccountAuth::parse_roles(text) {
-                Ok(roles) => Some(roles),
-                Err(problems) => {
-                    for problem in problems {
-                        p.push("service-account-roles", problem);
-                    }
-                    None
-                }
-            },
-        };
-        let tls = match (&args.tls_cert, &args.tls_key) {
-            (None, None) => None,
-            (Some(cert), Some(key)) => {
-                for (flag, path) in [("tls-cert", cert), ("tls-key", key)] {
-                    if let Err(problem) = check_file(path) {
-                        p.push(flag, problem);
-                    }
-                }
-                Some((PathBuf::from(cert), PathBuf::from(key)))
-            }
-            _ => {
-                p.push("tls-cert", "--tls-cert and --tls-key go together");
-                None
-            }
-        };
-        let rate = p.parse(
-            "budget-rate",
-            &args.budget_rate,
-            number_within(0.01, 100_000.0),
-        );
-        let burst = p.parse(
-            "budget-burst",
-            &args.budget_burst,
-            number_within(1.0, 1_000_000.0),
-        );
-        let max_wait = p.parse(
-            "budget-max-wait",
-            &args.budget_max_wait,
-            duration_within(Duration::ZERO, Duration::from_secs(300)),
-        );
-        let max_waiting = p.parse(
-            "budget-max-waiting",
-            &args.budget_max_waiting,
-            number_within(1usize, 1_000_000),
-        );
-        let cache_ttl = p.parse(
-            "cache-ttl",
-            &args.cache_ttl,
-            duration_within(Duration::ZERO, Duration::from_secs(3600)),
-        );
-        let batch_window = p.parse(
-            "batch-window",
-            &args.batch_window,
-            duration_within(Duration::ZERO, Duration::from_secs(1)),
-        );
-        let max_batch = p.parse(
-            "max-batch",
-            &args.max_batch,
-            number_within(1usize, crate::grpc::validate::MAX_NODES),
-        );
-        let limits = Limits {
-            max_connections: p
-                .parse(
-                    "max-connections",
-                    &args.max_connections,
-                    number_within(1usize, 100_000),
-                )
-                .unwrap_or_default(),
-            max_concurrent_streams: p
-                .parse(
-                    "max-concurrent-streams",
-                    &args.max_concurrent_streams,
-                    number_within(1u32, 10_000),
-                )
-                .unwrap_or_default(),
-            stream_window: p
-                .parse(
-                    "http2-stream-window",
-                    &args.http2_stream_window,
-                    bytes_within(65_535, 16 << 20),
-                )
-                .unwrap_or_default() as u32,
-            connection_window: p
-                .parse(
-                    "http2-connection-window",
-                    &args.http2_connection_window,
-                    bytes_within(65_535, 64 << 20),
-                )
-                .unwrap_or_default() as u32,
-            max_in_flight: p
-                .parse(
-                    "max-requests-in-flight",
-                    &args.max_requests_in_flight,
-                    number_within(1usize, 100_000),
-                )
-                .unwrap_or_default(),
-            max_in_flight_per_caller: p
-                .parse(
-                    "max-requests-in-flight-per-caller",
-                    &args.max_requests_in_flight_per_caller,
-                    number_within(1usize, 100_000),
-                )
-                .unwrap_or_default(),
-            max_in_flight_public: p
-                .parse(
-                    "max-unauthenticated-requests-in-flight",
-                    &args.max_unauthenticated_requests_in_flight,
-                    number_within(1usize, 10_000),
-                )
-                .unwrap_or_default(),
-            max_request_bytes: p
-                .parse(
-                    "max-request-bytes-in-flight",
-                    &args.max_request_bytes_in_flight,
-                    bytes_within(1 << 20, 16 << 30),
-                )
-                .unwrap_or_default() as usize,
-            request_receive_timeout: p
-                .parse(
-                    "request-receive-timeout",
-                    &args.request_receive_timeout,
-                    duration_within(Duration::from_millis(100), Duration::from_secs(300)),
-                )
-                .unwrap_or_default(),
-            idle_timeout: p
-                .parse(
-                    "idle-connection-timeout",
-                    &args.idle_connection_timeout,
-                    duration_within(Duration::from_secs(1), Duration::from_secs(24 * 3600)),
-                )
-                .unwrap_or_default(),
-            keepalive_interval: p
-                .parse(
-                    "keepalive-interval",
-                    &args.keepalive_interval,
-                    duration_within(Duration::from_secs(1), Duration::from_secs(3600)),
-                )
-                .unwrap_or_default(),
-            keepalive_timeout: p
-                .parse(
-                    "keepalive-timeout",
-                    &args.keepalive_timeout,
-                    duration_within(Duration::from_secs(1), Duration::from_secs(300)),
-                )
-                .unwrap_or_default(),
-            public_stream_max_age: p
-                .parse(
-                    "unauthenticated-stream-max-age",
-                    &args.unauthenticated_stream_max_age,
-                    duration_within(Duration::from_secs(1), Duration::from_secs(3600)),
-                )
-                .unwrap_or_default(),
-        };
-        let largest = crate::grpc::validate::largest_request_bytes();
-        if limits.max_request_bytes != 0 && limits.max_request_bytes < largest {
-            p.push(
-                "max-request-bytes-in-flight",
-                format!("must hold the largest valid request, {largest} bytes"),
-            );
-        }
-        if limits.max_in_flight_per_caller > limits.max_in_flight {
-            p.push(
-                "max-requests-in-flight-per-caller",
-                "must not exceed --max-requests-in-flight",
-            );
-        }
-        if limits.max_in_flight_public > limits.max_in_flight {
-            p.push(
-                "max-unauthenticated-requests-in-flight",
-                "must not exceed --max-requests-in-flight",
-            );
-        }
-        let coalesce = p.parse("coalesce", &args.coalesce, |s| {
-            s.parse::<bool>().map_err(|_| "use true or false")
-        });
-        let zones: Vec<String> = list(&args.sim_zones)
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
-        if zones.is_empty() {
-            p.push("sim-zones", "needs at least one zone");
-        }
-        let lb_pool = cidrs(&mut p, "sim-lb-pool", &args.sim_lb_pool);
-        let internal_lb_pool = cidrs(&mut p, "sim-internal-lb-pool", &args.sim_internal_lb_pool);
-        let node_network = p.parse("sim-node-network", &args.sim_node_network, |s| {
-            s.parse::<IpNet>()
-        });
-        let aws_region = args
-            .aws_region
-            .as_deref()
-            .filter(|s| !s.trim().is_empty())
-            .and_then(|s| p.parse("aws-region", s, aws_region));
-        let aws_endpoint = args
-            .aws_endpoint_url
-            .as_deref()
-            .filter(|s| !s.trim().is_empty())
-            .and_then(|s| p.parse("aws-endpoint-url", s, endpoint_url));
-        let aws_vpc = args
-            .aws_vpc_id
-            .as_deref()
-            .filter(|s| !s.trim().is_empty())
-            .and_then(|s| p.parse("aws-vpc-id", s, |s| aws_id("vpc-", s)));
-        let aws_tables: Vec<String> = list(args.aws_route_table_ids.as_deref().unwrap_or(""))
-            .into_iter()
-            .filter_map(|s| p.parse("aws-route-table-ids", s, |s| aws_id("rtb-", s)))
-            .collect();
-        let aws_role = args
-            .aws_role_arn
-            .as_deref()
-            .filter(|s| !s.trim().is_empty())
-            .and_then(|s| p.parse("aws-role-arn", s, role_arn));
-        let session_name = args.aws_role_session_name.trim();
-        if !(2..=64).contains(&session_name.len())
-            || !session_name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"=,.@-_".contains(&b))
-        {
-            p.push(
-                "aws-role-session-name",
-                "must be 2-64 of letters, digits and =,.@-_",
-            );
-        }
-        if args.aws_external_id.is_some() && aws_role.is_none() {
-            p.push("aws-external-id", "needs --aws-role-arn");
-        }
-        let aws_families = p.parse(
-            "aws-node-ip-families",
-            &args.aws_node_ip_families,
-            ip_families,
-        );
-        let aws_timeout = p.parse(
-            "aws-request-timeout",
-            &args.aws_request_timeout,
-            duration_within(Duration::from_secs(1), Duration::from_secs(300)),
-        );
+        let tokens = tokens(&mut p, args);
+        let service_accounts = service_accounts(&mut p, args);
+        let tls = tls(&mut p, args);
+        let budget = budget(&mut p, args);
+        let limits = limits(&mut p, args);
+        let lookups = lookups(&mut p, args);
+        let sim = sim(&mut p, args);
+        #[cfg(feature = "aws")]
+        let aws = aws(&mut p, args);
         p.finish(|| Settings {
             listen: listen.expect("checked"),
             admin_listen: admin_listen.expect("checked"),
             state_dir: PathBuf::from(&args.state_dir),
             tokens,
-            service_accounts: roles.map(|roles| ServiceAccountAuth {
-                roles,
-                audience: args.token_audience.trim().to_owned(),
-                cache_ttl: review_ttl.expect("checked"),
-                kubeconfig: args.kubeconfig.as_ref().map(PathBuf::from),
-                reviews_per_second: reviews_per_second.expect("checked"),
-                reviews_in_flight: reviews_in_flight.expect("checked"),
-            }),
+            service_accounts,
             provider: provider.expect("checked"),
             log_format: log_format.expect("checked"),
             log_level: args.log_level.clone(),
             otlp_endpoint: otlp_endpoint.map(|e| e.expect("checked")),
             tls,
-            budget: BudgetConfig {
-                rate: rate.expect("checked"),
-                burst: burst.expect("checked"),
-                max_wait: max_wait.expect("checked"),
-                max_waiting: max_waiting.expect("checked"),
-            },
+            budget: budget.expect("checked"),
             limits,
-            lookups: LookupConfig {
-                cache_ttl: cache_ttl.expect("checked"),
-                batch_window: batch_window.expect("checked"),
-                max_batch: max_batch.expect("checked"),
-                coalesce: coalesce.expect("checked"),
-            },
-            sim: SimConfig {
-                region: args.sim_region.clone(),
-                zones,
-                default_instance_type: args.sim_default_instance_type.clone(),
-                lb_pool,
-                internal_lb_pool,
-                node_network: node_network.expect("checked"),
-            },
-            aws: AwsSettings {
-                region: aws_region,
-                endpoint_url: aws_endpoint,
-                vpc_id: aws_vpc,
-                route_table_ids: aws_tables,
-                role_arn: aws_role,
-                external_id: args
-                    .aws_external_id
-                    .as_deref()
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned),
-                role_session_name: session_name.to_owned(),
-                node_ip_families: aws_families.expect("checked"),
-                request_timeout: aws_timeout.expect("checked"),
-            },
+            lookups: lookups.expect("checked"),
+            sim: sim.expect("checked"),
+            #[cfg(feature = "aws")]
+            aws: aws.expect("checked"),
         })
     }
+}
+
+// Each section below checks its flags, records every problem in `p`, and
+// returns its settings only when it found none (a value is then present:
+// `Settings::from_args` builds settings only when `p` holds no problem).
+
+fn tokens(p: &mut Problems, args: &Args) -> Option<Tokens> {
+    let file = args.tokens_file.as_ref()?;
+    match Tokens::from_file(file.as_ref()) {
+        Ok(tokens) => Some(tokens),
+        Err(problems) => {
+            for problem in problems {
+                p.push("tokens-file", problem);
+            }
+            None
+        }
+    }
+}
+
+/// ServiceAccount authentication; `None` when no roles are configured.
+fn service_accounts(p: &mut Problems, args: &Args) -> Option<ServiceAccountAuth> {
+    let cache_ttl = p.parse(
+        "token-review-cache-ttl",
+        &args.token_review_cache_ttl,
+        duration_within(Duration::from_secs(1), Duration::from_secs(3600)),
+    );
+    let reviews_per_second = p.parse(
+        "token-reviews-per-second",
+        &args.token_reviews_per_second,
+        number_within(0.1, 10_000.0),
+    );
+    let reviews_in_flight = p.parse(
+        "token-reviews-in-flight",
+        &args.token_reviews_in_flight,
+        number_within(1usize, 1000),
+    );
+    if args.token_audience.trim().is_empty() {
+        p.push("token-audience", "must not be empty");
+    }
+    let roles = match args.service_account_roles.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(text) => match ServiceAccountAuth::parse_roles(text) {
+            Ok(roles) => Some(roles),
+            Err(problems) => {
+                for problem in problems {
+                    p.push("service-account-roles", problem);
+                }
+                None
+            }
+        },
+    };
+    Some(ServiceAccountAuth {
+        roles: roles?,
+        audience: args.token_audience.trim().to_owned(),
+        cache_ttl: cache_ttl?,
+        kubeconfig: args.kubeconfig.as_ref().map(PathBuf::from),
+        reviews_per_second: reviews_per_second?,
+        reviews_in_flight: reviews_in_flight?,
+    })
+}
+
+fn tls(p: &mut Problems, args: &Args) -> Option<(PathBuf, PathBuf)> {
+    match (&args.tls_cert, &args.tls_key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            for (flag, path) in [("tls-cert", cert), ("tls-key", key)] {
+                if let Err(problem) = check_file(path) {
+                    p.push(flag, problem);
+                }
+            }
+            Some((PathBuf::from(cert), PathBuf::from(key)))
+        }
+        _ => {
+            p.push("tls-cert", "--tls-cert and --tls-key go together");
+            None
+        }
+    }
+}
+
+fn budget(p: &mut Problems, args: &Args) -> Option<BudgetConfig> {
+    let rate = p.parse(
+        "budget-rate",
+        &args.budget_rate,
+        number_within(0.01, 100_000.0),
+    );
+    let burst = p.parse(
+        "budget-burst",
+        &args.budget_burst,
+        number_within(1.0, 1_000_000.0),
+    );
+    let max_wait = p.parse(
+        "budget-max-wait",
+        &args.budget_max_wait,
+        duration_within(Duration::ZERO, Duration::from_secs(300)),
+    );
+    let max_waiting = p.parse(
+        "budget-max-waiting",
+        &args.budget_max_waiting,
+        number_within(1usize, 1_000_000),
+    );
+    Some(BudgetConfig {
+        rate: rate?,
+        burst: burst?,
+        max_wait: max_wait?,
+        max_waiting: max_waiting?,
+    })
+}
+
+fn lookups(p: &mut Problems, args: &Args) -> Option<LookupConfig> {
+    let cache_ttl = p.parse(
+        "cache-ttl",
+        &args.cache_ttl,
+        duration_within(Duration::ZERO, Duration::from_secs(3600)),
+    );
+    let batch_window = p.parse(
+        "batch-window",
+        &args.batch_window,
+        duration_within(Duration::ZERO, Duration::from_secs(1)),
+    );
+    let max_batch = p.parse(
+        "max-batch",
+        &args.max_batch,
+        number_within(1usize, crate::limits::MAX_NODES),
+    );
+    let coalesce = p.parse("coalesce", &args.coalesce, |s| {
+        s.parse::<bool>().map_err(|_| "use true or false")
+    });
+    Some(LookupConfig {
+        cache_ttl: cache_ttl?,
+        batch_window: batch_window?,
+        max_batch: max_batch?,
+        coalesce: coalesce?,
+    })
+}
+
+/// What one client may make the gateway hold; a value with a problem is
+/// left at zero (and `p` says why).
+fn limits(p: &mut Problems, args: &Args) -> Limits {
+    let limits = Limits {
+        max_connections: p
+            .parse(
+                "max-connections",
+                &args.max_connections,
+                number_within(1usize, 100_000),
+            )
+            .unwrap_or_default(),
+        max_concurrent_streams: p
+            .parse(
+                "max-concurrent-streams",
+                &args.max_concurrent_streams,
+                number_within(1u32, 10_000),
+            )
+            .unwrap_or_default(),
+        stream_window: p
+            .parse(
+                "http2-stream-window",
+                &args.http2_stream_window,
+                bytes_within(65_535, 16 << 20),
+            )
+            .unwrap_or_default() as u32,
+        connection_window: p
+            .parse(
+                "http2-connection-window",
+                &args.http2_connection_window,
+                bytes_within(65_535, 64 << 20),
+            )
+            .unwrap_or_default() as u32,
+        max_in_flight: p
+            .parse(
+                "max-requests-in-flight",
+                &args.max_requests_in_flight,
+                number_within(1usize, 100_000),
+            )
+            .unwrap_or_default(),
+        max_in_flight_per_caller: p
+            .parse(
+                "max-requests-in-flight-per-caller",
+                &args.max_requests_in_flight_per_caller,
+                number_within(1usize, 100_000),
+            )
+            .unwrap_or_default(),
+        max_in_flight_public: p
+            .parse(
+                "max-unauthenticated-requests-in-flight",
+                &args.max_unauthenticated_requests_in_flight,
+                number_within(1usize, 10_000),
+            )
+            .unwrap_or_default(),
+        max_request_bytes: p
+            .parse(
+                "max-request-bytes-in-flight",
+                &args.max_request_bytes_in_flight,
+                bytes_within(1 << 20, 16 << 30),
+            )
+            .unwrap_or_default() as usize,
+        request_receive_timeout: p
+            .parse(
+                "request-receive-timeout",
+                &args.request_receive_timeout,
+                duration_within(Duration::from_millis(100), Duration::from_secs(300)),
+            )
+            .unwrap_or_default(),
+        idle_timeout: p
+            .parse(
+                "idle-connection-timeout",
+                &args.idle_connection_timeout,
+                duration_within(Duration::from_secs(1), Duration::from_secs(24 * 3600)),
+            )
+            .unwrap_or_default(),
+        keepalive_interval: p
+            .parse(
+                "keepalive-interval",
+                &args.keepalive_interval,
+                duration_within(Duration::from_secs(1), Duration::from_secs(3600)),
+            )
+            .unwrap_or_default(),
+        keepalive_timeout: p
+            .parse(
+                "keepalive-timeout",
+                &args.keepalive_timeout,
+                duration_within(Duration::from_secs(1), Duration::from_secs(300)),
+            )
+            .unwrap_or_default(),
+        public_stream_max_age: p
+            .parse(
+                "unauthenticated-stream-max-age",
+                &args.unauthenticated_stream_max_age,
+                duration_within(Duration::from_secs(1), Duration::from_secs(3600)),
+            )
+            .unwrap_or_default(),
+    };
+    let largest = crate::limits::largest_request_bytes();
+    if limits.max_request_bytes != 0 && limits.max_request_bytes < largest {
+        p.push(
+            "max-request-bytes-in-flight",
+            format!("must hold the largest valid request, {largest} bytes"),
+        );
+    }
+    if limits.max_in_flight_per_caller > limits.max_in_flight {
+        p.push(
+            "max-requests-in-flight-per-caller",
+            "must not exceed --max-requests-in-flight",
+        );
+    }
+    if limits.max_in_flight_public > limits.max_in_flight {
+        p.push(
+            "max-unauthenticated-requests-in-flight",
+            "must not exceed --max-requests-in-flight",
+        );
+    }
+    limits
+}
+
+fn sim(p: &mut Problems, args: &Args) -> Option<SimConfig> {
+    let zones: Vec<String> = list(&args.sim_zones)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    if zones.is_empty() {
+        p.push("sim-zones", "needs at least one zone");
+    }
+    let lb_pool = cidrs(p, "sim-lb-pool", &args.sim_lb_pool);
+    let internal_lb_pool = cidrs(p, "sim-internal-lb-pool", &args.sim_internal_lb_pool);
+    let node_network = p.parse("sim-node-network", &args.sim_node_network, |s| {
+        s.parse::<IpNet>()
+    });
+    Some(SimConfig {
+        region: args.sim_region.clone(),
+        zones,
+        default_instance_type: args.sim_default_instance_type.clone(),
+        lb_pool,
+        internal_lb_pool,
+        node_network: node_network?,
+    })
+}
+
+#[cfg(feature = "aws")]
+fn aws(p: &mut Problems, args: &Args) -> Option<AwsSettings> {
+    use ccm_provider_aws::settings as check;
+    let given = |value: &Option<String>| {
+        value
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+            .map(str::to_owned)
+    };
+    let region = given(&args.aws_region).and_then(|s| p.parse("aws-region", &s, check::region));
+    let endpoint_url = given(&args.aws_endpoint_url)
+        .and_then(|s| p.parse("aws-endpoint-url", &s, check::endpoint_url));
+    let vpc_id = given(&args.aws_vpc_id)
+        .and_then(|s| p.parse("aws-vpc-id", &s, |s| check::id("vpc-", s)));
+    let route_table_ids: Vec<String> = list(args.aws_route_table_ids.as_deref().unwrap_or(""))
+        .into_iter()
+        .filter_map(|s| p.parse("aws-route-table-ids", s, |s| check::id("rtb-", s)))
+        .collect();
+    let role_arn = given(&args.aws_role_arn).and_then(|s| p.parse("aws-role-arn", &s, check::role_arn));
+    let role_session_name = check::role_session_name(&args.aws_role_session_name)
+        .map_err(|problem| p.push("aws-role-session-name", problem))
+        .ok();
+    if args.aws_external_id.is_some() && role_arn.is_none() {
+        p.push("aws-external-id", "needs --aws-role-arn");
+    }
+    let node_ip_families = p.parse(
+        "aws-node-ip-families",
+        &args.aws_node_ip_families,
+        check::ip_families,
+    );
+    let request_timeout = p.parse(
+        "aws-request-timeout",
+        &args.aws_request_timeout,
+        duration_within(Duration::from_secs(1), Duration::from_secs(300)),
+    );
+    Some(AwsSettings {
+        region,
+        endpoint_url,
+        vpc_id,
+        route_table_ids,
+        role_arn,
+        external_id: given(&args.aws_external_id).map(|s| s.trim().to_owned()),
+        role_session_name: role_session_name?,
+        node_ip_families: node_ip_families?,
+        request_timeout: request_timeout?,
+    })
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@ use ccm_proto::v1::{
 };
 use ccm_proto::{Error, RetryPolicy, reason};
 use cloud_gateway::auth::Role;
-use cloud_gateway::provider::{
-    self, CloudError, Instances, LoadBalancers, Lookup, Operation, Provider, Routes,
+use ccm_provider::{
+    self as provider, CloudError, Instances, LoadBalancers, Lookup, Operation, Provider, Routes,
 };
 use harness::{TestGateway, timed};
 
@@ -848,7 +848,7 @@ impl Provider for PartialCloud {
 
 #[async_trait]
 impl Instances for PartialCloud {
-    async fn get_instances(&self, _nodes: &[NodeRef]) -> provider::Result<Vec<Lookup>> {
+    async fn get_instances(&self, _nodes: &[provider::NodeRef]) -> provider::Result<Vec<Lookup>> {
         Err(CloudError::PermissionDenied(
             "ec2:DescribeInstances is not allowed".into(),
         ))
@@ -860,16 +860,16 @@ impl LoadBalancers for PartialCloud {
     async fn get(
         &self,
         _: &str,
-        _: &ServiceRef,
-    ) -> provider::Result<Option<ccm_proto::v1::LoadBalancerStatus>> {
+        _: &provider::ServiceRef,
+    ) -> provider::Result<Option<provider::LoadBalancerStatus>> {
         Ok(None)
     }
     async fn ensure(
         &self,
         _: &str,
-        _: &LoadBalancerSpec,
-        _: &[Host],
-    ) -> provider::Result<ccm_proto::v1::LoadBalancerStatus> {
+        _: &provider::LoadBalancerSpec,
+        _: &[provider::Host],
+    ) -> provider::Result<provider::LoadBalancerStatus> {
         Err(CloudError::ImplementedElsewhere(
             "served by another controller".into(),
         ))
@@ -877,15 +877,15 @@ impl LoadBalancers for PartialCloud {
     async fn update_hosts(
         &self,
         _: &str,
-        _: &LoadBalancerSpec,
-        _: &[Host],
+        _: &provider::LoadBalancerSpec,
+        _: &[provider::Host],
     ) -> provider::Result<()> {
         Ok(())
     }
-    async fn delete(&self, _: &str, _: &ServiceRef) -> provider::Result<()> {
+    async fn delete(&self, _: &str, _: &provider::ServiceRef) -> provider::Result<()> {
         Ok(())
     }
-    async fn list(&self, _: &str) -> provider::Result<Vec<ccm_proto::v1::LoadBalancer>> {
+    async fn list(&self, _: &str) -> provider::Result<Vec<provider::LoadBalancer>> {
         Ok(vec![])
     }
 }

@@ -15,7 +15,7 @@ use ccm_testkit::env::{TestController, TestEnv, eventually};
 use ccm_testkit::fixtures::node;
 use clap::Parser;
 use cloud_gateway::auth::Role;
-use cloud_gateway::provider::Operation;
+use ccm_provider::Operation;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -603,7 +603,7 @@ async fn a_cached_not_found_is_checked_fresh_and_never_deletes_a_live_node() {
     assert_eq!(answer[0].state(), ccm_proto::v1::InstanceState::NotFound);
     // ...then the instance appears behind the cache's back.
     env.sim()
-        .create_instance(cloud_gateway::provider::sim::NewInstance {
+        .create_instance(ccm_provider_sim::NewInstance {
             name: "n1".into(),
             ..Default::default()
         })

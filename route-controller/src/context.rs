@@ -33,7 +33,7 @@ impl Context {
     pub fn note_pod_cidrs(&self, node: &k8s_openapi::api::core::v1::Node) {
         let now = std::time::Instant::now();
         let mut missing = self.missing_since.lock().unwrap_or_else(|e| e.into_inner());
-        for cidr in crate::reconcile::node_info(node).pod_cidrs {
+        for cidr in crate::plan::NodeInfo::of(node).pod_cidrs {
             missing.entry(cidr).or_insert(now);
         }
     }

@@ -42,7 +42,7 @@ pub use ccm_runtime::controller::Running;
 
 /// What of a node makes routes change.
 fn fingerprint(node: &Node) -> (Vec<String>, Vec<(String, String)>, String) {
-    let info = reconcile::node_info(node);
+    let info = plan::NodeInfo::of(node);
     (info.pod_cidrs, info.addresses, info.provider_id)
 }
 

@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ccm_proto::v1::{NodeAddressType, Route};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt as _;
 use ipnet::IpNet;
 
 /// What the planner needs of a node.
@@ -19,6 +21,33 @@ pub struct NodeInfo {
     pub pod_cidrs: Vec<String>,
     /// `(type, address)` pairs of `status.addresses`.
     pub addresses: Vec<(String, String)>,
+}
+
+impl NodeInfo {
+    /// What routing needs of `node`.
+    pub fn of(node: &Node) -> Self {
+        let spec = node.spec.as_ref();
+        let mut pod_cidrs = spec.and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
+        if pod_cidrs.is_empty() {
+            pod_cidrs.extend(spec.and_then(|s| s.pod_cidr.clone()));
+        }
+        NodeInfo {
+            name: node.name_any(),
+            uid: node.metadata.uid.clone().unwrap_or_default(),
+            provider_id: spec.and_then(|s| s.provider_id.clone()).unwrap_or_default(),
+            pod_cidrs,
+            addresses: node
+                .status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .map(|a| {
+                    a.iter()
+                        .map(|a| (a.type_.clone(), a.address.clone()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// A route to create.

@@ -20,31 +20,6 @@ use crate::plan::{self, Create, NodeInfo};
 
 const FIELD_MANAGER: &str = ccm_runtime::names::MANAGER_ROUTE_CONTROLLER;
 
-/// What routing needs of a node: name, UID, pod CIDRs and addresses.
-pub fn node_info(node: &Node) -> NodeInfo {
-    let spec = node.spec.as_ref();
-    let mut pod_cidrs = spec.and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
-    if pod_cidrs.is_empty() {
-        pod_cidrs.extend(spec.and_then(|s| s.pod_cidr.clone()));
-    }
-    NodeInfo {
-        name: node.name_any(),
-        uid: node.metadata.uid.clone().unwrap_or_default(),
-        provider_id: spec.and_then(|s| s.provider_id.clone()).unwrap_or_default(),
-        pod_cidrs,
-        addresses: node
-            .status
-            .as_ref()
-            .and_then(|s| s.addresses.as_ref())
-            .map(|a| {
-                a.iter()
-                    .map(|a| (a.type_.clone(), a.address.clone()))
-                    .collect()
-            })
-            .unwrap_or_default(),
-    }
-}
-
 fn network_condition(node: &Node) -> Option<(&str, &str)> {
     let c = node
         .status
@@ -66,7 +41,7 @@ pub async fn reconcile(ctx: &Context) -> Result<()> {
         .into_iter()
         .map(|n| (n.name_any(), n))
         .collect();
-    let infos: Vec<NodeInfo> = nodes.values().map(|n| node_info(n)).collect();
+    let infos: Vec<NodeInfo> = nodes.values().map(|n| NodeInfo::of(n)).collect();
     let plan = plan::plan(&infos, &routes, &ctx.settings.cluster_cidrs);
     ctx.ensure_leader()?;
     {

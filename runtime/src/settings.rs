@@ -5,21 +5,7 @@
 
 use std::fmt;
 
-/// How much of a value an error message quotes.
-const QUOTED: usize = 40;
-
-/// `value` quoted for an error message, cut to its first 40 bytes with its
-/// length named: an error never repeats a whole oversized input.
-pub fn quote(value: &str) -> String {
-    if value.len() <= QUOTED {
-        return format!("{value:?}");
-    }
-    let mut end = QUOTED;
-    while !value.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{:?}... ({} bytes)", &value[..end], value.len())
-}
+pub use ccm_provider::values::{parse_duration, quote};
 
 /// Every problem found in a configuration, reported together.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -107,11 +93,6 @@ pub fn check_file(path: &str) -> Result<(), String> {
     }
 }
 
-/// Parses a duration such as `250ms`, `10s` or `5m`.
-pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    humantime_like(s)
-}
-
 /// A duration from `min` to `max`, both included.
 pub fn duration_within(
     min: std::time::Duration,
@@ -174,25 +155,6 @@ pub fn bytes_within(min: u64, max: u64) -> impl Fn(&str) -> Result<u64, String> 
             Err(format!("must be from {min} to {max} bytes"))
         }
     }
-}
-
-fn humantime_like(s: &str) -> Result<std::time::Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| "needs a unit (ms, s, m or h)".to_owned())?;
-    let (number, unit) = s.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| "is not a duration such as 250ms, 10s or 5m".to_owned())?;
-    let seconds = match unit {
-        "ms" => number / 1000.0,
-        "s" => number,
-        "m" => number * 60.0,
-        "h" => number * 3600.0,
-        _ => return Err(format!("unknown unit {unit:?}; use ms, s, m or h")),
-    };
-    std::time::Duration::try_from_secs_f64(seconds).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use ccm_testkit::env::{TestController, TestEnv, eventually};
 use ccm_testkit::fixtures::{load_balancer, node};
 use clap::Parser;
 use cloud_gateway::auth::Role;
-use cloud_gateway::provider::Operation;
+use ccm_provider::Operation;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};

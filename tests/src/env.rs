@@ -11,8 +11,8 @@ use ccm_proto::v1::{CreateInstanceRequest, SimInstance};
 use ccm_proto::{ClientConfig, GatewayClient, TokenSource};
 use cloud_gateway::Gateway;
 use cloud_gateway::auth::Role;
-use cloud_gateway::provider::Operation;
-use cloud_gateway::provider::sim::SimCloud;
+use ccm_provider::Operation;
+use ccm_provider_sim::SimCloud;
 use cloud_gateway::settings::Settings as GatewaySettings;
 use tokio_util::sync::CancellationToken;
 

@@ -822,7 +822,7 @@ async fn ensure_ready(
 }
 
 async fn nlb(elb: &aws_sdk_elasticloadbalancingv2::Client, uid: &str) -> Option<Nlb> {
-    let name = cloud_gateway::provider::load_balancer_name(&service(uid).uid);
+    let name = ccm_provider::load_balancer_name(&service(uid).uid);
     elb.describe_load_balancers()
         .names(name)
         .send()

@@ -819,7 +819,7 @@ mod scenarios {
                 .clone()
                 .unwrap();
             let uid = svc.metadata.uid.unwrap();
-            let nlb_name = cloud_gateway::provider::load_balancer_name(&uid);
+            let nlb_name = ccm_provider::load_balancer_name(&uid);
             let nlb = elb
                 .describe_load_balancers()
                 .names(&nlb_name)
@@ -876,7 +876,7 @@ mod scenarios {
             .unwrap();
         let edge_nlb = || async {
             let uid = services.get("edge").await.ok()?.metadata.uid?;
-            let name = cloud_gateway::provider::load_balancer_name(&uid);
+            let name = ccm_provider::load_balancer_name(&uid);
             let answer = elb
                 .describe_load_balancers()
                 .names(name)

@@ -6,13 +6,16 @@ use ccm_proto::v1::instances_server::Instances;
 use ccm_proto::v1::{
     GetInstancesRequest, GetInstancesResponse, InstanceResult, InstanceState, LookupPurpose,
 };
+use ccm_provider::Lookup;
 use tonic::{Request, Response, Status};
 
+use super::status::answer;
+
+use super::convert;
 use super::validate::{ProviderIds, Violations};
 use crate::budget::Priority;
 use crate::cloud::Cloud;
 use crate::lookup::InstanceLookups;
-use crate::provider::Lookup;
 
 /// The Instances service.
 pub struct InstancesService {
@@ -41,36 +44,40 @@ impl Instances for InstancesService {
         &self,
         request: Request<GetInstancesRequest>,
     ) -> Result<Response<GetInstancesResponse>, Status> {
-        let req = request.into_inner();
-        let mut v = Violations::default();
-        v.cluster_name(&req.cluster_name);
-        v.nodes(&req.nodes, &ProviderIds::of(self.cloud.provider()));
-        if LookupPurpose::try_from(req.purpose).is_err() {
-            v.add("purpose", "unknown purpose");
-        }
-        v.finish()?;
-        let answers = self
-            .lookups
-            .lookup(&req.nodes, req.fresh, priority(req.purpose))
-            .await?;
-        let results = req
-            .nodes
-            .into_iter()
-            .zip(answers)
-            .map(|(node, answer)| {
-                let (state, instance) = match answer.lookup {
-                    Lookup::Running(i) => (InstanceState::Running, Some(i)),
-                    Lookup::Shutdown(i) => (InstanceState::Shutdown, Some(i)),
-                    Lookup::NotFound => (InstanceState::NotFound, None),
-                };
-                InstanceResult {
-                    node: Some(node),
-                    state: state as i32,
-                    instance,
-                    cached: answer.cached,
-                }
-            })
-            .collect();
-        Ok(Response::new(GetInstancesResponse { results }))
+        answer(async move {
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            v.nodes(&req.nodes, &ProviderIds::of(&self.cloud));
+            if LookupPurpose::try_from(req.purpose).is_err() {
+                v.add("purpose", "unknown purpose");
+            }
+            v.finish()?;
+            let nodes: Vec<_> = req.nodes.iter().map(convert::node).collect();
+            let answers = self
+                .lookups
+                .lookup(&nodes, req.fresh, priority(req.purpose))
+                .await?;
+            let results = req
+                .nodes
+                .into_iter()
+                .zip(answers)
+                .map(|(node, answer)| {
+                    let (state, instance) = match answer.lookup {
+                        Lookup::Running(i) => (InstanceState::Running, Some(i)),
+                        Lookup::Shutdown(i) => (InstanceState::Shutdown, Some(i)),
+                        Lookup::NotFound => (InstanceState::NotFound, None),
+                    };
+                    InstanceResult {
+                        node: Some(node),
+                        state: state as i32,
+                        instance: instance.map(convert::instance_to_wire),
+                        cached: answer.cached,
+                    }
+                })
+                .collect();
+            Ok(Response::new(GetInstancesResponse { results }))
+        })
+        .await
     }
 }

@@ -11,12 +11,14 @@ use ccm_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::caller_name;
+use super::status::answer;
+
 use super::validate::Violations;
+use super::{caller_name, convert};
 use crate::budget::Priority;
 use crate::cloud::{Audit, Cloud};
 use crate::lbreads::LoadBalancerReads;
-use crate::provider::{self, CloudError, Operation, load_balancer_name};
+use ccm_provider::{Operation, load_balancer_name};
 
 /// The LoadBalancers service.
 pub struct LoadBalancersService {
@@ -28,13 +30,6 @@ impl LoadBalancersService {
     /// Serves load balancers of `cloud`, status reads through `reads`.
     pub fn new(cloud: Arc<Cloud>, reads: Arc<LoadBalancerReads>) -> Self {
         Self { cloud, reads }
-    }
-
-    fn provider(&self) -> Result<&dyn provider::LoadBalancers, CloudError> {
-        self.cloud
-            .provider()
-            .load_balancers()
-            .ok_or(CloudError::NotImplemented("load balancers"))
     }
 }
 
@@ -48,17 +43,20 @@ impl LoadBalancers for LoadBalancersService {
         &self,
         request: Request<GetLoadBalancerRequest>,
     ) -> Result<Response<GetLoadBalancerResponse>, Status> {
-        let req = request.into_inner();
-        let mut v = Violations::default();
-        v.cluster_name(&req.cluster_name);
-        v.service("service", req.service.as_ref());
-        v.finish()?;
-        let service = req.service.unwrap_or_default();
-        let status = self.reads.get(&req.cluster_name, service).await?;
-        Ok(Response::new(GetLoadBalancerResponse {
-            exists: status.is_some(),
-            status,
-        }))
+        answer(async move {
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            v.service("service", req.service.as_ref());
+            v.finish()?;
+            let service = convert::service(req.service);
+            let status = self.reads.get(&req.cluster_name, service).await?;
+            Ok(Response::new(GetLoadBalancerResponse {
+                exists: status.is_some(),
+                status: status.map(convert::status_to_wire),
+            }))
+        })
+        .await
     }
 
     #[tracing::instrument(target = "ccm_calls", skip_all, fields(service = ?request.get_ref().spec.as_ref().and_then(|s| s.service.as_ref()).map(|s| format!("{}/{}", s.namespace, s.name))))]
@@ -66,107 +64,125 @@ impl LoadBalancers for LoadBalancersService {
         &self,
         request: Request<EnsureLoadBalancerRequest>,
     ) -> Result<Response<EnsureLoadBalancerResponse>, Status> {
-        let caller = caller_name(&request);
-        let req = request.into_inner();
-        let mut v = Violations::default();
-        v.cluster_name(&req.cluster_name);
-        v.spec(req.spec.as_ref());
-        v.hosts(&req.hosts);
-        v.finish()?;
-        let spec = req.spec.unwrap_or_default();
-        let resource = resource(&spec.service.clone().unwrap_or_default().uid);
-        let status = self
-            .cloud
-            .call(
-                Operation::EnsureLoadBalancer,
-                Priority::High,
-                Some(Audit {
-                    caller: &caller,
-                    cluster: &req.cluster_name,
-                    resource: &resource,
-                }),
-                self.provider()?
-                    .ensure(&req.cluster_name, &spec, &req.hosts),
-            )
-            .await?;
-        Ok(Response::new(EnsureLoadBalancerResponse {
-            status: Some(status),
-        }))
+        answer(async move {
+            let caller = caller_name(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            v.spec(req.spec.as_ref());
+            v.hosts(&req.hosts);
+            v.finish()?;
+            let spec = convert::spec(req.spec);
+            let hosts = convert::hosts(req.hosts);
+            let resource = resource(&spec.service.uid);
+            let status = self
+                .cloud
+                .load_balancers()?
+                .call(
+                    Operation::EnsureLoadBalancer,
+                    Priority::High,
+                    Some(Audit {
+                        caller: &caller,
+                        cluster: &req.cluster_name,
+                        resource: &resource,
+                    }),
+                    |lbs| lbs.ensure(&req.cluster_name, &spec, &hosts),
+                )
+                .await?;
+            Ok(Response::new(EnsureLoadBalancerResponse {
+                status: Some(convert::status_to_wire(status)),
+            }))
+        })
+        .await
     }
 
     async fn update_load_balancer_hosts(
         &self,
         request: Request<UpdateLoadBalancerHostsRequest>,
     ) -> Result<Response<UpdateLoadBalancerHostsResponse>, Status> {
-        let caller = caller_name(&request);
-        let req = request.into_inner();
-        let mut v = Violations::default();
-        v.cluster_name(&req.cluster_name);
-        v.spec(req.spec.as_ref());
-        v.hosts(&req.hosts);
-        v.finish()?;
-        let spec = req.spec.unwrap_or_default();
-        let resource = resource(&spec.service.clone().unwrap_or_default().uid);
-        self.cloud
-            .call(
-                Operation::UpdateLoadBalancerHosts,
-                Priority::Normal,
-                Some(Audit {
-                    caller: &caller,
-                    cluster: &req.cluster_name,
-                    resource: &resource,
-                }),
-                self.provider()?
-                    .update_hosts(&req.cluster_name, &spec, &req.hosts),
-            )
-            .await?;
-        Ok(Response::new(UpdateLoadBalancerHostsResponse {}))
+        answer(async move {
+            let caller = caller_name(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            v.spec(req.spec.as_ref());
+            v.hosts(&req.hosts);
+            v.finish()?;
+            let spec = convert::spec(req.spec);
+            let hosts = convert::hosts(req.hosts);
+            let resource = resource(&spec.service.uid);
+            self.cloud
+                .load_balancers()?
+                .call(
+                    Operation::UpdateLoadBalancerHosts,
+                    Priority::Normal,
+                    Some(Audit {
+                        caller: &caller,
+                        cluster: &req.cluster_name,
+                        resource: &resource,
+                    }),
+                    |lbs| lbs.update_hosts(&req.cluster_name, &spec, &hosts),
+                )
+                .await?;
+            Ok(Response::new(UpdateLoadBalancerHostsResponse {}))
+        })
+        .await
     }
 
     async fn delete_load_balancer(
         &self,
         request: Request<DeleteLoadBalancerRequest>,
     ) -> Result<Response<DeleteLoadBalancerResponse>, Status> {
-        let caller = caller_name(&request);
-        let req = request.into_inner();
-        let mut v = Violations::default();
-        v.cluster_name(&req.cluster_name);
-        v.service("service", req.service.as_ref());
-        v.finish()?;
-        let service = req.service.unwrap_or_default();
-        let resource = resource(&service.uid);
-        self.cloud
-            .call(
-                Operation::DeleteLoadBalancer,
-                Priority::High,
-                Some(Audit {
-                    caller: &caller,
-                    cluster: &req.cluster_name,
-                    resource: &resource,
-                }),
-                self.provider()?.delete(&req.cluster_name, &service),
-            )
-            .await?;
-        Ok(Response::new(DeleteLoadBalancerResponse {}))
+        answer(async move {
+            let caller = caller_name(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            v.service("service", req.service.as_ref());
+            v.finish()?;
+            let service = convert::service(req.service);
+            let resource = resource(&service.uid);
+            self.cloud
+                .load_balancers()?
+                .call(
+                    Operation::DeleteLoadBalancer,
+                    Priority::High,
+                    Some(Audit {
+                        caller: &caller,
+                        cluster: &req.cluster_name,
+                        resource: &resource,
+                    }),
+                    |lbs| lbs.delete(&req.cluster_name, &service),
+                )
+                .await?;
+            Ok(Response::new(DeleteLoadBalancerResponse {}))
+        })
+        .await
     }
 
     async fn list_load_balancers(
         &self,
         request: Request<ListLoadBalancersRequest>,
     ) -> Result<Response<ListLoadBalancersResponse>, Status> {
-        let req = request.into_inner();
-        let mut v = Violations::default();
-        v.cluster_name(&req.cluster_name);
-        v.finish()?;
-        let load_balancers = self
-            .cloud
-            .call(
-                Operation::ListLoadBalancers,
-                Priority::Low,
-                None,
-                self.provider()?.list(&req.cluster_name),
-            )
-            .await?;
-        Ok(Response::new(ListLoadBalancersResponse { load_balancers }))
+        answer(async move {
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            v.finish()?;
+            let load_balancers = self
+                .cloud
+                .load_balancers()?
+                .call(Operation::ListLoadBalancers, Priority::Low, None, |lbs| {
+                    lbs.list(&req.cluster_name)
+                })
+                .await?;
+            Ok(Response::new(ListLoadBalancersResponse {
+                load_balancers: load_balancers
+                    .into_iter()
+                    .map(convert::load_balancer_to_wire)
+                    .collect(),
+            }))
+        })
+        .await
     }
 }

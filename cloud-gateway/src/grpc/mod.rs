@@ -3,11 +3,13 @@
 //! and the metrics layer in front of them all. Auth is a layer too
 //! (`crate::auth`). Errors become statuses in one place ([`status`]).
 
+mod convert;
 mod instances;
 mod layers;
 mod load_balancers;
 mod provider_info;
 mod routes;
+mod sim_admin;
 pub mod status;
 pub mod validate;
 
@@ -16,6 +18,7 @@ pub use layers::MetricsLayer;
 pub use load_balancers::LoadBalancersService;
 pub use provider_info::ProviderService;
 pub use routes::RoutesService;
+pub use sim_admin::SimAdminService;
 
 use crate::auth::Caller;
 

@@ -6,6 +6,8 @@ use ccm_proto::v1::provider_server::Provider;
 use ccm_proto::v1::{GetProviderInfoRequest, GetProviderInfoResponse};
 use tonic::{Request, Response, Status};
 
+use super::status::answer;
+
 use crate::cloud::Cloud;
 
 /// The Provider service.
@@ -26,19 +28,20 @@ impl Provider for ProviderService {
         &self,
         _request: Request<GetProviderInfoRequest>,
     ) -> Result<Response<GetProviderInfoResponse>, Status> {
-        let p = self.cloud.provider();
-        Ok(Response::new(GetProviderInfoResponse {
-            name: p.name().to_owned(),
-            instances: p.instances().is_some(),
-            load_balancers: p.load_balancers().is_some(),
-            routes: p.routes().is_some(),
-            host_label_annotations: p
-                .load_balancers()
-                .map(|lb| lb.host_label_annotations())
-                .unwrap_or_default()
-                .iter()
-                .map(|a| (*a).to_owned())
-                .collect(),
-        }))
+        answer(async move {
+            let offers = self.cloud.offers();
+            Ok(Response::new(GetProviderInfoResponse {
+                name: self.cloud.name().to_owned(),
+                instances: offers.instances,
+                load_balancers: offers.load_balancers,
+                routes: offers.routes,
+                host_label_annotations: offers
+                    .host_label_annotations
+                    .iter()
+                    .map(|a| (*a).to_owned())
+                    .collect(),
+            }))
+        })
+        .await
     }
 }

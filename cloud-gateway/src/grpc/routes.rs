@@ -9,11 +9,13 @@ use ccm_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::caller_name;
+use super::status::answer;
+
 use super::validate::{ProviderIds, Violations};
+use super::{caller_name, convert};
 use crate::budget::Priority;
 use crate::cloud::{Audit, Cloud};
-use crate::provider::{self, CloudError, Operation};
+use ccm_provider::Operation;
 
 /// The Routes service.
 pub struct RoutesService {
@@ -25,13 +27,6 @@ impl RoutesService {
     pub fn new(cloud: Arc<Cloud>) -> Self {
         Self { cloud }
     }
-
-    fn provider(&self) -> Result<&dyn provider::Routes, CloudError> {
-        self.cloud
-            .provider()
-            .routes()
-            .ok_or(CloudError::NotImplemented("routes"))
-    }
 }
 
 #[tonic::async_trait]
@@ -40,93 +35,103 @@ impl Routes for RoutesService {
         &self,
         request: Request<ListRoutesRequest>,
     ) -> Result<Response<ListRoutesResponse>, Status> {
-        let req = request.into_inner();
-        let mut v = Violations::default();
-        v.cluster_name(&req.cluster_name);
-        v.finish()?;
-        let routes = self
-            .cloud
-            .call(
-                Operation::ListRoutes,
-                Priority::Normal,
-                None,
-                self.provider()?.list(&req.cluster_name),
-            )
-            .await?;
-        Ok(Response::new(ListRoutesResponse { routes }))
+        answer(async move {
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            v.finish()?;
+            let routes = self
+                .cloud
+                .routes()?
+                .call(Operation::ListRoutes, Priority::Normal, None, |routes| {
+                    routes.list(&req.cluster_name)
+                })
+                .await?;
+            Ok(Response::new(ListRoutesResponse {
+                routes: routes.into_iter().map(convert::route_to_wire).collect(),
+            }))
+        })
+        .await
     }
 
     async fn create_route(
         &self,
         request: Request<CreateRouteRequest>,
     ) -> Result<Response<CreateRouteResponse>, Status> {
-        let caller = caller_name(&request);
-        let req = request.into_inner();
-        let mut v = Violations::default();
-        v.cluster_name(&req.cluster_name);
-        v.route(
-            req.route.as_ref(),
-            true,
-            &ProviderIds::of(self.cloud.provider()),
-        );
-        v.name_hint(&req.name_hint);
-        v.finish()?;
-        let route = req.route.unwrap_or_default();
-        let resource = format!("route/{}->{}", route.destination_cidr, route.target_node);
-        let created = self
-            .cloud
-            .call(
-                Operation::CreateRoute,
-                Priority::Normal,
-                Some(Audit {
-                    caller: &caller,
-                    cluster: &req.cluster_name,
-                    resource: &resource,
-                }),
-                self.provider()?
-                    .create(&req.cluster_name, &req.name_hint, &route),
-            )
-            .await?;
-        Ok(Response::new(CreateRouteResponse {
-            route: Some(created),
-        }))
+        answer(async move {
+            let caller = caller_name(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            v.route(
+                req.route.as_ref(),
+                true,
+                &ProviderIds::of(&self.cloud),
+            );
+            v.name_hint(&req.name_hint);
+            v.finish()?;
+            let route = convert::route(req.route);
+            let resource = format!("route/{}->{}", route.destination_cidr, route.target_node);
+            let created = self
+                .cloud
+                .routes()?
+                .call(
+                    Operation::CreateRoute,
+                    Priority::Normal,
+                    Some(Audit {
+                        caller: &caller,
+                        cluster: &req.cluster_name,
+                        resource: &resource,
+                    }),
+                    |routes| routes.create(&req.cluster_name, &req.name_hint, &route),
+                )
+                .await?;
+            Ok(Response::new(CreateRouteResponse {
+                route: Some(convert::route_to_wire(created)),
+            }))
+        })
+        .await
     }
 
     async fn delete_route(
         &self,
         request: Request<DeleteRouteRequest>,
     ) -> Result<Response<DeleteRouteResponse>, Status> {
-        let caller = caller_name(&request);
-        let req = request.into_inner();
-        let mut v = Violations::default();
-        v.cluster_name(&req.cluster_name);
-        v.route(
-            req.route.as_ref(),
-            false,
-            &ProviderIds::of(self.cloud.provider()),
-        );
-        v.finish()?;
-        let route = req.route.unwrap_or_default();
-        let resource = format!(
-            "route/{}",
-            if route.name.is_empty() {
-                &route.destination_cidr
-            } else {
-                &route.name
-            }
-        );
-        self.cloud
-            .call(
-                Operation::DeleteRoute,
-                Priority::Normal,
-                Some(Audit {
-                    caller: &caller,
-                    cluster: &req.cluster_name,
-                    resource: &resource,
-                }),
-                self.provider()?.delete(&req.cluster_name, &route),
-            )
-            .await?;
-        Ok(Response::new(DeleteRouteResponse {}))
+        answer(async move {
+            let caller = caller_name(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            v.route(
+                req.route.as_ref(),
+                false,
+                &ProviderIds::of(&self.cloud),
+            );
+            v.finish()?;
+            let route = convert::route(req.route);
+            let resource = format!(
+                "route/{}",
+                if route.name.is_empty() {
+                    &route.destination_cidr
+                } else {
+                    &route.name
+                }
+            );
+            self.cloud
+                .routes()?
+                .call(
+                    Operation::DeleteRoute,
+                    Priority::Normal,
+                    Some(Audit {
+                        caller: &caller,
+                        cluster: &req.cluster_name,
+                        resource: &resource,
+                    }),
+                    |routes| routes.delete(&req.cluster_name, &route),
+                )
+                .await?;
+            Ok(Response::new(DeleteRouteResponse {}))
+        })
+        .await
     }
 }

@@ -3,14 +3,22 @@
 //! `google.rpc` error details. The client maps them back in
 //! `ccm_proto::error`.
 
+use std::future::Future;
+
 use ccm_proto::reason;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::provider::CloudError;
+use ccm_provider::CloudError;
 
-impl From<CloudError> for Status {
-    fn from(err: CloudError) -> Self {
+/// Runs one RPC's work and answers its error as a status.
+pub async fn answer<T>(work: impl Future<Output = Result<T, CloudError>>) -> Result<T, Status> {
+    work.await.map_err(status)
+}
+
+/// The status for `err`.
+pub fn status(err: CloudError) -> Status {
+    {
         let message = err.to_string();
         let info = |r: &str| ErrorDetails::with_error_info(r, reason::DOMAIN, []);
         let retry = |r: &str, delay| {

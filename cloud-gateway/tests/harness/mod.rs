@@ -13,8 +13,8 @@ use ccm_proto::v1::{CreateInstanceRequest, SimInstance};
 use ccm_proto::{ClientConfig, GatewayClient, RetryPolicy, TokenSource};
 use cloud_gateway::Gateway;
 use cloud_gateway::auth::Role;
-use cloud_gateway::provider::Provider;
-use cloud_gateway::provider::sim::SimCloud;
+use ccm_provider::Provider;
+use ccm_provider_sim::SimCloud;
 use cloud_gateway::settings::Settings;
 use tokio_util::sync::CancellationToken;
 
@@ -126,7 +126,7 @@ impl TestGateway {
     }
 
     /// Provider calls the sim answered for `op` so far.
-    pub fn calls(&self, op: cloud_gateway::provider::Operation) -> u64 {
+    pub fn calls(&self, op: ccm_provider::Operation) -> u64 {
         self.sim().stats(false).0.get(&op).copied().unwrap_or(0)
     }
 

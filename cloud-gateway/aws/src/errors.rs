@@ -11,7 +11,7 @@ use std::time::Duration;
 use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
-use crate::provider::CloudError;
+use ccm_provider::CloudError;
 
 /// How long the budget pauses after an AWS throttling answer, which carries
 /// no delay of its own.

@@ -14,6 +14,11 @@ pub(super) const OWNED: &str = "owned";
 /// The value of a resource the cluster uses but did not create.
 pub(super) const SHARED: &str = "shared";
 
+/// The tag with the Service's `namespace/name` (the upstream convention).
+pub(super) const TAG_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// The tag with the Service's UID.
+pub(super) const TAG_SERVICE_UID: &str = "cloudgateway.io/service-uid";
+
 /// The cluster tag's key for `cluster`.
 pub(super) fn cluster_key(cluster: &str) -> String {
     format!("{CLUSTER_TAG_PREFIX}{cluster}")

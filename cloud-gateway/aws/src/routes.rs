@@ -17,12 +17,11 @@ use async_trait::async_trait;
 use aws_sdk_ec2::types::{
     AttributeBooleanValue, Instance as Ec2Instance, Route as Ec2Route, RouteState, RouteTable,
 };
-use ccm_proto::v1::Route;
+use ccm_provider::{CloudError, Result, Route, Routes};
 use ipnet::IpNet;
 
 use super::instances::{Key, is_alive, is_instance_id, parse_provider_id, provider_id};
 use super::{AwsCloud, errors, tags};
-use crate::provider::{CloudError, Result, Routes};
 
 /// A route's destination: an IPv4 or IPv6 CIDR, canonical.
 fn destination(route: &Ec2Route) -> Option<IpNet> {

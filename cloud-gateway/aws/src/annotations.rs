@@ -12,9 +12,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 
-use ccm_runtime::settings::quote;
 
-use crate::provider::CloudError;
+use ccm_provider::{CloudError, quote};
 
 /// The prefix of every annotation this module reads.
 pub const PREFIX: &str = "service.beta.kubernetes.io/aws-load-balancer-";
@@ -285,8 +284,8 @@ fn aws_id(id: &str, prefix: &str) -> bool {
 /// Tag keys the gateway sets itself.
 fn reserved_tag(key: &str) -> bool {
     key.starts_with("kubernetes.io/cluster/")
-        || key == super::load_balancers::TAG_SERVICE_NAME
-        || key == super::load_balancers::TAG_SERVICE_UID
+        || key == super::tags::TAG_SERVICE_NAME
+        || key == super::tags::TAG_SERVICE_UID
         || key.to_ascii_lowercase().starts_with("aws:")
 }
 
@@ -715,7 +714,7 @@ mod tests {
 
     #[test]
     fn the_operators_table_names_every_annotation_read_or_refused() {
-        let doc = include_str!("../../../../helm/aws/README.md");
+        let doc = include_str!("../../../helm/aws/README.md");
         for key in KNOWN {
             let short = key.trim_start_matches("service.beta.kubernetes.io/");
             assert!(

@@ -6,15 +6,14 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ccm_proto::v1::{
-    Host, Ingress, IpFamily, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus, Protocol,
-    ServiceRef,
+use ccm_provider::{
+    CloudError, Host, Ingress, IpFamily, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus,
+    LoadBalancers, Operation, Protocol, Result, ServiceRef, load_balancer_name,
 };
 use ipnet::IpNet;
 
 use super::store::LoadBalancerRecord;
 use super::{COUNTER_POOL_CURSOR, SimCloud, State, annotations, now_ms, pool};
-use crate::provider::{CloudError, LoadBalancers, Operation, Result, load_balancer_name};
 
 impl LoadBalancerRecord {
     fn status(&self, now_ms: u64) -> LoadBalancerStatus {
@@ -58,12 +57,7 @@ impl SimCloud {
         } else {
             &self.config.lb_pool
         };
-        let mut families: Vec<IpFamily> = spec
-            .ip_families
-            .iter()
-            .filter_map(|f| IpFamily::try_from(*f).ok())
-            .filter(|f| *f != IpFamily::Unspecified)
-            .collect();
+        let mut families = spec.ip_families.clone();
         if families.is_empty() {
             families.push(IpFamily::Ipv4);
         }
@@ -132,11 +126,15 @@ impl SimCloud {
     }
 }
 
-fn protocol_name(protocol: i32) -> String {
-    Protocol::try_from(protocol)
-        .unwrap_or(Protocol::Unspecified)
-        .as_str_name()
-        .to_owned()
+/// The name a protocol is stored under (the contract's enum names, so
+/// state written by earlier versions reads the same).
+fn protocol_name(protocol: Protocol) -> String {
+    match protocol {
+        Protocol::Tcp => "PROTOCOL_TCP",
+        Protocol::Udp => "PROTOCOL_UDP",
+        Protocol::Sctp => "PROTOCOL_SCTP",
+    }
+    .to_owned()
 }
 
 #[async_trait]
@@ -159,7 +157,7 @@ impl LoadBalancers for SimCloud {
     ) -> Result<LoadBalancerStatus> {
         let _call = self.enter(Operation::EnsureLoadBalancer).await?;
         let options = annotations::parse(&spec.annotations)?;
-        let service = spec.service.clone().unwrap_or_default();
+        let service = spec.service.clone();
         let name = load_balancer_name(&service.uid);
         let key = (cluster.to_owned(), name.clone());
         let now = now_ms();
@@ -225,12 +223,7 @@ impl LoadBalancers for SimCloud {
         hosts: &[Host],
     ) -> Result<()> {
         let _call = self.enter(Operation::UpdateLoadBalancerHosts).await?;
-        let uid = spec
-            .service
-            .as_ref()
-            .map(|s| s.uid.as_str())
-            .unwrap_or_default();
-        let key = (cluster.to_owned(), load_balancer_name(uid));
+        let key = (cluster.to_owned(), load_balancer_name(&spec.service.uid));
         let mut state = self.state();
         let mut record = state
             .load_balancers
@@ -268,8 +261,8 @@ impl LoadBalancers for SimCloud {
             .filter(|lb| lb.cluster == cluster)
             .map(|lb| LoadBalancer {
                 name: lb.name.clone(),
-                service: Some(lb.service()),
-                status: Some(lb.status(now)),
+                service: lb.service(),
+                status: lb.status(now),
                 hosts: lb.hosts.clone(),
             })
             .collect())

@@ -6,7 +6,7 @@
 //! Credentials come from the SDK's standard chain only (`client.rs`) and
 //! never leave this module. Every AWS error is mapped in `errors.rs`;
 //! ownership follows the `kubernetes.io/cluster/<name>` tag (`tags.rs`).
-//! Nothing outside this module names an AWS type.
+//! Nothing outside this crate names an AWS type.
 
 pub mod annotations;
 mod client;
@@ -14,6 +14,7 @@ mod errors;
 mod instances;
 mod load_balancers;
 mod routes;
+pub mod settings;
 mod tags;
 
 use std::collections::{BTreeSet, HashMap};
@@ -23,8 +24,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use aws_sdk_ec2::types::{Filter, Instance as Ec2Instance};
 
-use super::{CloudError, Instances, LoadBalancers, Provider, Result, Routes};
-use crate::settings::AwsSettings;
+use ccm_provider::{CloudError, Instances, LoadBalancers, Provider, Result, Routes};
+
+pub use crate::settings::AwsSettings;
 
 /// The provider's name and provider-ID scheme. Never change it: it is in
 /// every Node's `spec.providerID`.

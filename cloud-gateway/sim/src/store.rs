@@ -10,7 +10,7 @@ use std::path::Path;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
-use crate::provider::{CloudError, Result};
+use ccm_provider::{CloudError, Result};
 
 /// An instance as the simulated cloud stores it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -6,9 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use ccm_runtime::settings::quote;
-
-use crate::provider::CloudError;
+use ccm_provider::{CloudError, quote};
 
 /// The prefix of every sim annotation.
 pub const PREFIX: &str = "sim.cloudgateway.io/";
@@ -75,7 +73,7 @@ pub fn parse(annotations: &HashMap<String, String>) -> Result<LbOptions, CloudEr
                     ));
                 }
             }
-            HEALTH_CHECK_INTERVAL => match ccm_runtime::settings::parse_duration(value) {
+            HEALTH_CHECK_INTERVAL => match ccm_provider::parse_duration(value) {
                 Ok(d) if (Duration::from_secs(1)..=Duration::from_secs(300)).contains(&d) => {
                     options.health_check_interval = d;
                 }

@@ -25,20 +25,16 @@ use aws_sdk_elasticloadbalancingv2::types::{
     LoadBalancerSchemeEnum, LoadBalancerStateEnum, LoadBalancerTypeEnum, ProtocolEnum,
     SubnetMapping, Tag, TargetDescription, TargetGroup, TargetGroupAttribute, TargetTypeEnum,
 };
-use ccm_proto::v1::{
-    Host, Ingress, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus, Protocol, ServiceRef,
-    TrafficPolicy,
+use ccm_provider::{
+    CloudError, Host, Ingress, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus,
+    LoadBalancers, Protocol, Result, ServiceRef, TrafficPolicy, load_balancer_name,
 };
 
 use super::annotations::{self, HcPort, HcProtocol, NlbOptions, TlsPorts};
 use super::instances::parse_provider_id;
+use super::tags::{TAG_SERVICE_NAME, TAG_SERVICE_UID};
 use super::{AwsCloud, errors, tags};
-use crate::provider::{CloudError, LoadBalancers, Result, load_balancer_name};
 
-/// The tag with the Service's `namespace/name` (the upstream convention).
-pub(super) const TAG_SERVICE_NAME: &str = "kubernetes.io/service-name";
-/// The tag with the Service's UID.
-pub(super) const TAG_SERVICE_UID: &str = "cloudgateway.io/service-uid";
 /// The most listeners one NLB has (an AWS quota).
 const MAX_LISTENERS: usize = 50;
 /// How long to wait before asking again about an NLB being provisioned.
@@ -84,7 +80,7 @@ struct HealthCheck {
 fn listenings(spec: &LoadBalancerSpec, o: &NlbOptions) -> Result<Vec<Listening>> {
     let mut by_port: BTreeMap<i32, Vec<(Protocol, i32, &str)>> = BTreeMap::new();
     for p in &spec.ports {
-        let protocol = Protocol::try_from(p.protocol).unwrap_or(Protocol::Unspecified);
+        let protocol = p.protocol;
         if protocol == Protocol::Sctp {
             return Err(invalid(
                 "spec.ports",
@@ -176,7 +172,7 @@ fn listenings(spec: &LoadBalancerSpec, o: &NlbOptions) -> Result<Vec<Listening>>
 /// for the Local traffic policy, TCP on the traffic port otherwise, with
 /// the annotations' overrides.
 fn health_check(spec: &LoadBalancerSpec, o: &NlbOptions) -> Result<HealthCheck> {
-    let local = spec.external_traffic_policy == TrafficPolicy::Local as i32;
+    let local = spec.external_traffic_policy == TrafficPolicy::Local;
     let h = &o.health_check;
     let (default_protocol, default_port, default_path) = if local {
         if spec.health_check_node_port <= 0 {
@@ -1268,7 +1264,7 @@ impl LoadBalancers for AwsCloud {
         spec: &LoadBalancerSpec,
         hosts: &[Host],
     ) -> Result<LoadBalancerStatus> {
-        let service = spec.service.clone().unwrap_or_default();
+        let service = spec.service.clone();
         let o = annotations::parse(&spec.annotations)?;
         let ls = listenings(spec, &o)?;
         let hc = health_check(spec, &o)?;
@@ -1368,7 +1364,7 @@ impl LoadBalancers for AwsCloud {
         spec: &LoadBalancerSpec,
         hosts: &[Host],
     ) -> Result<()> {
-        let service = spec.service.clone().unwrap_or_default();
+        let service = spec.service.clone();
         let o = annotations::parse(&spec.annotations)?;
         let ls = listenings(spec, &o)?;
         let lb_name = load_balancer_name(&service.uid);
@@ -1507,16 +1503,16 @@ impl LoadBalancers for AwsCloud {
                 .unwrap_or_default();
             out.push(LoadBalancer {
                 name: nlb.load_balancer_name().unwrap_or_default().to_owned(),
-                service: Some(ServiceRef {
+                service: ServiceRef {
                     namespace: namespace.to_owned(),
                     name: name.to_owned(),
                     uid: tag_value(t, TAG_SERVICE_UID).unwrap_or_default().to_owned(),
-                }),
-                status: Some(if is_provisioning(&nlb) {
+                },
+                status: if is_provisioning(&nlb) {
                     LoadBalancerStatus::default()
                 } else {
                     status_of(&nlb)
-                }),
+                },
                 hosts: Vec::new(),
             });
         }
@@ -1527,12 +1523,12 @@ impl LoadBalancers for AwsCloud {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ccm_proto::v1::ServicePort;
+    use ccm_provider::ServicePort;
 
     fn port(name: &str, protocol: Protocol, port: i32, node_port: i32) -> ServicePort {
         ServicePort {
             name: name.into(),
-            protocol: protocol as i32,
+            protocol,
             port,
             node_port,
         }
@@ -1580,13 +1576,13 @@ mod tests {
     #[test]
     fn local_traffic_checks_healthz_on_the_health_check_node_port() {
         let mut s = spec(vec![port("", Protocol::Tcp, 80, 30080)]);
-        s.external_traffic_policy = TrafficPolicy::Local as i32;
+        s.external_traffic_policy = TrafficPolicy::Local;
         s.health_check_node_port = 32000;
         let hc = health_check(&s, &NlbOptions::default()).unwrap();
         assert_eq!(hc.protocol, ProtocolEnum::Http);
         assert_eq!(hc.port, "32000");
         assert_eq!(hc.path.as_deref(), Some("/healthz"));
-        s.external_traffic_policy = TrafficPolicy::Cluster as i32;
+        s.external_traffic_policy = TrafficPolicy::Cluster;
         let hc = health_check(&s, &NlbOptions::default()).unwrap();
         assert_eq!(hc.protocol, ProtocolEnum::Tcp);
         assert_eq!(hc.port, "traffic-port");

@@ -13,10 +13,11 @@ use std::collections::{BTreeSet, HashMap};
 
 use async_trait::async_trait;
 use aws_sdk_ec2::types::{Instance as Ec2Instance, InstanceStateName, NetworkInterfaceStatus};
-use ccm_proto::v1::{Instance, NodeAddress, NodeAddressType, NodeRef};
+use ccm_provider::{
+    AddressType, CloudError, Instance, Instances, Lookup, NodeAddress, NodeRef, Result,
+};
 
 use super::{AwsCloud, NAME};
-use crate::provider::{CloudError, Instances, Lookup, Result};
 use crate::settings::IpFamily;
 
 /// The label upstream sets to the zone's ID (the same physical zone in
@@ -220,11 +221,8 @@ impl AwsCloud {
     }
 }
 
-fn address(kind: NodeAddressType, address: &str) -> NodeAddress {
-    NodeAddress {
-        r#type: kind as i32,
-        address: address.to_owned(),
-    }
+fn address(kind: AddressType, address: &str) -> NodeAddress {
+    NodeAddress::new(kind, address)
 }
 
 /// A node's addresses, as upstream orders them: per family in `families`'
@@ -254,21 +252,21 @@ pub(super) fn addresses(instance: &Ec2Instance, families: &[IpFamily]) -> Vec<No
                         ips.iter()
                             .filter_map(|ip| ip.private_ip_address())
                             .filter(|ip| ip.parse::<std::net::Ipv4Addr>().is_ok())
-                            .map(|ip| address(NodeAddressType::InternalIp, ip)),
+                            .map(|ip| address(AddressType::InternalIp, ip)),
                     );
                 }
                 if let Some(ip) = instance
                     .public_ip_address()
                     .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
                 {
-                    out.push(address(NodeAddressType::ExternalIp, ip));
+                    out.push(address(AddressType::ExternalIp, ip));
                 }
                 if let Some(name) = instance.private_dns_name().filter(|n| !n.is_empty()) {
-                    out.push(address(NodeAddressType::InternalDns, name));
-                    out.push(address(NodeAddressType::Hostname, name));
+                    out.push(address(AddressType::InternalDns, name));
+                    out.push(address(AddressType::Hostname, name));
                 }
                 if let Some(name) = instance.public_dns_name().filter(|n| !n.is_empty()) {
-                    out.push(address(NodeAddressType::ExternalDns, name));
+                    out.push(address(AddressType::ExternalDns, name));
                 }
             }
             IpFamily::V6 => {
@@ -279,7 +277,7 @@ pub(super) fn addresses(instance: &Ec2Instance, families: &[IpFamily]) -> Vec<No
                         ips.iter()
                             .filter_map(|ip| ip.ipv6_address())
                             .filter_map(|ip| ip.parse::<std::net::Ipv6Addr>().ok())
-                            .map(|ip| address(NodeAddressType::InternalIp, &ip.to_string())),
+                            .map(|ip| address(AddressType::InternalIp, &ip.to_string())),
                     );
                 }
             }
@@ -429,10 +427,7 @@ mod tests {
         let got: Vec<(String, String)> = addresses(&instance, &[IpFamily::V4, IpFamily::V6])
             .into_iter()
             .map(|a| {
-                (
-                    NodeAddressType::kubernetes_name_of(a.r#type).to_owned(),
-                    a.address,
-                )
+(a.kind.as_str().to_owned(), a.address)
             })
             .collect();
         let want: Vec<(String, String)> = [

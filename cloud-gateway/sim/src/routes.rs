@@ -3,12 +3,11 @@
 //! it.
 
 use async_trait::async_trait;
-use ccm_proto::v1::Route;
+use ccm_provider::{CloudError, Operation, Result, Route, Routes};
 use ipnet::IpNet;
 
 use super::store::RouteRecord;
 use super::{PROVIDER_ID_PREFIX, SimCloud, address_from_record, address_type_name};
-use crate::provider::{CloudError, Operation, Result, Routes};
 
 fn route_name(cluster: &str, name_hint: &str, cidr: &IpNet) -> String {
     let cidr: String = cidr
@@ -37,7 +36,7 @@ impl Routes for SimCloud {
             .map(|r| Route {
                 name: r.name.clone(),
                 target_node: r.target_node.clone(),
-                target_node_addresses: r.target_addresses.iter().map(address_from_record).collect(),
+                target_node_addresses: r.target_addresses.iter().filter_map(address_from_record).collect(),
                 destination_cidr: r.destination_cidr.clone(),
                 // A route whose target instance is gone goes nowhere, as a
                 // real cloud reports it.
@@ -87,7 +86,7 @@ impl Routes for SimCloud {
             target_addresses: route
                 .target_node_addresses
                 .iter()
-                .map(|a| (address_type_name(a.r#type), a.address.clone()))
+                .map(|a| (address_type_name(a.kind), a.address.clone()))
                 .collect(),
         };
         state.store.put_route(&record)?;

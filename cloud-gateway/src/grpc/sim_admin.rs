@@ -6,16 +6,21 @@ use std::time::Duration;
 
 use ccm_proto::v1::sim_admin_server::SimAdmin;
 use ccm_proto::v1::{
-    CreateInstanceRequest, Faults, GetFaultsRequest, GetStatsRequest, InstanceId,
+    CreateInstanceRequest, Faults, InstanceState, GetFaultsRequest, GetStatsRequest, InstanceId,
     ListInstancesRequest, ListInstancesResponse, SetInstanceAddressesRequest, SimInstance, Stats,
     TerminateInstanceResponse,
 };
 use tonic::{Request, Response, Status};
 
-use super::{FaultSettings, NewInstance, SimCloud};
-use crate::grpc::validate::Violations;
+use super::status::answer;
+
+use ccm_provider::{CloudError, Operation};
+use ccm_provider_sim::store::InstanceRecord;
+use ccm_provider_sim::{FaultSettings, NewInstance, SimCloud};
+
+use super::convert;
+use super::validate::Violations;
 use crate::lookup::InstanceLookups;
-use crate::provider::{CloudError, Operation};
 
 /// The SimAdmin service over one simulated cloud.
 pub struct SimAdminService {
@@ -30,10 +35,29 @@ impl SimAdminService {
         Self { sim, lookups }
     }
 
-    fn invalidate(&self, record: &super::store::InstanceRecord) {
+    fn invalidate(&self, record: &InstanceRecord) {
         if let Some(lookups) = &self.lookups {
-            lookups.invalidate(&record.name, &format!("{}://{}", super::NAME, record.id));
+            lookups.invalidate(&record.name, &record.provider_id());
         }
+    }
+}
+
+/// The record as SimAdmin shows it.
+fn sim_instance(record: &InstanceRecord) -> SimInstance {
+    SimInstance {
+        id: record.id.clone(),
+        name: record.name.clone(),
+        provider_id: record.provider_id(),
+        instance_type: record.instance_type.clone(),
+        zone: record.zone.clone(),
+        region: record.region.clone(),
+        state: if record.running {
+            InstanceState::Running
+        } else {
+            InstanceState::Shutdown
+        } as i32,
+        addresses: convert::addresses_to_wire(record.node_addresses()),
+        labels: record.labels.clone().into_iter().collect(),
     }
 }
 
@@ -136,121 +160,148 @@ impl SimAdmin for SimAdminService {
         &self,
         request: Request<CreateInstanceRequest>,
     ) -> Result<Response<SimInstance>, Status> {
-        let req = request.into_inner();
-        let mut v = Violations::default();
-        v.name("name", &req.name);
-        v.addresses("addresses", &req.addresses, 32);
-        if req.labels.len() > 64 {
-            v.add("labels", "at most 64 labels");
-        }
-        v.finish()?;
-        let record = self.sim.create_instance(NewInstance {
-            name: req.name,
-            instance_type: req.instance_type,
-            zone: req.zone,
-            addresses: req.addresses,
-            labels: req.labels.into_iter().collect(),
-        })?;
-        tracing::info!(target: "audit", instance = %record.id, name = %record.name, "sim instance created");
-        Ok(Response::new(record.to_sim_instance()))
+        answer(async move {
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.name("name", &req.name);
+            v.addresses("addresses", &req.addresses, 32);
+            if req.labels.len() > 64 {
+                v.add("labels", "at most 64 labels");
+            }
+            v.finish()?;
+            let record = self.sim.create_instance(NewInstance {
+                name: req.name,
+                instance_type: req.instance_type,
+                zone: req.zone,
+                addresses: convert::addresses(req.addresses),
+                labels: req.labels.into_iter().collect(),
+            })?;
+            tracing::info!(target: "audit", instance = %record.id, name = %record.name, "sim instance created");
+            Ok(Response::new(sim_instance(&record)))
+        })
+        .await
     }
 
     async fn list_instances(
         &self,
         _request: Request<ListInstancesRequest>,
     ) -> Result<Response<ListInstancesResponse>, Status> {
-        let instances = self
-            .sim
-            .list_instances()
-            .iter()
-            .map(|r| r.to_sim_instance())
-            .collect();
-        Ok(Response::new(ListInstancesResponse { instances }))
+        answer(async move {
+            let instances = self
+                .sim
+                .list_instances()
+                .iter()
+                .map(sim_instance)
+                .collect();
+            Ok(Response::new(ListInstancesResponse { instances }))
+        })
+        .await
     }
 
     async fn stop_instance(
         &self,
         request: Request<InstanceId>,
     ) -> Result<Response<SimInstance>, Status> {
-        let id = request.into_inner().id;
-        let record = self.sim.set_running(&id, false)?;
-        self.invalidate(&record);
-        tracing::info!(target: "audit", instance = %record.id, "sim instance stopped");
-        Ok(Response::new(record.to_sim_instance()))
+        answer(async move {
+            let id = request.into_inner().id;
+            let record = self.sim.set_running(&id, false)?;
+            self.invalidate(&record);
+            tracing::info!(target: "audit", instance = %record.id, "sim instance stopped");
+            Ok(Response::new(sim_instance(&record)))
+        })
+        .await
     }
 
     async fn start_instance(
         &self,
         request: Request<InstanceId>,
     ) -> Result<Response<SimInstance>, Status> {
-        let id = request.into_inner().id;
-        let record = self.sim.set_running(&id, true)?;
-        self.invalidate(&record);
-        tracing::info!(target: "audit", instance = %record.id, "sim instance started");
-        Ok(Response::new(record.to_sim_instance()))
+        answer(async move {
+            let id = request.into_inner().id;
+            let record = self.sim.set_running(&id, true)?;
+            self.invalidate(&record);
+            tracing::info!(target: "audit", instance = %record.id, "sim instance started");
+            Ok(Response::new(sim_instance(&record)))
+        })
+        .await
     }
 
     async fn terminate_instance(
         &self,
         request: Request<InstanceId>,
     ) -> Result<Response<TerminateInstanceResponse>, Status> {
-        let id = request.into_inner().id;
-        let record = self.sim.terminate(&id)?;
-        self.invalidate(&record);
-        tracing::info!(target: "audit", instance = %id, "sim instance terminated");
-        Ok(Response::new(TerminateInstanceResponse {}))
+        answer(async move {
+            let id = request.into_inner().id;
+            let record = self.sim.terminate(&id)?;
+            self.invalidate(&record);
+            tracing::info!(target: "audit", instance = %id, "sim instance terminated");
+            Ok(Response::new(TerminateInstanceResponse {}))
+        })
+        .await
     }
 
     async fn set_instance_addresses(
         &self,
         request: Request<SetInstanceAddressesRequest>,
     ) -> Result<Response<SimInstance>, Status> {
-        let req = request.into_inner();
-        let mut v = Violations::default();
-        if req.addresses.is_empty() {
-            v.add("addresses", "at least one address");
-        }
-        v.addresses("addresses", &req.addresses, 32);
-        v.finish()?;
-        let record = self.sim.set_addresses(&req.id, &req.addresses)?;
-        self.invalidate(&record);
-        tracing::info!(target: "audit", instance = %record.id, "sim instance addresses set");
-        Ok(Response::new(record.to_sim_instance()))
+        answer(async move {
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            if req.addresses.is_empty() {
+                v.add("addresses", "at least one address");
+            }
+            v.addresses("addresses", &req.addresses, 32);
+            v.finish()?;
+            let record = self.sim.set_addresses(&req.id, &convert::addresses(req.addresses))?;
+            self.invalidate(&record);
+            tracing::info!(target: "audit", instance = %record.id, "sim instance addresses set");
+            Ok(Response::new(sim_instance(&record)))
+        })
+        .await
     }
 
     async fn set_faults(&self, request: Request<Faults>) -> Result<Response<Faults>, Status> {
-        let faults = faults_from_proto(request.into_inner())?;
-        tracing::info!(target: "audit", ?faults, "sim faults set");
-        self.sim.set_faults(faults);
-        Ok(Response::new(faults_to_proto(&self.sim.faults())))
+        answer(async move {
+            let faults = faults_from_proto(request.into_inner())?;
+            tracing::info!(target: "audit", ?faults, "sim faults set");
+            self.sim.set_faults(faults);
+            Ok(Response::new(faults_to_proto(&self.sim.faults())))
+        })
+        .await
     }
 
     async fn get_faults(
         &self,
         _request: Request<GetFaultsRequest>,
     ) -> Result<Response<Faults>, Status> {
-        Ok(Response::new(faults_to_proto(&self.sim.faults())))
+        answer(async move {
+            Ok(Response::new(faults_to_proto(&self.sim.faults())))
+        })
+        .await
     }
 
     async fn get_stats(
         &self,
         request: Request<GetStatsRequest>,
     ) -> Result<Response<Stats>, Status> {
-        let (calls, looked_up) = self.sim.stats(request.into_inner().reset);
-        let max_in_flight = self
-            .sim
-            .max_in_flight()
-            .into_iter()
-            .map(|(op, n)| (op.as_str().to_owned(), n))
-            .collect();
-        Ok(Response::new(Stats {
-            max_in_flight,
-            calls: calls
+        answer(async move {
+            let (calls, looked_up) = self.sim.stats(request.into_inner().reset);
+            let max_in_flight = self
+                .sim
+                .max_in_flight()
                 .into_iter()
                 .map(|(op, n)| (op.as_str().to_owned(), n))
-                .collect(),
-            instances_looked_up: looked_up,
-        }))
+                .collect();
+            Ok(Response::new(Stats {
+                max_in_flight,
+                calls: calls
+                    .into_iter()
+                    .map(|(op, n)| (op.as_str().to_owned(), n))
+                    .collect(),
+                instances_looked_up: looked_up,
+            }))
+        })
+        .await
     }
 }
 

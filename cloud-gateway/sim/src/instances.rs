@@ -3,10 +3,9 @@
 use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
-use ccm_proto::v1::NodeRef;
+use ccm_provider::{Instances, Lookup, NodeRef, Operation, Result};
 
 use super::{PROVIDER_ID_PREFIX, SimCloud, State};
-use crate::provider::{Instances, Lookup, Operation, Result};
 
 impl SimCloud {
     pub(super) fn lookup(state: &State, node: &NodeRef) -> Lookup {

@@ -5,7 +5,6 @@
 //! request: latency per operation, errors, throttling, slow provisioning.
 //! Tests, the sandbox and the benchmarks all run on it.
 
-pub mod admin;
 pub mod annotations;
 mod instances;
 mod load_balancers;
@@ -21,11 +20,13 @@ use std::sync::{Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use ccm_proto::v1::{Instance, NodeAddress, NodeAddressType};
+use ccm_provider::{
+    AddressType, CloudError, Instance, Instances, LoadBalancers, NodeAddress, Operation, Provider,
+    Result, Routes,
+};
 use ipnet::IpNet;
 
 use self::store::{InstanceRecord, LoadBalancerRecord, RouteRecord, Store};
-use super::{CloudError, Instances, LoadBalancers, Operation, Provider, Result, Routes};
 
 /// The provider's name and provider-ID scheme.
 pub const NAME: &str = "sim";
@@ -140,50 +141,47 @@ fn now_ms() -> u64 {
         .unwrap_or_default()
 }
 
-fn address_type_name(kind: i32) -> String {
-    NodeAddressType::try_from(kind)
-        .unwrap_or(NodeAddressType::Unspecified)
-        .as_str_name()
-        .to_owned()
+/// The name an address kind is stored under (the contract's enum names,
+/// so state written by earlier versions reads the same).
+fn address_type_name(kind: AddressType) -> String {
+    match kind {
+        AddressType::Hostname => "NODE_ADDRESS_TYPE_HOSTNAME",
+        AddressType::InternalIp => "NODE_ADDRESS_TYPE_INTERNAL_IP",
+        AddressType::ExternalIp => "NODE_ADDRESS_TYPE_EXTERNAL_IP",
+        AddressType::InternalDns => "NODE_ADDRESS_TYPE_INTERNAL_DNS",
+        AddressType::ExternalDns => "NODE_ADDRESS_TYPE_EXTERNAL_DNS",
+    }
+    .to_owned()
 }
 
-fn address_from_record((kind, address): &(String, String)) -> NodeAddress {
-    NodeAddress {
-        r#type: NodeAddressType::from_str_name(kind).unwrap_or(NodeAddressType::Unspecified) as i32,
-        address: address.clone(),
-    }
+/// A stored address; one of a kind this version does not know is left out.
+fn address_from_record((kind, address): &(String, String)) -> Option<NodeAddress> {
+    AddressType::ALL
+        .into_iter()
+        .find(|k| address_type_name(*k) == *kind)
+        .map(|k| NodeAddress::new(k, address.clone()))
 }
 
 impl InstanceRecord {
     fn to_instance(&self) -> Instance {
         Instance {
-            provider_id: format!("{PROVIDER_ID_PREFIX}{}", self.id),
+            provider_id: self.provider_id(),
             instance_type: self.instance_type.clone(),
             zone: self.zone.clone(),
             region: self.region.clone(),
-            addresses: self.addresses.iter().map(address_from_record).collect(),
+            addresses: self.node_addresses(),
             additional_labels: self.labels.clone().into_iter().collect(),
         }
     }
 
-    /// The record as SimAdmin shows it.
-    pub fn to_sim_instance(&self) -> ccm_proto::v1::SimInstance {
-        let instance = self.to_instance();
-        ccm_proto::v1::SimInstance {
-            id: self.id.clone(),
-            name: self.name.clone(),
-            provider_id: instance.provider_id,
-            instance_type: instance.instance_type,
-            zone: instance.zone,
-            region: instance.region,
-            state: if self.running {
-                ccm_proto::v1::InstanceState::Running
-            } else {
-                ccm_proto::v1::InstanceState::Shutdown
-            } as i32,
-            addresses: instance.addresses,
-            labels: instance.additional_labels,
-        }
+    /// The instance's provider ID.
+    pub fn provider_id(&self) -> String {
+        format!("{PROVIDER_ID_PREFIX}{}", self.id)
+    }
+
+    /// The instance's addresses.
+    pub fn node_addresses(&self) -> Vec<NodeAddress> {
+        self.addresses.iter().filter_map(address_from_record).collect()
     }
 }
 
@@ -350,7 +348,7 @@ impl SimCloud {
         } else {
             new.addresses
                 .iter()
-                .map(|a| (address_type_name(a.r#type), a.address.clone()))
+                .map(|a| (address_type_name(a.kind), a.address.clone()))
                 .collect()
         };
         let zone = if new.zone.is_empty() {
@@ -420,7 +418,7 @@ impl SimCloud {
         let mut record = state.instances[&id].clone();
         record.addresses = addresses
             .iter()
-            .map(|a| (address_type_name(a.r#type), a.address.clone()))
+            .map(|a| (address_type_name(a.kind), a.address.clone()))
             .collect();
         state.store.put_instance(&record, &[])?;
         state.instances.insert(id, record.clone());

@@ -34,7 +34,7 @@ impl Intercept for CountRequests {
         _components: &RuntimeComponents,
         _cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
-        crate::provider::count_api_request();
+        ccm_provider::count_api_request();
         Ok(())
     }
 }

@@ -1,0 +1,139 @@
+//! The provider API: what a cloud implements to sit behind the cloud
+//! gateway. One trait, [`Provider`], with an optional capability per
+//! upstream interface ([`Instances`], [`LoadBalancers`], [`Routes`]), in
+//! plain Rust values ([`types`]) the gateway has already checked; the
+//! [`CloudError`] every call returns; the [`Operation`] names used for
+//! metrics, the audit log and sim faults; and the request meter
+//! ([`count_api_request`]) a provider uses when one call sends several API
+//! requests. No gRPC, no server, no settings: a vendor's crate depends on
+//! this one alone and is linked into the stock gateway (see the
+//! `cloud-gateway` crate's `Gateway::start_with`).
+
+mod error;
+mod meter;
+mod operation;
+pub mod types;
+pub mod values;
+
+use async_trait::async_trait;
+
+pub use error::{CloudError, Result};
+pub use meter::{count_api_request, metered};
+pub use operation::Operation;
+pub use values::{parse_duration, quote};
+pub use types::{
+    AddressType, Host, Ingress, Instance, IpFamily, LoadBalancer, LoadBalancerSpec,
+    LoadBalancerStatus, Lookup, NodeAddress, NodeRef, PortStatus, Protocol, Route,
+    ServicePort, ServiceRef, SessionAffinity, TrafficPolicy, load_balancer_name,
+};
+
+/// A cloud behind the gateway. Each capability is optional; the gateway
+/// answers `UNIMPLEMENTED` for a missing one. The gateway calls a provider
+/// only through its budget, metrics and audit log, so a provider never
+/// rate-limits or counts its own calls.
+#[async_trait]
+pub trait Provider: Send + Sync + 'static {
+    /// The provider's name; its provider IDs start with `<name>://`.
+    fn name(&self) -> &str;
+
+    /// Instance metadata, if supported.
+    fn instances(&self) -> Option<&dyn Instances>;
+
+    /// Load balancers, if supported.
+    fn load_balancers(&self) -> Option<&dyn LoadBalancers>;
+
+    /// Routes, if supported.
+    fn routes(&self) -> Option<&dyn Routes>;
+
+    /// Succeeds when the provider can serve (credentials valid, API
+    /// reachable); gates the gateway's readiness.
+    async fn check(&self) -> Result<()>;
+}
+
+/// Instance lookups (upstream InstancesV2).
+#[async_trait]
+pub trait Instances: Send + Sync {
+    /// Looks up every node, by provider ID when set, else by name; one
+    /// answer per node, in order. `NotFound` only on a definite answer.
+    async fn get_instances(&self, nodes: &[NodeRef]) -> Result<Vec<Lookup>>;
+
+    /// Checks a provider ID (which starts with `<name>://`) before any
+    /// lookup, so a malformed one is `INVALID_ARGUMENT` for its caller
+    /// alone and never fails a batch it shares with others.
+    fn check_provider_id(&self, _provider_id: &str) -> std::result::Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Load balancers (upstream LoadBalancer). Every method is idempotent.
+#[async_trait]
+pub trait LoadBalancers: Send + Sync {
+    /// The status of the Service's load balancer, `None` when none exists.
+    async fn get(&self, cluster: &str, service: &ServiceRef) -> Result<Option<LoadBalancerStatus>>;
+
+    /// Creates or updates the load balancer.
+    async fn ensure(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        hosts: &[Host],
+    ) -> Result<LoadBalancerStatus>;
+
+    /// Replaces the hosts of an existing load balancer.
+    async fn update_hosts(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        hosts: &[Host],
+    ) -> Result<()>;
+
+    /// Deletes the load balancer; `Ok` when it is already gone.
+    async fn delete(&self, cluster: &str, service: &ServiceRef) -> Result<()>;
+
+    /// Every load balancer of the cluster.
+    async fn list(&self, cluster: &str) -> Result<Vec<LoadBalancer>>;
+
+    /// Service annotations that select backend hosts by Node label; the
+    /// controller then sends the labels they name in `Host.labels`.
+    fn host_label_annotations(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+/// Routes (upstream Routes).
+#[async_trait]
+pub trait Routes: Send + Sync {
+    /// Every route of the cluster.
+    async fn list(&self, cluster: &str) -> Result<Vec<Route>>;
+
+    /// Creates a route; the same target and destination again returns the
+    /// existing one.
+    async fn create(&self, cluster: &str, name_hint: &str, route: &Route) -> Result<Route>;
+
+    /// Deletes a route; `Ok` when it is already gone.
+    async fn delete(&self, cluster: &str, route: &Route) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_balancer_name_matches_upstream() {
+        assert_eq!(
+            load_balancer_name("1234abcd-12ab-34cd-56ef-1234567890ab"),
+            "a1234abcd12ab34cd56ef1234567890a"
+        );
+        let short = load_balancer_name("ab-cd");
+        assert_eq!(short, "aabcd");
+    }
+
+    #[test]
+    fn operations_round_trip_through_their_names() {
+        for op in Operation::ALL {
+            assert_eq!(op.as_str().parse::<Operation>(), Ok(op));
+        }
+        let err = "bogus".parse::<Operation>().unwrap_err();
+        assert!(err.contains("get_instances"), "{err}");
+    }
+}

@@ -1,0 +1,95 @@
+//! The names of the cloud operations.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Every cloud operation the gateway performs. The name is the metric
+/// label, the audit log's `operation`, and the key of sim latency faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Operation {
+    /// A batch of instance lookups.
+    GetInstances,
+    /// Read one load balancer.
+    GetLoadBalancer,
+    /// Create or update a load balancer.
+    EnsureLoadBalancer,
+    /// Replace a load balancer's hosts.
+    UpdateLoadBalancerHosts,
+    /// Delete a load balancer.
+    DeleteLoadBalancer,
+    /// List a cluster's load balancers.
+    ListLoadBalancers,
+    /// List a cluster's routes.
+    ListRoutes,
+    /// Create a route.
+    CreateRoute,
+    /// Delete a route.
+    DeleteRoute,
+    /// The provider's readiness check (`Provider::check`).
+    Check,
+}
+
+impl Operation {
+    /// Every operation, for listing accepted values.
+    pub const ALL: [Operation; 10] = [
+        Self::GetInstances,
+        Self::GetLoadBalancer,
+        Self::EnsureLoadBalancer,
+        Self::UpdateLoadBalancerHosts,
+        Self::DeleteLoadBalancer,
+        Self::ListLoadBalancers,
+        Self::ListRoutes,
+        Self::CreateRoute,
+        Self::DeleteRoute,
+        Self::Check,
+    ];
+
+    /// The operation's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GetInstances => "get_instances",
+            Self::GetLoadBalancer => "get_load_balancer",
+            Self::EnsureLoadBalancer => "ensure_load_balancer",
+            Self::UpdateLoadBalancerHosts => "update_load_balancer_hosts",
+            Self::DeleteLoadBalancer => "delete_load_balancer",
+            Self::ListLoadBalancers => "list_load_balancers",
+            Self::ListRoutes => "list_routes",
+            Self::CreateRoute => "create_route",
+            Self::DeleteRoute => "delete_route",
+            Self::Check => "check",
+        }
+    }
+
+    /// Whether the operation changes the cloud (and is audit-logged).
+    pub fn is_mutating(self) -> bool {
+        matches!(
+            self,
+            Self::EnsureLoadBalancer
+                | Self::UpdateLoadBalancerHosts
+                | Self::DeleteLoadBalancer
+                | Self::CreateRoute
+                | Self::DeleteRoute
+        )
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Operation {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|op| op.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Self::ALL.iter().map(|op| op.as_str()).collect();
+                format!("unknown operation {s:?}; accepted: {}", names.join(", "))
+            })
+    }
+}
+
