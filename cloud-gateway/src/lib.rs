@@ -3,17 +3,45 @@
 //! cache with coalescing and batching, caller authentication, and the audit
 //! trail. Controllers reach the cloud only through its gRPC API
 //! (`cloudgateway.v1`).
+//!
+//! A cloud is a crate of its own that implements [`ccm_provider::Provider`]
+//! (as `ccm-provider-sim` and `ccm-provider-aws` do) and depends on the
+//! provider API alone. A vendor links it into the stock server with a
+//! `main` of a few lines; everything else (flags, auth, budget, cache,
+//! batching, metrics, audit) is this crate's:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use cloud_gateway::Gateway;
+//! use cloud_gateway::settings::{Args, Settings};
+//!
+//! fn main() -> std::process::ExitCode {
+//!     ccm_runtime::process::main::<Args, Settings, _, _>(
+//!         "my-cloud-gateway",
+//!         Settings::from_args,
+//!         |s| ccm_runtime::telemetry::Options {
+//!             format: s.log_format,
+//!             directives: s.log_level.clone(),
+//!             otlp_endpoint: s.otlp_endpoint.clone(),
+//!             service: String::new(),
+//!         },
+//!         |settings, shutdown| async move {
+//!             // The vendor's own provider; the sim stands in for it here.
+//!             let cloud = ccm_provider_sim::SimCloud::open(&settings.state_dir, settings.sim.clone())?;
+//!             let gateway = Gateway::start_with(settings, Arc::new(cloud), None, shutdown).await?;
+//!             gateway.wait().await
+//!         },
+//!     )
+//! }
+//! ```
 
-pub mod admission;
-pub mod auth;
-pub mod budget;
 pub mod cloud;
 pub mod grpc;
-pub mod lbreads;
+pub mod identity;
+pub mod layers;
 pub mod limits;
-pub mod lookup;
 pub mod metrics;
-pub mod review;
 pub mod settings;
 
 use std::net::SocketAddr;
@@ -21,13 +49,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use ccm_provider::Provider;
-use ccm_provider_sim::SimCloud;
 use ccm_proto::v1::instances_server::InstancesServer;
 use ccm_proto::v1::load_balancers_server::LoadBalancersServer;
 use ccm_proto::v1::provider_server::ProviderServer;
 use ccm_proto::v1::routes_server::RoutesServer;
 use ccm_proto::v1::sim_admin_server::SimAdminServer;
+use ccm_provider::Provider;
+use ccm_provider_sim::SimCloud;
 use ccm_runtime::admin::{AdminServer, Readiness};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -35,19 +63,22 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic_health::ServingStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
+use tonic_health::server::HealthReporter;
 
-use crate::admission::AdmissionLayer;
-use crate::auth::{AuthLayer, Authenticator, Tokens};
-use crate::budget::Budget;
 use crate::cloud::Cloud;
+use crate::cloud::budget::Budget;
+use crate::cloud::instance_lookups::InstanceLookups;
+use crate::cloud::load_balancer_reads::LoadBalancerReads;
 use crate::grpc::{
-    InstancesService, LoadBalancersService, MetricsLayer, ProviderService, RoutesService,
-    SimAdminService,
+    InstancesService, LoadBalancersService, ProviderService, RoutesService, SimAdminService,
 };
-use crate::lbreads::LoadBalancerReads;
-use crate::lookup::InstanceLookups;
+use crate::identity::Role;
+use crate::layers::auth::{AuthLayer, Authenticator, Tokens};
+use crate::layers::request_limits::{self, RequestLimitsLayer};
+use crate::layers::rpc::RpcLayer;
+use crate::layers::service_accounts::TokenReviewer;
 use crate::metrics::Metrics;
-use crate::review::TokenReviewer;
 use crate::settings::{ProviderKind, Settings};
 
 pub use crate::settings::Args;
@@ -106,7 +137,8 @@ impl Gateway {
         Self::start_with(settings, provider, sim, shutdown).await
     }
 
-    /// Serves `provider`; `sim` adds the SimAdmin service for it.
+    /// Serves `provider` (any implementation of [`ccm_provider::Provider`],
+    /// a vendor's included); `sim` adds the SimAdmin service for it.
     pub async fn start_with(
         settings: Settings,
         provider: Arc<dyn Provider>,
@@ -115,40 +147,9 @@ impl Gateway {
     ) -> anyhow::Result<Self> {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
-        let provider_name = provider.name().to_owned();
         let budget = Budget::start(settings.budget.clone());
         let cloud = Arc::new(Cloud::new(provider, budget, metrics.clone()));
-        let lookups = InstanceLookups::start(cloud.clone(), settings.lookups.clone());
-
-        let reviewer = match &settings.service_accounts {
-            None => None,
-            Some(sa) => {
-                let client = ccm_runtime::kube::client(sa.kubeconfig.as_deref())
-                    .await
-                    .context("a Kubernetes client for TokenReview")?;
-                tracing::info!(
-                    audience = %sa.audience,
-                    accounts = sa.roles.len(),
-                    "ServiceAccount tokens are checked with TokenReview"
-                );
-                Some(TokenReviewer::new(client, sa.clone(), metrics.clone()))
-            }
-        };
-        let (tokens, token_files) = match settings.tokens.clone() {
-            Some(tokens) => (tokens, Vec::new()),
-            // ServiceAccounts alone: no static token at all.
-            None if reviewer.is_some() => (Tokens::default(), Vec::new()),
-            None => {
-                let dir = settings.state_dir.join("tokens");
-                let (tokens, files) = Tokens::generate(&dir)
-                    .with_context(|| format!("generate tokens in {}", dir.display()))?;
-                tracing::info!(
-                    dir = %dir.display(),
-                    "no tokens file given; one token per role (admin, node, service, route) is in <dir>/<role>.token"
-                );
-                (tokens, files)
-            }
-        };
+        let (authenticator, token_files) = authenticator(&settings, &metrics).await?;
 
         let readiness = Readiness::new();
         let admin = AdminServer::bind(settings.admin_listen)
@@ -168,131 +169,24 @@ impl Gateway {
             .await
             .with_context(|| format!("bind gRPC address {}", settings.listen))?;
         let grpc_addr = listener.local_addr()?;
-
         let (health, health_service) = tonic_health::server::health_reporter();
-        let reflection_v1 = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(ccm_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()?;
-        let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(ccm_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1alpha()?;
-
-        let mut server = Server::builder();
-        if let Some((cert, key)) = &settings.tls {
-            let identity = Identity::from_pem(
-                std::fs::read(cert).with_context(|| format!("read {}", cert.display()))?,
-                std::fs::read(key).with_context(|| format!("read {}", key.display()))?,
-            );
-            server = server
-                .tls_config(ServerTlsConfig::new().identity(identity))
-                .context("TLS")?;
-        }
-        let limits = settings.limits.clone();
-        let largest = limits::largest_request_bytes();
-        let router = server
-            .initial_stream_window_size(limits.stream_window)
-            .initial_connection_window_size(limits.connection_window)
-            .max_concurrent_streams(limits.max_concurrent_streams)
-            .http2_keepalive_interval(Some(limits.keepalive_interval))
-            .http2_keepalive_timeout(Some(limits.keepalive_timeout))
-            // Outermost first: every call is counted, refused calls too;
-            // no body is read before auth, and none past the limits.
-            .layer(MetricsLayer::new(metrics.clone()))
-            .layer(AuthLayer::new(Authenticator::new(tokens, reviewer)))
-            .layer(AdmissionLayer::new(limits.clone(), metrics.clone()))
-            .add_service(health_service)
-            .add_service(reflection_v1)
-            .add_service(reflection_v1alpha)
-            // The admission layer holds each method to its own largest
-            // valid request; tonic's own limit must not be lower.
-            .add_service(ProviderServer::new(ProviderService::new(cloud.clone())))
-            .add_service(
-                InstancesServer::new(InstancesService::new(lookups.clone(), cloud.clone()))
-                    .max_decoding_message_size(largest),
-            )
-            .add_service(
-                LoadBalancersServer::new(LoadBalancersService::new(
-                    cloud.clone(),
-                    LoadBalancerReads::new(cloud.clone(), settings.lookups.clone()),
-                ))
-                .max_decoding_message_size(largest),
-            )
-            .add_service(
-                RoutesServer::new(RoutesService::new(cloud.clone()))
-                    .max_decoding_message_size(largest),
-            )
-            .add_optional_service(
-                sim.clone()
-                    .map(|sim| SimAdminServer::new(SimAdminService::new(sim, Some(lookups)))),
-            );
-
-        let serve = tokio::spawn({
-            let shutdown = shutdown.clone();
-            async move {
-                let serve = router.serve_with_incoming_shutdown(
-                    admission::incoming(listener, &limits, metrics),
-                    shutdown.clone().cancelled_owned(),
-                );
-                // After the signal the server takes no new connection or
-                // call and finishes those in flight, for SHUTDOWN_GRACE at
-                // most; a call whose client went away is not waited for.
-                let grace = async {
-                    shutdown.cancelled().await;
-                    tokio::time::sleep(SHUTDOWN_GRACE).await;
-                };
-                tokio::select! {
-                    served = serve => served.context("gRPC server"),
-                    _ = grace => {
-                        tracing::warn!("calls still in flight {SHUTDOWN_GRACE:?} after the shutdown signal; dropping them");
-                        Ok(())
-                    }
-                }
-            }
-        });
+        let serve = serve(
+            &settings,
+            &cloud,
+            sim.clone(),
+            (authenticator, metrics),
+            health_service,
+            listener,
+            shutdown.clone(),
+        )?;
 
         let mut services: Vec<&'static str> = SERVICES.to_vec();
         if sim.is_some() {
             services.push(SIM_ADMIN);
         }
-        // Ready once the provider answers; not ready again while draining.
-        tokio::spawn({
-            let readiness = readiness.clone();
-            async move {
-                let mut delay = std::time::Duration::from_millis(200);
-                loop {
-                    match cloud.check().await {
-                        Ok(()) => break,
-                        Err(e) => tracing::warn!(error = %e, "provider not ready yet"),
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = shutdown.cancelled() => return,
-                    }
-                    delay = (delay * 2).min(std::time::Duration::from_secs(10));
-                }
-                health.set_service_status("", ServingStatus::Serving).await;
-                for name in services.iter().copied() {
-                    health
-                        .set_service_status(name, ServingStatus::Serving)
-                        .await;
-                }
-                readiness.set(true);
-                tracing::info!(provider = %provider_name, "gateway ready");
-                shutdown.cancelled().await;
-                readiness.set(false);
-                health
-                    .set_service_status("", ServingStatus::NotServing)
-                    .await;
-                for name in services.iter().copied() {
-                    health
-                        .set_service_status(name, ServingStatus::NotServing)
-                        .await;
-                }
-            }
-        });
-
+        tokio::spawn(report_readiness(
+            cloud, health, services, readiness, shutdown,
+        ));
         tracing::info!(grpc = %grpc_addr, admin = %admin_addr, "cloud gateway listening");
         Ok(Self {
             grpc_addr,
@@ -305,7 +199,7 @@ impl Gateway {
     }
 
     /// The token file generated for `role`, if tokens were generated.
-    pub fn token_file(&self, role: auth::Role) -> Option<&PathBuf> {
+    pub fn token_file(&self, role: Role) -> Option<&PathBuf> {
         self.token_files
             .iter()
             .find(|p| p.file_stem().and_then(|s| s.to_str()) == Some(role.as_str()))
@@ -317,4 +211,170 @@ impl Gateway {
         self.admin.abort();
         result
     }
+}
+
+/// Who may call: static tokens (given, or generated into the state
+/// directory when neither they nor ServiceAccounts are configured) and
+/// ServiceAccount tokens checked with TokenReview. Also the generated
+/// token files.
+async fn authenticator(
+    settings: &Settings,
+    metrics: &Metrics,
+) -> anyhow::Result<(Authenticator, Vec<PathBuf>)> {
+    let reviewer = match &settings.service_accounts {
+        None => None,
+        Some(sa) => {
+            let client = ccm_runtime::kube::client(sa.kubeconfig.as_deref())
+                .await
+                .context("a Kubernetes client for TokenReview")?;
+            tracing::info!(
+                audience = %sa.audience,
+                accounts = sa.roles.len(),
+                "ServiceAccount tokens are checked with TokenReview"
+            );
+            Some(TokenReviewer::new(client, sa.clone(), metrics.clone()))
+        }
+    };
+    let (tokens, token_files) = match settings.tokens.clone() {
+        Some(tokens) => (tokens, Vec::new()),
+        // ServiceAccounts alone: no static token at all.
+        None if reviewer.is_some() => (Tokens::default(), Vec::new()),
+        None => {
+            let dir = settings.state_dir.join("tokens");
+            let (tokens, files) = Tokens::generate(&dir)
+                .with_context(|| format!("generate tokens in {}", dir.display()))?;
+            tracing::info!(
+                dir = %dir.display(),
+                "no tokens file given; one token per role (admin, node, service, route) is in <dir>/<role>.token"
+            );
+            (tokens, files)
+        }
+    };
+
+    Ok((Authenticator::new(tokens, reviewer), token_files))
+}
+
+/// Serves gRPC on `listener` until `shutdown`: the layers, then every
+/// service.
+fn serve(
+    settings: &Settings,
+    cloud: &Arc<Cloud>,
+    sim: Option<Arc<SimCloud>>,
+    (authenticator, metrics): (Authenticator, Metrics),
+    health_service: HealthServer<impl Health>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<JoinHandle<anyhow::Result<()>>> {
+    let lookups = InstanceLookups::start(cloud.clone(), settings.lookups.clone());
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ccm_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ccm_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let mut server = Server::builder();
+    if let Some((cert, key)) = &settings.tls {
+        let identity = Identity::from_pem(
+            std::fs::read(cert).with_context(|| format!("read {}", cert.display()))?,
+            std::fs::read(key).with_context(|| format!("read {}", key.display()))?,
+        );
+        server = server
+            .tls_config(ServerTlsConfig::new().identity(identity))
+            .context("TLS")?;
+    }
+    let limits = settings.limits.clone();
+    let largest = limits::largest_request_bytes();
+    let router = server
+        .initial_stream_window_size(limits.stream_window)
+        .initial_connection_window_size(limits.connection_window)
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        // Outermost first: every call is counted, refused calls too;
+        // no body is read before auth, and none past the limits.
+        .layer(RpcLayer::new(metrics.clone()))
+        .layer(AuthLayer::new(authenticator))
+        .layer(RequestLimitsLayer::new(limits.clone(), metrics.clone()))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        // The request limits layer holds each method to its own largest
+        // valid request; tonic's own limit must not be lower.
+        .add_service(ProviderServer::new(ProviderService::new(cloud.clone())))
+        .add_service(
+            InstancesServer::new(InstancesService::new(lookups.clone(), cloud.clone()))
+                .max_decoding_message_size(largest),
+        )
+        .add_service(
+            LoadBalancersServer::new(LoadBalancersService::new(
+                cloud.clone(),
+                LoadBalancerReads::new(cloud.clone(), settings.lookups.clone()),
+            ))
+            .max_decoding_message_size(largest),
+        )
+        .add_service(
+            RoutesServer::new(RoutesService::new(cloud.clone())).max_decoding_message_size(largest),
+        )
+        .add_optional_service(
+            sim.clone()
+                .map(|sim| SimAdminServer::new(SimAdminService::new(sim, Some(lookups)))),
+        );
+    Ok(tokio::spawn(async move {
+        let serve = router.serve_with_incoming_shutdown(
+            request_limits::incoming(listener, &limits, metrics),
+            shutdown.clone().cancelled_owned(),
+        );
+        // After the signal the server takes no new connection or call and
+        // finishes those in flight, for SHUTDOWN_GRACE at most; a call
+        // whose client went away is not waited for.
+        let grace = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::select! {
+            served = serve => served.context("gRPC server"),
+            _ = grace => {
+                tracing::warn!("calls still in flight {SHUTDOWN_GRACE:?} after the shutdown signal; dropping them");
+                Ok(())
+            }
+        }
+    }))
+}
+
+/// Marks the gateway ready once the provider answers its check, and not
+/// ready again once shutdown begins.
+async fn report_readiness(
+    cloud: Arc<Cloud>,
+    health: HealthReporter,
+    services: Vec<&'static str>,
+    readiness: Readiness,
+    shutdown: CancellationToken,
+) {
+    let mut delay = std::time::Duration::from_millis(200);
+    loop {
+        match cloud.check().await {
+            Ok(()) => break,
+            Err(e) => tracing::warn!(error = %e, "provider not ready yet"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        delay = (delay * 2).min(std::time::Duration::from_secs(10));
+    }
+    let set = async |status| {
+        health.set_service_status("", status).await;
+        for name in services.iter().copied() {
+            health.set_service_status(name, status).await;
+        }
+    };
+    set(ServingStatus::Serving).await;
+    readiness.set(true);
+    tracing::info!(provider = %cloud.name(), "gateway ready");
+    shutdown.cancelled().await;
+    readiness.set(false);
+    set(ServingStatus::NotServing).await;
 }

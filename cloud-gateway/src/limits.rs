@@ -4,8 +4,8 @@
 //! request to before reading it and the settings check against.
 
 use ccm_proto::v1::{
-    Host, IpFamily, LoadBalancerSpec, NodeAddress, NodeAddressType, NodeRef, Protocol,
-    ServiceRef, SessionAffinity, TrafficPolicy,
+    Host, IpFamily, LoadBalancerSpec, NodeAddress, NodeAddressType, NodeRef, Protocol, ServiceRef,
+    SessionAffinity, TrafficPolicy,
 };
 
 /// The most nodes in one GetInstances call.
@@ -171,4 +171,3 @@ static PARTS: std::sync::LazyLock<Parts> = std::sync::LazyLock::new(|| {
         route: field(route.encoded_len()),
     }
 });
-

@@ -12,14 +12,14 @@ use ccm_runtime::telemetry::{LogFormat, parse_filter};
 use clap::Parser;
 use ipnet::IpNet;
 
-use crate::admission::Limits;
-use crate::auth::Tokens;
-use crate::budget::BudgetConfig;
-use crate::lookup::LookupConfig;
-use ccm_provider_sim::SimConfig;
-use crate::review::ServiceAccountAuth;
+use crate::cloud::budget::BudgetConfig;
+use crate::cloud::instance_lookups::LookupConfig;
+use crate::layers::auth::Tokens;
+use crate::layers::request_limits::Limits;
+use crate::layers::service_accounts::ServiceAccountAuth;
 #[cfg(feature = "aws")]
 use ccm_provider_aws::AwsSettings;
+use ccm_provider_sim::SimConfig;
 
 /// The cloud gateway: the only component of the cloud controller manager
 /// that talks to the cloud.
@@ -627,13 +627,14 @@ fn aws(p: &mut Problems, args: &Args) -> Option<AwsSettings> {
     let region = given(&args.aws_region).and_then(|s| p.parse("aws-region", &s, check::region));
     let endpoint_url = given(&args.aws_endpoint_url)
         .and_then(|s| p.parse("aws-endpoint-url", &s, check::endpoint_url));
-    let vpc_id = given(&args.aws_vpc_id)
-        .and_then(|s| p.parse("aws-vpc-id", &s, |s| check::id("vpc-", s)));
+    let vpc_id =
+        given(&args.aws_vpc_id).and_then(|s| p.parse("aws-vpc-id", &s, |s| check::id("vpc-", s)));
     let route_table_ids: Vec<String> = list(args.aws_route_table_ids.as_deref().unwrap_or(""))
         .into_iter()
         .filter_map(|s| p.parse("aws-route-table-ids", s, |s| check::id("rtb-", s)))
         .collect();
-    let role_arn = given(&args.aws_role_arn).and_then(|s| p.parse("aws-role-arn", &s, check::role_arn));
+    let role_arn =
+        given(&args.aws_role_arn).and_then(|s| p.parse("aws-role-arn", &s, check::role_arn));
     let role_session_name = check::role_session_name(&args.aws_role_session_name)
         .map_err(|problem| p.push("aws-role-session-name", problem))
         .ok();

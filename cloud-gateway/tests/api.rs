@@ -13,10 +13,10 @@ use ccm_proto::v1::{
     NodeRef, Protocol, Route, ServicePort, ServiceRef,
 };
 use ccm_proto::{Error, RetryPolicy, reason};
-use cloud_gateway::auth::Role;
 use ccm_provider::{
     self as provider, CloudError, Instances, LoadBalancers, Lookup, Operation, Provider, Routes,
 };
+use cloud_gateway::identity::Role;
 use harness::{TestGateway, timed};
 
 fn service(uid: &str) -> ServiceRef {

@@ -17,7 +17,7 @@ use ccm_proto::v1::{
     CreateRouteRequest, EnsureLoadBalancerRequest, GetInstancesRequest, LoadBalancerSpec, NodeRef,
     Route, ServicePort, ServiceRef,
 };
-use cloud_gateway::auth::Role;
+use cloud_gateway::identity::Role;
 use harness::{TestGateway, timed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};

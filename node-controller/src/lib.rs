@@ -132,8 +132,8 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
 /// Takes a key, and with an uninitialised node a fair share of the other
 /// uninitialised nodes waiting (at most a lookup batch), which are looked
 /// up in one gateway call. With one node per worker, at most as many
-/// lookups as workers ever waited to be batched: 5,000 joining nodes took
-/// 259 calls instead of 50.
+/// lookups as workers ever waited to be batched (BENCHMARKS.md, scenario 1,
+/// has the figures before and after).
 async fn worker(ctx: Arc<Context>) {
     while let Some(name) = ctx.queue.next().await {
         let started = std::time::Instant::now();

@@ -10,12 +10,12 @@ use ccm_proto::v1::{
     CreateInstanceRequest, Faults, InstanceId, LookupPurpose, NodeAddress as CloudAddress,
     NodeAddressType, NodeRef, SetInstanceAddressesRequest,
 };
+use ccm_provider::Operation;
 use ccm_runtime::names;
 use ccm_testkit::env::{TestController, TestEnv, eventually};
 use ccm_testkit::fixtures::node;
 use clap::Parser;
-use cloud_gateway::auth::Role;
-use ccm_provider::Operation;
+use cloud_gateway::identity::Role;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};

@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ccm_proto::v1::{NodeAddressType, Route};
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt as _;
-use ipnet::IpNet;
 
 /// What the planner needs of a node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

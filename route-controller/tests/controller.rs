@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use ccm_proto::RetryPolicy;
 use ccm_proto::v1::{Faults, Route};
+use ccm_provider::Operation;
 use ccm_testkit::env::{TestController, TestEnv, eventually};
 use ccm_testkit::fixtures::node;
 use clap::Parser;
-use cloud_gateway::auth::Role;
-use ccm_provider::Operation;
+use cloud_gateway::identity::Role;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};

@@ -6,12 +6,12 @@
 use std::time::{Duration, Instant};
 
 use ccm_proto::v1::{Faults, LoadBalancerSpec, Protocol, ServicePort, ServiceRef};
+use ccm_provider::Operation;
 use ccm_runtime::names;
 use ccm_testkit::env::{TestController, TestEnv, eventually};
 use ccm_testkit::fixtures::{load_balancer, node};
 use clap::Parser;
-use cloud_gateway::auth::Role;
-use ccm_provider::Operation;
+use cloud_gateway::identity::Role;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};

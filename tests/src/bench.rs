@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use cloud_gateway::lookup::LookupConfig;
+use cloud_gateway::cloud::instance_lookups::LookupConfig;
 
 use crate::fixtures::{self, node};
 use crate::gateway::Started;

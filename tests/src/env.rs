@@ -9,10 +9,10 @@ use std::time::Duration;
 use ccm_proto::v1::sim_admin_client::SimAdminClient;
 use ccm_proto::v1::{CreateInstanceRequest, SimInstance};
 use ccm_proto::{ClientConfig, GatewayClient, TokenSource};
-use cloud_gateway::Gateway;
-use cloud_gateway::auth::Role;
 use ccm_provider::Operation;
 use ccm_provider_sim::SimCloud;
+use cloud_gateway::Gateway;
+use cloud_gateway::identity::Role;
 use cloud_gateway::settings::Settings as GatewaySettings;
 use tokio_util::sync::CancellationToken;
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ccm_testkit::env::{TestEnv, try_http_get};
 use ccm_testkit::gateway::GatewayProcess;
-use cloud_gateway::auth::Role;
+use cloud_gateway::identity::Role;
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::process::{Child, Command};
 

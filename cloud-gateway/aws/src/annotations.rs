@@ -12,7 +12,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 
-
 use ccm_provider::{CloudError, quote};
 
 /// The prefix of every annotation this module reads.

@@ -426,9 +426,7 @@ mod tests {
             .build();
         let got: Vec<(String, String)> = addresses(&instance, &[IpFamily::V4, IpFamily::V6])
             .into_iter()
-            .map(|a| {
-(a.kind.as_str().to_owned(), a.address)
-            })
+            .map(|a| (a.kind.as_str().to_owned(), a.address))
             .collect();
         let want: Vec<(String, String)> = [
             ("InternalIP", "10.0.1.5"),

@@ -26,8 +26,8 @@ use aws_sdk_elasticloadbalancingv2::types::{
     SubnetMapping, Tag, TargetDescription, TargetGroup, TargetGroupAttribute, TargetTypeEnum,
 };
 use ccm_provider::{
-    CloudError, Host, Ingress, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus,
-    LoadBalancers, Protocol, Result, ServiceRef, TrafficPolicy, load_balancer_name,
+    CloudError, Host, Ingress, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus, LoadBalancers,
+    Protocol, Result, ServiceRef, TrafficPolicy, load_balancer_name,
 };
 
 use super::annotations::{self, HcPort, HcProtocol, NlbOptions, TlsPorts};

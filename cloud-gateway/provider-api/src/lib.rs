@@ -20,12 +20,12 @@ use async_trait::async_trait;
 pub use error::{CloudError, Result};
 pub use meter::{count_api_request, metered};
 pub use operation::Operation;
-pub use values::{parse_duration, quote};
 pub use types::{
     AddressType, Host, Ingress, Instance, IpFamily, LoadBalancer, LoadBalancerSpec,
-    LoadBalancerStatus, Lookup, NodeAddress, NodeRef, PortStatus, Protocol, Route,
-    ServicePort, ServiceRef, SessionAffinity, TrafficPolicy, load_balancer_name,
+    LoadBalancerStatus, Lookup, NodeAddress, NodeRef, PortStatus, Protocol, Route, ServicePort,
+    ServiceRef, SessionAffinity, TrafficPolicy, load_balancer_name,
 };
+pub use values::{parse_duration, quote};
 
 /// A cloud behind the gateway. Each capability is optional; the gateway
 /// answers `UNIMPLEMENTED` for a missing one. The gateway calls a provider

@@ -25,4 +25,3 @@ pub async fn metered<T>(call: impl Future<Output = T>) -> (T, u32) {
         })
         .await
 }
-

@@ -92,4 +92,3 @@ impl FromStr for Operation {
             })
     }
 }
-

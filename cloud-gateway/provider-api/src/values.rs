@@ -37,4 +37,3 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     };
     std::time::Duration::try_from_secs_f64(seconds).map_err(|e| e.to_string())
 }
-

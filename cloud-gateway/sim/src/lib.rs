@@ -181,7 +181,10 @@ impl InstanceRecord {
 
     /// The instance's addresses.
     pub fn node_addresses(&self) -> Vec<NodeAddress> {
-        self.addresses.iter().filter_map(address_from_record).collect()
+        self.addresses
+            .iter()
+            .filter_map(address_from_record)
+            .collect()
     }
 }
 

@@ -36,7 +36,11 @@ impl Routes for SimCloud {
             .map(|r| Route {
                 name: r.name.clone(),
                 target_node: r.target_node.clone(),
-                target_node_addresses: r.target_addresses.iter().filter_map(address_from_record).collect(),
+                target_node_addresses: r
+                    .target_addresses
+                    .iter()
+                    .filter_map(address_from_record)
+                    .collect(),
                 destination_cidr: r.destination_cidr.clone(),
                 // A route whose target instance is gone goes nowhere, as a
                 // real cloud reports it.

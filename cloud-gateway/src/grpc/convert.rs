@@ -7,8 +7,8 @@
 use ccm_proto::v1 as wire;
 use ccm_provider::{
     AddressType, Host, Ingress, Instance, IpFamily, LoadBalancer, LoadBalancerSpec,
-    LoadBalancerStatus, NodeAddress, NodeRef, PortStatus, Protocol, Route, ServicePort,
-    ServiceRef, SessionAffinity, TrafficPolicy,
+    LoadBalancerStatus, NodeAddress, NodeRef, PortStatus, Protocol, Route, ServicePort, ServiceRef,
+    SessionAffinity, TrafficPolicy,
 };
 
 fn address_type(value: i32) -> Option<AddressType> {
@@ -136,8 +136,7 @@ pub fn spec(spec: Option<wire::LoadBalancerSpec>) -> LoadBalancerSpec {
                 wire::IpFamily::Unspecified => None,
             })
             .collect(),
-        external_traffic_policy: match wire::TrafficPolicy::try_from(spec.external_traffic_policy)
-        {
+        external_traffic_policy: match wire::TrafficPolicy::try_from(spec.external_traffic_policy) {
             Ok(wire::TrafficPolicy::Local) => TrafficPolicy::Local,
             _ => TrafficPolicy::Cluster,
         },
@@ -268,7 +267,10 @@ mod tests {
                 ..Default::default()
             }],
         });
-        assert_eq!(status.ingress[0].ports[0].protocol, wire::Protocol::Udp as i32);
+        assert_eq!(
+            status.ingress[0].ports[0].protocol,
+            wire::Protocol::Udp as i32
+        );
     }
 
     #[test]

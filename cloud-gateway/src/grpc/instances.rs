@@ -13,9 +13,9 @@ use super::status::answer;
 
 use super::convert;
 use super::validate::{ProviderIds, Violations};
-use crate::budget::Priority;
 use crate::cloud::Cloud;
-use crate::lookup::InstanceLookups;
+use crate::cloud::budget::Priority;
+use crate::cloud::instance_lookups::InstanceLookups;
 
 /// The Instances service.
 pub struct InstancesService {

@@ -15,9 +15,9 @@ use super::status::answer;
 
 use super::validate::Violations;
 use super::{caller_name, convert};
-use crate::budget::Priority;
+use crate::cloud::budget::Priority;
+use crate::cloud::load_balancer_reads::LoadBalancerReads;
 use crate::cloud::{Audit, Cloud};
-use crate::lbreads::LoadBalancerReads;
 use ccm_provider::{Operation, load_balancer_name};
 
 /// The LoadBalancers service.

@@ -5,7 +5,6 @@
 
 mod convert;
 mod instances;
-mod layers;
 mod load_balancers;
 mod provider_info;
 mod routes;
@@ -14,13 +13,12 @@ pub mod status;
 pub mod validate;
 
 pub use instances::InstancesService;
-pub use layers::MetricsLayer;
 pub use load_balancers::LoadBalancersService;
 pub use provider_info::ProviderService;
 pub use routes::RoutesService;
 pub use sim_admin::SimAdminService;
 
-use crate::auth::Caller;
+use crate::identity::Caller;
 
 /// The caller's identity for the audit log; the auth layer put it there.
 fn caller_name<T>(request: &tonic::Request<T>) -> String {

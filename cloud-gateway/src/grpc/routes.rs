@@ -13,7 +13,7 @@ use super::status::answer;
 
 use super::validate::{ProviderIds, Violations};
 use super::{caller_name, convert};
-use crate::budget::Priority;
+use crate::cloud::budget::Priority;
 use crate::cloud::{Audit, Cloud};
 use ccm_provider::Operation;
 
@@ -63,11 +63,7 @@ impl Routes for RoutesService {
             let req = request.into_inner();
             let mut v = Violations::default();
             v.cluster_name(&req.cluster_name);
-            v.route(
-                req.route.as_ref(),
-                true,
-                &ProviderIds::of(&self.cloud),
-            );
+            v.route(req.route.as_ref(), true, &ProviderIds::of(&self.cloud));
             v.name_hint(&req.name_hint);
             v.finish()?;
             let route = convert::route(req.route);
@@ -102,11 +98,7 @@ impl Routes for RoutesService {
             let req = request.into_inner();
             let mut v = Violations::default();
             v.cluster_name(&req.cluster_name);
-            v.route(
-                req.route.as_ref(),
-                false,
-                &ProviderIds::of(&self.cloud),
-            );
+            v.route(req.route.as_ref(), false, &ProviderIds::of(&self.cloud));
             v.finish()?;
             let route = convert::route(req.route);
             let resource = format!(

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ccm_proto::v1::sim_admin_server::SimAdmin;
 use ccm_proto::v1::{
-    CreateInstanceRequest, Faults, InstanceState, GetFaultsRequest, GetStatsRequest, InstanceId,
+    CreateInstanceRequest, Faults, GetFaultsRequest, GetStatsRequest, InstanceId, InstanceState,
     ListInstancesRequest, ListInstancesResponse, SetInstanceAddressesRequest, SimInstance, Stats,
     TerminateInstanceResponse,
 };
@@ -20,7 +20,7 @@ use ccm_provider_sim::{FaultSettings, NewInstance, SimCloud};
 
 use super::convert;
 use super::validate::Violations;
-use crate::lookup::InstanceLookups;
+use crate::cloud::instance_lookups::InstanceLookups;
 
 /// The SimAdmin service over one simulated cloud.
 pub struct SimAdminService {
@@ -187,12 +187,7 @@ impl SimAdmin for SimAdminService {
         _request: Request<ListInstancesRequest>,
     ) -> Result<Response<ListInstancesResponse>, Status> {
         answer(async move {
-            let instances = self
-                .sim
-                .list_instances()
-                .iter()
-                .map(sim_instance)
-                .collect();
+            let instances = self.sim.list_instances().iter().map(sim_instance).collect();
             Ok(Response::new(ListInstancesResponse { instances }))
         })
         .await
@@ -252,7 +247,9 @@ impl SimAdmin for SimAdminService {
             }
             v.addresses("addresses", &req.addresses, 32);
             v.finish()?;
-            let record = self.sim.set_addresses(&req.id, &convert::addresses(req.addresses))?;
+            let record = self
+                .sim
+                .set_addresses(&req.id, &convert::addresses(req.addresses))?;
             self.invalidate(&record);
             tracing::info!(target: "audit", instance = %record.id, "sim instance addresses set");
             Ok(Response::new(sim_instance(&record)))
@@ -274,10 +271,7 @@ impl SimAdmin for SimAdminService {
         &self,
         _request: Request<GetFaultsRequest>,
     ) -> Result<Response<Faults>, Status> {
-        answer(async move {
-            Ok(Response::new(faults_to_proto(&self.sim.faults())))
-        })
-        .await
+        answer(async move { Ok(Response::new(faults_to_proto(&self.sim.faults()))) }).await
     }
 
     async fn get_stats(

@@ -15,18 +15,18 @@ use crate::metrics::{MethodLabels, Metrics, RpcLabels};
 
 /// Counts and times requests.
 #[derive(Clone)]
-pub struct MetricsLayer {
+pub struct RpcLayer {
     metrics: Metrics,
 }
 
-impl MetricsLayer {
+impl RpcLayer {
     /// Records into `metrics`.
     pub fn new(metrics: Metrics) -> Self {
         Self { metrics }
     }
 }
 
-impl<S> Layer<S> for MetricsLayer {
+impl<S> Layer<S> for RpcLayer {
     type Service = MetricsService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
@@ -37,7 +37,7 @@ impl<S> Layer<S> for MetricsLayer {
     }
 }
 
-/// The service [`MetricsLayer`] makes.
+/// The service [`RpcLayer`] makes.
 #[derive(Clone)]
 pub struct MetricsService<S> {
     inner: S,

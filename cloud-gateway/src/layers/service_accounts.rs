@@ -16,7 +16,7 @@ use tonic::Status;
 
 use ccm_runtime::names::{is_dns_label, is_dns_subdomain};
 
-use crate::auth::{Caller, Role};
+use crate::identity::{Caller, Role};
 use crate::metrics::{Metrics, ReviewLabels};
 
 /// How long a refusal is remembered, so a client with a bad token cannot

@@ -10,9 +10,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ccm_provider::{self as provider, CloudError, Instances, LoadBalancers, Operation, Provider, Result, Routes};
+use ccm_provider::{
+    self as provider, CloudError, Instances, LoadBalancers, Operation, Provider, Result, Routes,
+};
 
-use crate::budget::{Budget, Priority};
+pub mod budget;
+pub mod instance_lookups;
+pub mod load_balancer_reads;
+
+use self::budget::{Budget, Priority};
 use crate::metrics::{CloudLabels, Metrics, OperationLabels, PriorityLabels};
 
 /// Who asked, for the audit log.

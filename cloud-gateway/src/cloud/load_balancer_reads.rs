@@ -9,10 +9,12 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use crate::budget::Priority;
 use crate::cloud::Cloud;
-use crate::lookup::LookupConfig;
-use ccm_provider::{CloudError, LoadBalancerStatus, Operation, Result, ServiceRef, load_balancer_name};
+use crate::cloud::budget::Priority;
+use crate::cloud::instance_lookups::LookupConfig;
+use ccm_provider::{
+    CloudError, LoadBalancerStatus, Operation, Result, ServiceRef, load_balancer_name,
+};
 
 type Answer = Result<Option<LoadBalancerStatus>>;
 type Waiters = Vec<(ServiceRef, oneshot::Sender<Answer>)>;
@@ -106,11 +108,8 @@ impl LoadBalancerReads {
             reads = waiters.len(),
             "load balancer reads answered by one listing"
         );
-        let listed: Result<HashMap<String, LoadBalancerStatus>> = listed.map(|lbs| {
-            lbs.into_iter()
-                .map(|lb| (lb.name, lb.status))
-                .collect()
-        });
+        let listed: Result<HashMap<String, LoadBalancerStatus>> =
+            listed.map(|lbs| lbs.into_iter().map(|lb| (lb.name, lb.status)).collect());
         for (service, tx) in waiters {
             let answer = match &listed {
                 Ok(by_name) => Ok(by_name.get(&load_balancer_name(&service.uid)).cloned()),

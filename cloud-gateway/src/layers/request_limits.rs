@@ -145,7 +145,7 @@ fn class(path: &str) -> Class {
 }
 
 /// The shared state of the limits.
-struct Admission {
+struct Gate {
     limits: Limits,
     in_flight: Arc<Semaphore>,
     /// Per authenticated caller, so one identity cannot take every slot.
@@ -155,7 +155,7 @@ struct Admission {
     metrics: Metrics,
 }
 
-impl Admission {
+impl Gate {
     fn refused(&self, why: &'static str) {
         self.metrics
             .requests_refused
@@ -188,15 +188,15 @@ fn busy(what: &str) -> Status {
 
 /// The tower layer that applies [`Limits`] to every request.
 #[derive(Clone)]
-pub struct AdmissionLayer {
-    admission: Arc<Admission>,
+pub struct RequestLimitsLayer {
+    gate: Arc<Gate>,
 }
 
-impl AdmissionLayer {
+impl RequestLimitsLayer {
     /// Applies `limits`, counting refusals in `metrics`.
     pub fn new(limits: Limits, metrics: Metrics) -> Self {
         Self {
-            admission: Arc::new(Admission {
+            gate: Arc::new(Gate {
                 in_flight: Arc::new(Semaphore::new(limits.max_in_flight)),
                 per_caller: Default::default(),
                 public: Arc::new(Semaphore::new(limits.max_in_flight_public)),
@@ -208,38 +208,38 @@ impl AdmissionLayer {
     }
 }
 
-impl<S> Layer<S> for AdmissionLayer {
-    type Service = AdmissionService<S>;
+impl<S> Layer<S> for RequestLimitsLayer {
+    type Service = RequestLimitsService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        AdmissionService {
+        RequestLimitsService {
             inner,
-            admission: self.admission.clone(),
+            gate: self.gate.clone(),
         }
     }
 }
 
-/// The service [`AdmissionLayer`] makes.
+/// The service [`RequestLimitsLayer`] makes.
 #[derive(Clone)]
-pub struct AdmissionService<S> {
+pub struct RequestLimitsService<S> {
     inner: S,
-    admission: Arc<Admission>,
+    gate: Arc<Gate>,
 }
 
 /// What a request holds until its response has been sent.
 struct Held {
-    admission: Arc<Admission>,
+    gate: Arc<Gate>,
     _permits: Vec<OwnedSemaphorePermit>,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
         self._permits.clear();
-        self.admission.in_flight_changed();
+        self.gate.in_flight_changed();
     }
 }
 
-impl<S, ResBody> Service<http::Request<Body>> for AdmissionService<S>
+impl<S, ResBody> Service<http::Request<Body>> for RequestLimitsService<S>
 where
     S: Service<http::Request<Body>, Response = http::Response<ResBody>, Error = Infallible>
         + Clone
@@ -262,9 +262,9 @@ where
         // the ready one handles this request.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let admission = self.admission.clone();
+        let gate = self.gate.clone();
         Box::pin(async move {
-            match admit(&admission, request).await {
+            match admit(&gate, request).await {
                 Ok((request, held, deadline)) => {
                     let response = inner.call(request).await?;
                     Ok(response.map(|body| {
@@ -287,47 +287,47 @@ where
 /// body whole within the receive timeout. Returns the request to serve,
 /// what it holds, and a streaming call's lifetime limit.
 async fn admit(
-    admission: &Arc<Admission>,
+    gate: &Arc<Gate>,
     request: http::Request<Body>,
 ) -> Result<(http::Request<Body>, Held, Option<Duration>), Status> {
     let class = class(request.uri().path());
     let mut permits = Vec::with_capacity(4);
-    if let Some(caller) = request.extensions().get::<crate::auth::Caller>() {
-        let slots = admission
+    if let Some(caller) = request.extensions().get::<crate::identity::Caller>() {
+        let slots = gate
             .per_caller
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(caller.name.clone())
-            .or_insert_with(|| Arc::new(Semaphore::new(admission.limits.max_in_flight_per_caller)))
+            .or_insert_with(|| Arc::new(Semaphore::new(gate.limits.max_in_flight_per_caller)))
             .clone();
         // A caller's burst past its share waits briefly for its own calls
         // to finish; only then is it refused.
         match tokio::time::timeout(CALLER_WAIT, slots.acquire_owned()).await {
             Ok(Ok(p)) => permits.push(p),
             _ => {
-                admission.refused("caller_in_flight");
+                gate.refused("caller_in_flight");
                 return Err(busy("requests in flight for one caller"));
             }
         }
     }
-    match admission.in_flight.clone().try_acquire_owned() {
+    match gate.in_flight.clone().try_acquire_owned() {
         Ok(p) => permits.push(p),
         Err(_) => {
-            admission.refused("in_flight");
+            gate.refused("in_flight");
             return Err(busy("requests in flight"));
         }
     }
     if class.public {
-        match admission.public.clone().try_acquire_owned() {
+        match gate.public.clone().try_acquire_owned() {
             Ok(p) => permits.push(p),
             Err(_) => {
-                admission.refused("public_in_flight");
+                gate.refused("public_in_flight");
                 return Err(busy("unauthenticated requests in flight"));
             }
         }
     }
-    admission.in_flight_changed();
-    let limits = &admission.limits;
+    gate.in_flight_changed();
+    let limits = &gate.limits;
     let (parts, body) = request.into_parts();
     if class.streaming {
         let body = Counted {
@@ -335,18 +335,18 @@ async fn admit(
             left: class.max_bytes,
         };
         let held = Held {
-            admission: admission.clone(),
+            gate: gate.clone(),
             _permits: permits,
         };
         let request = http::Request::from_parts(parts, Body::new(body));
         return Ok((request, held, Some(limits.public_stream_max_age)));
     }
-    let read = read_unary(admission, body, class.max_bytes, &parts.uri);
+    let read = read_unary(gate, body, class.max_bytes, &parts.uri);
     let (bytes, reservation) =
         match tokio::time::timeout(limits.request_receive_timeout, read).await {
             Ok(result) => result?,
             Err(_) => {
-                admission.refused("receive_timeout");
+                gate.refused("receive_timeout");
                 return Err(Status::deadline_exceeded(format!(
                     "the request did not arrive within {:?}",
                     limits.request_receive_timeout
@@ -355,10 +355,10 @@ async fn admit(
         };
     permits.extend(reservation);
     let held = Held {
-        admission: admission.clone(),
+        gate: gate.clone(),
         _permits: permits,
     };
-    admission.in_flight_changed();
+    gate.in_flight_changed();
     let request = http::Request::from_parts(parts, Body::new(http_body_util::Full::new(bytes)));
     Ok((request, held, None))
 }
@@ -367,7 +367,7 @@ async fn admit(
 /// its length prefix says it is larger than any valid request of the
 /// method, or when the process holds too many request bytes already.
 async fn read_unary(
-    admission: &Admission,
+    gate: &Gate,
     mut body: Body,
     max: usize,
     uri: &http::Uri,
@@ -384,7 +384,7 @@ async fn read_unary(
         if expected.is_none() && buf.len() >= PREFIX {
             let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
             if len > max {
-                admission.refused("too_large");
+                gate.refused("too_large");
                 return Err(Status::resource_exhausted(format!(
                     "a message of {len} bytes is larger than any valid request to {} ({max} bytes)",
                     uri.path()
@@ -393,11 +393,11 @@ async fn read_unary(
             let total = PREFIX + len;
             match u32::try_from(total)
                 .ok()
-                .and_then(|n| admission.bytes.clone().try_acquire_many_owned(n).ok())
+                .and_then(|n| gate.bytes.clone().try_acquire_many_owned(n).ok())
             {
                 Some(permit) => reservation = Some(permit),
                 None => {
-                    admission.refused("request_bytes");
+                    gate.refused("request_bytes");
                     return Err(busy("request bytes held"));
                 }
             }

@@ -15,11 +15,10 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
-use crate::budget::Priority;
+use crate::cloud::budget::Priority;
 use crate::cloud::{Admitted, Cloud};
 use crate::metrics::CacheLabels;
 use ccm_provider::{CloudError, Lookup, NodeRef, Operation, Result};
-
 
 /// Cache and batching settings.
 #[derive(Clone, Debug, PartialEq)]
