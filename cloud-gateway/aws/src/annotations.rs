@@ -288,6 +288,225 @@ fn reserved_tag(key: &str) -> bool {
         || key.to_ascii_lowercase().starts_with("aws:")
 }
 
+/// Why one annotation's value is refused.
+enum Problem {
+    /// The value is not one of these.
+    Accepts(&'static str),
+    /// The annotation itself is refused.
+    Why(String),
+}
+
+impl Problem {
+    fn message(self, value: &str) -> String {
+        match self {
+            Self::Accepts(accepts) => format!("{} is not accepted; {accepts}", quote(value)),
+            Self::Why(why) => why,
+        }
+    }
+}
+
+/// Reads one annotation of this provider into `o`.
+fn read(o: &mut NlbOptions, key: &str, value: &str) -> Result<(), Problem> {
+    match key {
+        TYPE => {
+            if value.trim() != "nlb" {
+                return Err(Problem::Accepts(
+                    "use nlb (this provider makes Network Load Balancers only), or external for the AWS Load Balancer Controller",
+                ));
+            }
+        }
+        // "0.0.0.0/0" is what old manifests write for "internal".
+        INTERNAL => match value.trim() {
+            "true" | "0.0.0.0/0" => o.internal = true,
+            "false" => o.internal = false,
+            _ => return Err(Problem::Accepts("use true or false")),
+        },
+        CROSS_ZONE => match boolean(value.trim()) {
+            Some(b) => o.cross_zone = Some(b),
+            None => return Err(Problem::Accepts("use true or false")),
+        },
+        PROXY_PROTOCOL => {
+            if value.trim() == "*" {
+                o.proxy_protocol = true;
+            } else {
+                return Err(Problem::Accepts("use * (proxy protocol v2 on every port)"));
+            }
+        }
+        SSL_CERT => {
+            let v = value.trim();
+            if v.starts_with("arn:") && v.len() <= 2048 && !v.contains(',') {
+                o.tls
+                    .get_or_insert(Tls {
+                        certificate_arn: String::new(),
+                        ports: TlsPorts::All,
+                        policy: None,
+                    })
+                    .certificate_arn = v.to_owned();
+            } else {
+                return Err(Problem::Accepts(
+                    "use the ARN of one ACM or IAM certificate (arn:...)",
+                ));
+            }
+        }
+        SSL_PORTS | SSL_POLICY => {}
+        IP_ADDRESS_TYPE => match value.trim() {
+            "ipv4" => o.dualstack = false,
+            "dualstack" => o.dualstack = true,
+            _ => return Err(Problem::Accepts("use ipv4 or dualstack")),
+        },
+        ADDITIONAL_TAGS | SUBNETS | EIP_ALLOCATIONS | PRIVATE_IPV4 | TARGET_NODE_LABELS => {
+            return read_list(o, key, value);
+        }
+        HC_PROTOCOL | HC_PORT | HC_PATH | HC_INTERVAL | HC_TIMEOUT | HC_HEALTHY | HC_UNHEALTHY => {
+            return read_health_check(o, key, value);
+        }
+        other => {
+            let suffix = &other[PREFIX.len()..];
+            let why = REFUSED
+                .iter()
+                .find(|(name, _)| *name == suffix)
+                .map_or_else(
+                    || "not an annotation this provider knows".to_owned(),
+                    |(_, why)| format!("not supported for NLBs: {why}"),
+                );
+            return Err(Problem::Why(why));
+        }
+    }
+    Ok(())
+}
+
+/// Reads one of the annotations that hold a list.
+fn read_list(o: &mut NlbOptions, key: &str, value: &str) -> Result<(), Problem> {
+    match key {
+        ADDITIONAL_TAGS => {
+            let mut ok = true;
+            for item in items(value) {
+                let (k, v) = item.split_once('=').unwrap_or((item, ""));
+                let (k, v) = (k.trim(), v.trim());
+                if k.is_empty() || k.len() > 128 || v.len() > 256 || reserved_tag(k) {
+                    ok = false;
+                } else {
+                    o.tags.insert(k.to_owned(), v.to_owned());
+                }
+            }
+            if !ok || o.tags.len() > 40 {
+                return Err(Problem::Accepts(
+                    "use key=value pairs separated by commas, at most 40, keys of 1 to 128 characters not starting with aws: nor naming the cluster or Service tags, values of at most 256",
+                ));
+            }
+        }
+        SUBNETS => {
+            o.subnets = items(value).into_iter().map(str::to_owned).collect();
+            if o.subnets.is_empty()
+                || o.subnets.len() > 20
+                || o.subnets.iter().any(|s| s.len() > 255)
+            {
+                return Err(Problem::Accepts(
+                    "use 1 to 20 subnet IDs (subnet-...) or subnet Name tags, separated by commas",
+                ));
+            }
+        }
+        EIP_ALLOCATIONS => {
+            o.eip_allocations = items(value).into_iter().map(str::to_owned).collect();
+            if o.eip_allocations.is_empty()
+                || o.eip_allocations.len() > 20
+                || !o.eip_allocations.iter().all(|a| aws_id(a, "eipalloc"))
+            {
+                return Err(Problem::Accepts(
+                    "use Elastic IP allocation IDs (eipalloc-...), one per subnet, separated by commas",
+                ));
+            }
+        }
+        PRIVATE_IPV4 => {
+            let parsed: Result<Vec<Ipv4Addr>, _> =
+                items(value).into_iter().map(str::parse).collect();
+            match parsed {
+                Ok(ips) if !ips.is_empty() && ips.len() <= 20 => o.private_ipv4 = ips,
+                _ => {
+                    return Err(Problem::Accepts(
+                        "use IPv4 addresses, one per subnet, separated by commas",
+                    ));
+                }
+            }
+        }
+        TARGET_NODE_LABELS => {
+            let mut selector = Vec::new();
+            let mut ok = true;
+            for item in items(value) {
+                let (k, v) = match item.split_once('=') {
+                    Some((k, v)) => (k.trim(), Some(v.trim())),
+                    None => (item, None),
+                };
+                if label_key(k) && v.is_none_or(label_value) {
+                    selector.push((k.to_owned(), v.map(str::to_owned)));
+                } else {
+                    ok = false;
+                }
+            }
+            if ok && !selector.is_empty() && selector.len() <= 16 {
+                o.target_node_labels = selector;
+            } else {
+                return Err(Problem::Accepts(
+                    "use 1 to 16 label keys or key=value pairs separated by commas",
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Reads one of the health check annotations.
+fn read_health_check(o: &mut NlbOptions, key: &str, value: &str) -> Result<(), Problem> {
+    match key {
+        HC_PROTOCOL => match value.trim().to_ascii_uppercase().as_str() {
+            "TCP" => o.health_check.protocol = Some(HcProtocol::Tcp),
+            "HTTP" => o.health_check.protocol = Some(HcProtocol::Http),
+            "HTTPS" => o.health_check.protocol = Some(HcProtocol::Https),
+            _ => return Err(Problem::Accepts("use TCP, HTTP or HTTPS")),
+        },
+        HC_PORT => match value.trim() {
+            "traffic-port" => o.health_check.port = Some(HcPort::TrafficPort),
+            v => match number(v, 1..=65535) {
+                Some(n) => o.health_check.port = Some(HcPort::Port(n as u16)),
+                None => {
+                    return Err(Problem::Accepts(
+                        "use traffic-port or a port number from 1 to 65535",
+                    ));
+                }
+            },
+        },
+        HC_PATH => {
+            let v = value.trim();
+            if v.starts_with('/') && v.len() <= 1024 && v.bytes().all(|b| b.is_ascii_graphic()) {
+                o.health_check.path = Some(v.to_owned());
+            } else {
+                return Err(Problem::Accepts(
+                    "use a path starting with / of at most 1024 printable characters",
+                ));
+            }
+        }
+        HC_INTERVAL => match number(value, 5..=300) {
+            Some(n) => o.health_check.interval = Some(n),
+            None => return Err(Problem::Accepts("use whole seconds from 5 to 300")),
+        },
+        HC_TIMEOUT => match number(value, 2..=120) {
+            Some(n) => o.health_check.timeout = Some(n),
+            None => return Err(Problem::Accepts("use whole seconds from 2 to 120")),
+        },
+        HC_HEALTHY => match number(value, 2..=10) {
+            Some(n) => o.health_check.healthy = Some(n),
+            None => return Err(Problem::Accepts("use a count from 2 to 10")),
+        },
+        HC_UNHEALTHY => match number(value, 2..=10) {
+            Some(n) => o.health_check.unhealthy = Some(n),
+            None => return Err(Problem::Accepts("use a count from 2 to 10")),
+        },
+        _ => {}
+    }
+    Ok(())
+}
+
 /// Reads and checks the AWS annotations, reporting every problem at once.
 /// A Service for the AWS Load Balancer Controller is
 /// `ImplementedElsewhere`, before any other annotation is looked at.
@@ -307,174 +526,8 @@ pub fn parse(annotations: &HashMap<String, String>) -> Result<NlbOptions, CloudE
         .collect();
     keys.sort();
     for key in keys {
-        let value = annotations[key].as_str();
-        let mut bad = |accepts: &str| {
-            problems.push((
-                field(key),
-                format!("{} is not accepted; {accepts}", quote(value)),
-            ));
-        };
-        match key.as_str() {
-            TYPE => {
-                if value.trim() != "nlb" {
-                    bad(
-                        "use nlb (this provider makes Network Load Balancers only), or external for the AWS Load Balancer Controller",
-                    );
-                }
-            }
-            // "0.0.0.0/0" is what old manifests write for "internal".
-            INTERNAL => match value.trim() {
-                "true" | "0.0.0.0/0" => o.internal = true,
-                "false" => o.internal = false,
-                _ => bad("use true or false"),
-            },
-            CROSS_ZONE => match boolean(value.trim()) {
-                Some(b) => o.cross_zone = Some(b),
-                None => bad("use true or false"),
-            },
-            PROXY_PROTOCOL => {
-                if value.trim() == "*" {
-                    o.proxy_protocol = true;
-                } else {
-                    bad("use * (proxy protocol v2 on every port)");
-                }
-            }
-            ADDITIONAL_TAGS => {
-                let mut ok = true;
-                for item in items(value) {
-                    let (k, v) = item.split_once('=').unwrap_or((item, ""));
-                    let (k, v) = (k.trim(), v.trim());
-                    if k.is_empty() || k.len() > 128 || v.len() > 256 || reserved_tag(k) {
-                        ok = false;
-                    } else {
-                        o.tags.insert(k.to_owned(), v.to_owned());
-                    }
-                }
-                if !ok || o.tags.len() > 40 {
-                    bad(
-                        "use key=value pairs separated by commas, at most 40, keys of 1 to 128 characters not starting with aws: nor naming the cluster or Service tags, values of at most 256",
-                    );
-                }
-            }
-            SUBNETS => {
-                o.subnets = items(value).into_iter().map(str::to_owned).collect();
-                if o.subnets.is_empty()
-                    || o.subnets.len() > 20
-                    || o.subnets.iter().any(|s| s.len() > 255)
-                {
-                    bad(
-                        "use 1 to 20 subnet IDs (subnet-...) or subnet Name tags, separated by commas",
-                    );
-                }
-            }
-            EIP_ALLOCATIONS => {
-                o.eip_allocations = items(value).into_iter().map(str::to_owned).collect();
-                if o.eip_allocations.is_empty()
-                    || o.eip_allocations.len() > 20
-                    || !o.eip_allocations.iter().all(|a| aws_id(a, "eipalloc"))
-                {
-                    bad(
-                        "use Elastic IP allocation IDs (eipalloc-...), one per subnet, separated by commas",
-                    );
-                }
-            }
-            PRIVATE_IPV4 => {
-                let parsed: Result<Vec<Ipv4Addr>, _> =
-                    items(value).into_iter().map(str::parse).collect();
-                match parsed {
-                    Ok(ips) if !ips.is_empty() && ips.len() <= 20 => o.private_ipv4 = ips,
-                    _ => bad("use IPv4 addresses, one per subnet, separated by commas"),
-                }
-            }
-            HC_PROTOCOL => match value.trim().to_ascii_uppercase().as_str() {
-                "TCP" => o.health_check.protocol = Some(HcProtocol::Tcp),
-                "HTTP" => o.health_check.protocol = Some(HcProtocol::Http),
-                "HTTPS" => o.health_check.protocol = Some(HcProtocol::Https),
-                _ => bad("use TCP, HTTP or HTTPS"),
-            },
-            HC_PORT => match value.trim() {
-                "traffic-port" => o.health_check.port = Some(HcPort::TrafficPort),
-                v => match number(v, 1..=65535) {
-                    Some(n) => o.health_check.port = Some(HcPort::Port(n as u16)),
-                    None => bad("use traffic-port or a port number from 1 to 65535"),
-                },
-            },
-            HC_PATH => {
-                let v = value.trim();
-                if v.starts_with('/') && v.len() <= 1024 && v.bytes().all(|b| b.is_ascii_graphic())
-                {
-                    o.health_check.path = Some(v.to_owned());
-                } else {
-                    bad("use a path starting with / of at most 1024 printable characters");
-                }
-            }
-            HC_INTERVAL => match number(value, 5..=300) {
-                Some(n) => o.health_check.interval = Some(n),
-                None => bad("use whole seconds from 5 to 300"),
-            },
-            HC_TIMEOUT => match number(value, 2..=120) {
-                Some(n) => o.health_check.timeout = Some(n),
-                None => bad("use whole seconds from 2 to 120"),
-            },
-            HC_HEALTHY => match number(value, 2..=10) {
-                Some(n) => o.health_check.healthy = Some(n),
-                None => bad("use a count from 2 to 10"),
-            },
-            HC_UNHEALTHY => match number(value, 2..=10) {
-                Some(n) => o.health_check.unhealthy = Some(n),
-                None => bad("use a count from 2 to 10"),
-            },
-            TARGET_NODE_LABELS => {
-                let mut selector = Vec::new();
-                let mut ok = true;
-                for item in items(value) {
-                    let (k, v) = match item.split_once('=') {
-                        Some((k, v)) => (k.trim(), Some(v.trim())),
-                        None => (item, None),
-                    };
-                    if label_key(k) && v.is_none_or(label_value) {
-                        selector.push((k.to_owned(), v.map(str::to_owned)));
-                    } else {
-                        ok = false;
-                    }
-                }
-                if ok && !selector.is_empty() && selector.len() <= 16 {
-                    o.target_node_labels = selector;
-                } else {
-                    bad("use 1 to 16 label keys or key=value pairs separated by commas");
-                }
-            }
-            SSL_CERT => {
-                let v = value.trim();
-                if v.starts_with("arn:") && v.len() <= 2048 && !v.contains(',') {
-                    o.tls
-                        .get_or_insert(Tls {
-                            certificate_arn: String::new(),
-                            ports: TlsPorts::All,
-                            policy: None,
-                        })
-                        .certificate_arn = v.to_owned();
-                } else {
-                    bad("use the ARN of one ACM or IAM certificate (arn:...)");
-                }
-            }
-            SSL_PORTS | SSL_POLICY => {}
-            IP_ADDRESS_TYPE => match value.trim() {
-                "ipv4" => o.dualstack = false,
-                "dualstack" => o.dualstack = true,
-                _ => bad("use ipv4 or dualstack"),
-            },
-            other => {
-                let suffix = &other[PREFIX.len()..];
-                let why = REFUSED
-                    .iter()
-                    .find(|(name, _)| *name == suffix)
-                    .map_or_else(
-                        || "not an annotation this provider knows".to_owned(),
-                        |(_, why)| format!("not supported for NLBs: {why}"),
-                    );
-                problems.push((field(key), why));
-            }
+        if let Err(problem) = read(&mut o, key, annotations[key].as_str()) {
+            problems.push((field(key), problem.message(&annotations[key])));
         }
     }
     // The TLS settings that only make sense with a certificate.
