@@ -11,6 +11,7 @@ run:
 # Everything the tests need, then every test of the workspace.
 test:
 	python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+	cargo test --doc -p cloud-gateway -p ccm-provider
 	cargo nextest run --workspace --no-fail-fast
 
 # The benchmark table (BENCHMARKS.md): release binaries, both profiles, one run.

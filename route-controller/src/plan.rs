@@ -31,7 +31,7 @@ impl NodeInfo {
         if pod_cidrs.is_empty() {
             pod_cidrs.extend(spec.and_then(|s| s.pod_cidr.clone()));
         }
-        NodeInfo {
+        Self {
             name: node.name_any(),
             uid: node.metadata.uid.clone().unwrap_or_default(),
             provider_id: spec.and_then(|s| s.provider_id.clone()).unwrap_or_default(),

@@ -87,37 +87,27 @@ impl Cloud {
 
     /// Instance lookups; `NotImplemented` when the provider has none.
     pub fn instances(&self) -> Result<Capability<'_, dyn Instances + '_>> {
-        let capability = self
-            .provider
-            .instances()
-            .ok_or(CloudError::NotImplemented("instances"))?;
-        Ok(Capability {
-            cloud: self,
-            capability,
-        })
+        self.capability(self.provider.instances(), "instances")
     }
 
     /// Load balancers; `NotImplemented` when the provider has none.
     pub fn load_balancers(&self) -> Result<Capability<'_, dyn LoadBalancers + '_>> {
-        let capability = self
-            .provider
-            .load_balancers()
-            .ok_or(CloudError::NotImplemented("load balancers"))?;
-        Ok(Capability {
-            cloud: self,
-            capability,
-        })
+        self.capability(self.provider.load_balancers(), "load balancers")
     }
 
     /// Routes; `NotImplemented` when the provider has none.
     pub fn routes(&self) -> Result<Capability<'_, dyn Routes + '_>> {
-        let capability = self
-            .provider
-            .routes()
-            .ok_or(CloudError::NotImplemented("routes"))?;
+        self.capability(self.provider.routes(), "routes")
+    }
+
+    fn capability<'a, C: ?Sized>(
+        &'a self,
+        capability: Option<&'a C>,
+        name: &'static str,
+    ) -> Result<Capability<'a, C>> {
         Ok(Capability {
             cloud: self,
-            capability,
+            capability: capability.ok_or(CloudError::NotImplemented(name))?,
         })
     }
 

@@ -52,10 +52,18 @@ pub fn addresses_to_wire(addresses: Vec<NodeAddress>) -> Vec<wire::NodeAddress> 
 }
 
 /// A node reference from the wire.
-pub fn node(node: &wire::NodeRef) -> NodeRef {
+pub fn node(node: wire::NodeRef) -> NodeRef {
     NodeRef {
-        name: node.name.clone(),
-        provider_id: node.provider_id.clone(),
+        name: node.name,
+        provider_id: node.provider_id,
+    }
+}
+
+/// A node reference for the wire.
+pub fn node_to_wire(node: NodeRef) -> wire::NodeRef {
+    wire::NodeRef {
+        name: node.name,
+        provider_id: node.provider_id,
     }
 }
 

@@ -53,13 +53,12 @@ impl Instances for InstancesService {
                 v.add("purpose", "unknown purpose");
             }
             v.finish()?;
-            let nodes: Vec<_> = req.nodes.iter().map(convert::node).collect();
+            let nodes: Vec<_> = req.nodes.into_iter().map(convert::node).collect();
             let answers = self
                 .lookups
                 .lookup(&nodes, req.fresh, priority(req.purpose))
                 .await?;
-            let results = req
-                .nodes
+            let results = nodes
                 .into_iter()
                 .zip(answers)
                 .map(|(node, answer)| {
@@ -69,7 +68,7 @@ impl Instances for InstancesService {
                         Lookup::NotFound => (InstanceState::NotFound, None),
                     };
                     InstanceResult {
-                        node: Some(node),
+                        node: Some(convert::node_to_wire(node)),
                         state: state as i32,
                         instance: instance.map(convert::instance_to_wire),
                         cached: answer.cached,

@@ -18,7 +18,8 @@ use super::{caller_name, convert};
 use crate::cloud::budget::Priority;
 use crate::cloud::load_balancer_reads::LoadBalancerReads;
 use crate::cloud::{Audit, Cloud};
-use ccm_provider::{Operation, load_balancer_name};
+use ccm_proto::v1 as wire;
+use ccm_provider::{CloudError, Host, LoadBalancerSpec, Operation, load_balancer_name};
 
 /// The LoadBalancers service.
 pub struct LoadBalancersService {
@@ -31,6 +32,21 @@ impl LoadBalancersService {
     pub fn new(cloud: Arc<Cloud>, reads: Arc<LoadBalancerReads>) -> Self {
         Self { cloud, reads }
     }
+}
+
+/// The spec and hosts of an ensure or host update, checked in full and in
+/// the provider's types.
+fn checked(
+    cluster_name: &str,
+    spec: Option<wire::LoadBalancerSpec>,
+    hosts: Vec<wire::Host>,
+) -> Result<(LoadBalancerSpec, Vec<Host>), CloudError> {
+    let mut v = Violations::default();
+    v.cluster_name(cluster_name);
+    v.spec(spec.as_ref());
+    v.hosts(&hosts);
+    v.finish()?;
+    Ok((convert::spec(spec), convert::hosts(hosts)))
 }
 
 fn resource(uid: &str) -> String {
@@ -67,13 +83,7 @@ impl LoadBalancers for LoadBalancersService {
         answer(async move {
             let caller = caller_name(&request);
             let req = request.into_inner();
-            let mut v = Violations::default();
-            v.cluster_name(&req.cluster_name);
-            v.spec(req.spec.as_ref());
-            v.hosts(&req.hosts);
-            v.finish()?;
-            let spec = convert::spec(req.spec);
-            let hosts = convert::hosts(req.hosts);
+            let (spec, hosts) = checked(&req.cluster_name, req.spec, req.hosts)?;
             let resource = resource(&spec.service.uid);
             let status = self
                 .cloud
@@ -103,13 +113,7 @@ impl LoadBalancers for LoadBalancersService {
         answer(async move {
             let caller = caller_name(&request);
             let req = request.into_inner();
-            let mut v = Violations::default();
-            v.cluster_name(&req.cluster_name);
-            v.spec(req.spec.as_ref());
-            v.hosts(&req.hosts);
-            v.finish()?;
-            let spec = convert::spec(req.spec);
-            let hosts = convert::hosts(req.hosts);
+            let (spec, hosts) = checked(&req.cluster_name, req.spec, req.hosts)?;
             let resource = resource(&spec.service.uid);
             self.cloud
                 .load_balancers()?

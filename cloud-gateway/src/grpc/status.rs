@@ -18,57 +18,55 @@ pub async fn answer<T>(work: impl Future<Output = Result<T, CloudError>>) -> Res
 
 /// The status for `err`.
 pub fn status(err: CloudError) -> Status {
-    {
-        let message = err.to_string();
-        let info = |r: &str| ErrorDetails::with_error_info(r, reason::DOMAIN, []);
-        let retry = |r: &str, delay| {
-            let mut d = info(r);
-            d.set_retry_info(Some(delay));
-            d
-        };
-        let (code, details) = match err {
-            CloudError::NotFound(_) => (Code::NotFound, info(reason::NOT_FOUND)),
-            CloudError::NotImplemented(_) => (Code::Unimplemented, info(reason::NOT_IMPLEMENTED)),
-            CloudError::ImplementedElsewhere(_) => (
-                Code::FailedPrecondition,
-                info(reason::IMPLEMENTED_ELSEWHERE),
-            ),
-            CloudError::Provisioning { retry_after, .. } => {
-                (Code::Unavailable, retry(reason::PROVISIONING, retry_after))
+    let message = err.to_string();
+    let info = |r: &str| ErrorDetails::with_error_info(r, reason::DOMAIN, []);
+    let retry = |r: &str, delay| {
+        let mut d = info(r);
+        d.set_retry_info(Some(delay));
+        d
+    };
+    let (code, details) = match err {
+        CloudError::NotFound(_) => (Code::NotFound, info(reason::NOT_FOUND)),
+        CloudError::NotImplemented(_) => (Code::Unimplemented, info(reason::NOT_IMPLEMENTED)),
+        CloudError::ImplementedElsewhere(_) => (
+            Code::FailedPrecondition,
+            info(reason::IMPLEMENTED_ELSEWHERE),
+        ),
+        CloudError::Provisioning { retry_after, .. } => {
+            (Code::Unavailable, retry(reason::PROVISIONING, retry_after))
+        }
+        CloudError::Throttled { retry_after } => (
+            Code::ResourceExhausted,
+            retry(reason::CLOUD_THROTTLED, retry_after),
+        ),
+        CloudError::BudgetExhausted { retry_after } => (
+            Code::ResourceExhausted,
+            retry(reason::BUDGET_EXHAUSTED, retry_after),
+        ),
+        CloudError::InvalidArgument(violations) => {
+            let mut d = info(reason::INVALID_ARGUMENT);
+            for (field, problem) in violations {
+                d.add_bad_request_violation(field, problem);
             }
-            CloudError::Throttled { retry_after } => (
-                Code::ResourceExhausted,
-                retry(reason::CLOUD_THROTTLED, retry_after),
-            ),
-            CloudError::BudgetExhausted { retry_after } => (
-                Code::ResourceExhausted,
-                retry(reason::BUDGET_EXHAUSTED, retry_after),
-            ),
-            CloudError::InvalidArgument(violations) => {
-                let mut d = info(reason::INVALID_ARGUMENT);
-                for (field, problem) in violations {
-                    d.add_bad_request_violation(field, problem);
-                }
-                (Code::InvalidArgument, d)
-            }
-            CloudError::Conflict(_) => (Code::AlreadyExists, info(reason::CONFLICT)),
-            CloudError::PoolExhausted(_) => (
-                Code::ResourceExhausted,
-                info(reason::ADDRESS_POOL_EXHAUSTED),
-            ),
-            CloudError::QuotaExceeded(_) => {
-                (Code::ResourceExhausted, info(reason::CLOUD_QUOTA_EXCEEDED))
-            }
-            CloudError::PermissionDenied(_) => (
-                Code::PermissionDenied,
-                info(reason::CLOUD_PERMISSION_DENIED),
-            ),
-            CloudError::NotConfigured(_) => {
-                (Code::FailedPrecondition, info(reason::CLOUD_NOT_CONFIGURED))
-            }
-            CloudError::Unavailable(_) => (Code::Unavailable, info(reason::CLOUD_UNAVAILABLE)),
-            CloudError::Internal(_) => (Code::Internal, ErrorDetails::new()),
-        };
-        Status::with_error_details(code, message, details)
-    }
+            (Code::InvalidArgument, d)
+        }
+        CloudError::Conflict(_) => (Code::AlreadyExists, info(reason::CONFLICT)),
+        CloudError::PoolExhausted(_) => (
+            Code::ResourceExhausted,
+            info(reason::ADDRESS_POOL_EXHAUSTED),
+        ),
+        CloudError::QuotaExceeded(_) => {
+            (Code::ResourceExhausted, info(reason::CLOUD_QUOTA_EXCEEDED))
+        }
+        CloudError::PermissionDenied(_) => (
+            Code::PermissionDenied,
+            info(reason::CLOUD_PERMISSION_DENIED),
+        ),
+        CloudError::NotConfigured(_) => {
+            (Code::FailedPrecondition, info(reason::CLOUD_NOT_CONFIGURED))
+        }
+        CloudError::Unavailable(_) => (Code::Unavailable, info(reason::CLOUD_UNAVAILABLE)),
+        CloudError::Internal(_) => (Code::Internal, ErrorDetails::new()),
+    };
+    Status::with_error_details(code, message, details)
 }
