@@ -38,6 +38,7 @@ pub enum IpFamily {
     V6,
 }
 
+/// Checks an AWS resource ID such as `vpc-0123abcd` with `prefix` `vpc-`.
 pub fn id(prefix: &str, value: &str) -> Result<String, String> {
     let value = value.trim();
     let ok = value.strip_prefix(prefix).is_some_and(|hex| {
@@ -50,6 +51,7 @@ pub fn id(prefix: &str, value: &str) -> Result<String, String> {
     }
 }
 
+/// Checks a region name such as `eu-west-1`.
 pub fn region(value: &str) -> Result<String, String> {
     let value = value.trim();
     let ok = (1..=32).contains(&value.len())
@@ -65,6 +67,7 @@ pub fn region(value: &str) -> Result<String, String> {
     }
 }
 
+/// Checks an endpoint URL (`http://` or `https://`, with a host).
 pub fn endpoint_url(value: &str) -> Result<String, String> {
     let value = value.trim();
     let uri: http::Uri = value.parse().map_err(|_| "is not a URL".to_owned())?;
@@ -74,6 +77,7 @@ pub fn endpoint_url(value: &str) -> Result<String, String> {
     }
 }
 
+/// Checks an IAM role ARN.
 pub fn role_arn(value: &str) -> Result<String, String> {
     let value = value.trim();
     let parts: Vec<&str> = value.splitn(6, ':').collect();
@@ -93,6 +97,7 @@ pub fn role_arn(value: &str) -> Result<String, String> {
     }
 }
 
+/// Reads `ipv4`, `ipv6` or both, in order, each once.
 pub fn ip_families(value: &str) -> Result<Vec<IpFamily>, String> {
     let mut out = Vec::new();
     for item in list(value) {
