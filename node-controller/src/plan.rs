@@ -354,7 +354,7 @@ pub fn shutdown_taint() -> Taint {
 #[cfg(test)]
 mod tests {
     use ccm_proto::v1::{InstanceState, NodeAddress as CloudAddress};
-    use ccm_testkit::fixtures::node;
+    use kube_test_apiserver::fixtures::node;
 
     use super::*;
 

@@ -13,12 +13,12 @@ use ccm_proto::v1::{
 use ccm_provider::Operation;
 use ccm_runtime::names;
 use ccm_testkit::env::{TestController, TestEnv, eventually};
-use ccm_testkit::fixtures::node;
 use clap::Parser;
 use cloud_gateway::identity::Role;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube_test_apiserver::fixtures::node;
 use node_controller::args::{Args, Settings};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;

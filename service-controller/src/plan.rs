@@ -383,7 +383,7 @@ pub fn describe_violations(violations: &[ccm_proto::FieldViolation]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use ccm_testkit::fixtures::{load_balancer, node};
+    use kube_test_apiserver::fixtures::{load_balancer, node};
 
     use super::*;
 

@@ -9,12 +9,12 @@ use ccm_proto::v1::{Faults, LoadBalancerSpec, Protocol, ServicePort, ServiceRef}
 use ccm_provider::Operation;
 use ccm_runtime::names;
 use ccm_testkit::env::{TestController, TestEnv, eventually};
-use ccm_testkit::fixtures::{load_balancer, node};
 use clap::Parser;
 use cloud_gateway::identity::Role;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube_test_apiserver::fixtures::{load_balancer, node};
 use serde_json::json;
 use service_controller::args::{Args, Settings};
 use tokio_util::sync::CancellationToken;

@@ -31,8 +31,8 @@ pub fn run(args: &[&str]) -> anyhow::Result<String> {
 /// Renders the chart as the sandbox plays it (release `ccm` in
 /// `kube-system`) with `sets` (`dotted.key=value`) into `path`.
 pub fn render_to(path: &Path, sets: &[&str]) -> anyhow::Result<()> {
-    let mut args = vec!["render", "--release", crate::sandbox::RELEASE];
-    args.extend(["--namespace", crate::sandbox::NAMESPACE]);
+    let mut args = vec!["render", "--release", ccm_sandbox::RELEASE];
+    args.extend(["--namespace", ccm_sandbox::NAMESPACE]);
     for set in sets {
         args.extend(["--set", set]);
     }
@@ -46,9 +46,9 @@ pub fn render_objects(values: &[&Path], sets: &[String]) -> anyhow::Result<Vec<s
     let mut args: Vec<String> = vec![
         "render".into(),
         "--release".into(),
-        crate::sandbox::RELEASE.into(),
+        ccm_sandbox::RELEASE.into(),
         "--namespace".into(),
-        crate::sandbox::NAMESPACE.into(),
+        ccm_sandbox::NAMESPACE.into(),
     ];
     for file in values {
         args.extend(["--values".into(), file.display().to_string()]);
@@ -57,5 +57,5 @@ pub fn render_objects(values: &[&Path], sets: &[String]) -> anyhow::Result<Vec<s
         args.extend(["--set".into(), set.clone()]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    crate::apiserver::documents(&run(&args)?).map_err(anyhow::Error::msg)
+    kube_test_apiserver::documents(&run(&args)?).map_err(anyhow::Error::msg)
 }

@@ -16,7 +16,7 @@ use cloud_gateway::identity::Role;
 use cloud_gateway::settings::Settings as GatewaySettings;
 use tokio_util::sync::CancellationToken;
 
-use crate::apiserver::ApiServer;
+use kube_test_apiserver::ApiServer;
 
 /// Every test step waits at most this long.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
@@ -187,30 +187,9 @@ pub async fn events(
 
 /// A plain HTTP GET (admin endpoints): `(status, body)`.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    try_http_get(addr, path).await.expect("HTTP GET")
-}
-
-/// [`http_get`] that reports a connection failure instead of panicking.
-pub async fn try_http_get(
-    addr: std::net::SocketAddr,
-    path: &str,
-) -> std::io::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
+    ccm_sandbox::admin::try_http_get(addr, path)
+        .await
+        .expect("HTTP GET")
 }
 
 /// The value of the first sample of `metric` (with its labels, e.g.

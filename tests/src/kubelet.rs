@@ -21,7 +21,7 @@ use anyhow::{Context as _, bail};
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
-use crate::apiserver::{ApiServer, TokenUser};
+use kube_test_apiserver::{ApiServer, TokenUser};
 
 /// What a container runs in.
 pub struct Node<'a> {
@@ -268,7 +268,7 @@ impl Node<'_> {
         std::fs::create_dir_all(&pod_root)?;
         std::fs::write(
             &kubeconfig,
-            crate::apiserver::kubeconfig(
+            kube_test_apiserver::kubeconfig(
                 &self.api.url(),
                 &account,
                 &self.token(&namespace, &account, &[]),
@@ -342,7 +342,9 @@ impl Node<'_> {
                     container.log_text()
                 );
             }
-            if let Ok((200, _)) = crate::env::try_http_get(address, text(&probe["path"])).await {
+            if let Ok((200, _)) =
+                ccm_sandbox::admin::try_http_get(address, text(&probe["path"])).await
+            {
                 return Ok(());
             }
             if started.elapsed() > within {

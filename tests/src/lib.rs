@@ -1,30 +1,28 @@
-//! Test infrastructure of the cloud controller manager: the Kubernetes API
-//! test server ([`apiserver`]), and later the end-to-end scenarios, the
-//! local sandbox and the benchmarks.
+//! The test kit: what the workspace's tests share beside the Kubernetes API
+//! test server (crate `kube-test-apiserver`) and the sandbox (crate
+//! `ccm-sandbox`): a gateway and a controller in-process ([`env`]),
+//! simulated kubelets ([`kubelet`]), a trace collector ([`otlp`]) and the
+//! Helm chart rendered ([`chart`]). The end-to-end tests are this crate's
+//! `tests/`.
 
-pub mod apiserver;
-pub mod aws;
-pub mod bench;
 pub mod chart;
-pub mod conformance;
 pub mod env;
-pub mod fixtures;
-pub mod gateway;
 pub mod kubelet;
 pub mod otlp;
-pub mod plot;
-pub mod sandbox;
-pub mod toy;
 
-/// The directory of the workspace's binaries, in this package's integration
-/// tests (where Cargo sets `CARGO_BIN_EXE_<name>`): the binaries of every
-/// crate of the workspace are built beside the sandbox.
-#[macro_export]
-macro_rules! bin_dir {
-    () => {
-        std::path::Path::new(env!("CARGO_BIN_EXE_sandbox"))
-            .parent()
-            .expect("binaries live in a directory")
-            .to_path_buf()
+use std::path::PathBuf;
+
+/// The directory of the workspace's binaries, from a test: tests run from
+/// `<target>/<profile>/deps`, and `cargo nextest run --workspace` (or
+/// `cargo test --workspace`) builds every binary of the workspace into
+/// `<target>/<profile>` before any test runs.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe.parent().expect("a test lives in a directory");
+    let dir = if dir.ends_with("deps") {
+        dir.parent().expect("deps lives in the profile's directory")
+    } else {
+        dir
     };
+    dir.to_path_buf()
 }

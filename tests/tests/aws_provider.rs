@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use ccm_proto::v1::{InstanceState, LookupPurpose, NodeAddressType, NodeRef, Route};
 use ccm_proto::{Error, reason};
-use ccm_testkit::aws::{self, Fault, FaultProxy, Moto, Seeded};
-use ccm_testkit::gateway::GatewayProcess;
+use ccm_sandbox::aws::{self, Fault, FaultProxy, Moto, Seeded};
+use ccm_sandbox::gateway::GatewayProcess;
 
 const CLUSTER: &str = "kubernetes";
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -49,7 +49,7 @@ async fn env(instances: usize, args: &[&str]) -> Env {
     .collect();
     all.extend(args.iter().map(|s| s.to_string()));
     let gateway = GatewayProcess::start(
-        &ccm_testkit::bin_dir!(),
+        &ccm_testkit::bin_dir(),
         &dir.path().join("gateway"),
         &all,
         &aws::credentials_env(&secret, dir.path()),
@@ -475,7 +475,7 @@ async fn env_with_tables(env: &Env) -> GatewayProcess {
     .map(|s| s.to_string())
     .collect();
     GatewayProcess::start(
-        &ccm_testkit::bin_dir!(),
+        &ccm_testkit::bin_dir(),
         &env.dir.path().join("gateway-2"),
         &args,
         &aws::credentials_env(&env.secret, env.dir.path()),
@@ -539,7 +539,7 @@ async fn an_unreachable_or_unauthenticated_cloud_is_unavailable_or_refused_never
     );
     let secret = aws::secret_access_key();
     let unreachable = GatewayProcess::start(
-        &ccm_testkit::bin_dir!(),
+        &ccm_testkit::bin_dir(),
         &dir.path().join("unreachable"),
         &["--provider", "aws", "--aws-endpoint-url", &closed].map(String::from),
         &aws::credentials_env(&secret, dir.path()),
@@ -563,7 +563,7 @@ async fn an_unreachable_or_unauthenticated_cloud_is_unavailable_or_refused_never
     no_credentials
         .retain(|(k, _)| !k.starts_with("AWS_ACCESS_KEY") && !k.starts_with("AWS_SECRET"));
     let anonymous = GatewayProcess::start(
-        &ccm_testkit::bin_dir!(),
+        &ccm_testkit::bin_dir(),
         &dir.path().join("anonymous"),
         &["--provider", "aws", "--aws-endpoint-url", &moto.endpoint].map(String::from),
         &no_credentials,
@@ -1576,8 +1576,8 @@ async fn subnets_by_name_elastic_ips_and_dual_stack_reach_aws_as_asked() {
 #[tokio::test]
 async fn the_aws_provider_passes_the_conformance_suite() {
     let env = env(1, &[]).await;
-    let out = ccm_testkit::conformance::run_binary(
-        &ccm_testkit::bin_dir!(),
+    let out = gateway_conformance::run_binary(
+        &ccm_testkit::bin_dir(),
         &env.gateway.address,
         &env.dir.path().join("gateway/state/tokens"),
         CLUSTER,

@@ -9,7 +9,7 @@ use std::process::Command;
 fn the_benchmark_harness_runs_every_scenario_for_both_profiles() {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("BENCHMARKS.md");
-    let out = Command::new(env!("CARGO_BIN_EXE_bench"))
+    let out = Command::new(ccm_testkit::bin_dir().join("bench"))
         .arg("--smoke")
         .arg("--work-dir")
         .arg(dir.path().join("work"))

@@ -25,7 +25,7 @@ fn a_person_can_render_the_chart_with_their_values() {
         "nodeController.replicas=3",
     ])
     .unwrap();
-    let docs = ccm_testkit::apiserver::documents(&out).unwrap();
+    let docs = kube_test_apiserver::documents(&out).unwrap();
     let deployments: Vec<(&str, i64)> = docs
         .iter()
         .filter(|d| d["kind"] == "Deployment")
@@ -134,9 +134,9 @@ async fn the_dashboard_and_alerts_use_only_metrics_the_binaries_export() {
     }
 
     let dir = tempfile::tempdir().unwrap();
-    let sandbox = ccm_testkit::sandbox::Sandbox::start(ccm_testkit::sandbox::Options::new(
+    let sandbox = ccm_sandbox::Sandbox::start(ccm_sandbox::Options::new(
         dir.path().join("state"),
-        ccm_testkit::bin_dir!(),
+        ccm_testkit::bin_dir(),
     ))
     .await
     .unwrap();
@@ -148,7 +148,7 @@ async fn the_dashboard_and_alerts_use_only_metrics_the_binaries_export() {
         }
         let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
         let body = ccm_testkit::env::eventually(&format!("{name} /metrics"), || async {
-            match ccm_testkit::env::try_http_get(addr, "/metrics").await {
+            match ccm_sandbox::admin::try_http_get(addr, "/metrics").await {
                 Ok((200, body)) => Some(body),
                 _ => None,
             }

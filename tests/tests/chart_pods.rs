@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use ccm_testkit::apiserver::ApiServer;
 use ccm_testkit::kubelet::{self, Node};
+use kube_test_apiserver::ApiServer;
 use serde_json::Value;
 
 fn free_port() -> u16 {
@@ -65,7 +65,7 @@ async fn start_all(
     let node = Node {
         api: &api,
         objects,
-        bin_dir: ccm_testkit::bin_dir!(),
+        bin_dir: ccm_testkit::bin_dir(),
         root: dir.path().to_path_buf(),
         secrets,
     };
@@ -108,10 +108,10 @@ async fn the_pods_with_every_option_run_and_become_ready() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_aws_pods_run_with_credentials_from_a_secret_and_become_ready() {
     let dir = tempfile::tempdir().unwrap();
-    let moto = ccm_testkit::aws::Moto::start(&dir.path().join("moto"))
+    let moto = ccm_sandbox::aws::Moto::start(&dir.path().join("moto"))
         .await
         .unwrap();
-    let seeded = ccm_testkit::aws::seed(&moto.ec2(), "kubernetes", 1)
+    let seeded = ccm_sandbox::aws::seed(&moto.ec2(), "kubernetes", 1)
         .await
         .unwrap();
     let mut sets = ports();
@@ -124,10 +124,10 @@ async fn the_aws_pods_run_with_credentials_from_a_secret_and_become_ready() {
         "gateway.credentials.existingSecret=aws-keys".into(),
     ]);
     let objects = ccm_testkit::chart::render_objects(&[], &sets).unwrap();
-    let secret = ccm_testkit::aws::secret_access_key();
+    let secret = ccm_sandbox::aws::secret_access_key();
     let credentials = format!(
         "[default]\naws_access_key_id = {}\naws_secret_access_key = {secret}\n",
-        ccm_testkit::aws::ACCESS_KEY_ID
+        ccm_sandbox::aws::ACCESS_KEY_ID
     );
     let secrets = BTreeMap::from([(
         "aws-keys".to_owned(),

@@ -9,11 +9,11 @@ use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
-use ccm_testkit::gateway::GatewayProcess;
+use ccm_sandbox::gateway::GatewayProcess;
 
 async fn conformance(address: &str, tokens: &Path, args: &[&str]) -> Output {
-    ccm_testkit::conformance::run_binary(
-        &ccm_testkit::bin_dir!(),
+    gateway_conformance::run_binary(
+        &ccm_testkit::bin_dir(),
         address,
         tokens,
         "conformance",
@@ -37,7 +37,7 @@ fn assert_passes_everything(out: &Output) {
         .filter_map(|l| l.split_whitespace().nth(1))
         .filter(|name| name.contains('.'))
         .collect();
-    assert_eq!(names, ccm_testkit::conformance::CHECKS, "{stdout}");
+    assert_eq!(names, gateway_conformance::CHECKS, "{stdout}");
     assert!(stdout.contains(" 0 failed, 1 skipped"), "{stdout}");
     assert!(stdout.contains("SKIP provider.unimplemented"), "{stdout}");
 }
@@ -48,7 +48,7 @@ async fn sim_gateway(dir: &Path, args: &[&str]) -> GatewayProcess {
         .chain(args)
         .map(|s| s.to_string())
         .collect();
-    let gateway = GatewayProcess::start(&ccm_testkit::bin_dir!(), dir, &args, &[])
+    let gateway = GatewayProcess::start(&ccm_testkit::bin_dir(), dir, &args, &[])
         .await
         .unwrap();
     assert!(
@@ -78,7 +78,7 @@ async fn the_sim_gateway_passes_every_check() {
 
 async fn toy_conformance(offer: &str) -> (Output, String) {
     let dir = tempfile::tempdir().unwrap();
-    let toy = ccm_testkit::toy::ToyGateway::start(dir.path(), &["--offer", offer])
+    let toy = ccm_sandbox::toy::ToyGateway::start(dir.path(), &["--offer", offer])
         .await
         .unwrap();
     let out = conformance(
@@ -160,7 +160,7 @@ async fn a_gateway_that_breaks_a_rule_fails_with_one_clear_line() {
 #[test]
 fn the_contract_names_every_check_beside_its_rule() {
     let contract = include_str!("../../proto/CONTRACT.md");
-    for check in ccm_testkit::conformance::CHECKS {
+    for check in gateway_conformance::CHECKS {
         assert!(
             contract.contains(&format!("[{check}]")),
             "{check} has no rule in proto/CONTRACT.md"

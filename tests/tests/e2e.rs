@@ -4,15 +4,11 @@
 //! exits 0 only once every node is initialised, every Service has an
 //! ingress IP and every pod CIDR has a route.
 
-use std::path::Path;
 use std::process::Command;
 
 #[test]
 fn the_sandbox_converges_with_real_processes() {
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_sandbox"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
+    let bin_dir = ccm_testkit::bin_dir();
     for binary in [
         "cloud-gateway",
         "node-controller",
@@ -25,7 +21,7 @@ fn the_sandbox_converges_with_real_processes() {
         );
     }
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_sandbox"))
+    let out = Command::new(ccm_testkit::bin_dir().join("sandbox"))
         .args([
             "--nodes",
             "4",
@@ -74,7 +70,7 @@ mod scenarios {
 
     use ccm_proto::Error as GatewayError;
     use ccm_proto::v1::{InstanceId, LookupPurpose, NodeRef};
-    use ccm_testkit::sandbox::{CloudKind, Handle, Options, Progress, Sandbox};
+    use ccm_sandbox::{CloudKind, Handle, Options, Progress, Sandbox};
     use k8s_openapi::api::core::v1::{Node, Service};
     use kube::api::{Api, DeleteParams, PostParams};
 
@@ -93,10 +89,7 @@ mod scenarios {
         services: usize,
     ) -> (Sandbox, tokio::task::JoinHandle<()>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
-        let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_sandbox"))
-            .parent()
-            .unwrap()
-            .to_path_buf();
+        let bin_dir = ccm_testkit::bin_dir();
         // Every scenario runs under the chart's RBAC: each process has its
         // ServiceAccount's identity and may do only what the chart grants.
         let policy = dir.path().join("chart.yaml");
@@ -236,7 +229,7 @@ mod scenarios {
         Api::<Service>::namespaced(client, "default")
             .create(
                 &PostParams::default(),
-                &ccm_testkit::fixtures::load_balancer("default", "after").build(),
+                &kube_test_apiserver::fixtures::load_balancer("default", "after").build(),
             )
             .await
             .unwrap();
@@ -290,7 +283,7 @@ mod scenarios {
                 services
                     .create(
                         &PostParams::default(),
-                        &ccm_testkit::fixtures::load_balancer("default", &name).build(),
+                        &kube_test_apiserver::fixtures::load_balancer("default", &name).build(),
                     )
                     .await
                     .unwrap()
@@ -384,9 +377,9 @@ mod scenarios {
             // a few percent fails a good part of them.
             Some(aws) => {
                 aws.proxy
-                    .fail_at_rate(ccm_testkit::aws::Fault::ServerError, 0.02);
+                    .fail_at_rate(ccm_sandbox::aws::Fault::ServerError, 0.02);
                 aws.proxy
-                    .fail_at_rate(ccm_testkit::aws::Fault::Throttle, 0.01);
+                    .fail_at_rate(ccm_sandbox::aws::Fault::Throttle, 0.01);
             }
             None => {
                 let mut faults = ccm_proto::v1::Faults {
@@ -452,7 +445,7 @@ mod scenarios {
         if let Some(aws) = &sandbox.aws {
             // Nothing of a deleted Service is left in the account: one
             // target group and one security group per NLB.
-            let elb = ccm_testkit::aws::elb_client(&aws.moto.endpoint);
+            let elb = ccm_sandbox::aws::elb_client(&aws.moto.endpoint);
             let groups = elb.describe_target_groups().send().await.unwrap();
             assert_eq!(groups.target_groups().len(), count / 2, "{groups:?}");
             let answer = aws.ec2.describe_security_groups().send().await.unwrap();
@@ -547,7 +540,7 @@ mod scenarios {
         })
         .await
         .unwrap();
-        let bare = ccm_testkit::fixtures::node("node-4")
+        let bare = kube_test_apiserver::fixtures::node("node-4")
             .uninitialized()
             .address("Hostname", "node-4")
             .ready()
@@ -778,7 +771,7 @@ mod scenarios {
                 labels
                     .get("topology.kubernetes.io/region")
                     .map(String::as_str),
-                Some(ccm_testkit::aws::REGION)
+                Some(ccm_sandbox::aws::REGION)
             );
             assert_eq!(
                 labels
@@ -793,7 +786,7 @@ mod scenarios {
             cidr_of.insert(spec.pod_cidr.unwrap(), instance.id.clone());
         }
         // The cluster's route table sends each pod CIDR to its instance.
-        let table = || ccm_testkit::aws::routes(&aws.ec2, &aws.seeded.route_table);
+        let table = || ccm_sandbox::aws::routes(&aws.ec2, &aws.seeded.route_table);
         let want: Vec<(String, Option<String>)> = cidr_of
             .iter()
             .map(|(cidr, id)| (cidr.clone(), Some(id.clone())))
@@ -804,9 +797,9 @@ mod scenarios {
 
         // Each Service has its NLB's DNS name as its address, and the NLB
         // sends its port to every instance on the Service's node port.
-        let elb = ccm_testkit::aws::elb_client(&aws.moto.endpoint);
+        let elb = ccm_sandbox::aws::elb_client(&aws.moto.endpoint);
         let services: Api<Service> = Api::namespaced(sandbox.client().await.unwrap(), "default");
-        let ids = |instances: &[ccm_testkit::aws::SeededInstance]| {
+        let ids = |instances: &[ccm_sandbox::aws::SeededInstance]| {
             let mut ids: Vec<String> = instances.iter().map(|i| i.id.clone()).collect();
             ids.sort();
             ids
@@ -868,7 +861,7 @@ mod scenarios {
         services
             .create(
                 &PostParams::default(),
-                &ccm_testkit::fixtures::load_balancer("default", "edge")
+                &kube_test_apiserver::fixtures::load_balancer("default", "edge")
                     .annotation(annotation, "ccm-test/edge=true")
                     .build(),
             )

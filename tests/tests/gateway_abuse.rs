@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ccm_proto::v1::{LookupPurpose, NodeRef};
-use ccm_testkit::apiserver::ApiServer;
-use ccm_testkit::conformance::grpc_frame;
-use ccm_testkit::gateway::GatewayProcess;
+use ccm_sandbox::gateway::GatewayProcess;
+use gateway_conformance::grpc_frame;
 use http::Request;
+use kube_test_apiserver::ApiServer;
 use prost::Message;
 
 /// Resident memory the gateway must stay under, during and after.
@@ -19,7 +19,7 @@ const BOUND: u64 = 128 * 1024 * 1024;
 const MIB: f64 = 1024.0 * 1024.0;
 
 async fn gateway(dir: &Path, args: &[String]) -> GatewayProcess {
-    let gw = GatewayProcess::start(&ccm_testkit::bin_dir!(), dir, args, &[])
+    let gw = GatewayProcess::start(&ccm_testkit::bin_dir(), dir, args, &[])
         .await
         .unwrap();
     assert!(

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use ccm_proto::v1::{LookupPurpose, NodeRef};
 use ccm_proto::{ClientConfig, Error, GatewayClient, RetryPolicy, TokenSource};
-use ccm_testkit::apiserver::{ApiServer, TokenUser};
 use cloud_gateway::Gateway;
 use cloud_gateway::identity::Role;
 use cloud_gateway::layers::service_accounts::ServiceAccountAuth;
 use cloud_gateway::settings::Settings;
+use kube_test_apiserver::{ApiServer, TokenUser};
 use tokio_util::sync::CancellationToken;
 
 const AUDIENCE: &str = "cloud-gateway";

@@ -84,7 +84,7 @@ async fn the_image_runs_the_gateway_as_non_root_on_a_read_only_root() {
     let rootfs = dir.path().join("rootfs");
     std::fs::create_dir_all(rootfs.join("usr/local/bin")).unwrap();
     for binary in BINARIES {
-        let from = ccm_testkit::bin_dir!().join(binary);
+        let from = ccm_testkit::bin_dir().join(binary);
         std::fs::copy(&from, rootfs.join("usr/local/bin").join(binary)).unwrap();
         for lib in libraries(&from) {
             let to = rootfs.join(lib.strip_prefix("/").unwrap());

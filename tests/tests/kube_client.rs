@@ -6,7 +6,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use ccm_testkit::apiserver::{ApiServer, TokenUser};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeStatus, Service};
@@ -15,6 +14,7 @@ use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube_test_apiserver::{ApiServer, TokenUser};
 use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -161,7 +161,7 @@ async fn watching_from_a_compacted_version_answers_410_expired() {
 
 #[tokio::test]
 async fn watches_resume_from_a_resource_version_and_send_bookmarks() {
-    let server = ApiServer::start_with(ccm_testkit::apiserver::Config {
+    let server = ApiServer::start_with(kube_test_apiserver::Config {
         bookmark_interval: Duration::from_millis(100),
         ..Default::default()
     })

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use ccm_testkit::apiserver::ApiServer;
+use kube_test_apiserver::ApiServer;
 use serde_json::Value;
 
 struct Kubectl {
@@ -362,7 +362,7 @@ fn the_server_binary_writes_a_kubeconfig_kubectl_can_use() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let mut server = Command::new(env!("CARGO_BIN_EXE_kube-test-apiserver"))
+    let mut server = Command::new(ccm_testkit::bin_dir().join("kube-test-apiserver"))
         .args(["--listen", &format!("127.0.0.1:{port}"), "--kubeconfig"])
         .arg(&kubeconfig)
         .stderr(Stdio::null())

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use ccm_runtime::args::LeaseSettings;
 use ccm_runtime::leader::{self, Leadership};
-use ccm_testkit::apiserver::ApiServer;
+use kube_test_apiserver::ApiServer;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;

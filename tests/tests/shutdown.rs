@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use ccm_testkit::env::{TestEnv, try_http_get};
-use ccm_testkit::gateway::GatewayProcess;
+use ccm_sandbox::admin::try_http_get;
+use ccm_sandbox::gateway::GatewayProcess;
+use ccm_testkit::env::TestEnv;
 use cloud_gateway::identity::Role;
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::process::{Child, Command};
@@ -39,7 +40,7 @@ struct Proc {
 fn spawn(dir: &Path, name: &str, binary: &str, args: &[String]) -> Proc {
     let admin = free_addr();
     let log = dir.join(format!("{name}.log"));
-    let child = Command::new(ccm_testkit::bin_dir!().join(binary))
+    let child = Command::new(ccm_testkit::bin_dir().join(binary))
         .args(args)
         .arg("--admin-listen")
         .arg(admin.to_string())
@@ -129,7 +130,7 @@ async fn controllers_waiting_for_the_gateway_or_the_api_server_exit_on_sigterm()
     let unreachable_api = dir.path().join("kubeconfig-nowhere");
     std::fs::write(
         &unreachable_api,
-        ccm_testkit::apiserver::kubeconfig(&nowhere, "nobody", "token"),
+        kube_test_apiserver::kubeconfig(&nowhere, "nobody", "token"),
     )
     .unwrap();
     for (binary, role) in CONTROLLERS {
@@ -221,7 +222,7 @@ async fn the_gateway_the_api_server_and_the_sandbox_exit_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     // The gateway, serving a client with a call it never finishes sending.
     let gw = GatewayProcess::start(
-        &ccm_testkit::bin_dir!(),
+        &ccm_testkit::bin_dir(),
         &dir.path().join("gateway"),
         &[],
         &[],
@@ -254,7 +255,7 @@ async fn the_gateway_the_api_server_and_the_sandbox_exit_on_sigterm() {
 
     // The test API server.
     let api_addr = free_addr();
-    let mut api = Command::new(ccm_testkit::bin_dir!().join("kube-test-apiserver"))
+    let mut api = Command::new(ccm_testkit::bin_dir().join("kube-test-apiserver"))
         .args(["--listen", &api_addr.to_string()])
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -276,7 +277,7 @@ async fn the_gateway_the_api_server_and_the_sandbox_exit_on_sigterm() {
     assert!(status.success(), "{status}");
 
     // The sandbox, with everything it started.
-    let mut sandbox = Command::new(ccm_testkit::bin_dir!().join("sandbox"))
+    let mut sandbox = Command::new(ccm_testkit::bin_dir().join("sandbox"))
         .args([
             "--nodes",
             "1",

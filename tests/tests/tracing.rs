@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use ccm_sandbox::{Options, Sandbox};
 use ccm_testkit::otlp::{ReceivedSpan, Receiver};
-use ccm_testkit::sandbox::{Options, Sandbox};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, PostParams};
 
@@ -28,7 +28,7 @@ async fn one_services_ensure_is_one_trace_across_the_controller_and_the_gateway(
             ("service-controller".to_owned(), traced.clone()),
             ("node-controller".to_owned(), traced),
         ]),
-        ..Options::new(dir.path().join("state"), ccm_testkit::bin_dir!())
+        ..Options::new(dir.path().join("state"), ccm_testkit::bin_dir())
     })
     .await
     .unwrap();
@@ -37,7 +37,7 @@ async fn one_services_ensure_is_one_trace_across_the_controller_and_the_gateway(
     services
         .create(
             &PostParams::default(),
-            &ccm_testkit::fixtures::load_balancer("default", "traced").build(),
+            &kube_test_apiserver::fixtures::load_balancer("default", "traced").build(),
         )
         .await
         .unwrap();

@@ -126,7 +126,7 @@ impl GatewayProcess {
 
     /// The status code of `GET <path>` on the admin server, and the body.
     pub async fn admin_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        Ok(crate::env::try_http_get(self.admin, path).await?)
+        Ok(crate::admin::try_http_get(self.admin, path).await?)
     }
 
     /// Waits until `/readyz` answers 200; false after `within`.

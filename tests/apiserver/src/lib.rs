@@ -1,9 +1,11 @@
 //! A Kubernetes API server for tests: it speaks the real wire protocol for
 //! what the controllers and kubectl use (see `resources` for what is
 //! served), keeps everything in memory, and runs in-process on loopback or
-//! as the `kube-test-apiserver` binary.
+//! as the `kube-test-apiserver` binary. [`fixtures`] builds the Nodes and
+//! Services that tests and the sandbox put in it.
 
 mod events;
+pub mod fixtures;
 mod http;
 pub mod patch;
 pub mod protobuf;

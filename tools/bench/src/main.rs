@@ -10,8 +10,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ccm_bench::{Cloud, Harness, Sizes, machine, markdown};
 use ccm_runtime::settings::number_within;
-use ccm_testkit::bench::{Cloud, Harness, Sizes, machine, markdown};
 use clap::Parser;
 
 /// Where the hand-written part of the report begins.

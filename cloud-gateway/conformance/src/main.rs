@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use ccm_proto::TokenSource;
 use ccm_runtime::settings::number_within;
-use ccm_testkit::conformance::{Target, run, summary};
 use clap::Parser;
+use gateway_conformance::{Target, run, summary};
 
 /// Checks a cloudgateway.v1 gateway against the contract.
 #[derive(Parser)]

@@ -14,12 +14,12 @@ use crate::gateway::Started;
 
 /// The script, in the source tree.
 pub fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("toy-gateway/toy_gateway.py")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/toy-gateway/toy_gateway.py")
 }
 
 /// The protos it compiles at start, in the source tree.
 pub fn proto_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto")
 }
 
 /// The Python that runs it (grpcio, grpcio-tools from

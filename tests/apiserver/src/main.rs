@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use ccm_testkit::apiserver::{ApiServer, Config, TokenEntry, documents};
 use clap::Parser;
+use kube_test_apiserver::{ApiServer, Config, TokenEntry, documents};
 
 /// A Kubernetes API server in memory, for tests and the local sandbox.
 #[derive(Parser)]

@@ -7,6 +7,8 @@
 //! moto and count the AWS API requests at the proxy in front of it.
 //! `bench` prints the table and writes BENCHMARKS.md.
 
+pub mod plot;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -24,9 +26,9 @@ use serde_json::json;
 
 use cloud_gateway::cloud::instance_lookups::LookupConfig;
 
-use crate::fixtures::{self, node};
-use crate::gateway::Started;
-use crate::sandbox::{CloudKind, Options, Sandbox};
+use ccm_sandbox::gateway::Started;
+use ccm_sandbox::{CloudKind, Options, Sandbox};
+use kube_test_apiserver::fixtures::{self, node};
 
 /// How big each scenario is. Scenarios 1, 2 and 5 run once per size
 /// listed, for both profiles, so one run can hold the first targets' sizes
@@ -820,14 +822,18 @@ impl Harness {
             let aws = run.sandbox.aws.as_ref().context("no AWS account")?;
             let mut ids = Vec::new();
             for i in 0..joining {
-                let instance =
-                    crate::aws::run_instance(&aws.ec2, &aws.seeded, crate::sandbox::CLUSTER, 3 + i)
-                        .await?;
+                let instance = ccm_sandbox::aws::run_instance(
+                    &aws.ec2,
+                    &aws.seeded,
+                    ccm_sandbox::CLUSTER,
+                    3 + i,
+                )
+                .await?;
                 run.nodes_named(&[(instance.name.clone(), instance.private_ip.clone())])
                     .await?;
                 ids.push(instance.id);
             }
-            let elb = crate::aws::elb_client(&aws.moto.endpoint);
+            let elb = ccm_sandbox::aws::elb_client(&aws.moto.endpoint);
             run.until(
                 self.sizes.limit,
                 Duration::from_secs(2),
@@ -1097,13 +1103,15 @@ struct Floor {
 
 impl Floor {
     async fn start(bin_dir: &std::path::Path) -> anyhow::Result<Self> {
-        let port = crate::gateway::free_port()?;
+        let port = ccm_sandbox::gateway::free_port()?;
         let mut process = tokio::process::Command::new(bin_dir.join("latency-floor"))
             .arg(format!("--listen=127.0.0.1:{port}"))
             .kill_on_drop(true)
             .spawn()
             .context("start latency-floor")?;
-        match crate::gateway::until_listening(&mut process, port, Duration::from_secs(10)).await? {
+        match ccm_sandbox::gateway::until_listening(&mut process, port, Duration::from_secs(10))
+            .await?
+        {
             Started::Listening => Ok(Floor {
                 address: format!("http://127.0.0.1:{port}"),
                 process,
@@ -1121,7 +1129,7 @@ impl Floor {
     fn config(&self) -> ccm_proto::ClientConfig {
         ccm_proto::ClientConfig::new(
             self.address.clone(),
-            crate::sandbox::CLUSTER,
+            ccm_sandbox::CLUSTER,
             ccm_proto::TokenSource::Static("floor".into()),
         )
     }
@@ -1172,7 +1180,7 @@ impl Caller {
             Caller::Bare(client) => {
                 client
                     .get_instances(GetInstancesRequest {
-                        cluster_name: crate::sandbox::CLUSTER.into(),
+                        cluster_name: ccm_sandbox::CLUSTER.into(),
                         nodes: vec![node],
                         purpose: LookupPurpose::Refresh as i32,
                         fresh: false,
@@ -1531,7 +1539,7 @@ async fn status_of(url: &str) -> Option<u16> {
     let (addr, path) = rest.split_at(rest.find('/')?);
     let (code, _) = tokio::time::timeout(
         Duration::from_secs(2),
-        crate::env::try_http_get(addr.parse().ok()?, path),
+        ccm_sandbox::admin::try_http_get(addr.parse().ok()?, path),
     )
     .await
     .ok()?

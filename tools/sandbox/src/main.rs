@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ccm_runtime::settings::number_within;
-use ccm_testkit::sandbox::{CloudKind, Options, Sandbox};
+use ccm_sandbox::{CloudKind, Options, Sandbox};
 use clap::Parser;
 
 /// Runs the cloud controller manager locally: API server, gateway on the

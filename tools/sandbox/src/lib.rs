@@ -3,6 +3,16 @@
 //! each controller with its replicas), with simulated kubelets that
 //! register a Node per sim instance and keep it Ready while the instance
 //! runs. The README's run command starts it; end-to-end tests drive it.
+//!
+//! Beside it, what starts the parts it runs and that tests and the
+//! benchmarks start on their own too: a gateway process ([`gateway`]), the
+//! toy gateway in Python ([`toy`]), moto for AWS ([`aws`]), and a GET on
+//! their admin endpoints ([`admin`]).
+
+pub mod admin;
+pub mod aws;
+pub mod gateway;
+pub mod toy;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -18,10 +28,10 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-use crate::apiserver::{TokenEntry, TokenUser};
-use crate::aws::{self, Moto, Seeded};
-use crate::fixtures::{self, node};
+use crate::aws::{Moto, Seeded};
 use crate::gateway::free_port;
+use kube_test_apiserver::fixtures::{self, node};
+use kube_test_apiserver::{TokenEntry, TokenUser};
 
 /// The cloud the sandbox runs on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -474,7 +484,7 @@ impl Sandbox {
             let api_token = random_token();
             std::fs::write(
                 state.join(format!("kubeconfig-{binary}")),
-                crate::apiserver::kubeconfig(api_url, &account, &api_token),
+                kube_test_apiserver::kubeconfig(api_url, &account, &api_token),
             )?;
             entries.push(TokenEntry {
                 token: api_token,
