@@ -255,47 +255,9 @@ async fn dispatch(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let t = target(group, version, segs).ok_or_else(|| {
-        ApiError::new(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-        )
-    })?;
-    let resource = t.resource;
     let q = query(uri);
-    if let Some(sub) = t
-        .sub
-        .as_ref()
-        .filter(|s| !(*s == "status" && resource.has_status))
-    {
-        return Err(ApiError::new(
-            404,
-            "NotFound",
-            format!("{} has no subresource {sub}", resource.plural),
-        ));
-    }
-    if resource.namespaced && t.name.is_some() && t.namespace.is_none() {
-        return Err(ApiError::new(
-            404,
-            "NotFound",
-            "namespaced resources are addressed in a namespace",
-        ));
-    }
-    let user = shared.authenticate(headers)?;
-    shared.authorize(
-        user.as_ref(),
-        &rbac::Attributes {
-            verb: verb(&method, t.name.is_some(), &q).to_owned(),
-            group: group.to_owned(),
-            resource: match &t.sub {
-                Some(sub) => format!("{}/{sub}", resource.plural),
-                None => resource.plural.to_owned(),
-            },
-            namespace: t.namespace.clone(),
-            name: t.name.clone(),
-        },
-    )?;
+    let t = authorized_target(shared, group, version, segs, &method, &q, headers)?;
+    let resource = t.resource;
     let ns = t.namespace.clone().unwrap_or_default();
     let status = t.sub.is_some();
     let mode = FieldValidation::parse(q.get("fieldValidation").map(String::as_str));
@@ -318,25 +280,7 @@ async fn dispatch(
         };
     }
     match (method, t.name) {
-        (Method::GET, None) => {
-            let selector = Selector::parse(
-                q.get("labelSelector").map(String::as_str),
-                q.get("fieldSelector").map(String::as_str),
-            )
-            .map_err(ApiError::bad_request)?;
-            if matches!(q.get("watch").map(String::as_str), Some("true" | "1")) {
-                return watch(shared, resource, t.namespace, selector, &q);
-            }
-            let listed = list(store, resource, t.namespace.as_deref(), &selector, &q)?;
-            if table::wants_table(accept) {
-                let items = listed["items"].as_array().cloned().unwrap_or_default();
-                let rv = listed["metadata"]["resourceVersion"]
-                    .as_str()
-                    .unwrap_or_default();
-                return Ok(json_response(200, &table::table(resource, &items, rv)));
-            }
-            Ok(json_response(200, &listed))
-        }
+        (Method::GET, None) => get_collection(shared, resource, t.namespace, &q, accept),
         (Method::GET, Some(name)) => {
             let obj = store.get(resource, &ns, &name)?;
             if table::wants_table(accept) {
@@ -413,6 +357,86 @@ async fn dispatch(
             format!("{method} is not allowed here"),
         )),
     }
+}
+
+/// The resource a request addresses, once its caller may act on it.
+fn authorized_target(
+    shared: &Arc<Shared>,
+    group: &str,
+    version: &str,
+    segs: &[&str],
+    method: &Method,
+    q: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Result<Target, ApiError> {
+    let t = target(group, version, segs).ok_or_else(|| {
+        ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    })?;
+    let resource = t.resource;
+    if let Some(sub) = t
+        .sub
+        .as_ref()
+        .filter(|s| !(*s == "status" && resource.has_status))
+    {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            format!("{} has no subresource {sub}", resource.plural),
+        ));
+    }
+    if resource.namespaced && t.name.is_some() && t.namespace.is_none() {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            "namespaced resources are addressed in a namespace",
+        ));
+    }
+    let user = shared.authenticate(headers)?;
+    shared.authorize(
+        user.as_ref(),
+        &rbac::Attributes {
+            verb: verb(method, t.name.is_some(), q).to_owned(),
+            group: group.to_owned(),
+            resource: match &t.sub {
+                Some(sub) => format!("{}/{sub}", resource.plural),
+                None => resource.plural.to_owned(),
+            },
+            namespace: t.namespace.clone(),
+            name: t.name.clone(),
+        },
+    )?;
+    Ok(t)
+}
+
+/// A list, a Table of it, or a watch.
+fn get_collection(
+    shared: &Arc<Shared>,
+    resource: &'static Resource,
+    namespace: Option<String>,
+    q: &HashMap<String, String>,
+    accept: &str,
+) -> Result<Response, ApiError> {
+    let selector = Selector::parse(
+        q.get("labelSelector").map(String::as_str),
+        q.get("fieldSelector").map(String::as_str),
+    )
+    .map_err(ApiError::bad_request)?;
+    if matches!(q.get("watch").map(String::as_str), Some("true" | "1")) {
+        return watch(shared, resource, namespace, selector, q);
+    }
+    let listed = list(&shared.store, resource, namespace.as_deref(), &selector, q)?;
+    if table::wants_table(accept) {
+        let items = listed["items"].as_array().cloned().unwrap_or_default();
+        let rv = listed["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default();
+        return Ok(json_response(200, &table::table(resource, &items, rv)));
+    }
+    Ok(json_response(200, &listed))
 }
 
 /// Checks an object against its type, handling unknown fields per `mode`;
