@@ -1,0 +1,253 @@
+//! Load balancers: refusals that make nothing, idempotent ensure and
+//! delete, host updates that touch only the backends, and provisioning.
+
+use std::time::{Duration, Instant};
+
+use ccm_proto::v1::{Host, LoadBalancerSpec, LoadBalancerStatus};
+use ccm_proto::{Error, GatewayClient, reason};
+
+use crate::checks::fixtures::{host, new_uid, service, spec};
+use crate::context::{Context, no_node};
+use crate::outcome::{Outcome, fail};
+
+pub(crate) async fn update_hosts_missing(cx: &Context) -> Result<Outcome, String> {
+    let c = cx.client("service")?;
+    match c
+        .update_load_balancer_hosts(spec(&new_uid()), Vec::new())
+        .await
+    {
+        Err(Error::NotFound { .. }) => Ok(Outcome::Pass),
+        other => fail(format!("expected NOT_FOUND, got {other:?}")),
+    }
+}
+
+pub(crate) async fn invalid_spec(cx: &Context) -> Result<Outcome, String> {
+    let c = cx.client("service")?;
+    let mut bad = spec(&new_uid());
+    bad.ports.clear();
+    match c.ensure_load_balancer(bad, Vec::new()).await {
+        Err(Error::InvalidArgument { violations, .. })
+            if violations.iter().any(|v| v.field.starts_with("spec.ports")) =>
+        {
+            Ok(Outcome::Pass)
+        }
+        other => fail(format!(
+            "expected INVALID_ARGUMENT naming spec.ports, got {other:?}"
+        )),
+    }
+}
+
+pub(crate) async fn invalid_annotation(cx: &Context) -> Result<Outcome, String> {
+    let Some((key, value)) = &cx.target.invalid_annotation else {
+        return Ok(Outcome::Skip("no --invalid-annotation given".into()));
+    };
+    let c = cx.client("service")?;
+    let uid = new_uid();
+    let mut bad = spec(&uid);
+    bad.annotations.insert(key.clone(), value.clone());
+    let field = format!("spec.annotations[{key:?}]");
+    match c.ensure_load_balancer(bad, Vec::new()).await {
+        Err(Error::InvalidArgument { violations, .. })
+            if violations.iter().any(|v| v.field == field) => {}
+        other => {
+            let _ = c.delete_load_balancer(service(&uid)).await;
+            return fail(format!(
+                "expected INVALID_ARGUMENT naming {field}, got {other:?}"
+            ));
+        }
+    }
+    let exists = c
+        .get_load_balancer(service(&uid))
+        .await
+        .map_err(|e| format!("get: {e}"))?
+        .exists;
+    if exists || lb_count(&c, &uid).await? > 0 {
+        let _ = c.delete_load_balancer(service(&uid)).await;
+        return fail("the refused ensure made a load balancer");
+    }
+    Ok(Outcome::Pass)
+}
+
+pub(crate) async fn ensure_idempotent(cx: &Context) -> Result<Outcome, String> {
+    let c = cx.client("service")?;
+    let other = cx.other_client("service")?;
+    let uid = new_uid();
+    let s = spec(&uid);
+    ensure(&c, &s, &[], cx.target.patience).await?;
+    ensure(&c, &s, &[], cx.target.patience).await?;
+    let n = lb_count(&c, &uid).await?;
+    let seen = lb_count(&other, &uid).await?;
+    let exists = other
+        .get_load_balancer(service(&uid))
+        .await
+        .map_err(|e| format!("get: {e}"))?
+        .exists;
+    let _ = c.delete_load_balancer(service(&uid)).await;
+    match (n, seen, exists) {
+        (1, 0, false) => Ok(Outcome::Pass),
+        (n, 0, false) => fail(format!("{n} load balancers after two ensures")),
+        _ => fail("another cluster sees the load balancer"),
+    }
+}
+
+pub(crate) async fn update_hosts(cx: &Context) -> Result<Outcome, String> {
+    let Some(name) = &cx.node else {
+        return Ok(no_node());
+    };
+    let backend = host(&cx.target, name).await?;
+    let c = cx.client("service")?;
+    let uid = new_uid();
+    let s = spec(&uid);
+    let created = ensure(&c, &s, std::slice::from_ref(&backend), cx.target.patience).await?;
+    let hosts_before = lb_hosts(&c, &uid).await?;
+    let updated = c.update_load_balancer_hosts(s.clone(), Vec::new()).await;
+    let after = c.get_load_balancer(service(&uid)).await;
+    let hosts_after = lb_hosts(&c, &uid).await;
+    let count = lb_count(&c, &uid).await;
+    let _ = c.delete_load_balancer(service(&uid)).await;
+    updated.map_err(|e| format!("update hosts: {e}"))?;
+    let after = after.map_err(|e| format!("get: {e}"))?;
+    let (hosts_after, count) = (hosts_after?, count?);
+    if !after.exists || count != 1 {
+        return fail(format!(
+            "after the update: exists {}, {count} listed",
+            after.exists
+        ));
+    }
+    if after.status.as_ref() != Some(&created) {
+        return fail(format!(
+            "the status changed from {created:?} to {:?}",
+            after.status
+        ));
+    }
+    // Providers that report hosts must report the new set.
+    if !hosts_before.is_empty() && (hosts_before != [name.clone()] || !hosts_after.is_empty()) {
+        return fail(format!(
+            "hosts listed {hosts_before:?} after ensure with [{name}], {hosts_after:?} after update to none"
+        ));
+    }
+    Ok(Outcome::Pass)
+}
+
+pub(crate) async fn provisioning(cx: &Context) -> Result<Outcome, String> {
+    let hook = match &cx.hook {
+        Ok(hook) => hook,
+        Err(why) => return Ok(Outcome::Skip(why.clone())),
+    };
+    let provisioning = Duration::from_secs(2);
+    let before = hook
+        .faults(|f| {
+            f.lb_provisioning_delay = Some(prost_types::Duration {
+                seconds: 2,
+                nanos: 0,
+            });
+        })
+        .await?;
+    let c = cx.client("service")?;
+    let uid = new_uid();
+    let s = spec(&uid);
+    let first = c.ensure_load_balancer(s.clone(), Vec::new()).await;
+    let during = c.get_load_balancer(service(&uid)).await;
+    let done = ensure(&c, &s, &[], cx.target.patience).await;
+    hook.set_faults(before).await?;
+    let _ = c.delete_load_balancer(service(&uid)).await;
+    match first {
+        Err(Error::RetryAfter {
+            reason: r, delay, ..
+        }) if r == reason::PROVISIONING
+            && !delay.is_zero()
+            && delay <= provisioning + Duration::from_secs(1) => {}
+        other => {
+            return fail(format!(
+                "expected UNAVAILABLE ({}) with a delay of at most {provisioning:?}, got {other:?}",
+                reason::PROVISIONING
+            ));
+        }
+    }
+    match during {
+        Ok(g) if g.exists && g.status.as_ref().is_none_or(|s| s.ingress.is_empty()) => {}
+        other => {
+            return fail(format!(
+                "while provisioning, get answered {other:?}; expected exists with no ingress"
+            ));
+        }
+    }
+    match done {
+        Ok(status) if !status.ingress.is_empty() => Ok(Outcome::Pass),
+        other => fail(format!("once provisioned, ensure answered {other:?}")),
+    }
+}
+
+pub(crate) async fn delete_idempotent(cx: &Context) -> Result<Outcome, String> {
+    let c = cx.client("service")?;
+    let uid = new_uid();
+    let s = spec(&uid);
+    ensure(&c, &s, &[], cx.target.patience).await?;
+    for attempt in ["first", "second"] {
+        c.delete_load_balancer(service(&uid))
+            .await
+            .map_err(|e| format!("{attempt} delete: {e}"))?;
+    }
+    if lb_count(&c, &uid).await? != 0 {
+        return fail("listed after delete");
+    }
+    ensure(&c, &s, &[], cx.target.patience).await?;
+    let n = lb_count(&c, &uid).await?;
+    let _ = c.delete_load_balancer(service(&uid)).await;
+    if n == 1 {
+        Ok(Outcome::Pass)
+    } else {
+        fail(format!("{n} load balancers after ensure, delete, ensure"))
+    }
+}
+
+/// Ensures until the load balancer is provisioned, as a controller does:
+/// PROVISIONING must come with a retry delay, and is asked again after it.
+async fn ensure(
+    client: &GatewayClient,
+    spec: &LoadBalancerSpec,
+    hosts: &[Host],
+    patience: Duration,
+) -> Result<LoadBalancerStatus, String> {
+    let start = Instant::now();
+    loop {
+        match client
+            .ensure_load_balancer(spec.clone(), hosts.to_vec())
+            .await
+        {
+            Ok(status) => return Ok(status),
+            Err(Error::RetryAfter {
+                reason: r, delay, ..
+            }) if r == reason::PROVISIONING => {
+                if start.elapsed() > patience {
+                    return Err(format!("still provisioning after {patience:?}"));
+                }
+                tokio::time::sleep(delay.min(Duration::from_secs(5))).await;
+            }
+            Err(e) => return Err(format!("ensure: {e}")),
+        }
+    }
+}
+
+/// How many load balancers the cluster lists for the Service `uid`.
+async fn lb_count(client: &GatewayClient, uid: &str) -> Result<usize, String> {
+    Ok(client
+        .list_load_balancers()
+        .await
+        .map_err(|e| format!("list: {e}"))?
+        .iter()
+        .filter(|lb| lb.service.as_ref().is_some_and(|s| s.uid == uid))
+        .count())
+}
+
+/// The hosts listed for the Service `uid`'s load balancers.
+async fn lb_hosts(client: &GatewayClient, uid: &str) -> Result<Vec<String>, String> {
+    Ok(client
+        .list_load_balancers()
+        .await
+        .map_err(|e| format!("list: {e}"))?
+        .into_iter()
+        .filter(|lb| lb.service.as_ref().is_some_and(|s| s.uid == uid))
+        .flat_map(|lb| lb.hosts)
+        .collect())
+}
