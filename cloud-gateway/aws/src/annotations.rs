@@ -213,7 +213,8 @@ impl NlbOptions {
     }
 }
 
-fn field(key: &str) -> String {
+/// The request field that a problem with the annotation `key` names.
+pub(super) fn field(key: &str) -> String {
     format!("spec.annotations[{key:?}]")
 }
 

@@ -17,6 +17,10 @@ use ccm_provider::CloudError;
 /// no delay of its own.
 const THROTTLE_PAUSE: Duration = Duration::from_secs(1);
 
+/// How long to wait before asking again about a load balancer being made or
+/// taken down, or about what it still holds on to while it goes.
+const PROVISIONING_RETRY: Duration = Duration::from_secs(15);
+
 /// Error codes AWS uses for "slow down".
 const THROTTLING: &[&str] = &[
     "RequestLimitExceeded",
@@ -148,6 +152,15 @@ pub(super) fn classify(action: &str, code: &str, message: &str) -> CloudError {
         // Internal errors, unavailability and codes we do not know: nothing
         // is known about the resource, so the caller may retry.
         CloudError::Unavailable(format!("{action}: {code}: {message}"))
+    }
+}
+
+/// A step that waits on a load balancer being made or taken down: the
+/// caller schedules the retry.
+pub(super) fn provisioning(message: String) -> CloudError {
+    CloudError::Provisioning {
+        retry_after: PROVISIONING_RETRY,
+        message,
     }
 }
 

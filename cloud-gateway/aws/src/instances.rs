@@ -17,15 +17,13 @@ use ccm_provider::{
     AddressType, CloudError, Instance, Instances, Lookup, NodeAddress, NodeRef, Result,
 };
 
+use super::tags::FILTER_VALUES;
 use super::{AwsCloud, NAME};
 use crate::settings::IpFamily;
 
 /// The label upstream sets to the zone's ID (the same physical zone in
 /// every account, unlike the zone's name).
 pub(super) const LABEL_ZONE_ID: &str = "topology.k8s.aws/zone-id";
-
-/// The most values one EC2 filter takes.
-const FILTER_VALUES: usize = 200;
 
 /// Whether `id` has the form of an EC2 instance ID.
 pub(super) fn is_instance_id(id: &str) -> bool {

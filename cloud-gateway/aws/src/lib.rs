@@ -1,7 +1,7 @@
 //! `aws`: Amazon Web Services through the official SDK. Instances are EC2
 //! instances (`instances.rs`), routes are VPC routes in the route tables
 //! tagged for the cluster (`routes.rs`), load balancers are Network Load
-//! Balancers (`load_balancers.rs`) configured by the upstream annotations
+//! Balancers (`load_balancers/`) configured by the upstream annotations
 //! (`annotations.rs`).
 //! Credentials come from the SDK's standard chain only (`client.rs`) and
 //! never leave this module. Every AWS error is mapped in `errors.rs`;

@@ -2,9 +2,13 @@
 //! provider: a resource belongs to cluster `c` when it carries the tag
 //! `kubernetes.io/cluster/c` with the value `owned` (created for the
 //! cluster) or `shared` (used by it, created elsewhere). Nothing without
-//! that tag is ever changed.
+//! that tag is ever changed. Everything made for a Service also carries
+//! its name and UID (`service_tags`).
+
+use std::collections::BTreeMap;
 
 use aws_sdk_ec2::types::{Filter, Tag};
+use ccm_provider::ServiceRef;
 
 /// The prefix of the cluster tag's key. Never change it: it is how
 /// existing clusters' resources are found.
@@ -19,6 +23,9 @@ pub(super) const TAG_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// The tag with the Service's UID.
 pub(super) const TAG_SERVICE_UID: &str = "cloudgateway.io/service-uid";
 
+/// The most values one EC2 filter takes.
+pub(super) const FILTER_VALUES: usize = 200;
+
 /// The cluster tag's key for `cluster`.
 pub(super) fn cluster_key(cluster: &str) -> String {
     format!("{CLUSTER_TAG_PREFIX}{cluster}")
@@ -29,6 +36,25 @@ pub(super) fn belongs_to(tags: &[Tag], cluster: &str) -> bool {
     let key = cluster_key(cluster);
     tags.iter()
         .any(|t| t.key() == Some(key.as_str()) && matches!(t.value(), Some(OWNED | SHARED)))
+}
+
+/// The tags of everything made for `service`: the `extra` tags the
+/// Service asks for, then the cluster tag (`owned`) and the Service's
+/// `namespace/name` and UID.
+pub(super) fn service_tags(
+    cluster: &str,
+    service: &ServiceRef,
+    extra: &BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> =
+        extra.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    out.push((cluster_key(cluster), OWNED.to_owned()));
+    out.push((
+        TAG_SERVICE_NAME.to_owned(),
+        format!("{}/{}", service.namespace, service.name),
+    ));
+    out.push((TAG_SERVICE_UID.to_owned(), service.uid.clone()));
+    out
 }
 
 /// An EC2 filter on `name` with `values`.

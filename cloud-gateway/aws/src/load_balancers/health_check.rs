@@ -1,0 +1,108 @@
+//! The health check a load balancer runs against its targets, whatever its
+//! kind: the defaults the traffic policy calls for, with the annotations'
+//! overrides. A pure decision; each kind writes it in its own API's terms.
+
+use ccm_provider::{CloudError, LoadBalancerSpec, Result, TrafficPolicy};
+
+use crate::annotations::{self, HcPort, HcProtocol, NlbOptions};
+
+/// The health check of every target of one load balancer.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct HealthCheck {
+    pub(super) protocol: HcProtocol,
+    pub(super) port: HcPort,
+    pub(super) path: Option<String>,
+    pub(super) interval: i32,
+    pub(super) timeout: i32,
+    pub(super) healthy: i32,
+    pub(super) unhealthy: i32,
+}
+
+impl HealthCheck {
+    /// The port checks go to when it is not the traffic port: the nodes
+    /// must admit the load balancer on it as well.
+    pub(super) fn own_port(&self) -> Option<i32> {
+        match self.port {
+            HcPort::Port(p) => Some(i32::from(p)),
+            HcPort::TrafficPort => None,
+        }
+    }
+}
+
+/// The health check: HTTP on the health check node port at `/healthz`
+/// for the Local traffic policy, TCP on the traffic port otherwise, with
+/// the annotations' overrides.
+pub(super) fn health_check(spec: &LoadBalancerSpec, o: &NlbOptions) -> Result<HealthCheck> {
+    let local = spec.external_traffic_policy == TrafficPolicy::Local;
+    let h = &o.health_check;
+    let (default_protocol, default_port, default_path) = if local {
+        if spec.health_check_node_port <= 0 {
+            return Err(CloudError::invalid(
+                "spec.health_check_node_port",
+                "the Local traffic policy needs a health check node port",
+            ));
+        }
+        (
+            HcProtocol::Http,
+            HcPort::Port(spec.health_check_node_port as u16),
+            Some("/healthz".to_owned()),
+        )
+    } else {
+        (HcProtocol::Tcp, HcPort::TrafficPort, None)
+    };
+    let protocol = h.protocol.unwrap_or(default_protocol);
+    let path = match protocol {
+        HcProtocol::Tcp => None,
+        _ => h.path.clone().or(default_path).or(Some("/".to_owned())),
+    };
+    let interval = h.interval.unwrap_or(10);
+    let default_timeout = if protocol == HcProtocol::Http { 6 } else { 10 };
+    let timeout = h.timeout.unwrap_or(default_timeout.min(interval));
+    if timeout > interval {
+        return Err(CloudError::invalid(
+            annotations::field(annotations::HC_TIMEOUT),
+            format!("{timeout}s is longer than the interval ({interval}s)"),
+        ));
+    }
+    Ok(HealthCheck {
+        protocol,
+        port: h.port.unwrap_or(default_port),
+        path,
+        interval,
+        timeout,
+        healthy: h.healthy.unwrap_or(2),
+        unhealthy: h.unhealthy.unwrap_or(2),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ccm_provider::{Protocol, ServicePort};
+
+    #[test]
+    fn local_traffic_checks_healthz_on_the_health_check_node_port() {
+        let mut s = LoadBalancerSpec {
+            ports: vec![ServicePort {
+                name: String::new(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: 30080,
+            }],
+            ..Default::default()
+        };
+        s.external_traffic_policy = TrafficPolicy::Local;
+        s.health_check_node_port = 32000;
+        let hc = health_check(&s, &NlbOptions::default()).unwrap();
+        assert_eq!(hc.protocol, HcProtocol::Http);
+        assert_eq!(hc.port, HcPort::Port(32000));
+        assert_eq!(hc.own_port(), Some(32000));
+        assert_eq!(hc.path.as_deref(), Some("/healthz"));
+        s.external_traffic_policy = TrafficPolicy::Cluster;
+        let hc = health_check(&s, &NlbOptions::default()).unwrap();
+        assert_eq!(hc.protocol, HcProtocol::Tcp);
+        assert_eq!(hc.port, HcPort::TrafficPort);
+        assert_eq!(hc.own_port(), None);
+        assert_eq!(hc.path, None);
+    }
+}

@@ -1,0 +1,359 @@
+//! The Network Load Balancer itself: found by name and checked by tag,
+//! made in its subnets with its security group, its cross-zone setting,
+//! what cannot change after creation, its state and status, the listing
+//! of the cluster's NLBs, and its deletion.
+
+use std::collections::BTreeSet;
+
+use aws_sdk_ec2::types::Subnet;
+use aws_sdk_elasticloadbalancingv2::types::{
+    IpAddressType, LoadBalancer as Nlb, LoadBalancerAttribute, LoadBalancerSchemeEnum,
+    LoadBalancerStateEnum, LoadBalancerTypeEnum, SubnetMapping, Tag,
+};
+use ccm_provider::{
+    CloudError, Ingress, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus, Result, ServiceRef,
+};
+
+use super::elb_tags::{elb_belongs, elb_tags_of, tag_value};
+use crate::annotations::{self, NlbOptions};
+use crate::tags::{self, TAG_SERVICE_NAME, TAG_SERVICE_UID};
+use crate::{AwsCloud, errors};
+
+/// The load balancer attribute of cross-zone load balancing.
+const CROSS_ZONE: &str = "load_balancing.cross_zone.enabled";
+
+/// Refuses a requested address: an NLB's addresses come from the
+/// annotations.
+pub(super) fn refuse_requested_address(spec: &LoadBalancerSpec) -> Result<()> {
+    if spec.load_balancer_ip.is_empty() {
+        return Ok(());
+    }
+    Err(CloudError::invalid(
+        "spec.load_balancer_ip",
+        format!(
+            "NLBs take no requested address; use {} or {}",
+            annotations::EIP_ALLOCATIONS,
+            annotations::PRIVATE_IPV4
+        ),
+    ))
+}
+
+/// Refuses a change to what an NLB cannot change after creation.
+pub(super) fn check_immutable(nlb: &Nlb, o: &NlbOptions, subnets: &[Subnet]) -> Result<()> {
+    let mut problems = Vec::new();
+    let internal = nlb.scheme() == Some(&LoadBalancerSchemeEnum::Internal);
+    if internal != o.internal {
+        problems.push((
+            annotations::field(annotations::INTERNAL),
+            format!(
+                "the NLB was made {}; the scheme cannot change after creation: delete the Service (or change its type away from LoadBalancer and back) to make a new NLB",
+                if internal { "internal" } else { "internet-facing" }
+            ),
+        ));
+    }
+    let have: BTreeSet<&str> = nlb
+        .availability_zones()
+        .iter()
+        .filter_map(|z| z.subnet_id())
+        .collect();
+    let want: BTreeSet<&str> = subnets.iter().filter_map(|s| s.subnet_id()).collect();
+    if !o.subnets.is_empty() && have != want {
+        problems.push((
+            annotations::field(annotations::SUBNETS),
+            format!(
+                "the NLB is in {have:?}; this provider does not move an NLB to other subnets: recreate the Service to change them"
+            ),
+        ));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(CloudError::InvalidArgument(problems))
+    }
+}
+
+/// Whether `nlb` is still being made.
+fn is_provisioning(nlb: &Nlb) -> bool {
+    nlb.state().and_then(|s| s.code()) == Some(&LoadBalancerStateEnum::Provisioning)
+}
+
+/// Refuses to go on with an NLB in the failed state.
+pub(super) fn check_not_failed(nlb: &Nlb, lb_name: &str) -> Result<()> {
+    let state = nlb.state();
+    if state.and_then(|s| s.code()) != Some(&LoadBalancerStateEnum::Failed) {
+        return Ok(());
+    }
+    Err(CloudError::Unavailable(format!(
+        "NLB {lb_name} is in the failed state: {}",
+        state.and_then(|s| s.reason()).unwrap_or("no reason given")
+    )))
+}
+
+/// The status of an active NLB: its DNS name.
+fn status_of(nlb: &Nlb) -> LoadBalancerStatus {
+    LoadBalancerStatus {
+        ingress: nlb
+            .dns_name()
+            .map(|dns| Ingress {
+                hostname: dns.to_owned(),
+                ..Default::default()
+            })
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// The status to report of `nlb`: none yet while it is provisioned.
+pub(super) fn reported_status(nlb: &Nlb) -> LoadBalancerStatus {
+    if is_provisioning(nlb) {
+        LoadBalancerStatus::default()
+    } else {
+        status_of(nlb)
+    }
+}
+
+/// `nlb` as listed, its Service read from its tags `t`.
+pub(super) fn listed(nlb: &Nlb, t: &[Tag]) -> LoadBalancer {
+    let (namespace, name) = tag_value(t, TAG_SERVICE_NAME)
+        .and_then(|v| v.split_once('/'))
+        .unwrap_or_default();
+    LoadBalancer {
+        name: nlb.load_balancer_name().unwrap_or_default().to_owned(),
+        service: ServiceRef {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            uid: tag_value(t, TAG_SERVICE_UID).unwrap_or_default().to_owned(),
+        },
+        status: reported_status(nlb),
+        hosts: Vec::new(),
+    }
+}
+
+impl AwsCloud {
+    /// The NLB named `name`, if any.
+    async fn find_nlb(&self, name: &str) -> Result<Option<Nlb>> {
+        match self.elb.describe_load_balancers().names(name).send().await {
+            Ok(answer) => Ok(answer.load_balancers().first().cloned()),
+            Err(e) if errors::code(&e) == Some("LoadBalancerNotFound") => Ok(None),
+            Err(e) => Err(errors::cloud_error("DescribeLoadBalancers", e)),
+        }
+    }
+
+    /// The Service's NLB when it is this cluster's. `Err(Conflict)` when an
+    /// NLB of that name is someone else's.
+    pub(super) async fn owned_nlb(&self, cluster: &str, name: &str) -> Result<Option<Nlb>> {
+        let Some(nlb) = self.find_nlb(name).await? else {
+            return Ok(None);
+        };
+        let arn = nlb.load_balancer_arn().unwrap_or_default().to_owned();
+        let tags = self.elb_tags(std::slice::from_ref(&arn)).await?;
+        if tags.get(&arn).is_some_and(|t| elb_belongs(t, cluster)) {
+            Ok(Some(nlb))
+        } else {
+            Err(CloudError::Conflict(format!(
+                "a load balancer named {name} exists without the tag {}=owned; it is not this cluster's and is left alone",
+                tags::cluster_key(cluster)
+            )))
+        }
+    }
+
+    /// Every NLB of the cluster, each with its tags.
+    pub(super) async fn owned_nlbs(&self, cluster: &str) -> Result<Vec<(Nlb, Vec<Tag>)>> {
+        let nlbs: Vec<Nlb> = self
+            .elb
+            .describe_load_balancers()
+            .page_size(400)
+            .into_paginator()
+            .items()
+            .send()
+            .try_collect()
+            .await
+            .map_err(|e| errors::cloud_error("DescribeLoadBalancers", e))?;
+        let nlbs: Vec<Nlb> = nlbs
+            .into_iter()
+            .filter(|l| l.r#type() == Some(&LoadBalancerTypeEnum::Network))
+            .collect();
+        self.owned_by(cluster, nlbs, Nlb::load_balancer_arn).await
+    }
+
+    /// A new NLB in `subnets` with the security group `group`.
+    pub(super) async fn create_nlb(
+        &self,
+        lb_name: &str,
+        o: &NlbOptions,
+        subnets: &[Subnet],
+        group: &str,
+        tags: &[(String, String)],
+    ) -> Result<Nlb> {
+        let mappings: Vec<SubnetMapping> = subnets
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                SubnetMapping::builder()
+                    .subnet_id(s.subnet_id().unwrap_or_default())
+                    .set_allocation_id(o.eip_allocations.get(i).cloned())
+                    .set_private_ipv4_address(o.private_ipv4.get(i).map(ToString::to_string))
+                    .build()
+            })
+            .collect();
+        let answer = self
+            .elb
+            .create_load_balancer()
+            .name(lb_name)
+            .r#type(LoadBalancerTypeEnum::Network)
+            .scheme(if o.internal {
+                LoadBalancerSchemeEnum::Internal
+            } else {
+                LoadBalancerSchemeEnum::InternetFacing
+            })
+            .ip_address_type(if o.dualstack {
+                IpAddressType::Dualstack
+            } else {
+                IpAddressType::Ipv4
+            })
+            .set_subnet_mappings(Some(mappings))
+            .security_groups(group)
+            .set_tags(Some(elb_tags_of(tags)))
+            .send()
+            .await
+            .map_err(|e| errors::cloud_error("CreateLoadBalancer", e))?;
+        answer.load_balancers().first().cloned().ok_or_else(|| {
+            CloudError::Internal("CreateLoadBalancer answered no load balancer".into())
+        })
+    }
+
+    /// Cross-zone load balancing as asked (left as it is when not asked).
+    pub(super) async fn sync_attributes(&self, arn: &str, o: &NlbOptions) -> Result<()> {
+        let Some(cross_zone) = o.cross_zone else {
+            return Ok(());
+        };
+        let have = self
+            .elb
+            .describe_load_balancer_attributes()
+            .load_balancer_arn(arn)
+            .send()
+            .await
+            .map_err(|e| errors::cloud_error("DescribeLoadBalancerAttributes", e))?
+            .attributes()
+            .iter()
+            .any(|a| a.key() == Some(CROSS_ZONE) && a.value() == Some("true"));
+        if have != cross_zone {
+            self.elb
+                .modify_load_balancer_attributes()
+                .load_balancer_arn(arn)
+                .attributes(
+                    LoadBalancerAttribute::builder()
+                        .key(CROSS_ZONE)
+                        .value(cross_zone.to_string())
+                        .build(),
+                )
+                .send()
+                .await
+                .map_err(|e| errors::cloud_error("ModifyLoadBalancerAttributes", e))?;
+        }
+        Ok(())
+    }
+
+    /// The status of `nlb` once it is active. One being provisioned is
+    /// asked about once more, as it may have become active meanwhile;
+    /// still provisioning, it is `Provisioning` for the caller to retry.
+    pub(super) async fn status_when_active(
+        &self,
+        nlb: &Nlb,
+        lb_name: &str,
+    ) -> Result<LoadBalancerStatus> {
+        if !is_provisioning(nlb) {
+            return Ok(status_of(nlb));
+        }
+        if let Some(now) = self.find_nlb(lb_name).await?
+            && !is_provisioning(&now)
+        {
+            return Ok(status_of(&now));
+        }
+        Err(errors::provisioning(format!(
+            "NLB {lb_name} is being provisioned"
+        )))
+    }
+
+    /// Deletes `nlb`; one already gone is fine.
+    pub(super) async fn delete_nlb(&self, nlb: &Nlb, lb_name: &str) -> Result<()> {
+        match self
+            .elb
+            .delete_load_balancer()
+            .load_balancer_arn(nlb.load_balancer_arn().unwrap_or_default())
+            .send()
+            .await
+        {
+            Ok(_) => tracing::info!(nlb = %lb_name, "deleted NLB"),
+            Err(e) if errors::code(&e) == Some("LoadBalancerNotFound") => {}
+            Err(e) => return Err(errors::cloud_error("DeleteLoadBalancer", e)),
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_elasticloadbalancingv2::types::{AvailabilityZone, LoadBalancerState};
+
+    fn nlb(state: LoadBalancerStateEnum) -> Nlb {
+        Nlb::builder()
+            .load_balancer_name("a1234abcd12ab34cd56ef1234567890")
+            .dns_name("a1234.elb.example")
+            .scheme(LoadBalancerSchemeEnum::InternetFacing)
+            .availability_zones(AvailabilityZone::builder().subnet_id("subnet-a").build())
+            .state(LoadBalancerState::builder().code(state).build())
+            .build()
+    }
+
+    fn tag(key: &str, value: &str) -> Tag {
+        Tag::builder().key(key).value(value).build()
+    }
+
+    #[test]
+    fn the_scheme_and_named_subnets_cannot_change_after_creation() {
+        let made = nlb(LoadBalancerStateEnum::Active);
+        let same = [Subnet::builder().subnet_id("subnet-a").build()];
+        assert!(check_immutable(&made, &NlbOptions::default(), &[]).is_ok());
+        let internal = NlbOptions {
+            internal: true,
+            ..Default::default()
+        };
+        let Err(CloudError::InvalidArgument(problems)) = check_immutable(&made, &internal, &same)
+        else {
+            panic!("a scheme change must be refused");
+        };
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].0, annotations::field(annotations::INTERNAL));
+        let moved = NlbOptions {
+            subnets: vec!["subnet-b".into()],
+            ..Default::default()
+        };
+        let other = [Subnet::builder().subnet_id("subnet-b").build()];
+        assert!(check_immutable(&made, &moved, &other).is_err());
+        assert!(check_immutable(&made, &moved, &same).is_ok());
+    }
+
+    #[test]
+    fn a_listed_nlb_names_its_service_from_its_tags_and_has_no_status_while_provisioning() {
+        let tags = [
+            tag(TAG_SERVICE_NAME, "shop/web"),
+            tag(TAG_SERVICE_UID, "1234abcd-12ab-34cd-56ef-1234567890ab"),
+        ];
+        let active = listed(&nlb(LoadBalancerStateEnum::Active), &tags);
+        assert_eq!(active.service.namespace, "shop");
+        assert_eq!(active.service.name, "web");
+        assert_eq!(active.service.uid, "1234abcd-12ab-34cd-56ef-1234567890ab");
+        assert_eq!(active.status.ingress[0].hostname, "a1234.elb.example");
+        let new = listed(&nlb(LoadBalancerStateEnum::Provisioning), &tags);
+        assert_eq!(new.status, LoadBalancerStatus::default());
+    }
+
+    #[test]
+    fn a_failed_nlb_stops_the_ensure_with_its_reason() {
+        assert!(check_not_failed(&nlb(LoadBalancerStateEnum::Active), "a").is_ok());
+        let err = check_not_failed(&nlb(LoadBalancerStateEnum::Failed), "a").unwrap_err();
+        assert!(err.to_string().contains("no reason given"), "{err}");
+    }
+}
