@@ -1,13 +1,16 @@
 //! The gateway's configuration: flags (most with an environment variable)
 //! over an optional config file (`--config`, keys named as the flags) over
-//! defaults, as for every binary here (`ccm_runtime::cli`). Everything is
-//! checked before start, and every problem is reported at once.
+//! defaults, as for every binary here (`ccm_runtime::layered_config`).
+//! Everything is checked before start, and every problem is reported at
+//! once.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ccm_runtime::settings::{Problems, bytes_within, check_file, duration_within, number_within};
+use ccm_runtime::config_checks::{
+    Problems, bytes_within, check_file, duration_within, number_within,
+};
 use ccm_runtime::telemetry::{LogFormat, parse_filter};
 use clap::Parser;
 use ipnet::IpNet;
@@ -673,7 +676,7 @@ mod tests {
             .chain(args.iter().copied())
             .map(Into::into)
             .collect();
-        ccm_runtime::cli::resolve_from::<Args, _>(argv, Settings::from_args)
+        ccm_runtime::layered_config::resolve_from::<Args, _>(argv, Settings::from_args)
     }
 
     #[test]

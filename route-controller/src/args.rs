@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use ccm_runtime::args::{Common, CommonArgs};
+use ccm_runtime::common_args::{Common, CommonArgs};
+use ccm_runtime::config_checks::{Problems, duration_within, number_within};
 use ccm_runtime::names;
-use ccm_runtime::settings::{Problems, duration_within, number_within};
 use clap::Parser;
 use ipnet::IpNet;
 

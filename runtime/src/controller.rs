@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::Readiness;
-use crate::args::Common;
+use crate::common_args::Common;
 use crate::leader::Leadership;
 use crate::metrics::LeaderGauge;
 

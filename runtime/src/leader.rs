@@ -23,7 +23,7 @@ use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::args::LeaseSettings;
+use crate::common_args::LeaseSettings;
 
 /// What this replica knows of its leadership.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
-use crate::settings::Problems;
+use crate::config_checks::Problems;
 use crate::telemetry;
 
 /// How long a process may drain after the first shutdown signal: inside
@@ -30,13 +30,14 @@ where
     R: FnOnce(S, CancellationToken) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let settings = match crate::cli::resolve_from::<A, S>(std::env::args_os().collect(), resolve) {
-        Ok(settings) => settings,
-        Err(problems) => {
-            eprint!("{name}: {problems}");
-            return ExitCode::from(2);
-        }
-    };
+    let settings =
+        match crate::layered_config::resolve_from::<A, S>(std::env::args_os().collect(), resolve) {
+            Ok(settings) => settings,
+            Err(problems) => {
+                eprint!("{name}: {problems}");
+                return ExitCode::from(2);
+            }
+        };
     install_crypto_provider();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use ccm_runtime::args::LeaseSettings;
+use ccm_runtime::common_args::LeaseSettings;
 use ccm_runtime::leader::{self, Leadership};
 use kube_test_apiserver::ApiServer;
 use tokio::net::{TcpListener, TcpStream};

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ccm_proto::TokenSource;
-use ccm_runtime::settings::number_within;
+use ccm_runtime::config_checks::number_within;
 use clap::Parser;
 use gateway_conformance::{Target, run, summary};
 

@@ -8,8 +8,8 @@ use ccm_proto::v1::{
     Host, IpFamily, LoadBalancerSpec, NodeAddress, NodeAddressType, NodeRef, Protocol, Route,
     ServiceRef, SessionAffinity, TrafficPolicy,
 };
+use ccm_runtime::config_checks::quote;
 use ccm_runtime::names::{is_dns_label, is_dns_subdomain};
-use ccm_runtime::settings::quote;
 use ipnet::IpNet;
 
 use ccm_provider::CloudError;

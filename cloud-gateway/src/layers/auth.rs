@@ -58,7 +58,7 @@ impl Tokens {
     /// Reads a tokens file (YAML: `tokens: [{token, role, name}]`),
     /// reporting every problem in it at once.
     pub fn from_file(path: &Path) -> Result<Self, Vec<String>> {
-        ccm_runtime::settings::check_file(&path.display().to_string())
+        ccm_runtime::config_checks::check_file(&path.display().to_string())
             .map_err(|problem| vec![format!("tokens file {problem}")])?;
         let text = std::fs::read_to_string(path)
             .map_err(|e| vec![format!("tokens file {}: {e}", path.display())])?;

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ccm_bench::{Cloud, Harness, Sizes, machine, markdown};
-use ccm_runtime::settings::number_within;
+use ccm_runtime::config_checks::number_within;
 use clap::Parser;
 
 /// Where the hand-written part of the report begins.

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ccm_runtime::settings::number_within;
+use ccm_runtime::config_checks::number_within;
 use ccm_sandbox::{CloudKind, Options, Sandbox};
 use clap::Parser;
 

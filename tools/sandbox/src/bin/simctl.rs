@@ -9,7 +9,7 @@ use ccm_proto::v1::{
     CreateInstanceRequest, Faults, GetStatsRequest, InstanceId, ListInstancesRequest,
 };
 use ccm_proto::{ClientConfig, GatewayClient, TokenSource};
-use ccm_runtime::settings::number_within;
+use ccm_runtime::config_checks::number_within;
 use clap::{Parser, Subcommand};
 
 /// Acts on the simulated cloud: instances and faults.
@@ -58,7 +58,7 @@ fn duration(s: &Option<String>) -> anyhow::Result<Option<prost_types::Duration>>
     s.as_deref()
         .map(|v| {
             let d: Duration =
-                ccm_runtime::settings::parse_duration(v).map_err(anyhow::Error::msg)?;
+                ccm_runtime::config_checks::parse_duration(v).map_err(anyhow::Error::msg)?;
             Ok(prost_types::Duration {
                 seconds: d.as_secs() as i64,
                 nanos: d.subsec_nanos() as i32,

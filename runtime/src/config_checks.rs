@@ -1,7 +1,7 @@
 //! Checking settings: every binary takes its flags as strings (see
-//! [`crate::cli`] for how a config file goes under them), then parses each
-//! one here, collecting every problem in [`Problems`], so one run reports
-//! all of them, not just the first.
+//! [`crate::layered_config`] for how a config file goes under them), then
+//! parses each one here, collecting every problem in [`Problems`], so one
+//! run reports all of them, not just the first.
 
 use std::fmt;
 

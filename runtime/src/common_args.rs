@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::settings::{Problems, check_file, duration_within};
+use crate::config_checks::{Problems, check_file, duration_within};
 use crate::telemetry::LogFormat;
 
 /// Flags shared by every controller.

@@ -10,7 +10,7 @@ use std::ffi::OsString;
 use clap::Parser;
 use clap::parser::ValueSource;
 
-use crate::settings::Problems;
+use crate::config_checks::Problems;
 
 /// The flag naming the config file.
 const CONFIG: &str = "config";
@@ -73,7 +73,7 @@ fn parse_layered<T: Parser>(args: Vec<OsString>) -> Result<(T, Problems), Proble
             .map(|t| (t, Problems::new()))
             .map_err(|e| Problems::one(e.to_string()));
     };
-    if let Err(problem) = crate::settings::check_file(&file) {
+    if let Err(problem) = crate::config_checks::check_file(&file) {
         return Err(Problems::one(format!("config: {problem}")));
     }
     let entries: HashMap<String, config::Value> = config::Config::builder()
@@ -151,7 +151,7 @@ mod tests {
 
     #[test]
     fn file_settings_apply_under_flags() {
-        let dir = std::env::temp_dir().join(format!("ccm-cli-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("ccm-layered-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("c.yaml");
         std::fs::write(&file, "cluster-name: prod\nperiod: 10s\nworkers: 8\n").unwrap();
@@ -193,7 +193,8 @@ mod tests {
     }
 
     fn tempfile_dir(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("ccm-cli-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("ccm-layered-config-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
