@@ -16,10 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ccm_runtime::controller::Base;
+use ccm_runtime::controller::{Base, lead, settle};
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use ccm_runtime::shutdown::or_shutdown;
 use ccm_runtime::watch::{Seen, cached_nodes, follow};
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, ResourceExt};
@@ -96,37 +95,30 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
     if !supported {
         anyhow::bail!("the cloud provider does not support instances");
     }
-    tokio::select! {
-        acquired = ctx.leadership.acquired() => if !acquired { return Ok(()) },
-        _ = shutdown.cancelled() => return Ok(()),
-    }
-    tracing::info!("leading; starting node initialisation, address sync and lifecycle checks");
-    let Some(synced) = or_shutdown(&shutdown, ctx.store.wait_until_ready()).await else {
-        return Ok(());
+    // Awaited only once this replica leads, so it may say so first.
+    let caches = async {
+        tracing::info!("leading; starting node initialisation, address sync and lifecycle checks");
+        ctx.store.wait_until_ready().await.context("node cache")
     };
-    synced.context("node cache")?;
-    for node in ctx.store.state() {
-        ctx.queue.add(node.name_any());
-    }
-    for _ in 0..ctx.settings.workers {
-        tokio::spawn(worker(ctx.clone()));
-    }
-    tokio::spawn(every(
-        ctx.clone(),
-        ctx.settings.status_period,
-        |ctx| async move { reconcile::sync_addresses(&ctx).await },
-    ));
-    tokio::spawn(every(
-        ctx.clone(),
-        ctx.settings.monitor_period,
-        |ctx| async move { reconcile::monitor(&ctx).await },
-    ));
-    let result = tokio::select! {
-        _ = ctx.leadership.lost() => Err(anyhow::anyhow!("leader election lost")),
-        _ = shutdown.cancelled() => Ok(()),
-    };
-    ctx.queue.close();
-    result
+    lead(&ctx.leadership, &ctx.queue, caches, &shutdown, || {
+        for node in ctx.store.state() {
+            ctx.queue.add(node.name_any());
+        }
+        for _ in 0..ctx.settings.workers {
+            tokio::spawn(worker(ctx.clone()));
+        }
+        tokio::spawn(every(
+            ctx.clone(),
+            ctx.settings.status_period,
+            |ctx| async move { reconcile::sync_addresses(&ctx).await },
+        ));
+        tokio::spawn(every(
+            ctx.clone(),
+            ctx.settings.monitor_period,
+            |ctx| async move { reconcile::monitor(&ctx).await },
+        ));
+    })
+    .await
 }
 
 /// Takes a key, and with an uninitialised node a fair share of the other
@@ -151,17 +143,9 @@ async fn worker(ctx: Arc<Context>) {
         let results = reconcile::sync_nodes(&ctx, &names).await;
         for (name, result) in names.iter().zip(results) {
             ctx.metrics.reconciles.inc();
-            match result {
-                Ok(()) => ctx.queue.forget(name),
-                Err(crate::error::Error::NotLeader) => {}
-                Err(e) => {
-                    let delay = ctx.queue.retry_failed(
-                        name.clone(),
-                        &ctx.metrics.reconcile_errors,
-                        e.metric_label(),
-                    );
-                    tracing::warn!(node = %name, error = %e, retry_in = ?delay, "node sync failed");
-                }
+            let errors = &ctx.metrics.reconcile_errors;
+            if let Some((e, retry_in)) = settle(&ctx.queue, name, result, errors) {
+                tracing::warn!(node = %name, error = %e, ?retry_in, "node sync failed");
             }
             ctx.metrics
                 .reconcile_duration

@@ -15,7 +15,7 @@ use serde_json::json;
 use tracing::Instrument as _;
 
 use crate::context::{Context, node_ref};
-use crate::error::{Error, Result};
+use crate::error::{Error, NodeError, Result};
 use crate::metrics::ActionLabels;
 use crate::plan::{self, Triage, Verdict};
 
@@ -119,7 +119,7 @@ pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
                 waiting.len()
             );
             for (i, _) in waiting {
-                results[i] = Err(Error::Invalid(e.clone()));
+                results[i] = Err(NodeError::Invalid(e.clone()).into());
             }
         }
         Err(e) => {
@@ -153,16 +153,17 @@ async fn reconcile_labels(ctx: &Context, node: &Node) -> Result<()> {
 async fn initialize(ctx: &Context, node: &Node, result: InstanceResult) -> Result<()> {
     let name = node.name_any();
     let instance = match (result.state(), result.instance) {
-        (InstanceState::NotFound, _) => return Err(Error::InstanceNotFound(name)),
+        (InstanceState::NotFound, _) => return Err(NodeError::InstanceNotFound(name).into()),
         (_, Some(instance)) => instance,
         (state, None) => {
-            return Err(Error::Invalid(format!(
+            return Err(NodeError::Invalid(format!(
                 "the gateway answered {state:?} without metadata"
-            )));
+            ))
+            .into());
         }
     };
     // Plan against the node as cached, so a bad node-ip fails before any write.
-    let init = plan::initialize(node, &instance).map_err(Error::Invalid)?;
+    let init = plan::initialize(node, &instance).map_err(NodeError::Invalid)?;
     for key in &init.discarded_labels {
         tracing::warn!(label = %key, "discarding provider label in a Kubernetes namespace");
     }

@@ -16,10 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ccm_runtime::controller::Base;
+use ccm_runtime::controller::{Base, lead, settle};
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use ccm_runtime::shutdown::or_shutdown;
 use ccm_runtime::watch::{Seen, cached_nodes, follow};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -115,32 +114,25 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
         shutdown.cancelled().await;
         return Ok(());
     }
-    tokio::select! {
-        acquired = ctx.leadership.acquired() => if !acquired { return Ok(()) },
-        _ = shutdown.cancelled() => return Ok(()),
-    }
-    tracing::info!(cluster_cidrs = ?ctx.settings.cluster_cidrs, "leading; reconciling routes");
-    let Some(synced) = or_shutdown(&shutdown, ctx.store.wait_until_ready()).await else {
-        return Ok(());
+    // Awaited only once this replica leads, so it may say so first.
+    let caches = async {
+        tracing::info!(cluster_cidrs = ?ctx.settings.cluster_cidrs, "leading; reconciling routes");
+        ctx.store.wait_until_ready().await.context("node cache")
     };
-    synced.context("node cache")?;
-    ctx.queue.add(());
-    tokio::spawn(worker(ctx.clone()));
-    tokio::spawn({
-        let ctx = ctx.clone();
-        async move {
-            loop {
-                tokio::time::sleep(ctx.settings.resync_period).await;
-                ctx.queue.add(());
+    lead(&ctx.leadership, &ctx.queue, caches, &shutdown, || {
+        ctx.queue.add(());
+        tokio::spawn(worker(ctx.clone()));
+        tokio::spawn({
+            let ctx = ctx.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(ctx.settings.resync_period).await;
+                    ctx.queue.add(());
+                }
             }
-        }
-    });
-    let result = tokio::select! {
-        _ = ctx.leadership.lost() => Err(anyhow::anyhow!("leader election lost")),
-        _ = shutdown.cancelled() => Ok(()),
-    };
-    ctx.queue.close();
-    result
+        });
+    })
+    .await
 }
 
 /// Reconciles whenever triggered, never twice within the minimum interval.
@@ -148,15 +140,10 @@ async fn worker(ctx: Arc<Context>) {
     while let Some(key) = ctx.queue.next().await {
         let started = std::time::Instant::now();
         ctx.metrics.reconciles.inc();
-        match reconcile::reconcile(&ctx).await {
-            Ok(()) => ctx.queue.forget(&key),
-            Err(crate::error::Error::NotLeader) => {}
-            Err(e) => {
-                let delay =
-                    ctx.queue
-                        .retry_failed(key, &ctx.metrics.reconcile_errors, e.metric_label());
-                tracing::warn!(error = %e, retry_in = ?delay, "route reconcile failed");
-            }
+        let result = reconcile::reconcile(&ctx).await;
+        let errors = &ctx.metrics.reconcile_errors;
+        if let Some((e, retry_in)) = settle(&ctx.queue, &key, result, errors) {
+            tracing::warn!(error = %e, ?retry_in, "route reconcile failed");
         }
         ctx.metrics
             .reconcile_duration

@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{Result, RouteError};
 use crate::metrics::ErrorLabels;
 use crate::plan::{self, Create, NodeInfo};
 
@@ -84,7 +84,7 @@ pub async fn reconcile(ctx: &Context) -> Result<()> {
     if failures.is_empty() {
         Ok(())
     } else {
-        Err(Error::CreateFailed(failures.len()))
+        Err(RouteError::CreateFailed(failures.len()).into())
     }
 }
 

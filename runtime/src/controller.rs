@@ -1,9 +1,13 @@
-//! The start-up every controller shares: the Kubernetes and gateway
-//! clients, its metrics registry behind the admin server, its identity and
-//! leader election, and its event recorder; and the handle of a started
-//! controller.
+//! What every controller shares: its start-up ([`Base`]: the Kubernetes
+//! and gateway clients, its metrics registry behind the admin server, its
+//! identity and leader election, and its event recorder), the handle of a
+//! started controller ([`Running`]), leading ([`lead`]), the failures of a
+//! sync ([`SyncError`]) and what a worker does with them ([`settle`]).
 
+use std::future::Future;
+use std::hash::Hash;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use ccm_proto::GatewayClient;
@@ -15,7 +19,9 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::Readiness;
 use crate::common_args::Common;
 use crate::leader::Leadership;
-use crate::metrics::LeaderGauge;
+use crate::metrics::{ErrorCounts, LeaderGauge};
+use crate::queue::WorkQueue;
+use crate::shutdown::or_shutdown;
 
 /// How long a stopping controller waits for its lease to be released.
 const LEASE_RELEASE: std::time::Duration = std::time::Duration::from_secs(3);
@@ -109,5 +115,230 @@ impl Running {
         // A leader that is shutting down hands its lease over first.
         self.leadership.ended(LEASE_RELEASE).await;
         result?
+    }
+}
+
+/// Runs the leading part of a controller. Once this replica holds the
+/// lease, it awaits `caches` (so that future may first log that this
+/// replica leads), then calls `start`, which queues the first keys and
+/// spawns the workers and passes. They run until the lease is lost (an
+/// error: as upstream, the process exits and restarts as a standby) or
+/// shutdown; either way `queue` is closed then, which ends the workers.
+/// Should shutdown come, or the election end, before `start` is called, it
+/// returns `Ok` and starts nothing.
+pub async fn lead<K: Clone + Eq + Hash + Send + 'static>(
+    leadership: &Leadership,
+    queue: &WorkQueue<K>,
+    caches: impl Future<Output = anyhow::Result<()>>,
+    shutdown: &CancellationToken,
+    start: impl FnOnce(),
+) -> anyhow::Result<()> {
+    tokio::select! {
+        acquired = leadership.acquired() => if !acquired { return Ok(()) },
+        _ = shutdown.cancelled() => return Ok(()),
+    }
+    let Some(synced) = or_shutdown(shutdown, caches).await else {
+        return Ok(());
+    };
+    synced?;
+    start();
+    let result = tokio::select! {
+        _ = leadership.lost() => Err(anyhow::anyhow!("leader election lost")),
+        _ = shutdown.cancelled() => Ok(()),
+    };
+    queue.close();
+    result
+}
+
+/// What can go wrong in a controller's sync: what can in every controller,
+/// and the controller's own failures `E`. `?` turns a gateway error, a
+/// Kubernetes error or an `E` into one.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError<E> {
+    /// A gateway call failed.
+    #[error("gateway: {0}")]
+    Gateway(#[from] ccm_proto::Error),
+    /// A Kubernetes API call failed.
+    #[error("kubernetes: {0}")]
+    Kube(#[from] kube::Error),
+    /// This replica does not lead (any more); it must not write.
+    #[error("not the leader")]
+    NotLeader,
+    /// A failure of the controller's own.
+    #[error(transparent)]
+    Own(E),
+}
+
+/// The failures a controller has beyond those of every controller.
+pub trait OwnError: std::error::Error {
+    /// A stable label for metrics.
+    fn metric_label(&self) -> &'static str;
+}
+
+impl<E: OwnError> From<E> for SyncError<E> {
+    fn from(e: E) -> Self {
+        Self::Own(e)
+    }
+}
+
+impl<E: OwnError> SyncError<E> {
+    /// A stable label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Gateway(e) => e.metric_label(),
+            Self::Kube(_) => "kubernetes",
+            Self::NotLeader => "not_leader",
+            Self::Own(e) => e.metric_label(),
+        }
+    }
+}
+
+/// What a worker does with the result of syncing `key`: a success forgets
+/// the key's failures; a replica that stopped leading leaves the key to the
+/// next leader; any other failure is counted in `errors` under its label,
+/// and the key is queued again after its backoff. Returns that failure and
+/// the delay, for the worker to log. The worker still marks the key done.
+pub fn settle<K, E>(
+    queue: &WorkQueue<K>,
+    key: &K,
+    result: Result<(), SyncError<E>>,
+    errors: &ErrorCounts,
+) -> Option<(SyncError<E>, Duration)>
+where
+    K: Clone + Eq + Hash + Send + 'static,
+    E: OwnError,
+{
+    match result {
+        Ok(()) => {
+            queue.forget(key);
+            None
+        }
+        Err(SyncError::NotLeader) => None,
+        Err(e) => {
+            let delay = queue.retry_failed(key.clone(), errors, e.metric_label());
+            Some((e, delay))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::pending;
+
+    use super::*;
+    use crate::metrics::ErrorLabels;
+    use crate::queue::Backoff;
+
+    const LIMIT: Duration = Duration::from_secs(5);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("own failure")]
+    struct Own;
+
+    impl OwnError for Own {
+        fn metric_label(&self) -> &'static str {
+            "own"
+        }
+    }
+
+    fn queue() -> WorkQueue<&'static str> {
+        WorkQueue::new(Backoff {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(8),
+        })
+    }
+
+    fn count(errors: &ErrorCounts, error: &'static str) -> u64 {
+        errors.get_or_create(&ErrorLabels { error }).get()
+    }
+
+    #[test]
+    fn labels_and_messages_are_the_shared_kinds_or_the_controllers_own() {
+        let gateway = SyncError::<Own>::from(ccm_proto::Error::NotFound {
+            reason: String::new(),
+            message: "gone".into(),
+        });
+        let cases = [
+            (gateway, "not_found", "gateway: not found: gone"),
+            (SyncError::NotLeader, "not_leader", "not the leader"),
+            (SyncError::from(Own), "own", "own failure"),
+        ];
+        for (error, label, message) in cases {
+            assert_eq!(
+                (error.metric_label(), error.to_string()),
+                (label, message.into())
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_sync_is_counted_and_backs_off_until_a_success_forgets_it() {
+        let (q, errors) = (queue(), ErrorCounts::default());
+        let delays: Vec<_> = (0..2)
+            .map(|_| settle(&q, &"a", Err(Own.into()), &errors).map(|(_, d)| d))
+            .collect();
+        assert_eq!(
+            delays,
+            [Some(Duration::from_secs(1)), Some(Duration::from_secs(2))]
+        );
+        assert_eq!(count(&errors, "own"), 2);
+        assert!(settle::<_, Own>(&q, &"a", Ok(()), &errors).is_none());
+        let (_, delay) = settle(&q, &"a", Err(Own.into()), &errors).unwrap();
+        assert_eq!(
+            delay,
+            Duration::from_secs(1),
+            "the success forgot the failures"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let next = tokio::time::timeout(LIMIT, q.next()).await.unwrap();
+        assert_eq!(next, Some("a"), "queued again after its backoff");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_that_stopped_leading_leaves_the_key_to_the_next_leader() {
+        let (q, errors) = (queue(), ErrorCounts::default());
+        assert!(settle(&q, &"a", Err(SyncError::<Own>::NotLeader), &errors).is_none());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(q.is_empty());
+        assert_eq!(count(&errors, "not_leader"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_leader_starts_once_its_caches_are_ready_and_closes_its_queue_at_shutdown() {
+        let (q, shutdown, leader) = (queue(), CancellationToken::new(), Leadership::always());
+        let caches = async { anyhow::Ok(()) };
+        let start = || {
+            q.add("first");
+            shutdown.cancel();
+        };
+        let led = lead(&leader, &q, caches, &shutdown, start);
+        tokio::time::timeout(LIMIT, led).await.unwrap().unwrap();
+        assert_eq!(q.next().await, Some("first"));
+        assert_eq!(q.next().await, None, "closed");
+    }
+
+    #[tokio::test]
+    async fn shutdown_before_the_caches_are_ready_starts_nothing() {
+        let (q, shutdown, leader) = (queue(), CancellationToken::new(), Leadership::always());
+        shutdown.cancel();
+        let mut started = false;
+        let led = lead(
+            &leader,
+            &q,
+            pending::<anyhow::Result<()>>(),
+            &shutdown,
+            || started = true,
+        );
+        tokio::time::timeout(LIMIT, led).await.unwrap().unwrap();
+        assert!(!started);
+    }
+
+    #[tokio::test]
+    async fn caches_that_fail_fail_the_controller() {
+        let (q, shutdown, leader) = (queue(), CancellationToken::new(), Leadership::always());
+        let caches = async { Err(anyhow::anyhow!("node cache")) };
+        let led = lead(&leader, &q, caches, &shutdown, || {});
+        let result = tokio::time::timeout(LIMIT, led).await.unwrap();
+        assert_eq!(result.unwrap_err().to_string(), "node cache");
     }
 }

@@ -1,35 +1,28 @@
-//! The service controller's errors.
+//! The service controller's errors: those of every controller
+//! ([`SyncError`]) and its own ([`ServiceError`]).
 
 use std::time::Duration;
 
+use ccm_runtime::controller::{OwnError, SyncError};
+
 /// What can go wrong while syncing a Service.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A gateway call failed.
-    #[error("gateway: {0}")]
-    Gateway(#[from] ccm_proto::Error),
-    /// A Kubernetes API call failed.
-    #[error("kubernetes: {0}")]
-    Kube(#[from] kube::Error),
-    /// The cloud asks to come back after a delay (e.g. provisioning).
-    #[error("retry after {0:?}")]
-    RetryAfter(Duration),
-    /// This replica does not lead (any more); it must not write.
-    #[error("not the leader")]
-    NotLeader,
-}
+pub type Error = SyncError<ServiceError>;
 
 /// A convenient alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-impl Error {
-    /// A stable label for metrics.
-    pub fn metric_label(&self) -> &'static str {
+/// What can go wrong with a Service in this controller alone.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// The cloud asks to come back after a delay (e.g. provisioning).
+    #[error("retry after {0:?}")]
+    RetryAfter(Duration),
+}
+
+impl OwnError for ServiceError {
+    fn metric_label(&self) -> &'static str {
         match self {
-            Error::Gateway(e) => e.metric_label(),
-            Error::Kube(_) => "kubernetes",
-            Error::RetryAfter(_) => "retry_after",
-            Error::NotLeader => "not_leader",
+            ServiceError::RetryAfter(_) => "retry_after",
         }
     }
 }

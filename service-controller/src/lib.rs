@@ -19,9 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use ccm_runtime::controller::Base;
+use ccm_runtime::controller::{Base, lead, settle};
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use ccm_runtime::shutdown::or_shutdown;
 use ccm_runtime::watch::{Seen, cached_nodes, cached_with, follow};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{Api, ResourceExt};
@@ -30,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::args::Settings;
 use crate::context::Context;
-use crate::error::Error;
+use crate::error::{Error, ServiceError};
 use crate::metrics::Metrics;
 
 /// The name events are reported under, as upstream's.
@@ -170,61 +169,51 @@ async fn run(
         shutdown.cancelled().await;
         return Ok(());
     }
-    tokio::select! {
-        acquired = ctx.leadership.acquired() => if !acquired { return Ok(()) },
-        _ = shutdown.cancelled() => return Ok(()),
-    }
-    tracing::info!(classes = ?ctx.settings.classes, "leading; syncing load balancers");
+    // Awaited only once this replica leads, so it may say so first.
     let caches = async {
+        tracing::info!(classes = ?ctx.settings.classes, "leading; syncing load balancers");
         ctx.services
             .wait_until_ready()
             .await
             .context("service cache")?;
         ctx.nodes.wait_until_ready().await.context("node cache")
     };
-    let Some(synced) = or_shutdown(&shutdown, caches).await else {
-        return Ok(());
-    };
-    synced?;
-    for svc in ctx.services.state() {
-        if plan::wants_load_balancer(&svc, &ctx.settings.classes) || plan::has_finalizer(&svc) {
-            ctx.queue
-                .add((svc.namespace().unwrap_or_default(), svc.name_any()));
+    lead(&ctx.leadership, &ctx.queue, caches, &shutdown, || {
+        for svc in ctx.services.state() {
+            if plan::wants_load_balancer(&svc, &ctx.settings.classes) || plan::has_finalizer(&svc) {
+                ctx.queue
+                    .add((svc.namespace().unwrap_or_default(), svc.name_any()));
+            }
         }
-    }
-    for _ in 0..ctx.settings.workers {
-        tokio::spawn(worker(ctx.clone()));
-    }
-    tokio::spawn({
-        let ctx = ctx.clone();
-        async move {
-            loop {
-                nodes_changed.notified().await;
-                // Gather what else changes within the window, then one pass.
-                tokio::time::sleep(ctx.settings.debounce).await;
-                if !ctx.leadership.is_leader() {
-                    return;
+        for _ in 0..ctx.settings.workers {
+            tokio::spawn(worker(ctx.clone()));
+        }
+        tokio::spawn({
+            let ctx = ctx.clone();
+            async move {
+                loop {
+                    nodes_changed.notified().await;
+                    // Gather what else changes within the window, then one pass.
+                    tokio::time::sleep(ctx.settings.debounce).await;
+                    if !ctx.leadership.is_leader() {
+                        return;
+                    }
+                    reconcile::sync_hosts(&ctx).await;
                 }
-                reconcile::sync_hosts(&ctx).await;
             }
-        }
-    });
-    tokio::spawn({
-        let ctx = ctx.clone();
-        async move {
-            let mut orphans = reconcile::Orphans::default();
-            while ctx.leadership.is_leader() {
-                reconcile::check_orphans(&ctx, &mut orphans).await;
-                tokio::time::sleep(ctx.settings.orphan_period).await;
+        });
+        tokio::spawn({
+            let ctx = ctx.clone();
+            async move {
+                let mut orphans = reconcile::Orphans::default();
+                while ctx.leadership.is_leader() {
+                    reconcile::check_orphans(&ctx, &mut orphans).await;
+                    tokio::time::sleep(ctx.settings.orphan_period).await;
+                }
             }
-        }
-    });
-    let result = tokio::select! {
-        _ = ctx.leadership.lost() => Err(anyhow::anyhow!("leader election lost")),
-        _ = shutdown.cancelled() => Ok(()),
-    };
-    ctx.queue.close();
-    result
+        });
+    })
+    .await
 }
 
 async fn worker(ctx: Arc<Context>) {
@@ -232,15 +221,15 @@ async fn worker(ctx: Arc<Context>) {
         let started = std::time::Instant::now();
         ctx.metrics.syncs.inc();
         match reconcile::sync_service(&ctx, &key).await {
-            Ok(()) => ctx.queue.forget(&key),
-            Err(Error::NotLeader) => {}
             // The cloud said when: come back exactly then.
-            Err(Error::RetryAfter(delay)) => ctx.queue.add_after(key.clone(), delay),
-            Err(e) => {
-                let delay =
-                    ctx.queue
-                        .retry_failed(key.clone(), &ctx.metrics.sync_errors, e.metric_label());
-                tracing::warn!(service = %format!("{}/{}", key.0, key.1), error = %e, retry_in = ?delay, "service sync failed");
+            Err(Error::Own(ServiceError::RetryAfter(delay))) => {
+                ctx.queue.add_after(key.clone(), delay)
+            }
+            result => {
+                let errors = &ctx.metrics.sync_errors;
+                if let Some((e, retry_in)) = settle(&ctx.queue, &key, result, errors) {
+                    tracing::warn!(service = %format!("{}/{}", key.0, key.1), error = %e, ?retry_in, "service sync failed");
+                }
             }
         }
         ctx.metrics

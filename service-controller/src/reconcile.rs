@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::context::{Context, Key};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ServiceError};
 use crate::plan;
 
 const FIELD_MANAGER: &str = ccm_runtime::names::MANAGER_SERVICE_CONTROLLER;
@@ -262,7 +262,7 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         Poll::Unknown
     };
     let result = match poll {
-        Poll::Pending => return Err(Error::RetryAfter(PROVISIONING_POLL)),
+        Poll::Pending => return Err(ServiceError::RetryAfter(PROVISIONING_POLL).into()),
         Poll::Ready(status) => Ok(status),
         Poll::Unknown => ctx.gateway.ensure_load_balancer(spec, hosts).await,
     };
@@ -346,7 +346,7 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
                 format!("Error syncing load balancer: {message}"),
             )
             .await;
-            Err(Error::RetryAfter(delay))
+            Err(ServiceError::RetryAfter(delay).into())
         }
         Err(e) => {
             publish(
