@@ -52,6 +52,17 @@ pub struct Caller {
     pub role: Role,
 }
 
+impl Caller {
+    /// The name of a request's caller for the audit log (the auth layer put
+    /// the caller there), or `anonymous`.
+    pub fn name_of<T>(request: &tonic::Request<T>) -> String {
+        request
+            .extensions()
+            .get::<Caller>()
+            .map_or_else(|| "anonymous".to_owned(), |c| c.name.clone())
+    }
+}
+
 /// Which roles may call a gRPC path; `None` means no token is needed.
 pub fn allowed_roles(path: &str) -> Option<&'static [Role]> {
     const ANY: &[Role] = &Role::ALL;

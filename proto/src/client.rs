@@ -283,7 +283,7 @@ impl GatewayClient {
         Fut: Future<Output = std::result::Result<Response<Resp>, Status>>,
     {
         let span = tracing::info_span!(
-            target: crate::CALL_SPANS,
+            target: crate::spans::CALL_SPANS,
             "gateway call",
             otel.name = name.span,
             otel.kind = "client",

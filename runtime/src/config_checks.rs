@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-pub use ccm_provider::values::{parse_duration, quote};
+pub use ccm_values::{parse_duration, quote};
 
 /// Every problem found in a configuration, reported together.
 #[derive(Debug, Default, PartialEq, Eq)]

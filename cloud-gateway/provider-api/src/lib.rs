@@ -13,7 +13,9 @@ mod error;
 mod meter;
 mod operation;
 pub mod types;
-pub mod values;
+/// The forms an operator's values take (durations, quoting), the same in
+/// every binary's settings and every provider's annotations.
+pub use ccm_values as values;
 
 use async_trait::async_trait;
 

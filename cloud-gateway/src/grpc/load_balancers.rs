@@ -13,11 +13,12 @@ use tonic::{Request, Response, Status};
 
 use super::status::answer;
 
+use super::convert;
 use super::validate::Violations;
-use super::{caller_name, convert};
 use crate::cloud::budget::Priority;
 use crate::cloud::load_balancer_reads::LoadBalancerReads;
 use crate::cloud::{Audit, Cloud};
+use crate::identity::Caller;
 use ccm_proto::v1 as wire;
 use ccm_provider::{CloudError, Host, LoadBalancerSpec, Operation, load_balancer_name};
 
@@ -81,7 +82,7 @@ impl LoadBalancers for LoadBalancersService {
         request: Request<EnsureLoadBalancerRequest>,
     ) -> Result<Response<EnsureLoadBalancerResponse>, Status> {
         answer(async move {
-            let caller = caller_name(&request);
+            let caller = Caller::name_of(&request);
             let req = request.into_inner();
             let (spec, hosts) = checked(&req.cluster_name, req.spec, req.hosts)?;
             let resource = resource(&spec.service.uid);
@@ -111,7 +112,7 @@ impl LoadBalancers for LoadBalancersService {
         request: Request<UpdateLoadBalancerHostsRequest>,
     ) -> Result<Response<UpdateLoadBalancerHostsResponse>, Status> {
         answer(async move {
-            let caller = caller_name(&request);
+            let caller = Caller::name_of(&request);
             let req = request.into_inner();
             let (spec, hosts) = checked(&req.cluster_name, req.spec, req.hosts)?;
             let resource = resource(&spec.service.uid);
@@ -138,7 +139,7 @@ impl LoadBalancers for LoadBalancersService {
         request: Request<DeleteLoadBalancerRequest>,
     ) -> Result<Response<DeleteLoadBalancerResponse>, Status> {
         answer(async move {
-            let caller = caller_name(&request);
+            let caller = Caller::name_of(&request);
             let req = request.into_inner();
             let mut v = Violations::default();
             v.cluster_name(&req.cluster_name);

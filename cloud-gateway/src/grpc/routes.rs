@@ -11,10 +11,11 @@ use tonic::{Request, Response, Status};
 
 use super::status::answer;
 
+use super::convert;
 use super::validate::{ProviderIds, Violations};
-use super::{caller_name, convert};
 use crate::cloud::budget::Priority;
 use crate::cloud::{Audit, Cloud};
+use crate::identity::Caller;
 use ccm_provider::Operation;
 
 /// The Routes service.
@@ -59,7 +60,7 @@ impl Routes for RoutesService {
         request: Request<CreateRouteRequest>,
     ) -> Result<Response<CreateRouteResponse>, Status> {
         answer(async move {
-            let caller = caller_name(&request);
+            let caller = Caller::name_of(&request);
             let req = request.into_inner();
             let mut v = Violations::default();
             v.cluster_name(&req.cluster_name);
@@ -94,7 +95,7 @@ impl Routes for RoutesService {
         request: Request<DeleteRouteRequest>,
     ) -> Result<Response<DeleteRouteResponse>, Status> {
         answer(async move {
-            let caller = caller_name(&request);
+            let caller = Caller::name_of(&request);
             let req = request.into_inner();
             let mut v = Violations::default();
             v.cluster_name(&req.cluster_name);

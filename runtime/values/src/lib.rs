@@ -1,6 +1,7 @@
 //! The forms a value an operator writes takes, shared by every setting of
-//! every binary and every provider's annotations: durations with a unit,
-//! and how an error quotes a value.
+//! every binary (through `ccm-runtime`) and every provider's annotations
+//! (through `ccm-provider`): durations with a unit, and how an error quotes
+//! a value. The lowest floor: it depends on nothing.
 
 /// How much of a value an error message quotes.
 const QUOTED: usize = 40;
