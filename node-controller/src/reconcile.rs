@@ -1,5 +1,5 @@
 //! Reads state, asks the gateway, calls `plan`, writes. Three entry points:
-//! [`sync_node`] (per node, from the work queue: initialisation or label
+//! [`sync_nodes`] (a batch of nodes from the work queue: initialisation or label
 //! reconciliation), [`sync_addresses`] (periodic, batched) and [`monitor`]
 //! (the lifecycle pass, batched).
 

@@ -1,6 +1,6 @@
 //! The test kit: what the workspace's tests share beside the Kubernetes API
 //! test server (crate `kube-test-apiserver`) and the sandbox (crate
-//! `ccm-sandbox`): a gateway and a controller in-process ([`env`]),
+//! `ccm-sandbox`): a gateway and a controller in-process ([`env`](mod@env)),
 //! simulated kubelets ([`kubelet`]), a trace collector ([`otlp`]) and the
 //! Helm chart rendered ([`chart`]). The end-to-end tests are this crate's
 //! `tests/`.
