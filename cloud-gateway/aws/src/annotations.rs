@@ -614,11 +614,8 @@ pub fn parse(annotations: &HashMap<String, String>) -> Result<NlbOptions, CloudE
             ));
         }
     }
-    if problems.is_empty() {
-        Ok(o)
-    } else {
-        Err(CloudError::InvalidArgument(problems))
-    }
+    CloudError::none_of(problems)?;
+    Ok(o)
 }
 
 #[cfg(test)]

@@ -79,6 +79,16 @@ impl CloudError {
         Self::InvalidArgument(vec![(field.into(), problem.into())])
     }
 
+    /// `Ok` when no problem was found, else every one at once:
+    /// `(field path, what is wrong)`, as [`CloudError::InvalidArgument`].
+    pub fn none_of(problems: Vec<(String, String)>) -> Result<()> {
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Self::InvalidArgument(problems))
+        }
+    }
+
     /// A stable label for the `outcome` of cloud-call metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {

@@ -91,11 +91,8 @@ pub fn parse(annotations: &HashMap<String, String>) -> Result<LbOptions, CloudEr
             )),
         }
     }
-    if problems.is_empty() {
-        Ok(options)
-    } else {
-        Err(CloudError::InvalidArgument(problems))
-    }
+    CloudError::none_of(problems)?;
+    Ok(options)
 }
 
 #[cfg(test)]

@@ -65,11 +65,7 @@ pub(super) fn check_immutable(nlb: &Nlb, o: &NlbOptions, subnets: &[Subnet]) -> 
             ),
         ));
     }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(CloudError::InvalidArgument(problems))
-    }
+    CloudError::none_of(problems)
 }
 
 /// Whether `nlb` is still being made.
