@@ -49,6 +49,14 @@ impl Container {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The last `lines` lines of the log: enough to see why, short enough
+    /// that the line saying what failed, printed after it, stays in view.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = self.log_text();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
 }
 
 fn text(v: &Value) -> &str {
@@ -337,9 +345,9 @@ impl Node<'_> {
         loop {
             if let Some(status) = container.child.try_wait()? {
                 bail!(
-                    "container {} exited ({status}) before it was ready:\n{}",
+                    "{}\ncontainer {} exited ({status}) before it was ready (its log's end above)",
+                    container.log_tail(100),
                     container.name,
-                    container.log_text()
                 );
             }
             if let Ok((200, _)) =
@@ -349,9 +357,9 @@ impl Node<'_> {
             }
             if started.elapsed() > within {
                 bail!(
-                    "container {} not ready within {within:?}:\n{}",
+                    "{}\ncontainer {} not ready within {within:?} (its log's end above)",
+                    container.log_tail(100),
                     container.name,
-                    container.log_text()
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

@@ -531,11 +531,7 @@ async fn an_unreachable_or_unauthenticated_cloud_is_unavailable_or_refused_never
     let dir = tempfile::tempdir().unwrap();
     let closed = format!(
         "http://127.0.0.1:{}",
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
+        ccm_sandbox::ports::free_port().unwrap()
     );
     let secret = aws::secret_access_key();
     let unreachable = GatewayProcess::start(

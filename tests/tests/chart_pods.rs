@@ -13,14 +13,6 @@ use ccm_testkit::kubelet::{self, Node};
 use kube_test_apiserver::ApiServer;
 use serde_json::Value;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Ports for every component, free on this machine (the chart's own would
 /// collide with other tests).
 fn ports() -> Vec<String> {
@@ -32,7 +24,7 @@ fn ports() -> Vec<String> {
         "routeController.adminPort",
     ]
     .iter()
-    .map(|key| format!("{key}={}", free_port()))
+    .map(|key| format!("{key}={}", ccm_sandbox::ports::free_port().unwrap()))
     .collect()
 }
 

@@ -130,16 +130,8 @@ async fn the_image_runs_the_gateway_as_non_root_on_a_read_only_root() {
         ],
     );
 
-    let grpc = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let admin = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let grpc = ccm_sandbox::ports::free_port().unwrap();
+    let admin = ccm_sandbox::ports::free_port().unwrap();
     tool(
         "podman",
         &[

@@ -358,10 +358,7 @@ type: Normal
 fn the_server_binary_writes_a_kubeconfig_kubectl_can_use() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = ccm_sandbox::ports::free_port().unwrap();
     let mut server = Command::new(ccm_testkit::bin_dir().join("kube-test-apiserver"))
         .args(["--listen", &format!("127.0.0.1:{port}"), "--kubeconfig"])
         .arg(&kubeconfig)

@@ -24,10 +24,7 @@ const CONTROLLERS: [(&str, Role); 3] = [
 ];
 
 fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    SocketAddr::from(([127, 0, 0, 1], ccm_sandbox::ports::free_port().unwrap()))
 }
 
 struct Proc {

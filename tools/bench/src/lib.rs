@@ -1103,7 +1103,7 @@ struct Floor {
 
 impl Floor {
     async fn start(bin_dir: &std::path::Path) -> anyhow::Result<Self> {
-        let port = ccm_sandbox::gateway::free_port()?;
+        let port = ccm_sandbox::ports::free_port()?;
         let mut process = tokio::process::Command::new(bin_dir.join("latency-floor"))
             .arg(format!("--listen=127.0.0.1:{port}"))
             .kill_on_drop(true)

@@ -24,7 +24,8 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use tokio::process::{Child, Command};
 
-use crate::gateway::{Started, free_port};
+use crate::gateway::Started;
+use crate::ports::free_port;
 
 /// The region the tests and the sandbox use; moto serves any.
 pub const REGION: &str = "eu-west-1";

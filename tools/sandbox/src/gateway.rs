@@ -9,12 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::process::{Child, Command};
 
-/// A loopback port free now (another process may take it before use).
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
+use crate::ports::free_port;
 
 /// What a process started to listen on a port did.
 pub enum Started {

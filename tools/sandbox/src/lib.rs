@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod aws;
 pub mod gateway;
+pub mod ports;
 pub mod toy;
 
 use std::collections::BTreeMap;
@@ -29,7 +30,7 @@ use serde_json::json;
 use tokio::process::{Child, Command};
 
 use crate::aws::{Moto, Seeded};
-use crate::gateway::free_port;
+use crate::ports::free_port;
 use kube_test_apiserver::fixtures::{self, node};
 use kube_test_apiserver::{TokenEntry, TokenUser};
 

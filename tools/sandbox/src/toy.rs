@@ -64,7 +64,7 @@ impl ToyGateway {
                 format!("{role}-{}", uuid::Uuid::new_v4().simple()),
             )?;
         }
-        let port = crate::gateway::free_port()?;
+        let port = crate::ports::free_port()?;
         let log = dir.join("toy-gateway.log");
         let mut child = Command::new(python())
             .arg(script())
