@@ -250,13 +250,14 @@ def check() -> int:
     # The AWS provider: its flags, credentials from a Secret's file, IRSA.
     aws_values = {"gateway": {"provider": "aws", "replicas": 2, "aws": {
         "region": "eu-west-1", "vpcID": "vpc-0abc", "routeTableIDs": ["rtb-1", "rtb-2"],
-        "roleARN": "arn:aws:iam::123456789012:role/ccm"},
+        "roleARN": "arn:aws:iam::123456789012:role/ccm", "defaultLoadBalancerType": "nlb"},
         "credentials": {"existingSecret": "aws-keys"}}}
     aws = render(aws_values)
     validate_all(c, aws, "aws")
     gw = next(ctr for d, ctr in containers(aws) if d["metadata"]["name"] == "ccm-gateway")
     for flag in ("--provider=aws", "--aws-region=eu-west-1", "--aws-vpc-id=vpc-0abc",
-                 "--aws-route-table-ids=rtb-1,rtb-2", "--aws-role-arn=arn:aws:iam::123456789012:role/ccm"):
+                 "--aws-route-table-ids=rtb-1,rtb-2", "--aws-role-arn=arn:aws:iam::123456789012:role/ccm",
+                 "--aws-default-load-balancer-type=nlb"):
         c.expect(flag in gw["args"], f"the AWS gateway gets {flag}: {gw['args']}")
     c.expect({"name": "AWS_SHARED_CREDENTIALS_FILE", "value": "/etc/cloud-gateway/credentials/credentials"}
              in gw.get("env", []), "the SDK reads the mounted credentials file")

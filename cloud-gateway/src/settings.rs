@@ -209,6 +209,9 @@ pub struct Args {
     /// Longest time one AWS API request may take.
     #[arg(long, default_value = "30s")]
     pub aws_request_timeout: String,
+    /// The load balancer of a Service without the aws-load-balancer-type annotation: classic (a Classic ELB, as cloud-provider-aws makes) or nlb.
+    #[arg(long, default_value = "classic")]
+    pub aws_default_load_balancer_type: String,
 }
 
 /// The providers built in.
@@ -620,6 +623,7 @@ fn sim(p: &mut Problems, args: &Args) -> Option<SimConfig> {
 
 #[cfg(feature = "aws")]
 fn aws(p: &mut Problems, args: &Args) -> Option<AwsSettings> {
+    use ccm_provider_aws::annotations::LbKind;
     use ccm_provider_aws::settings as check;
     let given = |value: &Option<String>| {
         value
@@ -654,6 +658,11 @@ fn aws(p: &mut Problems, args: &Args) -> Option<AwsSettings> {
         &args.aws_request_timeout,
         duration_within(Duration::from_secs(1), Duration::from_secs(300)),
     );
+    let default_load_balancer_type = p.parse(
+        "aws-default-load-balancer-type",
+        &args.aws_default_load_balancer_type,
+        |s| LbKind::parse(s).ok_or_else(|| "is not classic or nlb".to_owned()),
+    );
     Some(AwsSettings {
         region,
         endpoint_url,
@@ -664,6 +673,7 @@ fn aws(p: &mut Problems, args: &Args) -> Option<AwsSettings> {
         role_session_name: role_session_name?,
         node_ip_families: node_ip_families?,
         request_timeout: request_timeout?,
+        default_load_balancer_type: default_load_balancer_type?,
     })
 }
 

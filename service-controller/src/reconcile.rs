@@ -458,6 +458,22 @@ pub async fn sync_hosts(ctx: &Context) {
     }
 }
 
+/// Whether the load balancer of `service` (as the cloud tags it) has lost
+/// its Service: none with its UID, or, for one another controller made
+/// (cloud-provider-aws tags the name, and the UID comes with our first
+/// ensure), none of its namespace and name.
+fn is_orphan(
+    service: &ccm_proto::v1::ServiceRef,
+    owners: &HashSet<&str>,
+    names: &HashSet<(&str, &str)>,
+) -> bool {
+    if service.uid.is_empty() {
+        !names.contains(&(service.namespace.as_str(), service.name.as_str()))
+    } else {
+        !owners.contains(service.uid.as_str())
+    }
+}
+
 /// Tracks load balancers of this cluster whose Service is gone.
 #[derive(Default)]
 pub struct Orphans {
@@ -476,18 +492,26 @@ pub async fn check_orphans(ctx: &Context, orphans: &mut Orphans) {
             return;
         }
     };
-    let owners: HashSet<String> = ctx
-        .services
-        .state()
+    let services = ctx.services.state();
+    let owners: HashSet<&str> = services
         .iter()
-        .filter_map(|s| s.metadata.uid.clone())
+        .filter_map(|s| s.metadata.uid.as_deref())
+        .collect();
+    let names: HashSet<(&str, &str)> = services
+        .iter()
+        .filter_map(|s| {
+            Some((
+                s.metadata.namespace.as_deref()?,
+                s.metadata.name.as_deref()?,
+            ))
+        })
         .collect();
     let orphaned: Vec<_> = lbs
         .into_iter()
         .filter(|lb| {
             lb.service
                 .as_ref()
-                .is_some_and(|s| !owners.contains(&s.uid))
+                .is_some_and(|s| is_orphan(s, &owners, &names))
         })
         .collect();
     ctx.metrics.orphans.set(orphaned.len() as i64);
@@ -499,7 +523,9 @@ pub async fn check_orphans(ctx: &Context, orphans: &mut Orphans) {
         let since = *orphans.first_seen.entry(lb.name.clone()).or_insert(now);
         let service = lb.service.clone().unwrap_or_default();
         tracing::warn!(load_balancer = %lb.name, service = %format!("{}/{}", service.namespace, service.name), "orphaned load balancer: its Service is gone");
+        // Without its UID it cannot be named to the gateway: reported only.
         if ctx.settings.delete_orphans
+            && !service.uid.is_empty()
             && now.duration_since(since) >= ctx.settings.orphan_grace
             && ctx.ensure_leader().is_ok()
         {
@@ -514,5 +540,37 @@ pub async fn check_orphans(ctx: &Context, orphans: &mut Orphans) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ccm_proto::v1::ServiceRef;
+
+    fn service(namespace: &str, name: &str, uid: &str) -> ServiceRef {
+        ServiceRef {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+        }
+    }
+
+    #[test]
+    fn a_load_balancer_without_a_uid_belongs_to_the_service_of_its_name() {
+        let owners = HashSet::from(["uid-web"]);
+        let names = HashSet::from([("shop", "web")]);
+        assert!(!is_orphan(
+            &service("shop", "web", "uid-web"),
+            &owners,
+            &names
+        ));
+        assert!(is_orphan(
+            &service("shop", "web", "uid-old"),
+            &owners,
+            &names
+        ));
+        assert!(!is_orphan(&service("shop", "web", ""), &owners, &names));
+        assert!(is_orphan(&service("shop", "gone", ""), &owners, &names));
     }
 }

@@ -642,23 +642,26 @@ async fn an_assumed_role_is_used_for_every_call() {
     .unwrap();
     let lbs = env.gateway.client("service", CLUSTER);
     timed(lbs.list_load_balancers()).await.unwrap();
-    // The assumed credentials are cached and shared by EC2 and ELB, not
-    // asked for per call or per service.
+    // The assumed credentials are cached and shared by EC2, ELBv2 and
+    // the Classic ELB API, not asked for per call or per service. (Both
+    // load balancer APIs' listings are `DescribeLoadBalancers` to IAM.)
     let actions = env.proxy.take_actions();
     assert_eq!(actions.get("sts:AssumeRole"), None, "{actions:?}");
     assert_eq!(actions.get("DescribeInstances"), Some(&1), "{actions:?}");
     assert_eq!(
         actions.get("elasticloadbalancing:DescribeLoadBalancers"),
-        Some(&1),
+        Some(&2),
         "{actions:?}"
     );
 }
 
 /// The actions of the IAM policy the docs give operators
 /// (`helm/aws/iam-policy.json`), as the proxy names them: EC2's bare,
-/// others with their service prefix. Tagging on create is authorised
-/// separately by IAM but sent in the create request itself, so those two
-/// actions are in the policy and never on the wire.
+/// others with their service prefix. Tagging security groups on create is
+/// authorised separately by IAM but sent in the create request itself, so
+/// that action is in the policy and never on the wire. (`AddTags` is both:
+/// load balancers are tagged on create, and a Classic ELB made by
+/// cloud-provider-aws gets the Service's UID tag afterwards.)
 fn policy_actions() -> std::collections::BTreeSet<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../helm/aws/iam-policy.json");
     let policy: serde_json::Value =
@@ -673,12 +676,7 @@ fn policy_actions() -> std::collections::BTreeSet<String> {
             a.strip_prefix("ec2:").unwrap_or(a).to_owned()
         })
         .collect();
-    for tag_on_create in ["CreateTags", "elasticloadbalancing:AddTags"] {
-        assert!(
-            actions.remove(tag_on_create),
-            "{tag_on_create} is in the policy"
-        );
-    }
+    assert!(actions.remove("CreateTags"), "CreateTags is in the policy");
     actions
 }
 
@@ -745,6 +743,45 @@ async fn the_gateway_sends_exactly_the_actions_of_the_documented_iam_policy() {
     timed(lbs.delete_load_balancer(service("88888888")))
         .await
         .unwrap();
+    // The same for a Classic ELB, with every setting it has.
+    let certificate = aws::request_certificate(&env._moto.endpoint, "shop.example.com")
+        .await
+        .unwrap();
+    let first = classic_spec(
+        "99999999",
+        vec![
+            port("a", Protocol::Tcp, 80, 30080),
+            port("b", Protocol::Tcp, 443, 30443),
+        ],
+        &[
+            ("proxy-protocol", "*"),
+            ("ssl-cert", &certificate),
+            ("ssl-ports", "443"),
+            (
+                "ssl-negotiation-policy",
+                "ELBSecurityPolicy-TLS-1-2-2017-01",
+            ),
+            ("subnets", &env.seeded.subnets[0].1),
+        ],
+    );
+    ensure_ready(&lbs, &first, &live).await;
+    let second = classic_spec(
+        "99999999",
+        vec![port("a", Protocol::Tcp, 80, 30090)],
+        &[
+            ("connection-idle-timeout", "120"),
+            ("additional-resource-tags", "team=web"),
+            ("subnets", &env.seeded.subnets[1].1),
+            ("extra-security-groups", &env.seeded.node_group),
+        ],
+    );
+    ensure_ready(&lbs, &second, &live).await;
+    timed(lbs.update_load_balancer_hosts(second.clone(), Vec::new()))
+        .await
+        .unwrap();
+    timed(lbs.delete_load_balancer(service("99999999")))
+        .await
+        .unwrap();
     seen.extend(env.proxy.take_actions().into_keys());
     assert_eq!(seen, policy_actions(), "actions sent vs. the IAM policy");
 }
@@ -774,7 +811,22 @@ fn port(name: &str, protocol: Protocol, port: i32, node_port: i32) -> ServicePor
     }
 }
 
+/// A Service asking for an NLB (`type: nlb` unless `annotations` name a
+/// type), the rest of its annotations named without the common prefix.
 fn lb_spec(uid: &str, ports: Vec<ServicePort>, annotations: &[(&str, &str)]) -> LoadBalancerSpec {
+    let mut spec = classic_spec(uid, ports, annotations);
+    spec.annotations
+        .entry(format!("{NLB}type"))
+        .or_insert_with(|| "nlb".into());
+    spec
+}
+
+/// A Service with exactly `annotations`: without a type, a Classic ELB.
+fn classic_spec(
+    uid: &str,
+    ports: Vec<ServicePort>,
+    annotations: &[(&str, &str)],
+) -> LoadBalancerSpec {
     LoadBalancerSpec {
         service: Some(service(uid)),
         ports,
@@ -1290,7 +1342,7 @@ async fn invalid_annotations_are_refused_before_any_cloud_call() {
         violations
             .iter()
             .any(|v| v.field.contains("connection-draining")
-                && v.description.contains("classic ELB"))
+                && v.description.contains("not supported for NLBs"))
     );
     let actions = env.proxy.take_actions();
     assert!(
@@ -1605,4 +1657,427 @@ async fn the_aws_provider_passes_the_conformance_suite() {
     }
     assert!(stdout.contains("PASS lb.invalid-annotation"), "{stdout}");
     assert!(stdout.contains("PASS lb.update-hosts"), "{stdout}");
+}
+
+// Classic ELBs: what a Service without a type annotation gets, as with
+// cloud-provider-aws, read back through the ELB API.
+
+use aws_sdk_elasticloadbalancing::types::LoadBalancerDescription as Elb;
+
+async fn classic(elb: &aws_sdk_elasticloadbalancing::Client, uid: &str) -> Option<Elb> {
+    let name = ccm_provider::load_balancer_name(&service(uid).uid);
+    elb.describe_load_balancers()
+        .load_balancer_names(name)
+        .send()
+        .await
+        .ok()
+        .and_then(|a| a.load_balancer_descriptions().first().cloned())
+}
+
+/// `(port, protocol, instance port, instance protocol)` of each listener.
+fn classic_listeners(lb: &Elb) -> Vec<(i32, String, i32, String)> {
+    let mut out: Vec<_> = lb
+        .listener_descriptions()
+        .iter()
+        .filter_map(|d| d.listener())
+        .map(|l| {
+            (
+                l.load_balancer_port(),
+                l.protocol().to_uppercase(),
+                l.instance_port(),
+                l.instance_protocol().unwrap_or_default().to_uppercase(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn registered(lb: &Elb) -> Vec<String> {
+    let mut ids: Vec<String> = lb
+        .instances()
+        .iter()
+        .filter_map(|i| i.instance_id().map(str::to_owned))
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn ids(instances: &[aws::SeededInstance]) -> Vec<String> {
+    let mut ids: Vec<String> = instances.iter().map(|i| i.id.clone()).collect();
+    ids.sort();
+    ids
+}
+
+/// The group named `name`, if any.
+async fn group_named(ec2: &aws_sdk_ec2::Client, name: &str) -> Option<String> {
+    let answer = ec2
+        .describe_security_groups()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("group-name")
+                .values(name)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    answer
+        .security_groups()
+        .first()
+        .and_then(|g| g.group_id().map(str::to_owned))
+}
+
+#[tokio::test]
+async fn a_service_without_a_type_gets_a_classic_elb_made_as_upstream_makes_it() {
+    let env = env(2, &[]).await;
+    let elb = aws::classic_elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let ports = vec![
+        port("http", Protocol::Tcp, 80, 30080),
+        port("admin", Protocol::Tcp, 8080, 30088),
+    ];
+    let mut spec = classic_spec(
+        "c1c1c1c1",
+        ports,
+        &[
+            ("proxy-protocol", "*"),
+            ("connection-idle-timeout", "300"),
+            ("connection-draining-enabled", "true"),
+            ("connection-draining-timeout", "120"),
+            ("cross-zone-load-balancing-enabled", "true"),
+            ("healthcheck-interval", "30"),
+        ],
+    );
+    let all = hosts(&env.seeded.instances);
+    let hostname = ensure_ready(&client, &spec, &all).await;
+    let lb = classic(&elb, "c1c1c1c1")
+        .await
+        .expect("the Classic ELB exists");
+    assert_eq!(lb.dns_name(), Some(hostname.as_str()));
+    assert_eq!(
+        classic_listeners(&lb),
+        [
+            (80, "TCP".into(), 30080, "TCP".into()),
+            (8080, "TCP".into(), 30088, "TCP".into())
+        ]
+    );
+    assert_eq!(registered(&lb), ids(&env.seeded.instances));
+    let hc = lb.health_check().unwrap();
+    assert_eq!(
+        (
+            hc.target(),
+            hc.interval(),
+            hc.timeout(),
+            hc.healthy_threshold(),
+            hc.unhealthy_threshold()
+        ),
+        ("TCP:30080", 30, 5, 2, 6)
+    );
+    let attributes = elb
+        .describe_load_balancer_attributes()
+        .load_balancer_name(lb.load_balancer_name().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let a = attributes.load_balancer_attributes().unwrap();
+    assert_eq!(a.connection_settings().unwrap().idle_timeout(), 300);
+    assert!(a.cross_zone_load_balancing().unwrap().enabled());
+    let draining = a.connection_draining().unwrap();
+    assert_eq!((draining.enabled(), draining.timeout()), (true, Some(120)));
+    let proxied: Vec<i32> = lb
+        .backend_server_descriptions()
+        .iter()
+        .filter(|b| {
+            b.policy_names()
+                .iter()
+                .any(|p| p == "k8s-proxyprotocol-enabled")
+        })
+        .filter_map(|b| b.instance_port())
+        .collect();
+    assert_eq!(proxied.len(), 2, "{:?}", lb.backend_server_descriptions());
+    let tags = elb
+        .describe_tags()
+        .load_balancer_names(lb.load_balancer_name().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let tags = tags.tag_descriptions()[0].tags();
+    let tag = |key: &str| tags.iter().find(|t| t.key() == key).and_then(|t| t.value());
+    assert_eq!(tag("kubernetes.io/cluster/kubernetes"), Some("owned"));
+    assert_eq!(tag("kubernetes.io/service-name"), Some("shop/web-c1c1c1c1"));
+    // Its own group admits everyone on the listener ports and path MTU
+    // discovery; the nodes' group admits all traffic from it.
+    let group_name = format!("k8s-elb-{}", lb.load_balancer_name().unwrap());
+    let group = group_named(&env.ec2, &group_name).await.expect("its group");
+    assert_eq!(lb.security_groups(), std::slice::from_ref(&group));
+    let everyone = "0.0.0.0/0".to_owned();
+    assert_eq!(
+        ingress(&env.ec2, &group).await,
+        [
+            ("icmp".into(), 3, everyone.clone()),
+            ("tcp".into(), 80, everyone.clone()),
+            ("tcp".into(), 8080, everyone.clone())
+        ]
+    );
+    let node = node_group(&env).await;
+    assert!(
+        ingress(&env.ec2, &node)
+            .await
+            .contains(&("-1".into(), -1, group.clone()))
+    );
+
+    // Changes: a port goes, a node port moves, source ranges narrow, one
+    // host goes; the DNS name stays.
+    spec.ports = vec![port("http", Protocol::Tcp, 80, 30090)];
+    spec.source_ranges = vec!["10.1.0.0/16".into()];
+    env.proxy.take_actions();
+    assert_eq!(ensure_ready(&client, &spec, &all).await, hostname);
+    timed(client.update_load_balancer_hosts(spec.clone(), all[..1].to_vec()))
+        .await
+        .unwrap();
+    let lb = classic(&elb, "c1c1c1c1").await.unwrap();
+    assert_eq!(
+        classic_listeners(&lb),
+        [(80, "TCP".into(), 30090, "TCP".into())]
+    );
+    assert_eq!(registered(&lb), ids(&env.seeded.instances[..1]));
+    assert_eq!(lb.health_check().unwrap().target(), "TCP:30090");
+    let narrowed = "10.1.0.0/16".to_owned();
+    assert_eq!(
+        ingress(&env.ec2, &group).await,
+        [
+            ("icmp".into(), 3, narrowed.clone()),
+            ("tcp".into(), 80, narrowed)
+        ]
+    );
+    let actions = env.proxy.take_actions();
+    assert!(
+        !actions.contains_key("elasticloadbalancing:CreateLoadBalancer"),
+        "{actions:?}"
+    );
+
+    // UDP needs an NLB; the type cannot change after creation.
+    let mut udp = spec.clone();
+    udp.ports.push(port("dns", Protocol::Udp, 53, 30053));
+    let violations = refused(&client, udp, all.clone()).await;
+    assert!(
+        violations[0].description.contains("TCP only"),
+        "{violations:?}"
+    );
+    let mut nlb_now = spec.clone();
+    nlb_now.annotations = [(format!("{NLB}type"), "nlb".to_owned())].into();
+    let violations = refused(&client, nlb_now, all.clone()).await;
+    assert!(
+        violations[0].field.contains("aws-load-balancer-type"),
+        "{violations:?}"
+    );
+    assert!(
+        violations[0].description.contains("is a Classic ELB"),
+        "{violations:?}"
+    );
+    assert!(writes(&env.proxy.take_actions()).is_empty());
+    assert!(
+        nlb(&aws::elb_client(&env.proxy.endpoint), "c1c1c1c1")
+            .await
+            .is_none()
+    );
+
+    // Listed for the orphan check; deleted with its group and node rule.
+    let listed = timed(client.list_load_balancers()).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        listed[0].service.as_ref().unwrap().uid,
+        service("c1c1c1c1").uid
+    );
+    timed(client.delete_load_balancer(service("c1c1c1c1")))
+        .await
+        .unwrap();
+    assert!(classic(&elb, "c1c1c1c1").await.is_none());
+    assert_eq!(group_named(&env.ec2, &group_name).await, None);
+    assert!(
+        !ingress(&env.ec2, &node)
+            .await
+            .iter()
+            .any(|(_, _, s)| s == &group)
+    );
+    assert!(
+        timed(client.list_load_balancers())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_classic_elb_cloud_provider_aws_made_is_adopted_in_place() {
+    let env = env(2, &[]).await;
+    let elb = aws::classic_elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let name = ccm_provider::load_balancer_name(&service("adadadad").uid);
+
+    // What cloud-provider-aws leaves for a Service `shop/web-adadadad`
+    // with port 80 on node port 30080, made with the SDK as it makes them.
+    let cluster_tag = aws_sdk_ec2::types::Tag::builder()
+        .key("kubernetes.io/cluster/kubernetes")
+        .value("owned")
+        .build();
+    let group = env
+        .ec2
+        .create_security_group()
+        .group_name(format!("k8s-elb-{name}"))
+        .description(format!(
+            "Security group for Kubernetes ELB {name} (shop/web-adadadad)"
+        ))
+        .vpc_id(&env.seeded.vpc)
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::SecurityGroup)
+                .tags(cluster_tag)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .group_id()
+        .unwrap()
+        .to_owned();
+    let everyone = aws_sdk_ec2::types::IpRange::builder()
+        .cidr_ip("0.0.0.0/0")
+        .build();
+    env.ec2
+        .authorize_security_group_ingress()
+        .group_id(&group)
+        .ip_permissions(
+            aws_sdk_ec2::types::IpPermission::builder()
+                .ip_protocol("tcp")
+                .from_port(80)
+                .to_port(80)
+                .ip_ranges(everyone.clone())
+                .build(),
+        )
+        .ip_permissions(
+            aws_sdk_ec2::types::IpPermission::builder()
+                .ip_protocol("icmp")
+                .from_port(3)
+                .to_port(4)
+                .ip_ranges(everyone)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let node = node_group(&env).await;
+    env.ec2
+        .authorize_security_group_ingress()
+        .group_id(&node)
+        .ip_permissions(
+            aws_sdk_ec2::types::IpPermission::builder()
+                .ip_protocol("-1")
+                .user_id_group_pairs(
+                    aws_sdk_ec2::types::UserIdGroupPair::builder()
+                        .group_id(&group)
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let elb_tag = |k: &str, v: &str| {
+        aws_sdk_elasticloadbalancing::types::Tag::builder()
+            .key(k)
+            .value(v)
+            .build()
+            .unwrap()
+    };
+    let subnets: Vec<String> = env.seeded.subnets.iter().map(|(_, s)| s.clone()).collect();
+    elb.create_load_balancer()
+        .load_balancer_name(&name)
+        .listeners(
+            aws_sdk_elasticloadbalancing::types::Listener::builder()
+                .protocol("tcp")
+                .load_balancer_port(80)
+                .instance_protocol("tcp")
+                .instance_port(30080)
+                .build()
+                .unwrap(),
+        )
+        .set_subnets(Some(subnets))
+        .security_groups(&group)
+        .tags(elb_tag("kubernetes.io/service-name", "shop/web-adadadad"))
+        .tags(elb_tag("kubernetes.io/cluster/kubernetes", "owned"))
+        .send()
+        .await
+        .unwrap();
+    let theirs = classic(&elb, "adadadad").await.unwrap();
+    elb.register_instances_with_load_balancer()
+        .load_balancer_name(&name)
+        .instances(
+            aws_sdk_elasticloadbalancing::types::Instance::builder()
+                .instance_id(&env.seeded.instances[0].id)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+
+    // Before our first ensure it is listed under its Service's name.
+    let listed = timed(client.list_load_balancers()).await.unwrap();
+    let svc = listed[0].service.clone().unwrap();
+    assert_eq!(
+        (svc.namespace.as_str(), svc.name.as_str(), svc.uid.as_str()),
+        ("shop", "web-adadadad", "")
+    );
+
+    // Our ensure keeps it: same name and DNS name, nothing made.
+    let spec = classic_spec(
+        "adadadad",
+        vec![port("http", Protocol::Tcp, 80, 30080)],
+        &[],
+    );
+    env.proxy.take_actions();
+    let hostname = ensure_ready(&client, &spec, &hosts(&env.seeded.instances)).await;
+    assert_eq!(Some(hostname.as_str()), theirs.dns_name());
+    let actions = env.proxy.take_actions();
+    for made in [
+        "elasticloadbalancing:CreateLoadBalancer",
+        "CreateSecurityGroup",
+        "elasticloadbalancing:CreateLoadBalancerListeners",
+    ] {
+        assert!(!actions.contains_key(made), "{made}: {actions:?}");
+    }
+    let lb = classic(&elb, "adadadad").await.unwrap();
+    assert_eq!(registered(&lb), ids(&env.seeded.instances));
+    assert_eq!(lb.security_groups(), std::slice::from_ref(&group));
+    let listed = timed(client.list_load_balancers()).await.unwrap();
+    assert_eq!(listed.len(), 1, "never a second load balancer: {listed:?}");
+    assert_eq!(
+        listed[0].service.as_ref().unwrap().uid,
+        service("adadadad").uid
+    );
+
+    // Its source ranges are ours to keep now; delete leaves nothing.
+    let mut narrowed = spec.clone();
+    narrowed.source_ranges = vec!["192.168.0.0/24".into()];
+    ensure_ready(&client, &narrowed, &hosts(&env.seeded.instances)).await;
+    let cidr = "192.168.0.0/24".to_owned();
+    assert_eq!(
+        ingress(&env.ec2, &group).await,
+        [("icmp".into(), 3, cidr.clone()), ("tcp".into(), 80, cidr)]
+    );
+    timed(client.delete_load_balancer(service("adadadad")))
+        .await
+        .unwrap();
+    assert!(classic(&elb, "adadadad").await.is_none());
+    assert_eq!(
+        group_named(&env.ec2, &format!("k8s-elb-{name}")).await,
+        None
+    );
+    assert!(
+        !ingress(&env.ec2, &node)
+            .await
+            .iter()
+            .any(|(_, _, s)| s == &group)
+    );
 }

@@ -83,10 +83,29 @@ mod scenarios {
         start_on(CloudKind::Sim, nodes, services).await
     }
 
+    /// A sandbox on `cloud`; on AWS its Services get NLBs (the scenarios
+    /// written for them), see `start_on_aws_with_defaults` for upstream's
+    /// default.
     async fn start_on(
         cloud: CloudKind,
         nodes: usize,
         services: usize,
+    ) -> (Sandbox, tokio::task::JoinHandle<()>, tempfile::TempDir) {
+        let mut extra_args = std::collections::BTreeMap::new();
+        if cloud == CloudKind::Aws {
+            extra_args.insert(
+                "cloud-gateway".to_owned(),
+                vec!["--aws-default-load-balancer-type=nlb".to_owned()],
+            );
+        }
+        start_with(cloud, nodes, services, extra_args).await
+    }
+
+    async fn start_with(
+        cloud: CloudKind,
+        nodes: usize,
+        services: usize,
+        extra_args: std::collections::BTreeMap<String, Vec<String>>,
     ) -> (Sandbox, tokio::task::JoinHandle<()>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let bin_dir = ccm_testkit::bin_dir();
@@ -102,7 +121,7 @@ mod scenarios {
             replicas: 2,
             bin_dir,
             rbac: Some(policy),
-            extra_args: Default::default(),
+            extra_args,
         };
         let sandbox = Sandbox::start(options).await.unwrap();
         sandbox.populate().await.unwrap();
@@ -962,6 +981,141 @@ mod scenarios {
         }
         let groups = elb.describe_target_groups().send().await.unwrap();
         assert_eq!(groups.target_groups().len(), 1, "{groups:?}");
+        finish(sandbox, kubelets).await;
+    }
+
+    /// On AWS with the gateway's defaults, as an operator leaving
+    /// cloud-provider-aws runs it: a Service without a type annotation
+    /// gets a Classic ELB whose DNS name stays through node churn and a
+    /// refused type change, and whose delete leaves nothing behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_aws_a_service_without_a_type_keeps_its_classic_elb_until_deleted() {
+        let (sandbox, kubelets, _dir) = start_with(CloudKind::Aws, 3, 1, Default::default()).await;
+        let h = sandbox.handle();
+        until(&h, "convergence on AWS", |p| p.converged(&sandbox.options)).await;
+        let aws = sandbox.aws.as_ref().expect("the AWS account");
+        let client = sandbox.client().await.unwrap();
+        let services: Api<Service> = Api::namespaced(client.clone(), "default");
+        let classic = ccm_sandbox::aws::classic_elb_client(&aws.moto.endpoint);
+        let svc = services.get("demo").await.unwrap();
+        let hostname = svc
+            .status
+            .clone()
+            .unwrap()
+            .load_balancer
+            .unwrap()
+            .ingress
+            .unwrap()[0]
+            .hostname
+            .clone()
+            .unwrap();
+        let name = ccm_provider::load_balancer_name(svc.metadata.uid.as_deref().unwrap());
+        let elb = async || {
+            let answer = classic
+                .describe_load_balancers()
+                .load_balancer_names(&name)
+                .send()
+                .await
+                .ok()?;
+            answer.load_balancer_descriptions().first().cloned()
+        };
+        let registered = async || {
+            let mut ids: Vec<String> = elb()
+                .await
+                .map(|e| {
+                    e.instances()
+                        .iter()
+                        .filter_map(|i| i.instance_id().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            ids.sort();
+            ids
+        };
+        assert_eq!(elb().await.unwrap().dns_name(), Some(hostname.as_str()));
+        let mut all: Vec<String> = aws.seeded.instances.iter().map(|i| i.id.clone()).collect();
+        all.sort();
+        until_true("every instance registered", async || {
+            registered().await == all
+        })
+        .await;
+
+        // An instance goes: its Node goes, and it leaves the ELB.
+        let gone = &aws.seeded.instances[2];
+        aws.ec2
+            .terminate_instances()
+            .instance_ids(&gone.id)
+            .send()
+            .await
+            .unwrap();
+        until_true("instance deregistered", async || {
+            !registered().await.contains(&gone.id)
+        })
+        .await;
+
+        // Asking for an NLB now is refused on the Service, and changes
+        // nothing.
+        services
+            .patch(
+                "demo",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                    "service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}}})),
+            )
+            .await
+            .unwrap();
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(client.clone(), "default");
+        until_true("a Warning event names the type annotation", async || {
+            events.list(&Default::default()).await.is_ok_and(|l| {
+                l.items.iter().any(|e| {
+                    e.type_.as_deref() == Some("Warning")
+                        && e.message
+                            .as_deref()
+                            .is_some_and(|m| m.contains("aws-load-balancer-type"))
+                })
+            })
+        })
+        .await;
+        let now = services.get("demo").await.unwrap();
+        let still = now.status.unwrap().load_balancer.unwrap().ingress.unwrap()[0]
+            .hostname
+            .clone();
+        assert_eq!(still.as_deref(), Some(hostname.as_str()));
+        let nlbs = ccm_sandbox::aws::elb_client(&aws.moto.endpoint)
+            .describe_load_balancers()
+            .send()
+            .await
+            .unwrap();
+        assert!(nlbs.load_balancers().is_empty(), "{nlbs:?}");
+
+        // Delete: the ELB, its group and the nodes' rule go.
+        services
+            .delete("demo", &DeleteParams::default())
+            .await
+            .unwrap();
+        until_true("Classic ELB deleted", async || elb().await.is_none()).await;
+        let group_name = format!("k8s-elb-{name}");
+        until_true("its security group deleted", async || {
+            let answer = aws.ec2.describe_security_groups().send().await.unwrap();
+            !answer
+                .security_groups()
+                .iter()
+                .any(|g| g.group_name() == Some(group_name.as_str()))
+        })
+        .await;
+        let nodes = aws
+            .ec2
+            .describe_security_groups()
+            .group_ids(&aws.seeded.node_group)
+            .send()
+            .await
+            .unwrap();
+        let rules = nodes.security_groups()[0].ip_permissions();
+        assert!(
+            rules.iter().all(|p| p.user_id_group_pairs().is_empty()),
+            "the nodes' group still admits a deleted ELB: {rules:?}"
+        );
         finish(sandbox, kubelets).await;
     }
 

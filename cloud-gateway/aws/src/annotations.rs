@@ -1,9 +1,11 @@
 //! The Service annotations the AWS provider reads: the upstream AWS cloud
-//! provider's names (`service.beta.kubernetes.io/aws-load-balancer-*`)
-//! where they mean something for a Network Load Balancer. Each value is
-//! checked strictly; every problem is reported at once, naming the
-//! annotation and what it accepts. An annotation under the prefix that we
-//! do not read is refused too (with why, for the classic-ELB ones), so a
+//! provider's names (`service.beta.kubernetes.io/aws-load-balancer-*`).
+//! They pick the kind of load balancer (`aws-load-balancer-type`: none
+//! for the gateway's default, Classic ELB as upstream unless the operator
+//! chose `nlb`; `nlb` or `classic` by name) and configure it. Each value
+//! is checked strictly; every problem is reported at once, naming the
+//! annotation and what it accepts. An annotation under the prefix that
+//! means nothing for the chosen kind is refused too, with why, so a
 //! manifest never silently loses a setting.
 //!
 //! `helm/aws/README.md` documents the same table; a test keeps the two in
@@ -43,9 +45,26 @@ pub const SSL_CERT: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-cer
 pub const SSL_PORTS: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-ports";
 pub const SSL_POLICY: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-negotiation-policy";
 pub const IP_ADDRESS_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-ip-address-type";
+pub const BACKEND_PROTOCOL: &str = "service.beta.kubernetes.io/aws-load-balancer-backend-protocol";
+pub const DRAINING: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-connection-draining-enabled";
+pub const DRAINING_TIMEOUT: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-connection-draining-timeout";
+pub const IDLE_TIMEOUT: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout";
+pub const ACCESS_LOG: &str = "service.beta.kubernetes.io/aws-load-balancer-access-log-enabled";
+pub const ACCESS_LOG_INTERVAL: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-access-log-emit-interval";
+pub const ACCESS_LOG_BUCKET: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-access-log-s3-bucket-name";
+pub const ACCESS_LOG_PREFIX: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-access-log-s3-bucket-prefix";
+pub const SECURITY_GROUPS: &str = "service.beta.kubernetes.io/aws-load-balancer-security-groups";
+pub const EXTRA_SECURITY_GROUPS: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-extra-security-groups";
 
 /// Every annotation read here.
-pub const KNOWN: [&str; 20] = [
+pub const KNOWN: [&str; 30] = [
     TYPE,
     INTERNAL,
     CROSS_ZONE,
@@ -66,50 +85,69 @@ pub const KNOWN: [&str; 20] = [
     SSL_PORTS,
     SSL_POLICY,
     IP_ADDRESS_TYPE,
+    BACKEND_PROTOCOL,
+    DRAINING,
+    DRAINING_TIMEOUT,
+    IDLE_TIMEOUT,
+    ACCESS_LOG,
+    ACCESS_LOG_INTERVAL,
+    ACCESS_LOG_BUCKET,
+    ACCESS_LOG_PREFIX,
+    SECURITY_GROUPS,
+    EXTRA_SECURITY_GROUPS,
 ];
 
-/// Upstream annotations refused, with the reason a user reads.
-pub const REFUSED: [(&str, &str); 13] = [
+/// The annotations only a Classic ELB has, with why an NLB refuses each.
+pub const CLASSIC_ONLY: [(&str, &str); 10] = [
     (
-        "access-log-enabled",
-        "access logs are a classic ELB setting",
+        BACKEND_PROTOCOL,
+        "NLB target groups forward TCP, UDP or TLS as the listener does",
+    ),
+    (DRAINING, "NLBs drain deregistered targets for a fixed time"),
+    (
+        DRAINING_TIMEOUT,
+        "NLBs drain deregistered targets for a fixed time",
+    ),
+    (IDLE_TIMEOUT, "NLBs have a fixed idle timeout"),
+    (ACCESS_LOG, "this provider sets no access logs on NLBs"),
+    (
+        ACCESS_LOG_INTERVAL,
+        "this provider sets no access logs on NLBs",
     ),
     (
-        "access-log-emit-interval",
-        "access logs are a classic ELB setting",
+        ACCESS_LOG_BUCKET,
+        "this provider sets no access logs on NLBs",
     ),
     (
-        "access-log-s3-bucket-name",
-        "access logs are a classic ELB setting",
+        ACCESS_LOG_PREFIX,
+        "this provider sets no access logs on NLBs",
     ),
     (
-        "access-log-s3-bucket-prefix",
-        "access logs are a classic ELB setting",
-    ),
-    (
-        "connection-draining-enabled",
-        "connection draining is a classic ELB setting",
-    ),
-    (
-        "connection-draining-timeout",
-        "connection draining is a classic ELB setting",
-    ),
-    (
-        "connection-idle-timeout",
-        "the idle timeout is a classic ELB setting; NLBs have a fixed one",
-    ),
-    (
-        "backend-protocol",
-        "a classic ELB setting; NLB target groups forward TCP, UDP or TLS as the listener does",
-    ),
-    (
-        "security-groups",
+        SECURITY_GROUPS,
         "the gateway makes and owns one security group per NLB; source ranges go into spec.loadBalancerSourceRanges",
     ),
     (
-        "extra-security-groups",
+        EXTRA_SECURITY_GROUPS,
         "the gateway makes and owns one security group per NLB; source ranges go into spec.loadBalancerSourceRanges",
     ),
+];
+
+/// The annotations only an NLB has, with why a Classic ELB refuses each.
+pub const NLB_ONLY: [(&str, &str); 3] = [
+    (
+        EIP_ALLOCATIONS,
+        "a Classic ELB has no fixed addresses; only its DNS name is stable",
+    ),
+    (
+        PRIVATE_IPV4,
+        "a Classic ELB has no fixed addresses; only its DNS name is stable",
+    ),
+    (IP_ADDRESS_TYPE, "a Classic ELB in a VPC is IPv4 only"),
+];
+
+/// Annotations of the AWS Load Balancer Controller, refused whatever the
+/// kind, with the reason a user reads.
+pub const REFUSED: [(&str, &str); 3] = [
     (
         "nlb-target-type",
         "a setting of the AWS Load Balancer Controller; this provider registers instances",
@@ -123,6 +161,89 @@ pub const REFUSED: [(&str, &str); 13] = [
         "a setting of the AWS Load Balancer Controller; use aws-load-balancer-internal",
     ),
 ];
+
+/// The kind of load balancer a Service gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LbKind {
+    /// A Classic ELB (ELB API), upstream's default.
+    #[default]
+    Classic,
+    /// A Network Load Balancer (ELBv2 API).
+    Nlb,
+}
+
+impl LbKind {
+    /// The kind as the type annotation and the gateway's setting name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Classic => "classic",
+            Self::Nlb => "nlb",
+        }
+    }
+
+    /// The kind as messages and descriptions name it.
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::Classic => "Classic ELB",
+            Self::Nlb => "NLB",
+        }
+    }
+
+    /// Reads `classic` or `nlb`.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.trim() {
+            "classic" => Some(Self::Classic),
+            "nlb" => Some(Self::Nlb),
+            _ => None,
+        }
+    }
+}
+
+/// The protocol a Classic ELB speaks to the instances.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendProtocol {
+    Tcp,
+    Ssl,
+    Http,
+    Https,
+}
+
+impl BackendProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Ssl => "SSL",
+            Self::Http => "HTTP",
+            Self::Https => "HTTPS",
+        }
+    }
+}
+
+/// Access logs of a Classic ELB.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AccessLog {
+    pub enabled: bool,
+    /// Minutes: 5 or 60.
+    pub interval: Option<i32>,
+    pub bucket: Option<String>,
+    pub prefix: Option<String>,
+}
+
+/// What the annotations ask of a Classic ELB only.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClassicOptions {
+    pub backend_protocol: Option<BackendProtocol>,
+    pub draining: Option<bool>,
+    /// Seconds.
+    pub draining_timeout: Option<i32>,
+    /// Seconds.
+    pub idle_timeout: Option<i32>,
+    pub access_log: Option<AccessLog>,
+    /// Groups to use in place of the one the gateway makes.
+    pub security_groups: Vec<String>,
+    /// Groups to add to the load balancer's own.
+    pub extra_security_groups: Vec<String>,
+}
 
 /// A health check protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -181,9 +302,10 @@ pub struct Tls {
     pub policy: Option<String>,
 }
 
-/// Everything the annotations ask of the NLB.
+/// Everything the annotations ask of the load balancer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NlbOptions {
+pub struct LbOptions {
+    pub kind: LbKind,
     pub internal: bool,
     pub cross_zone: Option<bool>,
     pub proxy_protocol: bool,
@@ -197,9 +319,10 @@ pub struct NlbOptions {
     pub target_node_labels: Vec<(String, Option<String>)>,
     pub tls: Option<Tls>,
     pub dualstack: bool,
+    pub classic: ClassicOptions,
 }
 
-impl NlbOptions {
+impl LbOptions {
     /// Whether a node with `labels` is a target: it has every label the
     /// target-node-labels annotation names, with the value it gives.
     pub fn selects(&self, labels: &HashMap<String, String>) -> bool {
@@ -307,15 +430,16 @@ impl Problem {
 }
 
 /// Reads one annotation of this provider into `o`.
-fn read(o: &mut NlbOptions, key: &str, value: &str) -> Result<(), Problem> {
+fn read(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
     match key {
-        TYPE => {
-            if value.trim() != "nlb" {
+        TYPE => match LbKind::parse(value) {
+            Some(kind) => o.kind = kind,
+            None => {
                 return Err(Problem::Accepts(
-                    "use nlb (this provider makes Network Load Balancers only), or external for the AWS Load Balancer Controller",
+                    "use nlb or classic, or external for the AWS Load Balancer Controller",
                 ));
             }
-        }
+        },
         // "0.0.0.0/0" is what old manifests write for "internal".
         INTERNAL => match value.trim() {
             "true" | "0.0.0.0/0" => o.internal = true,
@@ -361,6 +485,15 @@ fn read(o: &mut NlbOptions, key: &str, value: &str) -> Result<(), Problem> {
         HC_PROTOCOL | HC_PORT | HC_PATH | HC_INTERVAL | HC_TIMEOUT | HC_HEALTHY | HC_UNHEALTHY => {
             return read_health_check(o, key, value);
         }
+        BACKEND_PROTOCOL
+        | DRAINING
+        | DRAINING_TIMEOUT
+        | IDLE_TIMEOUT
+        | SECURITY_GROUPS
+        | EXTRA_SECURITY_GROUPS => return read_classic(&mut o.classic, key, value),
+        ACCESS_LOG | ACCESS_LOG_INTERVAL | ACCESS_LOG_BUCKET | ACCESS_LOG_PREFIX => {
+            return read_access_log(o.classic.access_log.get_or_insert_default(), key, value);
+        }
         other => {
             let suffix = &other[PREFIX.len()..];
             let why = REFUSED
@@ -368,7 +501,7 @@ fn read(o: &mut NlbOptions, key: &str, value: &str) -> Result<(), Problem> {
                 .find(|(name, _)| *name == suffix)
                 .map_or_else(
                     || "not an annotation this provider knows".to_owned(),
-                    |(_, why)| format!("not supported for NLBs: {why}"),
+                    |(_, why)| format!("not supported: {why}"),
                 );
             return Err(Problem::Why(why));
         }
@@ -377,7 +510,7 @@ fn read(o: &mut NlbOptions, key: &str, value: &str) -> Result<(), Problem> {
 }
 
 /// Reads one of the annotations that hold a list.
-fn read_list(o: &mut NlbOptions, key: &str, value: &str) -> Result<(), Problem> {
+fn read_list(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
     match key {
         ADDITIONAL_TAGS => {
             let mut ok = true;
@@ -457,8 +590,118 @@ fn read_list(o: &mut NlbOptions, key: &str, value: &str) -> Result<(), Problem> 
     Ok(())
 }
 
+/// Reads one of the annotations only a Classic ELB has.
+fn read_classic(o: &mut ClassicOptions, key: &str, value: &str) -> Result<(), Problem> {
+    match key {
+        BACKEND_PROTOCOL => match value.trim().to_ascii_lowercase().as_str() {
+            "tcp" => o.backend_protocol = Some(BackendProtocol::Tcp),
+            "ssl" => o.backend_protocol = Some(BackendProtocol::Ssl),
+            "http" => o.backend_protocol = Some(BackendProtocol::Http),
+            "https" => o.backend_protocol = Some(BackendProtocol::Https),
+            _ => return Err(Problem::Accepts("use tcp, ssl, http or https")),
+        },
+        DRAINING => match boolean(value.trim()) {
+            Some(b) => o.draining = Some(b),
+            None => return Err(Problem::Accepts("use true or false")),
+        },
+        DRAINING_TIMEOUT => match number(value, 1..=3600) {
+            Some(n) => o.draining_timeout = Some(n),
+            None => return Err(Problem::Accepts("use whole seconds from 1 to 3600")),
+        },
+        IDLE_TIMEOUT => match number(value, 1..=4000) {
+            Some(n) => o.idle_timeout = Some(n),
+            None => return Err(Problem::Accepts("use whole seconds from 1 to 4000")),
+        },
+        SECURITY_GROUPS | EXTRA_SECURITY_GROUPS => {
+            let groups: Vec<String> = items(value).into_iter().map(str::to_owned).collect();
+            if groups.is_empty() || groups.len() > 5 || !groups.iter().all(|g| aws_id(g, "sg")) {
+                return Err(Problem::Accepts(
+                    "use 1 to 5 security group IDs (sg-...) separated by commas",
+                ));
+            }
+            if key == SECURITY_GROUPS {
+                o.security_groups = groups;
+            } else {
+                o.extra_security_groups = groups;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Reads one of the access log annotations of a Classic ELB.
+fn read_access_log(log: &mut AccessLog, key: &str, value: &str) -> Result<(), Problem> {
+    match key {
+        ACCESS_LOG => match boolean(value.trim()) {
+            Some(b) => log.enabled = b,
+            None => return Err(Problem::Accepts("use true or false")),
+        },
+        ACCESS_LOG_INTERVAL => match number(value, 5..=60).filter(|n| matches!(n, 5 | 60)) {
+            Some(n) => log.interval = Some(n),
+            None => return Err(Problem::Accepts("use 5 or 60 (minutes)")),
+        },
+        ACCESS_LOG_BUCKET => {
+            let v = value.trim();
+            if (3..=63).contains(&v.len())
+                && v.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b))
+            {
+                log.bucket = Some(v.to_owned());
+            } else {
+                return Err(Problem::Accepts("use the name of an S3 bucket"));
+            }
+        }
+        ACCESS_LOG_PREFIX => {
+            let v = value.trim().trim_matches('/');
+            if v.len() <= 1024 && v.bytes().all(|b| b.is_ascii_graphic()) {
+                log.prefix = Some(v.to_owned());
+            } else {
+                return Err(Problem::Accepts(
+                    "use a key prefix of at most 1024 printable characters",
+                ));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Refuses what the annotations in `keys` ask of a kind without it, and
+/// what a Classic ELB's settings need together.
+fn kind_problems(o: &LbOptions, keys: &[&String]) -> Vec<(String, String)> {
+    let (other_only, kind) = match o.kind {
+        LbKind::Classic => (&NLB_ONLY[..], "Classic ELBs"),
+        LbKind::Nlb => (&CLASSIC_ONLY[..], "NLBs"),
+    };
+    let mut problems: Vec<(String, String)> = other_only
+        .iter()
+        .filter(|(key, _)| keys.iter().any(|k| k.as_str() == *key))
+        .map(|(key, why)| (field(key), format!("not supported for {kind}: {why}")))
+        .collect();
+    if o.kind == LbKind::Classic {
+        let c = &o.classic;
+        if let Some(log) = &c.access_log
+            && log.enabled
+            && log.bucket.is_none()
+        {
+            problems.push((
+                field(ACCESS_LOG_BUCKET),
+                format!("needs a bucket when {ACCESS_LOG} is true"),
+            ));
+        }
+        if c.draining_timeout.is_some() && c.draining != Some(true) {
+            problems.push((
+                field(DRAINING_TIMEOUT),
+                format!("needs {DRAINING}: \"true\""),
+            ));
+        }
+    }
+    problems
+}
+
 /// Reads one of the health check annotations.
-fn read_health_check(o: &mut NlbOptions, key: &str, value: &str) -> Result<(), Problem> {
+fn read_health_check(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
     match key {
         HC_PROTOCOL => match value.trim().to_ascii_uppercase().as_str() {
             "TCP" => o.health_check.protocol = Some(HcProtocol::Tcp),
@@ -508,10 +751,45 @@ fn read_health_check(o: &mut NlbOptions, key: &str, value: &str) -> Result<(), P
     Ok(())
 }
 
+/// Refuses fixed NLB addresses that do not fit its scheme or subnets.
+fn nlb_address_problems(o: &LbOptions) -> Vec<(String, String)> {
+    let mut problems = Vec::new();
+    if !o.eip_allocations.is_empty() && o.internal {
+        problems.push((
+            field(EIP_ALLOCATIONS),
+            "Elastic IPs are for internet-facing NLBs; this one is internal".into(),
+        ));
+    }
+    if !o.private_ipv4.is_empty() && !o.internal {
+        problems.push((
+            field(PRIVATE_IPV4),
+            format!("private addresses are for internal NLBs; set {INTERNAL}: \"true\""),
+        ));
+    }
+    for (key, count) in [
+        (EIP_ALLOCATIONS, o.eip_allocations.len()),
+        (PRIVATE_IPV4, o.private_ipv4.len()),
+    ] {
+        if count > 0 && count != o.subnets.len() {
+            problems.push((
+                field(key),
+                format!(
+                    "gives {count} values for {} subnets; name the subnets with {SUBNETS}, one value per subnet in the same order",
+                    o.subnets.len()
+                ),
+            ));
+        }
+    }
+    problems
+}
+
 /// Reads and checks the AWS annotations, reporting every problem at once.
 /// A Service for the AWS Load Balancer Controller is
 /// `ImplementedElsewhere`, before any other annotation is looked at.
-pub fn parse(annotations: &HashMap<String, String>) -> Result<NlbOptions, CloudError> {
+pub fn parse(
+    annotations: &HashMap<String, String>,
+    default: LbKind,
+) -> Result<LbOptions, CloudError> {
     if let Some(kind) = annotations.get(TYPE).map(|v| v.trim())
         && matches!(kind, "external" | "nlb-ip")
     {
@@ -520,17 +798,21 @@ pub fn parse(annotations: &HashMap<String, String>) -> Result<NlbOptions, CloudE
         )));
     }
     let mut problems: Vec<(String, String)> = Vec::new();
-    let mut o = NlbOptions::default();
+    let mut o = LbOptions {
+        kind: default,
+        ..Default::default()
+    };
     let mut keys: Vec<&String> = annotations
         .keys()
         .filter(|k| k.starts_with(PREFIX))
         .collect();
     keys.sort();
-    for key in keys {
-        if let Err(problem) = read(&mut o, key, annotations[key].as_str()) {
-            problems.push((field(key), problem.message(&annotations[key])));
+    for key in &keys {
+        if let Err(problem) = read(&mut o, key, annotations[*key].as_str()) {
+            problems.push((field(key), problem.message(&annotations[*key])));
         }
     }
+    problems.extend(kind_problems(&o, &keys));
     // The TLS settings that only make sense with a certificate.
     let ports = annotations.get(SSL_PORTS).map(|v| v.trim());
     let policy = annotations.get(SSL_POLICY).map(|v| v.trim());
@@ -588,31 +870,8 @@ pub fn parse(annotations: &HashMap<String, String>) -> Result<NlbOptions, CloudE
             format!("{timeout}s is longer than the interval ({interval}s)"),
         ));
     }
-    if !o.eip_allocations.is_empty() && o.internal {
-        problems.push((
-            field(EIP_ALLOCATIONS),
-            "Elastic IPs are for internet-facing NLBs; this one is internal".into(),
-        ));
-    }
-    if !o.private_ipv4.is_empty() && !o.internal {
-        problems.push((
-            field(PRIVATE_IPV4),
-            format!("private addresses are for internal NLBs; set {INTERNAL}: \"true\""),
-        ));
-    }
-    for (key, count) in [
-        (EIP_ALLOCATIONS, o.eip_allocations.len()),
-        (PRIVATE_IPV4, o.private_ipv4.len()),
-    ] {
-        if count > 0 && count != o.subnets.len() {
-            problems.push((
-                field(key),
-                format!(
-                    "gives {count} values for {} subnets; name the subnets with {SUBNETS}, one value per subnet in the same order",
-                    o.subnets.len()
-                ),
-            ));
-        }
+    if o.kind == LbKind::Nlb {
+        problems.extend(nlb_address_problems(&o));
     }
     CloudError::none_of(problems)?;
     Ok(o)
@@ -629,12 +888,16 @@ mod tests {
             .collect()
     }
 
-    fn nlb(pairs: &[(&str, &str)]) -> NlbOptions {
-        parse(&annotations(pairs)).unwrap()
+    fn nlb(pairs: &[(&str, &str)]) -> LbOptions {
+        parse(&annotations(pairs), LbKind::Nlb).unwrap()
     }
 
     fn problems(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        match parse(&annotations(pairs)) {
+        problems_of(pairs, LbKind::Nlb)
+    }
+
+    fn problems_of(pairs: &[(&str, &str)], default: LbKind) -> Vec<(String, String)> {
+        match parse(&annotations(pairs), default) {
             Err(CloudError::InvalidArgument(p)) => p,
             other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
         }
@@ -643,13 +906,109 @@ mod tests {
     #[test]
     fn no_annotations_is_an_internet_facing_tcp_checked_nlb() {
         let o = nlb(&[("example.com/other", "x")]);
-        assert_eq!(o, NlbOptions::default());
+        assert_eq!(
+            o,
+            LbOptions {
+                kind: LbKind::Nlb,
+                ..Default::default()
+            }
+        );
+    }
+
+    #[test]
+    fn the_type_annotation_picks_the_kind_and_the_default_applies_without_it() {
+        let kind =
+            |pairs: &[(&str, &str)], default| parse(&annotations(pairs), default).unwrap().kind;
+        assert_eq!(kind(&[], LbKind::Classic), LbKind::Classic);
+        assert_eq!(kind(&[], LbKind::Nlb), LbKind::Nlb);
+        assert_eq!(kind(&[(TYPE, "nlb")], LbKind::Classic), LbKind::Nlb);
+        assert_eq!(kind(&[(TYPE, " classic ")], LbKind::Nlb), LbKind::Classic);
+    }
+
+    #[test]
+    fn classic_settings_are_read_for_a_classic_elb() {
+        let o = parse(
+            &annotations(&[
+                (BACKEND_PROTOCOL, "HTTP"),
+                (DRAINING, "true"),
+                (DRAINING_TIMEOUT, "120"),
+                (IDLE_TIMEOUT, "300"),
+                (ACCESS_LOG, "true"),
+                (ACCESS_LOG_INTERVAL, "5"),
+                (ACCESS_LOG_BUCKET, "my-logs"),
+                (ACCESS_LOG_PREFIX, "/elb/"),
+                (EXTRA_SECURITY_GROUPS, "sg-0a1, sg-0b2"),
+                (CROSS_ZONE, "true"),
+                (PROXY_PROTOCOL, "*"),
+            ]),
+            LbKind::Classic,
+        )
+        .unwrap();
+        let c = &o.classic;
+        assert_eq!(c.backend_protocol, Some(BackendProtocol::Http));
+        assert_eq!(
+            (c.draining, c.draining_timeout, c.idle_timeout),
+            (Some(true), Some(120), Some(300))
+        );
+        let log = c.access_log.as_ref().unwrap();
+        assert!(log.enabled);
+        assert_eq!(log.interval, Some(5));
+        assert_eq!(log.bucket.as_deref(), Some("my-logs"));
+        assert_eq!(log.prefix.as_deref(), Some("elb"));
+        assert_eq!(c.extra_security_groups, ["sg-0a1", "sg-0b2"]);
+        assert!(o.proxy_protocol);
+    }
+
+    #[test]
+    fn a_setting_of_the_other_kind_is_refused_with_why() {
+        let found = problems_of(
+            &[
+                (IP_ADDRESS_TYPE, "dualstack"),
+                (EIP_ALLOCATIONS, "eipalloc-1"),
+                (BACKEND_PROTOCOL, "http"),
+            ],
+            LbKind::Classic,
+        );
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found
+                .iter()
+                .all(|(_, p)| p.contains("not supported for Classic ELBs")),
+            "{found:?}"
+        );
+        let found = problems(&[(BACKEND_PROTOCOL, "http"), (SECURITY_GROUPS, "sg-1")]);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found
+                .iter()
+                .all(|(_, p)| p.contains("not supported for NLBs")),
+            "{found:?}"
+        );
+        let found = problems_of(
+            &[
+                (ACCESS_LOG, "true"),
+                (DRAINING_TIMEOUT, "30"),
+                (ACCESS_LOG_INTERVAL, "15"),
+            ],
+            LbKind::Classic,
+        );
+        let has = |key: &str, text: &str| {
+            found
+                .iter()
+                .any(|(f, p)| f.contains(key) && p.contains(text))
+        };
+        assert!(has("s3-bucket-name", "needs a bucket"), "{found:?}");
+        assert!(has("draining-timeout", "needs"), "{found:?}");
+        assert!(has("emit-interval", "5 or 60"), "{found:?}");
     }
 
     #[test]
     fn external_and_nlb_ip_belong_to_the_load_balancer_controller() {
         for kind in ["external", "nlb-ip"] {
-            let verdict = parse(&annotations(&[(TYPE, kind), (HC_INTERVAL, "bogus")]));
+            let verdict = parse(
+                &annotations(&[(TYPE, kind), (HC_INTERVAL, "bogus")]),
+                LbKind::Classic,
+            );
             assert!(
                 matches!(verdict, Err(CloudError::ImplementedElsewhere(_))),
                 "{kind}"
@@ -705,7 +1064,7 @@ mod tests {
     #[test]
     fn every_problem_is_reported_with_what_is_accepted() {
         let found = problems(&[
-            (TYPE, "classic"),
+            (TYPE, "alb"),
             (INTERNAL, "yes"),
             (HC_INTERVAL, "1"),
             (HC_PORT, "70000"),
@@ -726,13 +1085,13 @@ mod tests {
                 .any(|(f, p)| f.contains(key) && p.contains(text))
         };
         assert_eq!(found.len(), 8, "{found:?}");
-        assert!(has("-type", "use nlb"));
+        assert!(has("-type", "use nlb or classic"));
         assert!(has("-internal", "true or false"));
         assert!(has("healthcheck-interval", "5 to 300"));
         assert!(has("healthcheck-port", "traffic-port"));
         assert!(has("additional-resource-tags", "key=value"));
         assert!(has("ssl-ports", "needs"));
-        assert!(has("idle-timeout", "classic ELB"));
+        assert!(has("idle-timeout", "not supported for NLBs"));
         assert!(has("colour", "not an annotation"));
     }
 
@@ -757,7 +1116,7 @@ mod tests {
         assert!(o.selects(&labels(&[("lb", ""), ("zone", "a")])));
         assert!(!o.selects(&labels(&[("lb", ""), ("zone", "b")])));
         assert!(!o.selects(&labels(&[("zone", "a")])));
-        assert!(NlbOptions::default().selects(&labels(&[])));
+        assert!(LbOptions::default().selects(&labels(&[])));
         let found = problems(&[(TARGET_NODE_LABELS, "Bad Key=x")]);
         assert!(found[0].1.contains("label keys"), "{found:?}");
     }
@@ -776,6 +1135,17 @@ mod tests {
             assert!(
                 doc.contains(&format!("`{name}`")),
                 "{name} not in the refused table"
+            );
+        }
+        for (key, _) in CLASSIC_ONLY.iter().chain(&NLB_ONLY) {
+            let short = key.trim_start_matches("service.beta.kubernetes.io/");
+            let row = doc
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{short}` |")))
+                .unwrap_or_default();
+            assert!(
+                row.contains("only"),
+                "{short}: the table says which kind has it"
             );
         }
     }

@@ -43,10 +43,11 @@ impl Intercept for CountRequests {
 pub(super) struct Clients {
     pub ec2: aws_sdk_ec2::Client,
     pub elb: aws_sdk_elasticloadbalancingv2::Client,
+    pub classic: aws_sdk_elasticloadbalancing::Client,
     pub region: String,
 }
 
-/// Builds the EC2 and ELBv2 clients. Nothing is sent to AWS yet (except
+/// Builds the EC2, ELBv2 and (Classic) ELB clients. Nothing is sent to AWS yet (except
 /// what the credential chain asks of metadata services).
 pub(super) async fn clients(settings: &AwsSettings) -> anyhow::Result<Clients> {
     // rustls on ring, the provider kube and tonic use, so the process has
@@ -93,9 +94,12 @@ pub(super) async fn clients(settings: &AwsSettings) -> anyhow::Result<Clients> {
     let ec2 = aws_sdk_ec2::config::Builder::from(&shared).interceptor(CountRequests);
     let elb =
         aws_sdk_elasticloadbalancingv2::config::Builder::from(&shared).interceptor(CountRequests);
+    let classic =
+        aws_sdk_elasticloadbalancing::config::Builder::from(&shared).interceptor(CountRequests);
     Ok(Clients {
         ec2: aws_sdk_ec2::Client::from_conf(ec2.build()),
         elb: aws_sdk_elasticloadbalancingv2::Client::from_conf(elb.build()),
+        classic: aws_sdk_elasticloadbalancing::Client::from_conf(classic.build()),
         region,
     })
 }

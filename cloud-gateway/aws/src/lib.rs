@@ -1,8 +1,8 @@
 //! `aws`: Amazon Web Services through the official SDK. Instances are EC2
 //! instances (`instances.rs`), routes are VPC routes in the route tables
-//! tagged for the cluster (`routes.rs`), load balancers are Network Load
-//! Balancers (`load_balancers/`) configured by the upstream annotations
-//! (`annotations.rs`).
+//! tagged for the cluster (`routes.rs`), load balancers are Classic ELBs
+//! or Network Load Balancers (`load_balancers/`) configured by the
+//! upstream annotations (`annotations.rs`).
 //! Credentials come from the SDK's standard chain only (`client.rs`) and
 //! never leave this module. Every AWS error is mapped in `errors.rs`;
 //! ownership follows the `kubernetes.io/cluster/<name>` tag (`tags.rs`).
@@ -46,6 +46,7 @@ struct Zones {
 pub struct AwsCloud {
     ec2: aws_sdk_ec2::Client,
     elb: aws_sdk_elasticloadbalancingv2::Client,
+    classic: aws_sdk_elasticloadbalancing::Client,
     region: String,
     settings: AwsSettings,
     zones: Mutex<Zones>,
@@ -64,7 +65,12 @@ impl AwsCloud {
     /// Builds the client from `settings` and the SDK's credential chain.
     /// Nothing is asked of EC2 until the first call or [`Provider::check`].
     pub async fn connect(settings: AwsSettings) -> anyhow::Result<Self> {
-        let client::Clients { ec2, elb, region } = client::clients(&settings).await?;
+        let client::Clients {
+            ec2,
+            elb,
+            classic,
+            region,
+        } = client::clients(&settings).await?;
         tracing::info!(
             region = %region,
             endpoint = settings.endpoint_url.as_deref().unwrap_or("default"),
@@ -75,6 +81,7 @@ impl AwsCloud {
         Ok(Self {
             ec2,
             elb,
+            classic,
             region,
             settings,
             zones: Mutex::new(Zones::default()),

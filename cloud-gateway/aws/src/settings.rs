@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::annotations::LbKind;
+
 /// The AWS provider's settings. Credentials are not among them: they come
 /// from the SDK's standard chain only.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -27,6 +29,8 @@ pub struct AwsSettings {
     pub node_ip_families: Vec<IpFamily>,
     /// The longest one API request may take.
     pub request_timeout: Duration,
+    /// The kind of load balancer of a Service without the type annotation.
+    pub default_load_balancer_type: LbKind,
 }
 
 /// An address family of node addresses.

@@ -730,7 +730,10 @@ impl Harness {
     /// nodes; the gateway reaches moto through the proxy that counts its
     /// requests.
     async fn start_on_aws(&mut self, profile: Profile, nodes: usize) -> anyhow::Result<Run> {
-        let args = self.next_run(profile, 1);
+        let mut args = self.next_run(profile, 1);
+        args.entry("cloud-gateway".into())
+            .or_default()
+            .push("--aws-default-load-balancer-type=nlb".into());
         let sandbox = Sandbox::start(Options {
             cloud: CloudKind::Aws,
             nodes,

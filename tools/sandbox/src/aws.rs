@@ -155,6 +155,11 @@ pub fn elb_client(endpoint: &str) -> aws_sdk_elasticloadbalancingv2::Client {
     aws_sdk_elasticloadbalancingv2::Client::new(&sdk_config(endpoint))
 }
 
+/// A client of the Classic ELB API at `endpoint`.
+pub fn classic_elb_client(endpoint: &str) -> aws_sdk_elasticloadbalancing::Client {
+    aws_sdk_elasticloadbalancing::Client::new(&sdk_config(endpoint))
+}
+
 /// Requests an ACM certificate for `domain` from moto (through boto3, which
 /// moto brings) and returns its ARN: there is no ACM client in Rust here.
 pub async fn request_certificate(endpoint: &str, domain: &str) -> anyhow::Result<String> {

@@ -4,7 +4,7 @@
 
 use ccm_provider::{CloudError, LoadBalancerSpec, Result, TrafficPolicy};
 
-use crate::annotations::{self, HcPort, HcProtocol, NlbOptions};
+use crate::annotations::{self, HcPort, HcProtocol, LbKind, LbOptions};
 
 /// The health check of every target of one load balancer.
 #[derive(Clone, Debug, PartialEq)]
@@ -31,8 +31,10 @@ impl HealthCheck {
 
 /// The health check: HTTP on the health check node port at `/healthz`
 /// for the Local traffic policy, TCP on the traffic port otherwise, with
-/// the annotations' overrides.
-pub(super) fn health_check(spec: &LoadBalancerSpec, o: &NlbOptions) -> Result<HealthCheck> {
+/// the annotations' overrides. Thresholds and timeouts default as each
+/// kind's upstream does: a Classic ELB's 2 healthy / 6 unhealthy checks
+/// 10 s apart with a 5 s timeout, an NLB's 2 / 2 with 10 s (6 s for HTTP).
+pub(super) fn health_check(spec: &LoadBalancerSpec, o: &LbOptions) -> Result<HealthCheck> {
     let local = spec.external_traffic_policy == TrafficPolicy::Local;
     let h = &o.health_check;
     let (default_protocol, default_port, default_path) = if local {
@@ -56,7 +58,12 @@ pub(super) fn health_check(spec: &LoadBalancerSpec, o: &NlbOptions) -> Result<He
         _ => h.path.clone().or(default_path).or(Some("/".to_owned())),
     };
     let interval = h.interval.unwrap_or(10);
-    let default_timeout = if protocol == HcProtocol::Http { 6 } else { 10 };
+    let classic = o.kind == LbKind::Classic;
+    let default_timeout = match (classic, protocol) {
+        (true, _) => 5,
+        (false, HcProtocol::Http) => 6,
+        (false, _) => 10,
+    };
     let timeout = h.timeout.unwrap_or(default_timeout.min(interval));
     if timeout > interval {
         return Err(CloudError::invalid(
@@ -71,7 +78,7 @@ pub(super) fn health_check(spec: &LoadBalancerSpec, o: &NlbOptions) -> Result<He
         interval,
         timeout,
         healthy: h.healthy.unwrap_or(2),
-        unhealthy: h.unhealthy.unwrap_or(2),
+        unhealthy: h.unhealthy.unwrap_or(if classic { 6 } else { 2 }),
     })
 }
 
@@ -93,16 +100,31 @@ mod tests {
         };
         s.external_traffic_policy = TrafficPolicy::Local;
         s.health_check_node_port = 32000;
-        let hc = health_check(&s, &NlbOptions::default()).unwrap();
+        let nlb = LbOptions {
+            kind: LbKind::Nlb,
+            ..Default::default()
+        };
+        let hc = health_check(&s, &nlb).unwrap();
         assert_eq!(hc.protocol, HcProtocol::Http);
         assert_eq!(hc.port, HcPort::Port(32000));
         assert_eq!(hc.own_port(), Some(32000));
         assert_eq!(hc.path.as_deref(), Some("/healthz"));
         s.external_traffic_policy = TrafficPolicy::Cluster;
-        let hc = health_check(&s, &NlbOptions::default()).unwrap();
+        let hc = health_check(&s, &nlb).unwrap();
         assert_eq!(hc.protocol, HcProtocol::Tcp);
         assert_eq!(hc.port, HcPort::TrafficPort);
         assert_eq!(hc.own_port(), None);
         assert_eq!(hc.path, None);
+        assert_eq!((hc.healthy, hc.unhealthy, hc.timeout), (2, 2, 10));
+        let classic = health_check(&s, &LbOptions::default()).unwrap();
+        assert_eq!(
+            (
+                classic.healthy,
+                classic.unhealthy,
+                classic.timeout,
+                classic.interval
+            ),
+            (2, 6, 5, 10)
+        );
     }
 }

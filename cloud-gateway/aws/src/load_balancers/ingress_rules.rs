@@ -15,8 +15,64 @@ pub(super) enum Source {
     Group(String),
 }
 
-/// One ingress rule: IP protocol (`tcp`/`udp`), port, source.
-pub(super) type Rule = (String, i32, Source);
+/// One ingress rule: IP protocol (`tcp`, `udp`, `icmp`, or `-1` for all
+/// traffic), port range (ICMP: type and code; `-1` for all traffic),
+/// source.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Rule {
+    pub(super) proto: String,
+    pub(super) from: i32,
+    pub(super) to: i32,
+    pub(super) source: Source,
+}
+
+impl Rule {
+    /// `proto` on one port from `source`.
+    pub(super) fn port(proto: &str, port: i32, source: Source) -> Self {
+        Self {
+            proto: proto.to_owned(),
+            from: port,
+            to: port,
+            source,
+        }
+    }
+
+    /// Every protocol and port from `source`: what a Classic ELB's group
+    /// gets on the nodes' groups, as upstream opens it.
+    pub(super) fn all_traffic(source: Source) -> Self {
+        Self {
+            proto: ALL_TRAFFIC.to_owned(),
+            from: -1,
+            to: -1,
+            source,
+        }
+    }
+
+    /// ICMP "fragmentation needed" (type 3, code 4) from `source`, so
+    /// path MTU discovery works through the load balancer.
+    pub(super) fn mtu_discovery(source: Source) -> Self {
+        Self {
+            proto: "icmp".to_owned(),
+            from: 3,
+            to: 4,
+            source,
+        }
+    }
+
+    /// Whether this is an all-traffic rule.
+    pub(super) fn is_all_traffic(&self) -> bool {
+        self.proto == ALL_TRAFFIC
+    }
+
+    /// Whether a group's rule over `proto`, `from`..`to` is of a shape
+    /// this module writes (others are never ours to revoke).
+    fn is_ours(proto: &str, from: i32, to: i32) -> bool {
+        proto == ALL_TRAFFIC || from == to || (proto == "icmp" && (from, to) == (3, 4))
+    }
+}
+
+/// The IP protocol of an all-traffic rule.
+const ALL_TRAFFIC: &str = "-1";
 
 /// A port traffic reaches, with the IP protocols (`tcp`, `udp`) it takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,32 +81,30 @@ pub(super) struct Opening {
     pub(super) protocols: &'static [&'static str],
 }
 
-/// The single-port rules of `group` (rules over a port range are not ours).
+/// The rules of `group` of a shape this module writes: single ports, all
+/// traffic, ICMP for path MTU discovery (other port ranges are not ours).
 pub(super) fn rules_of(group: &SecurityGroup) -> BTreeSet<Rule> {
     let mut out = BTreeSet::new();
     for p in group.ip_permissions() {
-        let (Some(proto), Some(from), Some(to)) = (p.ip_protocol(), p.from_port(), p.to_port())
-        else {
+        let Some(proto) = p.ip_protocol() else {
             continue;
         };
-        if from != to {
+        let (from, to) = (p.from_port().unwrap_or(-1), p.to_port().unwrap_or(-1));
+        if !Rule::is_ours(proto, from, to) {
             continue;
         }
-        for r in p.ip_ranges() {
-            if let Some(c) = r.cidr_ip() {
-                out.insert((proto.to_owned(), from, Source::Cidr(c.to_owned())));
-            }
-        }
-        for r in p.ipv6_ranges() {
-            if let Some(c) = r.cidr_ipv6() {
-                out.insert((proto.to_owned(), from, Source::Cidr6(c.to_owned())));
-            }
-        }
-        for g in p.user_id_group_pairs() {
-            if let Some(id) = g.group_id() {
-                out.insert((proto.to_owned(), from, Source::Group(id.to_owned())));
-            }
-        }
+        let rule = |source| Rule {
+            proto: proto.to_owned(),
+            from,
+            to,
+            source,
+        };
+        let cidrs = p.ip_ranges().iter().filter_map(|r| r.cidr_ip());
+        out.extend(cidrs.map(|c| rule(Source::Cidr(c.to_owned()))));
+        let cidrs6 = p.ipv6_ranges().iter().filter_map(|r| r.cidr_ipv6());
+        out.extend(cidrs6.map(|c| rule(Source::Cidr6(c.to_owned()))));
+        let groups = p.user_id_group_pairs().iter().filter_map(|g| g.group_id());
+        out.extend(groups.map(|g| rule(Source::Group(g.to_owned()))));
     }
     out
 }
@@ -59,17 +113,17 @@ pub(super) fn rules_of(group: &SecurityGroup) -> BTreeSet<Rule> {
 pub(super) fn rules_from(group: &SecurityGroup, source: &str) -> BTreeSet<Rule> {
     rules_of(group)
         .into_iter()
-        .filter(|r| r.2 == Source::Group(source.to_owned()))
+        .filter(|r| r.source == Source::Group(source.to_owned()))
         .collect()
 }
 
 /// The permission that carries one rule.
-pub(super) fn permission((proto, port, source): &Rule) -> IpPermission {
-    let b = IpPermission::builder()
-        .ip_protocol(proto)
-        .from_port(*port)
-        .to_port(*port);
-    match source {
+pub(super) fn permission(rule: &Rule) -> IpPermission {
+    let mut b = IpPermission::builder().ip_protocol(&rule.proto);
+    if rule.proto != ALL_TRAFFIC {
+        b = b.from_port(rule.from).to_port(rule.to);
+    }
+    match &rule.source {
         Source::Cidr(c) => b.ip_ranges(IpRange::builder().cidr_ip(c).build()),
         Source::Cidr6(c) => b.ipv6_ranges(Ipv6Range::builder().cidr_ipv6(c).build()),
         Source::Group(g) => b.user_id_group_pairs(UserIdGroupPair::builder().group_id(g).build()),
@@ -103,11 +157,23 @@ pub(super) fn client_rules(
     for opening in listening {
         for proto in opening.protocols {
             for s in &sources {
-                out.insert(((*proto).to_owned(), opening.port, s.clone()));
+                out.insert(Rule::port(proto, opening.port, s.clone()));
             }
         }
     }
     out
+}
+
+/// `rules` and, for each IPv4 source among them, ICMP for path MTU
+/// discovery (what a Classic ELB's group gets, as upstream makes it).
+pub(super) fn with_mtu_discovery(mut rules: BTreeSet<Rule>) -> BTreeSet<Rule> {
+    let sources: BTreeSet<Source> = rules
+        .iter()
+        .filter(|r| matches!(r.source, Source::Cidr(_)))
+        .map(|r| r.source.clone())
+        .collect();
+    rules.extend(sources.into_iter().map(Rule::mtu_discovery));
+    rules
 }
 
 /// The rules the nodes' groups need for the load balancer's group
@@ -121,15 +187,15 @@ pub(super) fn node_rules(
     let mut out = BTreeSet::new();
     for opening in targets {
         for proto in opening.protocols {
-            out.insert((
-                (*proto).to_owned(),
+            out.insert(Rule::port(
+                proto,
                 opening.port,
                 Source::Group(lb_group.to_owned()),
             ));
         }
     }
     if let Some(port) = health_check_port {
-        out.insert(("tcp".into(), port, Source::Group(lb_group.to_owned())));
+        out.insert(Rule::port("tcp", port, Source::Group(lb_group.to_owned())));
     }
     out
 }
@@ -142,7 +208,7 @@ mod tests {
     const TCP_UDP: &[&str] = &["tcp", "udp"];
 
     fn rule(proto: &str, port: i32, source: Source) -> Rule {
-        (proto.to_owned(), port, source)
+        Rule::port(proto, port, source)
     }
 
     #[test]
@@ -174,6 +240,60 @@ mod tests {
             named,
             BTreeSet::from([rule("tcp", 80, Source::Cidr("10.1.0.0/16".into()))])
         );
+    }
+
+    #[test]
+    fn ipv4_clients_also_get_icmp_for_path_mtu_discovery() {
+        let clients = client_rules(
+            &["10.0.0.0/8".to_owned(), "fd00::/8".to_owned()],
+            false,
+            [Opening {
+                port: 80,
+                protocols: TCP,
+            }],
+        );
+        let all = with_mtu_discovery(clients);
+        assert_eq!(all.len(), 3, "{all:?}");
+        let mtu = Rule::mtu_discovery(Source::Cidr("10.0.0.0/8".into()));
+        assert!(all.contains(&mtu));
+        let p = permission(&mtu);
+        assert_eq!(
+            (p.ip_protocol(), p.from_port(), p.to_port()),
+            (Some("icmp"), Some(3), Some(4))
+        );
+        let everything = permission(&Rule::all_traffic(Source::Group("sg-elb".into())));
+        assert_eq!(
+            (everything.ip_protocol(), everything.from_port()),
+            (Some("-1"), None)
+        );
+    }
+
+    #[test]
+    fn rules_of_a_group_are_read_back_in_the_shapes_written() {
+        let group = SecurityGroup::builder()
+            .ip_permissions(permission(&Rule::all_traffic(Source::Group(
+                "sg-elb".into(),
+            ))))
+            .ip_permissions(permission(&Rule::mtu_discovery(Source::Cidr(
+                "0.0.0.0/0".into(),
+            ))))
+            .ip_permissions(permission(&rule(
+                "tcp",
+                80,
+                Source::Cidr("0.0.0.0/0".into()),
+            )))
+            .ip_permissions(
+                IpPermission::builder()
+                    .ip_protocol("tcp")
+                    .from_port(1000)
+                    .to_port(2000)
+                    .ip_ranges(IpRange::builder().cidr_ip("10.0.0.0/8").build())
+                    .build(),
+            )
+            .build();
+        let read = rules_of(&group);
+        assert_eq!(read.len(), 3, "a port range is not ours: {read:?}");
+        assert_eq!(rules_from(&group, "sg-elb").len(), 1);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use aws_sdk_elasticloadbalancingv2::types::{
 use ccm_provider::{CloudError, LoadBalancerSpec, Protocol, Result};
 
 use super::ingress_rules::Opening;
-use crate::annotations::{self, NlbOptions, TlsPorts};
+use crate::annotations::{self, LbOptions, TlsPorts};
 use crate::{AwsCloud, errors};
 
 /// The most listeners one NLB has (an AWS quota).
@@ -62,7 +62,7 @@ type PortEntry<'a> = (Protocol, i32, &'a str);
 
 /// The listeners of `spec`: TCP and UDP ports with the same number share
 /// one TCP_UDP listener.
-pub(super) fn listenings(spec: &LoadBalancerSpec, o: &NlbOptions) -> Result<Vec<Listening>> {
+pub(super) fn listenings(spec: &LoadBalancerSpec, o: &LbOptions) -> Result<Vec<Listening>> {
     let mut out = Vec::new();
     for (port, entries) in ports_by_number(spec)? {
         out.push(listening(port, &entries, o)?);
@@ -109,7 +109,7 @@ fn ports_by_number(spec: &LoadBalancerSpec) -> Result<BTreeMap<i32, Vec<PortEntr
 }
 
 /// The listener on `port` for the Service ports `entries` with that number.
-fn listening(port: i32, entries: &[PortEntry<'_>], o: &NlbOptions) -> Result<Listening> {
+fn listening(port: i32, entries: &[PortEntry<'_>], o: &LbOptions) -> Result<Listening> {
     let node_ports: BTreeSet<i32> = entries.iter().map(|e| e.1).collect();
     let has = |p: Protocol| entries.iter().any(|e| e.0 == p);
     let (listener, target) = match (has(Protocol::Tcp), has(Protocol::Udp)) {
@@ -146,7 +146,7 @@ fn listening(port: i32, entries: &[PortEntry<'_>], o: &NlbOptions) -> Result<Lis
 }
 
 /// Whether the TLS annotations name the port `port` called `name`.
-fn is_tls_port(o: &NlbOptions, port: i32, name: &str) -> bool {
+pub(super) fn is_tls_port(o: &LbOptions, port: i32, name: &str) -> bool {
     match o.tls.as_ref().map(|t| &t.ports) {
         None => false,
         Some(TlsPorts::All) => true,
@@ -157,7 +157,7 @@ fn is_tls_port(o: &NlbOptions, port: i32, name: &str) -> bool {
 }
 
 /// Refuses a TLS port, by name or number, that the Service does not have.
-fn check_tls_ports_exist(spec: &LoadBalancerSpec, o: &NlbOptions) -> Result<()> {
+pub(super) fn check_tls_ports_exist(spec: &LoadBalancerSpec, o: &LbOptions) -> Result<()> {
     let Some(TlsPorts::Some(list)) = o.tls.as_ref().map(|t| &t.ports) else {
         return Ok(());
     };
@@ -185,7 +185,7 @@ struct TlsSettings {
 
 impl TlsSettings {
     /// The certificate and policy `o` asks for.
-    fn of(o: &NlbOptions) -> Self {
+    fn of(o: &LbOptions) -> Self {
         Self {
             certificate_arn: o.tls.as_ref().map(|t| t.certificate_arn.clone()),
             certificates: o.tls.as_ref().map(|t| {
@@ -235,7 +235,7 @@ impl AwsCloud {
         &self,
         arn: &str,
         wanted: &[(Listening, String)],
-        o: &NlbOptions,
+        o: &LbOptions,
     ) -> Result<BTreeSet<String>> {
         let listeners = self
             .elb
@@ -364,7 +364,7 @@ mod tests {
             port("dns-udp", Protocol::Udp, 53, 30053),
             port("web", Protocol::Tcp, 80, 30080),
         ]);
-        let ls = listenings(&s, &NlbOptions::default()).unwrap();
+        let ls = listenings(&s, &LbOptions::default()).unwrap();
         assert_eq!(ls.len(), 2);
         assert_eq!(ls[0].listener, ProtocolEnum::TcpUdp);
         assert_eq!(ls[1].listener, ProtocolEnum::Tcp);
@@ -375,19 +375,19 @@ mod tests {
     #[test]
     fn ports_an_nlb_cannot_carry_are_refused_with_why() {
         let sctp = spec(vec![port("", Protocol::Sctp, 9, 30009)]);
-        assert!(listenings(&sctp, &NlbOptions::default()).is_err());
+        assert!(listenings(&sctp, &LbOptions::default()).is_err());
         let split = spec(vec![
             port("a", Protocol::Tcp, 53, 30053),
             port("b", Protocol::Udp, 53, 30054),
         ]);
-        let err = listenings(&split, &NlbOptions::default()).unwrap_err();
+        let err = listenings(&split, &LbOptions::default()).unwrap_err();
         assert!(err.to_string().contains("same node port"), "{err}");
         let many = spec(
             (1..=51)
                 .map(|p| port("", Protocol::Tcp, p, 30000 + p))
                 .collect(),
         );
-        let err = listenings(&many, &NlbOptions::default()).unwrap_err();
+        let err = listenings(&many, &LbOptions::default()).unwrap_err();
         assert!(err.to_string().contains("at most 50 listeners"), "{err}");
     }
 }

@@ -1,11 +1,21 @@
-//! Load balancers: one Network Load Balancer per Service, named from the
-//! Service UID, with one listener and one target group per Service port
-//! (TCP, UDP, or TCP_UDP where a TCP and a UDP port share a number; TLS
-//! where the certificate annotations ask), instance targets on the node
-//! port, and one security group of its own that admits the Service's
-//! source ranges on its ports. The nodes' security groups (the one tagged
-//! for the cluster, or an instance's only one) admit the NLB's group on the
-//! node ports and the health check port.
+//! Load balancers, of the kind the Service's `aws-load-balancer-type`
+//! annotation picks (the gateway's default without it: a Classic ELB, as
+//! cloud-provider-aws makes, unless the operator chose NLBs). Both are
+//! named from the Service UID as upstream names them, so a load balancer
+//! upstream made is found and kept in place. The kind cannot change after
+//! creation: a Service whose annotation now asks for the other kind is
+//! refused with why, and nothing of its load balancer changes.
+//!
+//! An NLB has one listener and one target group per Service port (TCP,
+//! UDP, or TCP_UDP where a TCP and a UDP port share a number; TLS where
+//! the certificate annotations ask), instance targets on the node port,
+//! and one security group of its own that admits the Service's source
+//! ranges on its ports; the nodes' groups admit that group on the node
+//! ports and the health check port. A Classic ELB has one listener per
+//! port (TCP, or SSL/HTTPS/HTTP as the certificate and backend protocol
+//! annotations ask) to the node port, registered instances, one health
+//! check, its own group admitting the source ranges (or the groups the
+//! Service names) and the nodes' groups admitting all traffic from it.
 //!
 //! Everything made carries the cluster tag (`owned`) and the Service's
 //! tags, and is found again by name and checked by tag: a load balancer
@@ -16,8 +26,11 @@
 //! Whatever any kind of load balancer needs: `targets` (the instances
 //! behind the selected hosts), `placement` (VPC and subnets),
 //! `security_groups` over the pure `ingress_rules`, `health_check`. The
-//! NLB's own (ELBv2): `nlb`, `listeners`, `target_groups`, `elb_tags`.
+//! NLB's own (ELBv2): `nlb`, `listeners`, `target_groups`, `elb_tags`. The
+//! Classic ELB's own (ELB): `classic` over the pure `classic_config`.
 
+mod classic;
+mod classic_config;
 mod elb_tags;
 mod health_check;
 mod ingress_rules;
@@ -34,28 +47,35 @@ use ccm_provider::{
     ServiceRef, load_balancer_name,
 };
 
+use std::collections::BTreeSet;
+
+use aws_sdk_ec2::types::Instance as Ec2Instance;
+use aws_sdk_elasticloadbalancing::types::LoadBalancerDescription as Elb;
+
+use self::classic::{ClassicShape, check_classic_immutable, classic_listed, classic_status};
+use self::classic_config::{Attributes, ClassicListener, classic_listeners, health_check_target};
 use self::health_check::health_check;
-use self::ingress_rules::{client_rules, node_rules, rules_of};
+use self::ingress_rules::{Rule, Source, client_rules, node_rules, rules_of, with_mtu_discovery};
 use self::listeners::{Listening, listenings};
 use self::nlb::{
     check_immutable, check_not_failed, listed, refuse_requested_address, reported_status,
 };
 use self::target_groups::GroupSettings;
 use self::targets::instance_ids;
+use crate::annotations::{LbKind, LbOptions};
 use crate::{AwsCloud, annotations, tags};
-
-/// The kind of load balancer this capability makes, as its security
-/// group's description and messages name it.
-const KIND: &str = "NLB";
 
 #[async_trait]
 impl LoadBalancers for AwsCloud {
     async fn get(&self, cluster: &str, service: &ServiceRef) -> Result<Option<LoadBalancerStatus>> {
-        match self
-            .owned_nlb(cluster, &load_balancer_name(&service.uid))
-            .await
-        {
-            Ok(Some(nlb)) => Ok(Some(reported_status(&nlb))),
+        let lb_name = load_balancer_name(&service.uid);
+        match self.owned_nlb(cluster, &lb_name).await {
+            Ok(Some(nlb)) => return Ok(Some(reported_status(&nlb))),
+            Ok(None) | Err(CloudError::Conflict(_)) => {}
+            Err(e) => return Err(e),
+        }
+        match self.owned_classic(cluster, &lb_name).await {
+            Ok(Some((elb, _))) => Ok(Some(classic_status(&elb))),
             Ok(None) | Err(CloudError::Conflict(_)) => Ok(None),
             Err(e) => Err(e),
         }
@@ -67,23 +87,141 @@ impl LoadBalancers for AwsCloud {
         spec: &LoadBalancerSpec,
         hosts: &[Host],
     ) -> Result<LoadBalancerStatus> {
+        let o = annotations::parse(&spec.annotations, self.settings.default_load_balancer_type)?;
+        match o.kind {
+            LbKind::Nlb => self.ensure_nlb(cluster, spec, hosts, &o).await,
+            LbKind::Classic => self.ensure_classic(cluster, spec, hosts, &o).await,
+        }
+    }
+
+    async fn update_hosts(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        hosts: &[Host],
+    ) -> Result<()> {
+        let o = annotations::parse(&spec.annotations, self.settings.default_load_balancer_type)?;
+        match o.kind {
+            LbKind::Nlb => self.update_nlb_hosts(cluster, spec, hosts, &o).await,
+            LbKind::Classic => self.update_classic_hosts(cluster, spec, hosts, &o).await,
+        }
+    }
+
+    async fn delete(&self, cluster: &str, service: &ServiceRef) -> Result<()> {
+        let lb_name = load_balancer_name(&service.uid);
+        let nlb = self.owned_nlb(cluster, &lb_name).await.or_else(not_ours)?;
+        let classic = self
+            .owned_classic(cluster, &lb_name)
+            .await
+            .or_else(not_ours)?;
+        let mut vpc = self.settings.vpc_id.clone();
+        let mut kind = "load balancer";
+        if let Some(nlb) = &nlb {
+            vpc = nlb.vpc_id().map(str::to_owned).or(vpc);
+            kind = LbKind::Nlb.title();
+            self.delete_nlb(nlb, &lb_name).await?;
+        }
+        if let Some((elb, _)) = &classic {
+            vpc = elb.vpc_id().map(str::to_owned).or(vpc);
+            kind = LbKind::Classic.title();
+            self.delete_classic(&lb_name).await?;
+        }
+        let groups_vpc = self.delete_service_target_groups(cluster, service).await?;
+        let Some(vpc) = vpc.or(groups_vpc) else {
+            return Ok(());
+        };
+        self.delete_load_balancer_group(cluster, kind, &lb_name, &vpc)
+            .await
+    }
+
+    fn host_label_annotations(&self) -> &'static [&'static str] {
+        &[annotations::TARGET_NODE_LABELS]
+    }
+
+    async fn list(&self, cluster: &str) -> Result<Vec<LoadBalancer>> {
+        let nlbs = self.owned_nlbs(cluster).await?;
+        let classics = self.owned_classics(cluster).await?;
+        Ok(nlbs
+            .iter()
+            .map(|(nlb, t)| listed(nlb, t))
+            .chain(classics.iter().map(|(elb, t)| classic_listed(elb, t)))
+            .collect())
+    }
+}
+
+/// Someone else's load balancer of our name: nothing of ours to delete.
+fn not_ours<T>(e: CloudError) -> Result<Option<T>> {
+    match e {
+        CloudError::Conflict(why) => {
+            tracing::warn!("{why}");
+            Ok(None)
+        }
+        e => Err(e),
+    }
+}
+
+/// The group a Classic ELB's traffic to the nodes comes from: the first
+/// the Service names, else the first that is not an extra one (its own).
+fn classic_source_group<'a>(elb: &'a Elb, o: &'a LbOptions) -> Option<&'a str> {
+    let c = &o.classic;
+    c.security_groups.first().map(String::as_str).or_else(|| {
+        elb.security_groups()
+            .iter()
+            .find(|g| !c.extra_security_groups.contains(g))
+            .map(String::as_str)
+    })
+}
+
+impl AwsCloud {
+    /// Refuses a Service whose load balancer is of the other kind than
+    /// `wanted`: as upstream, the type cannot change after creation.
+    async fn refuse_other_kind(&self, lb_name: &str, wanted: LbKind) -> Result<()> {
+        let (other, exists) = match wanted {
+            LbKind::Classic => (LbKind::Nlb, self.find_nlb(lb_name).await?.is_some()),
+            LbKind::Nlb => (LbKind::Classic, self.find_classic(lb_name).await?.is_some()),
+        };
+        if !exists {
+            return Ok(());
+        }
+        Err(CloudError::invalid(
+            annotations::field(annotations::TYPE),
+            format!(
+                "the Service's load balancer {lb_name} is a{} {}; the type cannot change after creation: set {} back to {}, or delete the Service (or change its type away from LoadBalancer and back) to get a new {}",
+                if other == LbKind::Nlb { "n" } else { "" },
+                other.title(),
+                annotations::TYPE,
+                other.as_str(),
+                wanted.title(),
+            ),
+        ))
+    }
+
+    async fn ensure_nlb(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        hosts: &[Host],
+        o: &LbOptions,
+    ) -> Result<LoadBalancerStatus> {
         let service = &spec.service;
-        let o = annotations::parse(&spec.annotations)?;
-        let ls = listenings(spec, &o)?;
-        let hc = health_check(spec, &o)?;
+        let ls = listenings(spec, o)?;
+        let hc = health_check(spec, o)?;
         refuse_requested_address(spec)?;
         let lb_name = load_balancer_name(&service.uid);
         let existing = self.owned_nlb(cluster, &lb_name).await?;
-        let targets = self.target_instances(hosts, &o).await?;
+        if existing.is_none() {
+            self.refuse_other_kind(&lb_name, LbKind::Nlb).await?;
+        }
+        let targets = self.target_instances(hosts, o).await?;
         let existing_vpc = existing.as_ref().map(|n| n.vpc_id().unwrap_or_default());
-        let place = self.placement(cluster, existing_vpc, &targets, &o).await?;
+        let place = self.placement(cluster, existing_vpc, &targets, o).await?;
         if let Some(nlb) = &existing {
-            check_immutable(nlb, &o, &place.subnets)?;
+            check_immutable(nlb, o, &place.subnets)?;
         }
         let tags = tags::service_tags(cluster, service, &o.tags);
 
         let group = self
-            .load_balancer_group(cluster, KIND, &lb_name, &place.vpc, &tags)
+            .load_balancer_group(cluster, LbKind::Nlb.title(), &lb_name, &place.vpc, &tags)
             .await?;
         let group_id = group.group_id().unwrap_or_default();
         let clients = client_rules(
@@ -98,19 +236,20 @@ impl LoadBalancers for AwsCloud {
             ls.iter().map(Listening::node_opening),
             hc.own_port(),
         );
-        self.open_nodes(cluster, group_id, &targets, &nodes).await?;
+        self.open_nodes(cluster, group_id, &targets, &nodes, |_| true)
+            .await?;
 
         let nlb = match existing {
             Some(nlb) => nlb,
             None => {
                 tracing::info!(nlb = %lb_name, service = %format!("{}/{}", service.namespace, service.name), "creating NLB");
-                self.create_nlb(&lb_name, &o, &place.subnets, group_id, &tags)
+                self.create_nlb(&lb_name, o, &place.subnets, group_id, &tags)
                     .await?
             }
         };
         check_not_failed(&nlb, &lb_name)?;
         let arn = nlb.load_balancer_arn().unwrap_or_default();
-        self.sync_attributes(arn, &o).await?;
+        self.sync_attributes(arn, o).await?;
         let settings = GroupSettings {
             lb_name: &lb_name,
             vpc: &place.vpc,
@@ -121,65 +260,175 @@ impl LoadBalancers for AwsCloud {
         let wanted = self
             .ensure_target_groups(&settings, &ls, &instance_ids(&targets))
             .await?;
-        let before = self.sync_listeners(arn, &wanted, &o).await?;
+        let before = self.sync_listeners(arn, &wanted, o).await?;
         // A group left by a failed attempt is found by the Service's
         // delete, which looks for every group of the Service.
         self.delete_stale_target_groups(&before, &wanted).await?;
         self.status_when_active(&nlb, &lb_name).await
     }
 
-    async fn update_hosts(
+    async fn update_nlb_hosts(
         &self,
         cluster: &str,
         spec: &LoadBalancerSpec,
         hosts: &[Host],
+        o: &LbOptions,
     ) -> Result<()> {
-        let o = annotations::parse(&spec.annotations)?;
-        let ls = listenings(spec, &o)?;
+        let ls = listenings(spec, o)?;
         let lb_name = load_balancer_name(&spec.service.uid);
         let Some(nlb) = self.owned_nlb(cluster, &lb_name).await? else {
             return Err(CloudError::NotFound(format!("load balancer {lb_name}")));
         };
-        let targets = self.target_instances(hosts, &o).await?;
+        let targets = self.target_instances(hosts, o).await?;
         if let Some(group) = nlb.security_groups().first() {
-            let hc = health_check(spec, &o)?;
+            let hc = health_check(spec, o)?;
             let nodes = node_rules(group, ls.iter().map(Listening::node_opening), hc.own_port());
-            self.open_nodes(cluster, group, &targets, &nodes).await?;
+            self.open_nodes(cluster, group, &targets, &nodes, |_| true)
+                .await?;
         }
         self.update_targets(&lb_name, &ls, &instance_ids(&targets))
             .await
     }
 
-    async fn delete(&self, cluster: &str, service: &ServiceRef) -> Result<()> {
+    async fn ensure_classic(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        hosts: &[Host],
+        o: &LbOptions,
+    ) -> Result<LoadBalancerStatus> {
+        let service = &spec.service;
+        let listeners = classic_listeners(spec, o)?;
+        let hc = health_check(spec, o)?;
+        refuse_requested_address(spec)?;
         let lb_name = load_balancer_name(&service.uid);
-        let nlb = match self.owned_nlb(cluster, &lb_name).await {
-            Ok(nlb) => nlb,
-            // Someone else's NLB: nothing of ours to delete.
-            Err(CloudError::Conflict(why)) => {
-                tracing::warn!(nlb = %lb_name, "{why}");
-                None
-            }
-            Err(e) => return Err(e),
-        };
-        let mut vpc = self.settings.vpc_id.clone();
-        if let Some(nlb) = &nlb {
-            vpc = nlb.vpc_id().map(str::to_owned).or(vpc);
-            self.delete_nlb(nlb, &lb_name).await?;
+        let existing = self.owned_classic(cluster, &lb_name).await?;
+        if existing.is_none() {
+            self.refuse_other_kind(&lb_name, LbKind::Classic).await?;
         }
-        let groups_vpc = self.delete_service_target_groups(cluster, service).await?;
-        let Some(vpc) = vpc.or(groups_vpc) else {
-            return Ok(());
+        let targets = self.target_instances(hosts, o).await?;
+        let existing_vpc = existing
+            .as_ref()
+            .map(|(e, _)| e.vpc_id().unwrap_or_default());
+        let place = self.placement(cluster, existing_vpc, &targets, o).await?;
+        if let Some((elb, _)) = &existing {
+            check_classic_immutable(elb, o)?;
+        }
+        let tags = tags::service_tags(cluster, service, &o.tags);
+        let groups = self
+            .classic_groups(cluster, &lb_name, &place.vpc, &tags, spec, &listeners, o)
+            .await?;
+        self.open_nodes_to_classic(cluster, &groups[0], &targets)
+            .await?;
+        let subnets: Vec<String> = place
+            .subnets
+            .iter()
+            .filter_map(|s| s.subnet_id().map(str::to_owned))
+            .collect();
+        let shape = ClassicShape {
+            listeners: &listeners,
+            subnets: &subnets,
+            groups: &groups,
+            tags: &tags,
+            internal: o.internal,
         };
-        self.delete_load_balancer_group(cluster, KIND, &lb_name, &vpc)
+        let elb = match existing {
+            Some((elb, have_tags)) => {
+                self.sync_classic(&elb, &have_tags, &shape).await?;
+                // Read again: policies go on listeners just made.
+                self.find_classic(&lb_name).await?.unwrap_or(elb)
+            }
+            None => {
+                tracing::info!(elb = %lb_name, service = %format!("{}/{}", service.namespace, service.name), "creating Classic ELB");
+                self.create_classic(&lb_name, &shape).await?
+            }
+        };
+        self.sync_classic_health_check(&elb, &health_check_target(&hc, &listeners, o), &hc)
+            .await?;
+        self.sync_classic_attributes(&lb_name, &Attributes::of(o))
+            .await?;
+        self.sync_classic_policies(&elb, &listeners, o).await?;
+        self.sync_classic_instances(&elb, &instance_ids(&targets))
+            .await?;
+        if !o.classic.security_groups.is_empty() {
+            // The Service names its groups now: a group we made before goes.
+            self.delete_load_balancer_group(cluster, LbKind::Classic.title(), &lb_name, &place.vpc)
+                .await?;
+        }
+        Ok(classic_status(&elb))
+    }
+
+    /// The groups of a Classic ELB, the one its traffic to the nodes comes
+    /// from first: those the Service names, else its own (made when
+    /// missing, admitting the source ranges on each port and ICMP for path
+    /// MTU discovery); then the extra ones the Service names.
+    #[allow(clippy::too_many_arguments)]
+    async fn classic_groups(
+        &self,
+        cluster: &str,
+        lb_name: &str,
+        vpc: &str,
+        tags: &[(String, String)],
+        spec: &LoadBalancerSpec,
+        listeners: &[ClassicListener],
+        o: &LbOptions,
+    ) -> Result<Vec<String>> {
+        let c = &o.classic;
+        let mut groups = if c.security_groups.is_empty() {
+            let group = self
+                .load_balancer_group(cluster, LbKind::Classic.title(), lb_name, vpc, tags)
+                .await?;
+            let id = group.group_id().unwrap_or_default();
+            let clients = client_rules(
+                &spec.source_ranges,
+                false,
+                listeners.iter().map(ClassicListener::client_opening),
+            );
+            self.sync_rules(id, &rules_of(&group), &with_mtu_discovery(clients))
+                .await?;
+            vec![id.to_owned()]
+        } else {
+            c.security_groups.clone()
+        };
+        for extra in &c.extra_security_groups {
+            if !groups.contains(extra) {
+                groups.push(extra.clone());
+            }
+        }
+        Ok(groups)
+    }
+
+    /// The nodes' groups admit all traffic from `source`, the Classic
+    /// ELB's group, as upstream opens them; only such rules are ours.
+    async fn open_nodes_to_classic(
+        &self,
+        cluster: &str,
+        source: &str,
+        targets: &[Ec2Instance],
+    ) -> Result<()> {
+        let want = BTreeSet::from([Rule::all_traffic(Source::Group(source.to_owned()))]);
+        self.open_nodes(cluster, source, targets, &want, Rule::is_all_traffic)
             .await
     }
 
-    fn host_label_annotations(&self) -> &'static [&'static str] {
-        &[annotations::TARGET_NODE_LABELS]
-    }
-
-    async fn list(&self, cluster: &str) -> Result<Vec<LoadBalancer>> {
-        let owned = self.owned_nlbs(cluster).await?;
-        Ok(owned.iter().map(|(nlb, t)| listed(nlb, t)).collect())
+    async fn update_classic_hosts(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        hosts: &[Host],
+        o: &LbOptions,
+    ) -> Result<()> {
+        classic_listeners(spec, o)?;
+        let lb_name = load_balancer_name(&spec.service.uid);
+        let Some((elb, _)) = self.owned_classic(cluster, &lb_name).await? else {
+            return Err(CloudError::NotFound(format!("load balancer {lb_name}")));
+        };
+        let targets = self.target_instances(hosts, o).await?;
+        if let Some(source) = classic_source_group(&elb, o) {
+            self.open_nodes_to_classic(cluster, source, &targets)
+                .await?;
+        }
+        self.sync_classic_instances(&elb, &instance_ids(&targets))
+            .await
     }
 }

@@ -15,7 +15,7 @@ use ccm_provider::{
 };
 
 use super::elb_tags::{elb_belongs, elb_tags_of, tag_value};
-use crate::annotations::{self, NlbOptions};
+use crate::annotations::{self, LbOptions};
 use crate::tags::{self, TAG_SERVICE_NAME, TAG_SERVICE_UID};
 use crate::{AwsCloud, errors};
 
@@ -23,7 +23,7 @@ use crate::{AwsCloud, errors};
 const CROSS_ZONE: &str = "load_balancing.cross_zone.enabled";
 
 /// Refuses a requested address: an NLB's addresses come from the
-/// annotations.
+/// annotations, a Classic ELB has none of its own.
 pub(super) fn refuse_requested_address(spec: &LoadBalancerSpec) -> Result<()> {
     if spec.load_balancer_ip.is_empty() {
         return Ok(());
@@ -31,7 +31,7 @@ pub(super) fn refuse_requested_address(spec: &LoadBalancerSpec) -> Result<()> {
     Err(CloudError::invalid(
         "spec.load_balancer_ip",
         format!(
-            "NLBs take no requested address; use {} or {}",
+            "AWS load balancers take no requested address; an NLB takes {} or {}",
             annotations::EIP_ALLOCATIONS,
             annotations::PRIVATE_IPV4
         ),
@@ -39,7 +39,7 @@ pub(super) fn refuse_requested_address(spec: &LoadBalancerSpec) -> Result<()> {
 }
 
 /// Refuses a change to what an NLB cannot change after creation.
-pub(super) fn check_immutable(nlb: &Nlb, o: &NlbOptions, subnets: &[Subnet]) -> Result<()> {
+pub(super) fn check_immutable(nlb: &Nlb, o: &LbOptions, subnets: &[Subnet]) -> Result<()> {
     let mut problems = Vec::new();
     let internal = nlb.scheme() == Some(&LoadBalancerSchemeEnum::Internal);
     if internal != o.internal {
@@ -127,7 +127,7 @@ pub(super) fn listed(nlb: &Nlb, t: &[Tag]) -> LoadBalancer {
 
 impl AwsCloud {
     /// The NLB named `name`, if any.
-    async fn find_nlb(&self, name: &str) -> Result<Option<Nlb>> {
+    pub(super) async fn find_nlb(&self, name: &str) -> Result<Option<Nlb>> {
         match self.elb.describe_load_balancers().names(name).send().await {
             Ok(answer) => Ok(answer.load_balancers().first().cloned()),
             Err(e) if errors::code(&e) == Some("LoadBalancerNotFound") => Ok(None),
@@ -176,7 +176,7 @@ impl AwsCloud {
     pub(super) async fn create_nlb(
         &self,
         lb_name: &str,
-        o: &NlbOptions,
+        o: &LbOptions,
         subnets: &[Subnet],
         group: &str,
         tags: &[(String, String)],
@@ -219,7 +219,7 @@ impl AwsCloud {
     }
 
     /// Cross-zone load balancing as asked (left as it is when not asked).
-    pub(super) async fn sync_attributes(&self, arn: &str, o: &NlbOptions) -> Result<()> {
+    pub(super) async fn sync_attributes(&self, arn: &str, o: &LbOptions) -> Result<()> {
         let Some(cross_zone) = o.cross_zone else {
             return Ok(());
         };
@@ -311,8 +311,8 @@ mod tests {
     fn the_scheme_and_named_subnets_cannot_change_after_creation() {
         let made = nlb(LoadBalancerStateEnum::Active);
         let same = [Subnet::builder().subnet_id("subnet-a").build()];
-        assert!(check_immutable(&made, &NlbOptions::default(), &[]).is_ok());
-        let internal = NlbOptions {
+        assert!(check_immutable(&made, &LbOptions::default(), &[]).is_ok());
+        let internal = LbOptions {
             internal: true,
             ..Default::default()
         };
@@ -322,7 +322,7 @@ mod tests {
         };
         assert_eq!(problems.len(), 1);
         assert_eq!(problems[0].0, annotations::field(annotations::INTERNAL));
-        let moved = NlbOptions {
+        let moved = LbOptions {
             subnets: vec!["subnet-b".into()],
             ..Default::default()
         };

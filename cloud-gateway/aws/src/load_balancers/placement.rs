@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use aws_sdk_ec2::types::{Filter, Instance as Ec2Instance, Subnet};
 use ccm_provider::{CloudError, Result};
 
-use crate::annotations::{self, NlbOptions};
+use crate::annotations::{self, LbOptions};
 use crate::{AwsCloud, errors, tags};
 
 /// The subnet role tag of internal load balancers.
@@ -89,7 +89,7 @@ impl AwsCloud {
         cluster: &str,
         existing_vpc: Option<&str>,
         targets: &[Ec2Instance],
-        o: &NlbOptions,
+        o: &LbOptions,
     ) -> Result<Placement> {
         let vpc = match existing_vpc {
             Some(vpc) => vpc.to_owned(),
@@ -123,7 +123,7 @@ impl AwsCloud {
     /// order, or one per zone among the VPC's subnets with the role tag for
     /// the scheme, preferring those tagged for this cluster and never those
     /// tagged for another.
-    async fn subnets(&self, cluster: &str, vpc: &str, o: &NlbOptions) -> Result<Vec<Subnet>> {
+    async fn subnets(&self, cluster: &str, vpc: &str, o: &LbOptions) -> Result<Vec<Subnet>> {
         if !o.subnets.is_empty() {
             return self.named_subnets(vpc, &o.subnets).await;
         }

@@ -48,7 +48,7 @@ fn node_groups_of(
             _ => {
                 tracing::warn!(
                     instance = instance.instance_id().unwrap_or_default(),
-                    "no single security group of the instance is tagged for the cluster; NLB traffic to it is not opened"
+                    "no single security group of the instance is tagged for the cluster; load balancer traffic to it is not opened"
                 );
                 None
             }
@@ -197,18 +197,23 @@ impl AwsCloud {
     }
 
     /// Opens the nodes' groups to the load balancer's group `lb_group`
-    /// (and closes what they open to it that is no longer needed).
+    /// (and closes what they open to it that is no longer needed, among
+    /// the rules `ours` says the caller manages).
     pub(super) async fn open_nodes(
         &self,
         cluster: &str,
         lb_group: &str,
         targets: &[Ec2Instance],
         want: &BTreeSet<Rule>,
+        ours: fn(&Rule) -> bool,
     ) -> Result<()> {
         for group in self.node_groups(cluster, targets).await? {
             let Some(id) = group.group_id() else { continue };
-            self.sync_rules(id, &rules_from(&group, lb_group), want)
-                .await?;
+            let have: BTreeSet<Rule> = rules_from(&group, lb_group)
+                .into_iter()
+                .filter(ours)
+                .collect();
+            self.sync_rules(id, &have, want).await?;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use aws_sdk_ec2::types::Instance as Ec2Instance;
 use ccm_provider::{Host, Result};
 
 use crate::AwsCloud;
-use crate::annotations::NlbOptions;
+use crate::annotations::LbOptions;
 use crate::instances::parse_provider_id;
 use crate::tags::{self, FILTER_VALUES};
 
@@ -24,7 +24,7 @@ impl AwsCloud {
     pub(super) async fn target_instances(
         &self,
         hosts: &[Host],
-        o: &NlbOptions,
+        o: &LbOptions,
     ) -> Result<Vec<Ec2Instance>> {
         let ids: Vec<String> = hosts
             .iter()
