@@ -242,12 +242,13 @@ impl AwsCloud {
     /// Brings an existing Classic ELB's listeners, subnets (when the
     /// Service names them), groups and tags to `shape`. A changed listener
     /// is deleted, then made again (a Classic ELB cannot change one).
+    /// Whether any listener was made (the ELB is then worth reading again).
     pub(super) async fn sync_classic(
         &self,
         elb: &Elb,
         have_tags: &[Tag],
         shape: &ClassicShape<'_>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let name = elb.load_balancer_name().unwrap_or_default();
         let have: Vec<&Listener> = elb
             .listener_descriptions()
@@ -276,7 +277,8 @@ impl AwsCloud {
             .filter(|l| !have.iter().any(|h| l.is(h)))
             .map(listener)
             .collect::<Result<_>>()?;
-        if !missing.is_empty() {
+        let listeners_made = !missing.is_empty();
+        if listeners_made {
             self.classic
                 .create_load_balancer_listeners()
                 .load_balancer_name(name)
@@ -313,7 +315,7 @@ impl AwsCloud {
                 .await
                 .map_err(|e| errors::cloud_error("AddTags", e))?;
         }
-        Ok(())
+        Ok(listeners_made)
     }
 
     /// Attaches the subnets the Service names and the ELB lacks, then

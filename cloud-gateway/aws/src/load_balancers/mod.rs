@@ -334,9 +334,12 @@ impl AwsCloud {
         };
         let elb = match existing {
             Some((elb, have_tags)) => {
-                self.sync_classic(&elb, &have_tags, &shape).await?;
-                // Read again: policies go on listeners just made.
-                self.find_classic(&lb_name).await?.unwrap_or(elb)
+                if self.sync_classic(&elb, &have_tags, &shape).await? {
+                    // Read again: policies go on listeners just made.
+                    self.find_classic(&lb_name).await?.unwrap_or(elb)
+                } else {
+                    elb
+                }
             }
             None => {
                 tracing::info!(elb = %lb_name, service = %format!("{}/{}", service.namespace, service.name), "creating Classic ELB");
