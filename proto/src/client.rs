@@ -22,10 +22,10 @@ use crate::v1::routes_client::RoutesClient;
 use crate::v1::sim_admin_client::SimAdminClient;
 use crate::v1::{
     CreateRouteRequest, DeleteLoadBalancerRequest, DeleteRouteRequest, EnsureLoadBalancerRequest,
-    GetInstancesRequest, GetLoadBalancerRequest, GetLoadBalancerResponse, GetProviderInfoRequest,
-    GetProviderInfoResponse, Host, InstanceResult, ListLoadBalancersRequest, ListRoutesRequest,
-    LoadBalancer, LoadBalancerSpec, LoadBalancerStatus, LookupPurpose, NodeRef, Route, ServiceRef,
-    UpdateLoadBalancerHostsRequest,
+    EnsureLoadBalancerResponse, GetInstancesRequest, GetLoadBalancerRequest,
+    GetLoadBalancerResponse, GetProviderInfoRequest, GetProviderInfoResponse, Host, InstanceResult,
+    ListLoadBalancersRequest, ListRoutesRequest, LoadBalancer, LoadBalancerSpec,
+    LoadBalancerStatus, LookupPurpose, NodeRef, Route, ServiceRef, UpdateLoadBalancerHostsRequest,
 };
 
 /// How often a token file is read again, so rotated tokens are picked up.
@@ -401,17 +401,27 @@ impl GatewayClient {
         spec: LoadBalancerSpec,
         hosts: Vec<Host>,
     ) -> Result<LoadBalancerStatus> {
+        let answer = self.ensure_load_balancer_answer(spec, hosts).await?;
+        Ok(answer.status.unwrap_or_default())
+    }
+
+    /// [`Self::ensure_load_balancer`], with the whole answer: its
+    /// `adopted` says when the gateway took over a load balancer another
+    /// controller made.
+    pub async fn ensure_load_balancer_answer(
+        &self,
+        spec: LoadBalancerSpec,
+        hosts: Vec<Host>,
+    ) -> Result<EnsureLoadBalancerResponse> {
         let req = EnsureLoadBalancerRequest {
             cluster_name: self.cluster_name.clone(),
             spec: Some(spec),
             hosts,
         };
-        let resp = self
-            .call(rpc!("EnsureLoadBalancer"), req, |ch, r| async move {
-                LoadBalancersClient::new(ch).ensure_load_balancer(r).await
-            })
-            .await?;
-        Ok(resp.status.unwrap_or_default())
+        self.call(rpc!("EnsureLoadBalancer"), req, |ch, r| async move {
+            LoadBalancersClient::new(ch).ensure_load_balancer(r).await
+        })
+        .await
     }
 
     /// Replaces the backend hosts of the Service's load balancer.

@@ -263,8 +263,12 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
     };
     let result = match poll {
         Poll::Pending => return Err(ServiceError::RetryAfter(PROVISIONING_POLL).into()),
-        Poll::Ready(status) => Ok(status),
-        Poll::Unknown => ctx.gateway.ensure_load_balancer(spec, hosts).await,
+        Poll::Ready(status) => Ok((status, String::new())),
+        Poll::Unknown => ctx
+            .gateway
+            .ensure_load_balancer_answer(spec, hosts)
+            .await
+            .map(|r| (r.status.unwrap_or_default(), r.adopted)),
     };
     if let Err(GatewayError::RetryAfter { reason, .. }) = &result
         && reason == ccm_proto::reason::PROVISIONING
@@ -274,7 +278,11 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         ctx.set_provisioning(key, None);
     }
     match result {
-        Ok(status) => {
+        Ok((status, adopted)) => {
+            if !adopted.is_empty() {
+                tracing::info!(%adopted, "load balancer adopted");
+                publish(ctx, svc, EventType::Normal, "AdoptedLoadBalancer", adopted).await;
+            }
             publish(
                 ctx,
                 svc,

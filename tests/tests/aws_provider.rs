@@ -855,10 +855,26 @@ async fn ensure_ready(
     spec: &LoadBalancerSpec,
     h: &[Host],
 ) -> String {
+    ensure_answer(client, spec, h).await.0
+}
+
+/// Ensures until the NLB is no longer provisioning; returns its hostname
+/// and what the gateway said it adopted.
+async fn ensure_answer(
+    client: &ccm_proto::GatewayClient,
+    spec: &LoadBalancerSpec,
+    h: &[Host],
+) -> (String, String) {
     timed(async {
         loop {
-            match client.ensure_load_balancer(spec.clone(), h.to_vec()).await {
-                Ok(status) => return status.ingress[0].hostname.clone(),
+            match client
+                .ensure_load_balancer_answer(spec.clone(), h.to_vec())
+                .await
+            {
+                Ok(answer) => {
+                    let status = answer.status.unwrap_or_default();
+                    return (status.ingress[0].hostname.clone(), answer.adopted);
+                }
                 Err(Error::RetryAfter { reason, .. }) if reason == reason::PROVISIONING => {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
@@ -883,9 +899,26 @@ async fn target_groups(
     elb: &aws_sdk_elasticloadbalancingv2::Client,
     nlb: &Nlb,
 ) -> Vec<ElbTargetGroup> {
+    // The groups the listeners forward to (moto does not keep a group's
+    // load balancers up to date when a listener moves to another group).
+    let listeners = elb
+        .describe_listeners()
+        .load_balancer_arn(nlb.load_balancer_arn().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let arns: Vec<String> = listeners
+        .listeners()
+        .iter()
+        .flat_map(|l| l.default_actions())
+        .filter_map(|a| a.target_group_arn().map(str::to_owned))
+        .collect();
+    if arns.is_empty() {
+        return Vec::new();
+    }
     let mut groups = elb
         .describe_target_groups()
-        .load_balancer_arn(nlb.load_balancer_arn().unwrap())
+        .set_target_group_arns(Some(arns))
         .send()
         .await
         .unwrap()
@@ -1088,14 +1121,16 @@ async fn a_service_gets_an_nlb_with_a_listener_target_group_and_rules_per_port()
         assert_eq!(targets(&elb, group).await, want);
     }
 
-    // The NLB's own group admits everyone on the listener ports; the nodes'
-    // group admits the NLB's group on the node ports.
+    // The NLB's own group admits everyone on the listener ports (and ICMP
+    // for path MTU discovery); the nodes' group admits the NLB's group on
+    // the node ports.
     let group = lb.security_groups()[0].clone();
     let rules = ingress(&env.ec2, &group).await;
     let world = |proto: &str, port| (proto.to_owned(), port, "0.0.0.0/0".to_owned());
     assert_eq!(
         rules,
         [
+            world("icmp", 3),
             world("tcp", 53),
             world("tcp", 80),
             world("udp", 53),
@@ -1274,6 +1309,8 @@ async fn annotations_local_traffic_and_source_ranges_shape_an_internal_nlb() {
     assert_eq!(
         ingress(&env.ec2, &nlb_group).await,
         [
+            ("icmp".to_owned(), 3, "192.168.0.0/16".to_owned()),
+            ("icmp".to_owned(), 3, "203.0.113.7/32".to_owned()),
             ("tcp".to_owned(), 443, "192.168.0.0/16".to_owned()),
             ("tcp".to_owned(), 443, "203.0.113.7/32".to_owned()),
         ]
@@ -1290,7 +1327,10 @@ async fn annotations_local_traffic_and_source_ranges_shape_an_internal_nlb() {
     ensure_ready(&client, &spec, &hosts(&env.seeded.instances)).await;
     assert_eq!(
         ingress(&env.ec2, &nlb_group).await,
-        [("tcp".to_owned(), 443, "10.0.0.0/8".to_owned())]
+        [
+            ("icmp".to_owned(), 3, "10.0.0.0/8".to_owned()),
+            ("tcp".to_owned(), 443, "10.0.0.0/8".to_owned())
+        ]
     );
     let actions = env.proxy.take_actions();
     assert_eq!(
@@ -2037,8 +2077,11 @@ async fn a_classic_elb_cloud_provider_aws_made_is_adopted_in_place() {
         &[],
     );
     env.proxy.take_actions();
-    let hostname = ensure_ready(&client, &spec, &hosts(&env.seeded.instances)).await;
+    let (hostname, adopted) = ensure_answer(&client, &spec, &hosts(&env.seeded.instances)).await;
     assert_eq!(Some(hostname.as_str()), theirs.dns_name());
+    assert!(adopted.contains("adopted the Classic ELB"), "{adopted}");
+    let (_, again) = ensure_answer(&client, &spec, &hosts(&env.seeded.instances)).await;
+    assert_eq!(again, "", "adopted once");
     let actions = env.proxy.take_actions();
     for made in [
         "elasticloadbalancing:CreateLoadBalancer",
@@ -2073,6 +2116,379 @@ async fn a_classic_elb_cloud_provider_aws_made_is_adopted_in_place() {
     assert_eq!(
         group_named(&env.ec2, &format!("k8s-elb-{name}")).await,
         None
+    );
+    assert!(
+        !ingress(&env.ec2, &node)
+            .await
+            .iter()
+            .any(|(_, _, s)| s == &group)
+    );
+}
+
+/// `(protocol, port, source, description)` of a security group's rules
+/// that carry a description.
+async fn described(ec2: &aws_sdk_ec2::Client, group: &str) -> Vec<(String, i32, String, String)> {
+    let answer = ec2
+        .describe_security_groups()
+        .group_ids(group)
+        .send()
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for p in answer.security_groups()[0].ip_permissions() {
+        for r in p.ip_ranges() {
+            if let Some(d) = r.description() {
+                out.push((
+                    p.ip_protocol().unwrap().to_owned(),
+                    p.from_port().unwrap_or(-1),
+                    r.cidr_ip().unwrap().to_owned(),
+                    d.to_owned(),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A rule from `cidr` with the description `d` (none when empty), as
+/// upstream writes them.
+fn described_rule(
+    proto: &str,
+    from: i32,
+    to: i32,
+    cidr: &str,
+    d: &str,
+) -> aws_sdk_ec2::types::IpPermission {
+    aws_sdk_ec2::types::IpPermission::builder()
+        .ip_protocol(proto)
+        .from_port(from)
+        .to_port(to)
+        .ip_ranges(
+            aws_sdk_ec2::types::IpRange::builder()
+                .cidr_ip(cidr)
+                .set_description((!d.is_empty()).then(|| d.to_owned()))
+                .build(),
+        )
+        .build()
+}
+
+/// What cloud-provider-aws leaves for the NLB of a Service `shop/web-<uid>`
+/// with port 80 on node port 30080, made with the SDK as it makes them: a
+/// target group named its way (`k8s-<ns>-<name>-<hash>`, health check
+/// TCP every 30 s, 3/3) with the first instance registered, the NLB in
+/// the seeded subnets with the security groups `groups` (none by
+/// default), its listener, and the nodes' CIDR rules for its clients
+/// (everyone) described as upstream describes them.
+async fn upstream_nlb(env: &Env, uid: &str, groups: &[String]) -> (Nlb, String) {
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let name = ccm_provider::load_balancer_name(&service(uid).uid);
+    let tag = |k: &str, v: &str| {
+        aws_sdk_elasticloadbalancingv2::types::Tag::builder()
+            .key(k)
+            .value(v)
+            .build()
+    };
+    let tags = vec![
+        tag("kubernetes.io/service-name", &format!("shop/web-{uid}")),
+        tag("kubernetes.io/cluster/kubernetes", "owned"),
+    ];
+    let tg_name = format!("k8s-shop-web{}-0123abcdef", &uid[..5]);
+    let tg = elb
+        .create_target_group()
+        .name(&tg_name)
+        .protocol(aws_sdk_elasticloadbalancingv2::types::ProtocolEnum::Tcp)
+        .port(30080)
+        .vpc_id(&env.seeded.vpc)
+        .target_type(aws_sdk_elasticloadbalancingv2::types::TargetTypeEnum::Instance)
+        .health_check_protocol(aws_sdk_elasticloadbalancingv2::types::ProtocolEnum::Tcp)
+        .health_check_port("traffic-port")
+        .health_check_interval_seconds(30)
+        .healthy_threshold_count(3)
+        .unhealthy_threshold_count(3)
+        .set_tags(Some(tags.clone()))
+        .send()
+        .await
+        .unwrap()
+        .target_groups()[0]
+        .clone();
+    let tg_arn = tg.target_group_arn().unwrap().to_owned();
+    elb.register_targets()
+        .target_group_arn(&tg_arn)
+        .targets(
+            aws_sdk_elasticloadbalancingv2::types::TargetDescription::builder()
+                .id(&env.seeded.instances[0].id)
+                .port(30080)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let subnets: Vec<String> = env.seeded.subnets.iter().map(|(_, s)| s.clone()).collect();
+    let made = elb
+        .create_load_balancer()
+        .name(&name)
+        .r#type(aws_sdk_elasticloadbalancingv2::types::LoadBalancerTypeEnum::Network)
+        .scheme(aws_sdk_elasticloadbalancingv2::types::LoadBalancerSchemeEnum::InternetFacing)
+        .set_subnets(Some(subnets))
+        .set_security_groups((!groups.is_empty()).then(|| groups.to_vec()))
+        .set_tags(Some(tags.clone()))
+        .send()
+        .await
+        .unwrap()
+        .load_balancers()[0]
+        .clone();
+    elb.create_listener()
+        .load_balancer_arn(made.load_balancer_arn().unwrap())
+        .protocol(aws_sdk_elasticloadbalancingv2::types::ProtocolEnum::Tcp)
+        .port(80)
+        .default_actions(
+            aws_sdk_elasticloadbalancingv2::types::Action::builder()
+                .r#type(aws_sdk_elasticloadbalancingv2::types::ActionTypeEnum::Forward)
+                .target_group_arn(&tg_arn)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let node = node_group(env).await;
+    env.ec2
+        .authorize_security_group_ingress()
+        .group_id(&node)
+        .ip_permissions(described_rule(
+            "tcp",
+            30080,
+            30080,
+            "0.0.0.0/0",
+            &format!("kubernetes.io/rule/nlb/client={name}"),
+        ))
+        .ip_permissions(described_rule(
+            "icmp",
+            3,
+            4,
+            "0.0.0.0/0",
+            "kubernetes.io/rule/nlb/mtu",
+        ))
+        .send()
+        .await
+        .unwrap();
+    (made, tg_name)
+}
+
+/// Whether a target group named `name` exists.
+async fn target_group_exists(elb: &aws_sdk_elasticloadbalancingv2::Client, name: &str) -> bool {
+    elb.describe_target_groups()
+        .names(name)
+        .send()
+        .await
+        .is_ok_and(|a| !a.target_groups().is_empty())
+}
+
+#[tokio::test]
+async fn an_nlb_cloud_provider_aws_made_without_a_group_is_adopted_with_its_cidr_rules_kept_in_step()
+ {
+    let env = env(2, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let name = ccm_provider::load_balancer_name(&service("bdbdbdbd").uid);
+    let (theirs, their_group) = upstream_nlb(&env, "bdbdbdbd", &[]).await;
+    assert!(theirs.security_groups().is_empty(), "{theirs:?}");
+    let node = node_group(&env).await;
+    let client_rule = format!("kubernetes.io/rule/nlb/client={name}");
+    let health_rule = format!("kubernetes.io/rule/nlb/health={name}");
+    let mtu = "kubernetes.io/rule/nlb/mtu".to_owned();
+
+    // Before our first ensure it is listed under its Service's name.
+    let listed = timed(client.list_load_balancers()).await.unwrap();
+    let svc = listed[0].service.clone().unwrap();
+    assert_eq!((svc.name.as_str(), svc.uid.as_str()), ("web-bdbdbdbd", ""));
+
+    // Our ensure keeps it: same ARN and DNS name, no group made, its
+    // target group replaced by ours with every host registered.
+    let spec = lb_spec(
+        "bdbdbdbd",
+        vec![port("http", Protocol::Tcp, 80, 30080)],
+        &[],
+    );
+    let h = hosts(&env.seeded.instances);
+    env.proxy.take_actions();
+    let (hostname, adopted) = ensure_answer(&client, &spec, &h).await;
+    assert_eq!(Some(hostname.as_str()), theirs.dns_name());
+    assert!(
+        adopted.contains("adopted the NLB") && adopted.contains("no security group"),
+        "{adopted}"
+    );
+    let actions = env.proxy.take_actions();
+    for made in [
+        "elasticloadbalancing:CreateLoadBalancer",
+        "CreateSecurityGroup",
+    ] {
+        assert!(!actions.contains_key(made), "{made}: {actions:?}");
+    }
+    let now = nlb(&elb, "bdbdbdbd").await.unwrap();
+    assert_eq!(now.load_balancer_arn(), theirs.load_balancer_arn());
+    assert!(now.security_groups().is_empty());
+    let groups = target_groups(&elb, &now).await;
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert_ne!(groups[0].target_group_name(), Some(their_group.as_str()));
+    assert!(
+        !target_group_exists(&elb, &their_group).await,
+        "their group is gone once unused"
+    );
+    let every: Vec<(String, i32)> = ids(&env.seeded.instances)
+        .into_iter()
+        .map(|i| (i, 30080))
+        .collect();
+    assert_eq!(targets(&elb, &groups[0]).await, every);
+    assert_eq!(
+        described(&env.ec2, &node).await,
+        [
+            ("icmp".into(), 3, "0.0.0.0/0".into(), mtu.clone()),
+            ("tcp".into(), 30080, "0.0.0.0/0".into(), client_rule.clone()),
+        ]
+    );
+    let listed = timed(client.list_load_balancers()).await.unwrap();
+    assert_eq!(listed.len(), 1, "never a second load balancer: {listed:?}");
+    assert_eq!(
+        listed[0].service.as_ref().unwrap().uid,
+        service("bdbdbdbd").uid
+    );
+
+    // Source ranges and a new port reach the nodes' CIDR rules; health
+    // checks come from the NLB's subnets once the clients are narrowed.
+    let mut narrowed = lb_spec(
+        "bdbdbdbd",
+        vec![
+            port("http", Protocol::Tcp, 80, 30080),
+            port("https", Protocol::Tcp, 443, 30443),
+        ],
+        &[],
+    );
+    narrowed.source_ranges = vec!["192.168.0.0/24".into()];
+    ensure_ready(&client, &narrowed, &h).await;
+    let rules = described(&env.ec2, &node).await;
+    let clients: Vec<(i32, &str)> = rules
+        .iter()
+        .filter(|r| r.3 == client_rule)
+        .map(|r| (r.1, r.2.as_str()))
+        .collect();
+    assert_eq!(
+        clients,
+        [(30080, "192.168.0.0/24"), (30443, "192.168.0.0/24")]
+    );
+    let health: Vec<i32> = rules
+        .iter()
+        .filter(|r| r.3 == health_rule)
+        .map(|r| r.1)
+        .collect();
+    assert_eq!(health.len(), 2 * env.seeded.subnets.len(), "{rules:?}");
+    let mtus: Vec<&str> = rules
+        .iter()
+        .filter(|r| r.3 == mtu)
+        .map(|r| r.2.as_str())
+        .collect();
+    assert_eq!(mtus, ["192.168.0.0/24"]);
+
+    // Delete leaves nothing: no NLB, no target group, no rule of it.
+    timed(client.delete_load_balancer(service("bdbdbdbd")))
+        .await
+        .unwrap();
+    assert!(nlb(&elb, "bdbdbdbd").await.is_none());
+    let left = elb.describe_target_groups().send().await.unwrap();
+    assert!(left.target_groups().is_empty(), "{left:?}");
+    assert_eq!(described(&env.ec2, &node).await, []);
+    assert_eq!(
+        group_named(&env.ec2, &format!("k8s-elb-{name}")).await,
+        None
+    );
+}
+
+#[tokio::test]
+async fn an_nlb_with_upstreams_managed_group_is_adopted_with_the_nodes_opened_to_that_group() {
+    let env = env(2, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let name = ccm_provider::load_balancer_name(&service("cececece").uid);
+    // The group cloud-provider-aws makes in its "Managed" mode, named from
+    // the cluster and the Service's name, namespace and UID.
+    let managed = "k8s-shop-webcecec-d81a85cd20";
+    let group = env
+        .ec2
+        .create_security_group()
+        .group_name(managed)
+        .description("[k8s] Managed SecurityGroup for LoadBalancer")
+        .vpc_id(&env.seeded.vpc)
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::SecurityGroup)
+                .tags(
+                    aws_sdk_ec2::types::Tag::builder()
+                        .key("kubernetes.io/cluster/kubernetes")
+                        .value("owned")
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .group_id()
+        .unwrap()
+        .to_owned();
+    env.ec2
+        .authorize_security_group_ingress()
+        .group_id(&group)
+        .ip_permissions(described_rule("tcp", 80, 80, "0.0.0.0/0", ""))
+        .ip_permissions(described_rule("icmp", 3, 4, "0.0.0.0/0", ""))
+        .send()
+        .await
+        .unwrap();
+    let (theirs, their_group) = upstream_nlb(&env, "cececece", std::slice::from_ref(&group)).await;
+    let node = node_group(&env).await;
+
+    let spec = lb_spec(
+        "cececece",
+        vec![port("http", Protocol::Tcp, 80, 30080)],
+        &[],
+    );
+    let h = hosts(&env.seeded.instances);
+    let (hostname, adopted) = ensure_answer(&client, &spec, &h).await;
+    assert_eq!(Some(hostname.as_str()), theirs.dns_name());
+    assert!(adopted.contains(&group), "{adopted}");
+    let now = nlb(&elb, "cececece").await.unwrap();
+    assert_eq!(now.load_balancer_arn(), theirs.load_balancer_arn());
+    assert_eq!(now.security_groups(), std::slice::from_ref(&group));
+    assert!(!target_group_exists(&elb, &their_group).await);
+    assert_eq!(
+        group_named(&env.ec2, &format!("k8s-elb-{name}")).await,
+        None,
+        "no group of ours beside theirs"
+    );
+    // The nodes admit the NLB's group; upstream's CIDR rules for it go.
+    assert!(
+        ingress(&env.ec2, &node)
+            .await
+            .contains(&("tcp".into(), 30080, group.clone()))
+    );
+    assert_eq!(described(&env.ec2, &node).await, []);
+    // The group's own rules follow the source ranges.
+    let mut narrowed = spec.clone();
+    narrowed.source_ranges = vec!["192.168.0.0/24".into()];
+    ensure_ready(&client, &narrowed, &h).await;
+    let cidr = "192.168.0.0/24".to_owned();
+    assert_eq!(
+        ingress(&env.ec2, &group).await,
+        [("icmp".into(), 3, cidr.clone()), ("tcp".into(), 80, cidr)]
+    );
+
+    timed(client.delete_load_balancer(service("cececece")))
+        .await
+        .unwrap();
+    assert!(nlb(&elb, "cececece").await.is_none());
+    assert_eq!(
+        group_named(&env.ec2, managed).await,
+        None,
+        "their group goes with the NLB"
     );
     assert!(
         !ingress(&env.ec2, &node)

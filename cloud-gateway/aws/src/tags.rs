@@ -57,6 +57,23 @@ pub(super) fn service_tags(
     out
 }
 
+/// The prefix of the names cloud-provider-aws gives an NLB's target
+/// groups and its managed security group: `k8s-`, the first 8 letters and
+/// digits of the namespace and of the name, each followed by `-`.
+pub(super) fn upstream_name_prefix(service: &ServiceRef) -> String {
+    let eight = |s: &str| -> String {
+        s.chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(8)
+            .collect()
+    };
+    format!(
+        "k8s-{}-{}-",
+        eight(&service.namespace),
+        eight(&service.name)
+    )
+}
+
 /// An EC2 filter on `name` with `values`.
 pub(super) fn filter(name: &str, values: impl IntoIterator<Item = impl Into<String>>) -> Filter {
     Filter::builder()

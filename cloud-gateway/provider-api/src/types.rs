@@ -242,6 +242,10 @@ pub struct Ingress {
 pub struct LoadBalancerStatus {
     /// Where traffic reaches it.
     pub ingress: Vec<Ingress>,
+    /// Set by the ensure that took over a load balancer another controller
+    /// made (e.g. the cloud's own controller manager): what it was and
+    /// what changed, for the Service's events. `None` otherwise.
+    pub adopted: Option<String>,
 }
 
 /// A load balancer as listed.

@@ -30,6 +30,7 @@ impl LoadBalancerRecord {
                     ..Default::default()
                 })
                 .collect(),
+            adopted: None,
         }
     }
 

@@ -274,6 +274,7 @@ mod tests {
                 }],
                 ..Default::default()
             }],
+            adopted: None,
         });
         assert_eq!(
             status.ingress[0].ports[0].protocol,

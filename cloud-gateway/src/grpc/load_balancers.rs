@@ -100,8 +100,10 @@ impl LoadBalancers for LoadBalancersService {
                     |lbs| lbs.ensure(&req.cluster_name, &spec, &hosts),
                 )
                 .await?;
+            let adopted = status.adopted.clone().unwrap_or_default();
             Ok(Response::new(EnsureLoadBalancerResponse {
                 status: Some(convert::status_to_wire(status)),
+                adopted,
             }))
         })
         .await

@@ -63,7 +63,20 @@ pub(super) fn classic_status(elb: &Elb) -> LoadBalancerStatus {
             })
             .into_iter()
             .collect(),
+        adopted: None,
     }
+}
+
+/// What an ensure says of `elb` with the tags `t` when it takes it over:
+/// one without our UID tag was made by cloud-provider-aws.
+pub(super) fn classic_adoption(elb: &Elb, t: &[Tag]) -> Option<String> {
+    tag_value(t, TAG_SERVICE_UID).is_none().then(|| {
+        format!(
+            "adopted the Classic ELB {} ({}) in place, with its security groups and instances",
+            elb.load_balancer_name().unwrap_or_default(),
+            elb.dns_name().unwrap_or_default(),
+        )
+    })
 }
 
 /// `elb` as listed, its Service read from its tags `t`. One made by

@@ -56,6 +56,33 @@ impl AwsCloud {
         Ok(out)
     }
 
+    /// Adds to the resource `arn` those of `want` whose key it lacks in
+    /// `have` (values it has are left as they are). Returns whether any
+    /// was added.
+    pub(super) async fn add_missing_elb_tags(
+        &self,
+        arn: &str,
+        have: &[Tag],
+        want: &[(String, String)],
+    ) -> Result<bool> {
+        let missing: Vec<(String, String)> = want
+            .iter()
+            .filter(|(k, _)| tag_value(have, k).is_none())
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            return Ok(false);
+        }
+        self.elb
+            .add_tags()
+            .resource_arns(arn)
+            .set_tags(Some(elb_tags_of(&missing)))
+            .send()
+            .await
+            .map_err(|e| errors::cloud_error("AddTags", e))?;
+        Ok(true)
+    }
+
     /// Those of `items` tagged for `cluster`, each with its tags.
     pub(super) async fn owned_by<T>(
         &self,

@@ -17,13 +17,15 @@ pub(super) enum Source {
 
 /// One ingress rule: IP protocol (`tcp`, `udp`, `icmp`, or `-1` for all
 /// traffic), port range (ICMP: type and code; `-1` for all traffic),
-/// source.
+/// source, and the description of a CIDR source (AWS ignores it when it
+/// matches rules, so only the rules read by [`described_rules`] carry it).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Rule {
     pub(super) proto: String,
     pub(super) from: i32,
     pub(super) to: i32,
     pub(super) source: Source,
+    pub(super) description: Option<String>,
 }
 
 impl Rule {
@@ -34,6 +36,7 @@ impl Rule {
             from: port,
             to: port,
             source,
+            description: None,
         }
     }
 
@@ -45,6 +48,7 @@ impl Rule {
             from: -1,
             to: -1,
             source,
+            description: None,
         }
     }
 
@@ -56,6 +60,15 @@ impl Rule {
             from: 3,
             to: 4,
             source,
+            description: None,
+        }
+    }
+
+    /// This rule with the description `d` on its source.
+    pub(super) fn described(self, d: impl Into<String>) -> Self {
+        Self {
+            description: Some(d.into()),
+            ..self
         }
     }
 
@@ -83,6 +96,7 @@ pub(super) struct Opening {
 
 /// The rules of `group` of a shape this module writes: single ports, all
 /// traffic, ICMP for path MTU discovery (other port ranges are not ours).
+/// Descriptions are left out: these rules are matched as AWS matches them.
 pub(super) fn rules_of(group: &SecurityGroup) -> BTreeSet<Rule> {
     let mut out = BTreeSet::new();
     for p in group.ip_permissions() {
@@ -98,6 +112,7 @@ pub(super) fn rules_of(group: &SecurityGroup) -> BTreeSet<Rule> {
             from,
             to,
             source,
+            description: None,
         };
         let cidrs = p.ip_ranges().iter().filter_map(|r| r.cidr_ip());
         out.extend(cidrs.map(|c| rule(Source::Cidr(c.to_owned()))));
@@ -117,15 +132,56 @@ pub(super) fn rules_from(group: &SecurityGroup, source: &str) -> BTreeSet<Rule> 
         .collect()
 }
 
+/// The CIDR-sourced rules of `group` whose description `keep` accepts,
+/// descriptions included: how rules other writers share one group with
+/// are told apart (cloud-provider-aws's rules for NLBs without a group).
+pub(super) fn described_rules(
+    group: &SecurityGroup,
+    keep: impl Fn(&str) -> bool,
+) -> BTreeSet<Rule> {
+    let mut out = BTreeSet::new();
+    for p in group.ip_permissions() {
+        let Some(proto) = p.ip_protocol() else {
+            continue;
+        };
+        let (from, to) = (p.from_port().unwrap_or(-1), p.to_port().unwrap_or(-1));
+        let rule = |source, d: &str| Rule {
+            proto: proto.to_owned(),
+            from,
+            to,
+            source,
+            description: Some(d.to_owned()),
+        };
+        for r in p.ip_ranges() {
+            if let (Some(c), Some(d)) = (r.cidr_ip(), r.description())
+                && keep(d)
+            {
+                out.insert(rule(Source::Cidr(c.to_owned()), d));
+            }
+        }
+        for r in p.ipv6_ranges() {
+            if let (Some(c), Some(d)) = (r.cidr_ipv6(), r.description())
+                && keep(d)
+            {
+                out.insert(rule(Source::Cidr6(c.to_owned()), d));
+            }
+        }
+    }
+    out
+}
+
 /// The permission that carries one rule.
 pub(super) fn permission(rule: &Rule) -> IpPermission {
     let mut b = IpPermission::builder().ip_protocol(&rule.proto);
     if rule.proto != ALL_TRAFFIC {
         b = b.from_port(rule.from).to_port(rule.to);
     }
+    let d = rule.description.clone();
     match &rule.source {
-        Source::Cidr(c) => b.ip_ranges(IpRange::builder().cidr_ip(c).build()),
-        Source::Cidr6(c) => b.ipv6_ranges(Ipv6Range::builder().cidr_ipv6(c).build()),
+        Source::Cidr(c) => b.ip_ranges(IpRange::builder().cidr_ip(c).set_description(d).build()),
+        Source::Cidr6(c) => {
+            b.ipv6_ranges(Ipv6Range::builder().cidr_ipv6(c).set_description(d).build())
+        }
         Source::Group(g) => b.user_id_group_pairs(UserIdGroupPair::builder().group_id(g).build()),
     }
     .build()

@@ -29,6 +29,7 @@
 //! NLB's own (ELBv2): `nlb`, `listeners`, `target_groups`, `elb_tags`. The
 //! Classic ELB's own (ELB): `classic` over the pure `classic_config`.
 
+mod cidr_rules;
 mod classic;
 mod classic_config;
 mod elb_tags;
@@ -49,20 +50,27 @@ use ccm_provider::{
 
 use std::collections::BTreeSet;
 
-use aws_sdk_ec2::types::Instance as Ec2Instance;
+use aws_sdk_ec2::types::{Instance as Ec2Instance, SecurityGroup};
 use aws_sdk_elasticloadbalancing::types::LoadBalancerDescription as Elb;
+use aws_sdk_elasticloadbalancingv2::types::LoadBalancer as Nlb;
 
-use self::classic::{ClassicShape, check_classic_immutable, classic_listed, classic_status};
+use self::cidr_rules::CidrAccess;
+use self::classic::{
+    ClassicShape, check_classic_immutable, classic_adoption, classic_listed, classic_status,
+};
 use self::classic_config::{Attributes, ClassicListener, classic_listeners, health_check_target};
-use self::health_check::health_check;
+use self::elb_tags::tag_value;
+use self::health_check::{HealthCheck, health_check};
 use self::ingress_rules::{Rule, Source, client_rules, node_rules, rules_of, with_mtu_discovery};
 use self::listeners::{Listening, listenings};
 use self::nlb::{
     check_immutable, check_not_failed, listed, refuse_requested_address, reported_status,
 };
+use self::security_groups::upstream_nlb_group_name;
 use self::target_groups::GroupSettings;
 use self::targets::instance_ids;
 use crate::annotations::{LbKind, LbOptions};
+use crate::tags::TAG_SERVICE_UID;
 use crate::{AwsCloud, annotations, tags};
 
 #[async_trait]
@@ -70,7 +78,7 @@ impl LoadBalancers for AwsCloud {
     async fn get(&self, cluster: &str, service: &ServiceRef) -> Result<Option<LoadBalancerStatus>> {
         let lb_name = load_balancer_name(&service.uid);
         match self.owned_nlb(cluster, &lb_name).await {
-            Ok(Some(nlb)) => return Ok(Some(reported_status(&nlb))),
+            Ok(Some((nlb, _))) => return Ok(Some(reported_status(&nlb))),
             Ok(None) | Err(CloudError::Conflict(_)) => {}
             Err(e) => return Err(e),
         }
@@ -115,22 +123,37 @@ impl LoadBalancers for AwsCloud {
             .await
             .or_else(not_ours)?;
         let mut vpc = self.settings.vpc_id.clone();
-        let mut kind = "load balancer";
-        if let Some(nlb) = &nlb {
+        if let Some((nlb, _)) = &nlb {
             vpc = nlb.vpc_id().map(str::to_owned).or(vpc);
-            kind = LbKind::Nlb.title();
             self.delete_nlb(nlb, &lb_name).await?;
         }
         if let Some((elb, _)) = &classic {
             vpc = elb.vpc_id().map(str::to_owned).or(vpc);
-            kind = LbKind::Classic.title();
             self.delete_classic(&lb_name).await?;
         }
         let groups_vpc = self.delete_service_target_groups(cluster, service).await?;
         let Some(vpc) = vpc.or(groups_vpc) else {
             return Ok(());
         };
-        self.delete_load_balancer_group(cluster, kind, &lb_name, &vpc)
+        if classic.is_some() {
+            return self
+                .delete_load_balancer_group(cluster, LbKind::Classic.title(), &lb_name, &vpc)
+                .await;
+        }
+        // An NLB, or one gone already: whatever an NLB of ours or of
+        // cloud-provider-aws may have left (an NLB made without a group has
+        // CIDR rules on the nodes' groups, one in "Managed" mode a group
+        // named its way).
+        self.close_cidr_rules(&vpc, &lb_name).await?;
+        let used_by = format!("{} {lb_name}", LbKind::Nlb.title());
+        self.delete_group_named(
+            cluster,
+            &upstream_nlb_group_name(cluster, service),
+            &used_by,
+            &vpc,
+        )
+        .await?;
+        self.delete_load_balancer_group(cluster, LbKind::Nlb.title(), &lb_name, &vpc)
             .await
     }
 
@@ -147,6 +170,20 @@ impl LoadBalancers for AwsCloud {
             .chain(classics.iter().map(|(elb, t)| classic_listed(elb, t)))
             .collect())
     }
+}
+
+/// What an ensure that took over `nlb` (made by cloud-provider-aws) says
+/// of it.
+fn adoption_of(nlb: &Nlb, group: Option<&str>) -> String {
+    let how = match group {
+        Some(g) => format!("its security group {g} now admitted by the nodes' groups"),
+        None => "no security group, its nodes' CIDR rules kept in step".to_owned(),
+    };
+    format!(
+        "adopted the NLB {} ({}) in place: {how}; its target groups replaced by ours once their targets are registered",
+        nlb.load_balancer_name().unwrap_or_default(),
+        nlb.dns_name().unwrap_or_default(),
+    )
 }
 
 /// Someone else's load balancer of our name: nothing of ours to delete.
@@ -213,40 +250,61 @@ impl AwsCloud {
             self.refuse_other_kind(&lb_name, LbKind::Nlb).await?;
         }
         let targets = self.target_instances(hosts, o).await?;
-        let existing_vpc = existing.as_ref().map(|n| n.vpc_id().unwrap_or_default());
+        let existing_vpc = existing
+            .as_ref()
+            .map(|(n, _)| n.vpc_id().unwrap_or_default());
         let place = self.placement(cluster, existing_vpc, &targets, o).await?;
-        if let Some(nlb) = &existing {
+        if let Some((nlb, _)) = &existing {
             check_immutable(nlb, o, &place.subnets)?;
         }
         let tags = tags::service_tags(cluster, service, &o.tags);
 
-        let group = self
-            .load_balancer_group(cluster, LbKind::Nlb.title(), &lb_name, &place.vpc, &tags)
-            .await?;
-        let group_id = group.group_id().unwrap_or_default();
-        let clients = client_rules(
-            &spec.source_ranges,
-            o.dualstack,
-            ls.iter().map(Listening::client_opening),
-        );
-        self.sync_rules(group_id, &rules_of(&group), &clients)
-            .await?;
-        let nodes = node_rules(
-            group_id,
-            ls.iter().map(Listening::node_opening),
-            hc.own_port(),
-        );
-        self.open_nodes(cluster, group_id, &targets, &nodes, |_| true)
-            .await?;
-
-        let nlb = match existing {
-            Some(nlb) => nlb,
+        // The NLB's group: its first (its rules ours to keep when it is
+        // the cluster's), ours for a new NLB, or none for an NLB made
+        // without one (as upstream makes them by default).
+        let group = match &existing {
+            None => Some(
+                self.load_balancer_group(cluster, LbKind::Nlb.title(), &lb_name, &place.vpc, &tags)
+                    .await?,
+            ),
+            Some((nlb, _)) => match nlb.security_groups().first() {
+                None => None,
+                Some(id) => Some(
+                    self.owned_group(cluster, id)
+                        .await?
+                        .unwrap_or_else(|| SecurityGroup::builder().group_id(id).build()),
+                ),
+            },
+        };
+        if let Some(group) = &group
+            && tags::belongs_to(group.tags(), cluster)
+        {
+            let clients = client_rules(
+                &spec.source_ranges,
+                o.dualstack,
+                ls.iter().map(Listening::client_opening),
+            );
+            let id = group.group_id().unwrap_or_default();
+            self.sync_rules(id, &rules_of(group), &with_mtu_discovery(clients))
+                .await?;
+        }
+        let group_id = group.as_ref().and_then(|g| g.group_id());
+        let nlb = match &existing {
+            Some((nlb, _)) => nlb.clone(),
             None => {
                 tracing::info!(nlb = %lb_name, service = %format!("{}/{}", service.namespace, service.name), "creating NLB");
-                self.create_nlb(&lb_name, o, &place.subnets, group_id, &tags)
-                    .await?
+                self.create_nlb(
+                    &lb_name,
+                    o,
+                    &place.subnets,
+                    group_id.unwrap_or_default(),
+                    &tags,
+                )
+                .await?
             }
         };
+        self.open_nodes_to_nlb_of(cluster, spec, o, &nlb, group_id, &targets, &ls, &hc)
+            .await?;
         check_not_failed(&nlb, &lb_name)?;
         let arn = nlb.load_balancer_arn().unwrap_or_default();
         self.sync_attributes(arn, o).await?;
@@ -260,11 +318,67 @@ impl AwsCloud {
         let wanted = self
             .ensure_target_groups(&settings, &ls, &instance_ids(&targets))
             .await?;
+        // Each listener moves to a group whose targets are registered;
+        // only then are the groups it used before deleted (those of a
+        // failed attempt are found by the Service's delete).
         let before = self.sync_listeners(arn, &wanted, o).await?;
-        // A group left by a failed attempt is found by the Service's
-        // delete, which looks for every group of the Service.
         self.delete_stale_target_groups(&before, &wanted).await?;
-        self.status_when_active(&nlb, &lb_name).await
+        // One cloud-provider-aws made is ours once it carries our tags;
+        // they go on last, so an ensure that failed before adopts again.
+        let adopted = match &existing {
+            Some((nlb, have)) if tag_value(have, TAG_SERVICE_UID).is_none() => {
+                self.add_missing_elb_tags(arn, have, &tags).await?;
+                Some(adoption_of(nlb, group_id))
+            }
+            _ => None,
+        };
+        let status = self.status_when_active(&nlb, &lb_name).await?;
+        Ok(LoadBalancerStatus { adopted, ..status })
+    }
+
+    /// Opens the nodes to `nlb`: to its group `group` when it has one
+    /// (stripping the CIDR rules upstream wrote for it), else by CIDR as
+    /// upstream does for an NLB without a group, kept in step.
+    #[allow(clippy::too_many_arguments)]
+    async fn open_nodes_to_nlb_of(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        o: &LbOptions,
+        nlb: &Nlb,
+        group: Option<&str>,
+        targets: &[Ec2Instance],
+        ls: &[Listening],
+        hc: &HealthCheck,
+    ) -> Result<()> {
+        let lb_name = nlb.load_balancer_name().unwrap_or_default();
+        let node = ls.iter().map(Listening::node_opening);
+        if let Some(group) = group {
+            let want = node_rules(group, node, hc.own_port());
+            return self
+                .open_nodes_to_nlb(
+                    cluster,
+                    lb_name,
+                    targets,
+                    Some((group, &want)),
+                    &BTreeSet::new(),
+                )
+                .await;
+        }
+        let access = CidrAccess::new(&spec.source_ranges, o.dualstack, node, hc.own_port());
+        let subnets = if access.needs_health_rules() {
+            self.subnet_cidrs(nlb).await?
+        } else {
+            Vec::new()
+        };
+        self.open_nodes_to_nlb(
+            cluster,
+            lb_name,
+            targets,
+            None,
+            &access.rules(lb_name, &subnets),
+        )
+        .await
     }
 
     async fn update_nlb_hosts(
@@ -275,17 +389,15 @@ impl AwsCloud {
         o: &LbOptions,
     ) -> Result<()> {
         let ls = listenings(spec, o)?;
+        let hc = health_check(spec, o)?;
         let lb_name = load_balancer_name(&spec.service.uid);
-        let Some(nlb) = self.owned_nlb(cluster, &lb_name).await? else {
+        let Some((nlb, _)) = self.owned_nlb(cluster, &lb_name).await? else {
             return Err(CloudError::NotFound(format!("load balancer {lb_name}")));
         };
         let targets = self.target_instances(hosts, o).await?;
-        if let Some(group) = nlb.security_groups().first() {
-            let hc = health_check(spec, o)?;
-            let nodes = node_rules(group, ls.iter().map(Listening::node_opening), hc.own_port());
-            self.open_nodes(cluster, group, &targets, &nodes, |_| true)
-                .await?;
-        }
+        let group = nlb.security_groups().first().map(String::as_str);
+        self.open_nodes_to_nlb_of(cluster, spec, o, &nlb, group, &targets, &ls, &hc)
+            .await?;
         self.update_targets(&lb_name, &ls, &instance_ids(&targets))
             .await
     }
@@ -332,6 +444,9 @@ impl AwsCloud {
             tags: &tags,
             internal: o.internal,
         };
+        let adopted = existing
+            .as_ref()
+            .and_then(|(elb, have_tags)| classic_adoption(elb, have_tags));
         let elb = match existing {
             Some((elb, have_tags)) => {
                 if self.sync_classic(&elb, &have_tags, &shape).await? {
@@ -358,7 +473,10 @@ impl AwsCloud {
             self.delete_load_balancer_group(cluster, LbKind::Classic.title(), &lb_name, &place.vpc)
                 .await?;
         }
-        Ok(classic_status(&elb))
+        Ok(LoadBalancerStatus {
+            adopted,
+            ..classic_status(&elb)
+        })
     }
 
     /// The groups of a Classic ELB, the one its traffic to the nodes comes

@@ -96,6 +96,7 @@ fn status_of(nlb: &Nlb) -> LoadBalancerStatus {
             })
             .into_iter()
             .collect(),
+        adopted: None,
     }
 }
 
@@ -135,21 +136,24 @@ impl AwsCloud {
         }
     }
 
-    /// The Service's NLB when it is this cluster's. `Err(Conflict)` when an
-    /// NLB of that name is someone else's.
-    pub(super) async fn owned_nlb(&self, cluster: &str, name: &str) -> Result<Option<Nlb>> {
+    /// The Service's NLB when it is this cluster's, with its tags.
+    /// `Err(Conflict)` when an NLB of that name is someone else's.
+    pub(super) async fn owned_nlb(
+        &self,
+        cluster: &str,
+        name: &str,
+    ) -> Result<Option<(Nlb, Vec<Tag>)>> {
         let Some(nlb) = self.find_nlb(name).await? else {
             return Ok(None);
         };
         let arn = nlb.load_balancer_arn().unwrap_or_default().to_owned();
-        let tags = self.elb_tags(std::slice::from_ref(&arn)).await?;
-        if tags.get(&arn).is_some_and(|t| elb_belongs(t, cluster)) {
-            Ok(Some(nlb))
-        } else {
-            Err(CloudError::Conflict(format!(
+        let mut tags = self.elb_tags(std::slice::from_ref(&arn)).await?;
+        match tags.remove(&arn) {
+            Some(t) if elb_belongs(&t, cluster) => Ok(Some((nlb, t))),
+            _ => Err(CloudError::Conflict(format!(
                 "a load balancer named {name} exists without the tag {}=owned; it is not this cluster's and is left alone",
                 tags::cluster_key(cluster)
-            )))
+            ))),
         }
     }
 
@@ -170,6 +174,30 @@ impl AwsCloud {
             .filter(|l| l.r#type() == Some(&LoadBalancerTypeEnum::Network))
             .collect();
         self.owned_by(cluster, nlbs, Nlb::load_balancer_arn).await
+    }
+
+    /// The CIDRs of the subnets `nlb` is in.
+    pub(super) async fn subnet_cidrs(&self, nlb: &Nlb) -> Result<Vec<String>> {
+        let ids: Vec<String> = nlb
+            .availability_zones()
+            .iter()
+            .filter_map(|z| z.subnet_id().map(str::to_owned))
+            .collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let answer = self
+            .ec2
+            .describe_subnets()
+            .set_subnet_ids(Some(ids))
+            .send()
+            .await
+            .map_err(|e| errors::cloud_error("DescribeSubnets", e))?;
+        Ok(answer
+            .subnets()
+            .iter()
+            .filter_map(|s| s.cidr_block().map(str::to_owned))
+            .collect())
     }
 
     /// A new NLB in `subnets` with the security group `group`.

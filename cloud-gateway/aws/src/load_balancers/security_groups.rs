@@ -8,15 +8,33 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use aws_sdk_ec2::types::{
     Instance as Ec2Instance, IpPermission, ResourceType, SecurityGroup, Tag, TagSpecification,
 };
-use ccm_provider::{CloudError, Result};
+use ccm_provider::{CloudError, Result, ServiceRef};
 
-use super::ingress_rules::{Rule, permission, rules_from};
+use super::cidr_rules::{self, MTU, mtu_rules};
+use super::ingress_rules::{Rule, described_rules, permission, rules_from};
 use crate::tags::{self, FILTER_VALUES};
 use crate::{AwsCloud, errors};
 
 /// The name of a load balancer's own security group.
 fn security_group_name(lb_name: &str) -> String {
     format!("k8s-elb-{lb_name}")
+}
+
+/// The name cloud-provider-aws gives the security group it makes for an
+/// NLB in its "Managed" mode: its name prefix and the first 10 hex
+/// digits of the SHA-256 of the cluster's name, the Service's name,
+/// namespace and UID, written one after the other.
+pub(super) fn upstream_nlb_group_name(cluster: &str, service: &ServiceRef) -> String {
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!(
+            "{cluster}{}{}{}",
+            service.name, service.namespace, service.uid
+        )
+        .as_bytes(),
+    );
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}{}", tags::upstream_name_prefix(service), &hex[..10])
 }
 
 /// The groups among `groups` that admit load balancer traffic to
@@ -100,6 +118,26 @@ impl AwsCloud {
             .ok_or_else(|| {
                 CloudError::Unavailable(format!("security group {name} not visible yet"))
             })
+    }
+
+    /// The group `id`, when it is this cluster's.
+    pub(super) async fn owned_group(
+        &self,
+        cluster: &str,
+        id: &str,
+    ) -> Result<Option<SecurityGroup>> {
+        let answer = self
+            .ec2
+            .describe_security_groups()
+            .filters(tags::filter("group-id", [id]))
+            .send()
+            .await
+            .map_err(|e| errors::cloud_error("DescribeSecurityGroups", e))?;
+        Ok(answer
+            .security_groups()
+            .first()
+            .filter(|g| tags::belongs_to(g.tags(), cluster))
+            .cloned())
     }
 
     /// The group named `name` in `vpc`, when it is this cluster's.
@@ -218,6 +256,75 @@ impl AwsCloud {
         Ok(())
     }
 
+    /// Opens the nodes' groups to an NLB: to its group `by_group` with the
+    /// rules given there, and by CIDR with the rules `by_cidr` (those of
+    /// an NLB without a group, described as upstream describes them; none
+    /// when it has one, which strips upstream's from an NLB now ours).
+    pub(super) async fn open_nodes_to_nlb(
+        &self,
+        cluster: &str,
+        lb_name: &str,
+        targets: &[Ec2Instance],
+        by_group: Option<(&str, &BTreeSet<Rule>)>,
+        by_cidr: &BTreeSet<Rule>,
+    ) -> Result<()> {
+        for group in self.node_groups(cluster, targets).await? {
+            let Some(id) = group.group_id() else { continue };
+            if let Some((lb_group, want)) = by_group {
+                self.sync_rules(id, &rules_from(&group, lb_group), want)
+                    .await?;
+            }
+            self.sync_cidr_rules(&group, lb_name, by_cidr).await?;
+        }
+        Ok(())
+    }
+
+    /// Brings the CIDR rules of the NLB `lb_name` in `group` to `want`, and
+    /// with them the group's ICMP rules for path MTU discovery, one per
+    /// CIDR any NLB's clients come from.
+    async fn sync_cidr_rules(
+        &self,
+        group: &SecurityGroup,
+        lb_name: &str,
+        want: &BTreeSet<Rule>,
+    ) -> Result<()> {
+        let have = described_rules(group, |d| cidr_rules::is_of(d, lb_name));
+        if have == *want {
+            return Ok(());
+        }
+        let id = group.group_id().unwrap_or_default();
+        self.sync_rules(id, &have, want).await?;
+        let others = described_rules(group, |d| {
+            cidr_rules::is_client(d) && !cidr_rules::is_of(d, lb_name)
+        });
+        let clients = want
+            .iter()
+            .filter(|r| r.description.as_deref().is_some_and(cidr_rules::is_client));
+        let mtu = mtu_rules(others.iter().chain(clients));
+        self.sync_rules(id, &described_rules(group, |d| d == MTU), &mtu)
+            .await
+    }
+
+    /// Removes the CIDR rules of the NLB `lb_name` from every group in
+    /// `vpc`.
+    pub(super) async fn close_cidr_rules(&self, vpc: &str, lb_name: &str) -> Result<()> {
+        let groups: Vec<SecurityGroup> = self
+            .ec2
+            .describe_security_groups()
+            .filters(tags::filter("vpc-id", [vpc]))
+            .into_paginator()
+            .items()
+            .send()
+            .try_collect()
+            .await
+            .map_err(|e| errors::cloud_error("DescribeSecurityGroups", e))?;
+        for group in &groups {
+            self.sync_cidr_rules(group, lb_name, &BTreeSet::new())
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Removes every rule in the VPC's groups that names `lb_group`.
     async fn close_nodes(&self, vpc: &str, lb_group: &str) -> Result<()> {
         let answer = self
@@ -250,7 +357,21 @@ impl AwsCloud {
         vpc: &str,
     ) -> Result<()> {
         let name = security_group_name(lb_name);
-        let group = match self.find_security_group(cluster, vpc, &name).await {
+        self.delete_group_named(cluster, &name, &format!("{kind} {lb_name}"), vpc)
+            .await
+    }
+
+    /// Closes the nodes' groups to the group `name` in `vpc` that a load
+    /// balancer (`used_by`) had, then deletes it; another cluster's group
+    /// of that name is left alone.
+    pub(super) async fn delete_group_named(
+        &self,
+        cluster: &str,
+        name: &str,
+        used_by: &str,
+        vpc: &str,
+    ) -> Result<()> {
+        let group = match self.find_security_group(cluster, vpc, name).await {
             Ok(Some(group)) => group,
             Ok(None) => return Ok(()),
             // Another cluster's: not ours to delete.
@@ -267,9 +388,27 @@ impl AwsCloud {
             Err(e) if errors::code(&e) == Some("InvalidGroup.NotFound") => Ok(()),
             // The load balancer's network interfaces go a while after it.
             Err(e) if errors::code(&e) == Some("DependencyViolation") => Err(errors::provisioning(
-                format!("security group {id} is still in use while {kind} {lb_name} goes"),
+                format!("security group {id} ({name}) is still in use while {used_by} goes"),
             )),
             Err(e) => Err(errors::cloud_error("DeleteSecurityGroup", e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstreams_managed_nlb_group_is_named_from_the_service_as_upstream_names_it() {
+        let service = ServiceRef {
+            namespace: "default".into(),
+            name: "my-web.app".into(),
+            uid: "1234abcd-12ab-34cd-56ef-1234567890ab".into(),
+        };
+        assert_eq!(
+            upstream_nlb_group_name("kubernetes", &service),
+            "k8s-default-mywebapp-9e053c0d9f"
+        );
     }
 }

@@ -15,7 +15,7 @@ use super::elb_tags::{elb_tags_of, tag_value};
 use super::health_check::HealthCheck;
 use super::listeners::Listening;
 use crate::annotations::{HcPort, HcProtocol};
-use crate::tags::TAG_SERVICE_UID;
+use crate::tags::{self, TAG_SERVICE_NAME, TAG_SERVICE_UID};
 use crate::{AwsCloud, errors};
 
 /// The target group attribute of the proxy protocol.
@@ -302,29 +302,40 @@ impl AwsCloud {
     }
 
     /// Deletes every target group of `service`. Returns the VPC of the
-    /// first that tells one.
+    /// first that tells one. One cloud-provider-aws made that is still in
+    /// use belongs to another load balancer (a Service of the same name
+    /// before this one): it is left, with a warning.
     pub(super) async fn delete_service_target_groups(
         &self,
         cluster: &str,
         service: &ServiceRef,
     ) -> Result<Option<String>> {
         let mut vpc = None;
-        for g in self.service_target_groups(cluster, service).await? {
+        for (g, ours) in self.service_target_groups(cluster, service).await? {
             if let Some(arn) = g.target_group_arn() {
-                self.delete_target_group(arn).await?;
+                match self.delete_target_group(arn).await {
+                    Err(CloudError::Provisioning { message, .. }) if !ours => {
+                        tracing::warn!(target_group = arn, "left in place: {message}");
+                    }
+                    r => r?,
+                }
             }
             vpc = vpc.or_else(|| g.vpc_id().map(str::to_owned));
         }
         Ok(vpc)
     }
 
-    /// This Service's target groups (by name prefix, confirmed by tag).
+    /// This Service's target groups, each with whether it is ours: ours
+    /// by name prefix, confirmed by the UID tag; those cloud-provider-aws
+    /// made by its name prefix, confirmed by the service-name tag.
     async fn service_target_groups(
         &self,
         cluster: &str,
         service: &ServiceRef,
-    ) -> Result<Vec<TargetGroup>> {
+    ) -> Result<Vec<(TargetGroup, bool)>> {
         let prefix = target_group_prefix(&load_balancer_name(&service.uid));
+        let upstream = tags::upstream_name_prefix(service);
+        let service_name = format!("{}/{}", service.namespace, service.name);
         let groups: Vec<TargetGroup> = self
             .elb
             .describe_target_groups()
@@ -339,15 +350,18 @@ impl AwsCloud {
             .into_iter()
             .filter(|g| {
                 g.target_group_name()
-                    .is_some_and(|n| n.starts_with(&prefix))
+                    .is_some_and(|n| n.starts_with(&prefix) || n.starts_with(&upstream))
             })
             .collect();
         Ok(self
             .owned_by(cluster, groups, TargetGroup::target_group_arn)
             .await?
             .into_iter()
-            .filter(|(_, t)| tag_value(t, TAG_SERVICE_UID) == Some(service.uid.as_str()))
-            .map(|(g, _)| g)
+            .filter_map(|(g, t)| match tag_value(&t, TAG_SERVICE_UID) {
+                Some(uid) => (uid == service.uid).then_some((g, true)),
+                None => (tag_value(&t, TAG_SERVICE_NAME) == Some(service_name.as_str()))
+                    .then_some((g, false)),
+            })
             .collect())
     }
 
