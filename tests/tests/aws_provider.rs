@@ -1949,15 +1949,15 @@ async fn a_service_without_a_type_gets_a_classic_elb_made_as_upstream_makes_it()
     );
 }
 
-#[tokio::test]
-async fn a_classic_elb_cloud_provider_aws_made_is_adopted_in_place() {
-    let env = env(2, &[]).await;
+/// What cloud-provider-aws leaves for the Classic ELB of `svc` with port
+/// 80 on `node_port`, made with the SDK as it makes them: its group
+/// `k8s-elb-<name>` admitting everyone on 80 and ICMP for path MTU
+/// discovery, the nodes' group admitting all traffic from it, the ELB with
+/// its tags, health check and the first instance registered. Returns the
+/// group and the ELB.
+async fn upstream_classic(env: &Env, svc: &ServiceRef, node_port: i32) -> (String, Elb) {
     let elb = aws::classic_elb_client(&env.proxy.endpoint);
-    let client = env.gateway.client("service", CLUSTER);
-    let name = ccm_provider::load_balancer_name(&service("adadadad").uid);
-
-    // What cloud-provider-aws leaves for a Service `shop/web-adadadad`
-    // with port 80 on node port 30080, made with the SDK as it makes them.
+    let name = ccm_provider::load_balancer_name(&svc.uid);
     let cluster_tag = aws_sdk_ec2::types::Tag::builder()
         .key("kubernetes.io/cluster/kubernetes")
         .value("owned")
@@ -1967,7 +1967,8 @@ async fn a_classic_elb_cloud_provider_aws_made_is_adopted_in_place() {
         .create_security_group()
         .group_name(format!("k8s-elb-{name}"))
         .description(format!(
-            "Security group for Kubernetes ELB {name} (shop/web-adadadad)"
+            "Security group for Kubernetes ELB {name} ({}/{})",
+            svc.namespace, svc.name
         ))
         .vpc_id(&env.seeded.vpc)
         .tag_specifications(
@@ -2007,7 +2008,7 @@ async fn a_classic_elb_cloud_provider_aws_made_is_adopted_in_place() {
         .send()
         .await
         .unwrap();
-    let node = node_group(&env).await;
+    let node = node_group(env).await;
     env.ec2
         .authorize_security_group_ingress()
         .group_id(&node)
@@ -2039,18 +2040,35 @@ async fn a_classic_elb_cloud_provider_aws_made_is_adopted_in_place() {
                 .protocol("tcp")
                 .load_balancer_port(80)
                 .instance_protocol("tcp")
-                .instance_port(30080)
+                .instance_port(node_port)
                 .build()
                 .unwrap(),
         )
         .set_subnets(Some(subnets))
         .security_groups(&group)
-        .tags(elb_tag("kubernetes.io/service-name", "shop/web-adadadad"))
+        .tags(elb_tag(
+            "kubernetes.io/service-name",
+            &format!("{}/{}", svc.namespace, svc.name),
+        ))
         .tags(elb_tag("kubernetes.io/cluster/kubernetes", "owned"))
         .send()
         .await
         .unwrap();
-    let theirs = classic(&elb, "adadadad").await.unwrap();
+    elb.configure_health_check()
+        .load_balancer_name(&name)
+        .health_check(
+            aws_sdk_elasticloadbalancing::types::HealthCheck::builder()
+                .target(format!("TCP:{node_port}"))
+                .interval(10)
+                .timeout(5)
+                .healthy_threshold(2)
+                .unhealthy_threshold(6)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
     elb.register_instances_with_load_balancer()
         .load_balancer_name(&name)
         .instances(
@@ -2061,6 +2079,27 @@ async fn a_classic_elb_cloud_provider_aws_made_is_adopted_in_place() {
         .send()
         .await
         .unwrap();
+    let made = elb
+        .describe_load_balancers()
+        .load_balancer_names(&name)
+        .send()
+        .await
+        .unwrap()
+        .load_balancer_descriptions()[0]
+        .clone();
+    (group, made)
+}
+
+#[tokio::test]
+async fn a_classic_elb_cloud_provider_aws_made_is_adopted_in_place() {
+    let env = env(2, &[]).await;
+    let elb = aws::classic_elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let name = ccm_provider::load_balancer_name(&service("adadadad").uid);
+
+    let (group, _) = upstream_classic(&env, &service("adadadad"), 30080).await;
+    let node = node_group(&env).await;
+    let theirs = classic(&elb, "adadadad").await.unwrap();
 
     // Before our first ensure it is listed under its Service's name.
     let listed = timed(client.list_load_balancers()).await.unwrap();
@@ -2173,16 +2212,27 @@ fn described_rule(
         .build()
 }
 
-/// What cloud-provider-aws leaves for the NLB of a Service `shop/web-<uid>`
-/// with port 80 on node port 30080, made with the SDK as it makes them: a
+/// What cloud-provider-aws leaves for the NLB of `svc` with port 80 on
+/// `node_port`, made with the SDK as it makes them: a
 /// target group named its way (`k8s-<ns>-<name>-<hash>`, health check
 /// TCP every 30 s, 3/3) with the first instance registered, the NLB in
 /// the seeded subnets with the security groups `groups` (none by
 /// default), its listener, and the nodes' CIDR rules for its clients
 /// (everyone) described as upstream describes them.
-async fn upstream_nlb(env: &Env, uid: &str, groups: &[String]) -> (Nlb, String) {
+async fn upstream_nlb(
+    env: &Env,
+    svc: &ServiceRef,
+    node_port: i32,
+    groups: &[String],
+) -> (Nlb, String) {
     let elb = aws::elb_client(&env.proxy.endpoint);
-    let name = ccm_provider::load_balancer_name(&service(uid).uid);
+    let name = ccm_provider::load_balancer_name(&svc.uid);
+    let eight = |s: &str| -> String {
+        s.chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(8)
+            .collect()
+    };
     let tag = |k: &str, v: &str| {
         aws_sdk_elasticloadbalancingv2::types::Tag::builder()
             .key(k)
@@ -2190,15 +2240,22 @@ async fn upstream_nlb(env: &Env, uid: &str, groups: &[String]) -> (Nlb, String) 
             .build()
     };
     let tags = vec![
-        tag("kubernetes.io/service-name", &format!("shop/web-{uid}")),
+        tag(
+            "kubernetes.io/service-name",
+            &format!("{}/{}", svc.namespace, svc.name),
+        ),
         tag("kubernetes.io/cluster/kubernetes", "owned"),
     ];
-    let tg_name = format!("k8s-shop-web{}-0123abcdef", &uid[..5]);
+    let tg_name = format!(
+        "k8s-{}-{}-0123abcdef",
+        eight(&svc.namespace),
+        eight(&svc.name)
+    );
     let tg = elb
         .create_target_group()
         .name(&tg_name)
         .protocol(aws_sdk_elasticloadbalancingv2::types::ProtocolEnum::Tcp)
-        .port(30080)
+        .port(node_port)
         .vpc_id(&env.seeded.vpc)
         .target_type(aws_sdk_elasticloadbalancingv2::types::TargetTypeEnum::Instance)
         .health_check_protocol(aws_sdk_elasticloadbalancingv2::types::ProtocolEnum::Tcp)
@@ -2218,7 +2275,7 @@ async fn upstream_nlb(env: &Env, uid: &str, groups: &[String]) -> (Nlb, String) 
         .targets(
             aws_sdk_elasticloadbalancingv2::types::TargetDescription::builder()
                 .id(&env.seeded.instances[0].id)
-                .port(30080)
+                .port(node_port)
                 .build(),
         )
         .send()
@@ -2257,11 +2314,19 @@ async fn upstream_nlb(env: &Env, uid: &str, groups: &[String]) -> (Nlb, String) 
         .group_id(&node)
         .ip_permissions(described_rule(
             "tcp",
-            30080,
-            30080,
+            node_port,
+            node_port,
             "0.0.0.0/0",
             &format!("kubernetes.io/rule/nlb/client={name}"),
         ))
+        .send()
+        .await
+        .unwrap();
+    // One MTU rule per CIDR, whichever NLBs it serves: there may be one.
+    let _ = env
+        .ec2
+        .authorize_security_group_ingress()
+        .group_id(&node)
         .ip_permissions(described_rule(
             "icmp",
             3,
@@ -2270,8 +2335,7 @@ async fn upstream_nlb(env: &Env, uid: &str, groups: &[String]) -> (Nlb, String) 
             "kubernetes.io/rule/nlb/mtu",
         ))
         .send()
-        .await
-        .unwrap();
+        .await;
     (made, tg_name)
 }
 
@@ -2291,7 +2355,7 @@ async fn an_nlb_cloud_provider_aws_made_without_a_group_is_adopted_with_its_cidr
     let elb = aws::elb_client(&env.proxy.endpoint);
     let client = env.gateway.client("service", CLUSTER);
     let name = ccm_provider::load_balancer_name(&service("bdbdbdbd").uid);
-    let (theirs, their_group) = upstream_nlb(&env, "bdbdbdbd", &[]).await;
+    let (theirs, their_group) = upstream_nlb(&env, &service("bdbdbdbd"), 30080, &[]).await;
     assert!(theirs.security_groups().is_empty(), "{theirs:?}");
     let node = node_group(&env).await;
     let client_rule = format!("kubernetes.io/rule/nlb/client={name}");
@@ -2443,7 +2507,13 @@ async fn an_nlb_with_upstreams_managed_group_is_adopted_with_the_nodes_opened_to
         .send()
         .await
         .unwrap();
-    let (theirs, their_group) = upstream_nlb(&env, "cececece", std::slice::from_ref(&group)).await;
+    let (theirs, their_group) = upstream_nlb(
+        &env,
+        &service("cececece"),
+        30080,
+        std::slice::from_ref(&group),
+    )
+    .await;
     let node = node_group(&env).await;
 
     let spec = lb_spec(
@@ -2496,4 +2566,192 @@ async fn an_nlb_with_upstreams_managed_group_is_adopted_with_the_nodes_opened_to
             .iter()
             .any(|(_, _, s)| s == &group)
     );
+}
+
+/// The Service `shop/<name>` on port 80 and `node_port`, with
+/// `annotations` (named without the common prefix) and `class`, made in
+/// the API server; returns it as the API server keeps it.
+async fn api_service(
+    api: &kube::Api<k8s_openapi::api::core::v1::Service>,
+    name: &str,
+    node_port: i32,
+    annotations: &[(&str, &str)],
+    class: Option<&str>,
+) -> k8s_openapi::api::core::v1::Service {
+    let annotations: serde_json::Map<String, serde_json::Value> = annotations
+        .iter()
+        .map(|(k, v)| (format!("{NLB}{k}"), serde_json::Value::from(*v)))
+        .collect();
+    let svc = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": "shop", "annotations": annotations},
+        "spec": {
+            "type": "LoadBalancer",
+            "loadBalancerClass": class,
+            "selector": {"app": name},
+            "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": node_port}],
+        },
+    }))
+    .unwrap();
+    let made = api.create(&Default::default(), &svc).await.unwrap();
+    let given = made.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].node_port;
+    assert_eq!(given, Some(node_port), "the API server keeps the node port");
+    made
+}
+
+/// The preflight's verdicts as `name -> (action, details)`, and its exit
+/// status.
+async fn preflight(
+    env: &Env,
+    kubeconfig: &Path,
+) -> (
+    std::collections::BTreeMap<String, (String, Vec<String>)>,
+    Option<i32>,
+) {
+    let out = tokio::process::Command::new(ccm_testkit::bin_dir().join("aws-preflight"))
+        .args(["--kubeconfig", &kubeconfig.display().to_string()])
+        .args(["--cluster-name", CLUSTER, "-o", "json"])
+        .args([
+            "--provider",
+            "aws",
+            "--aws-endpoint-url",
+            &env.proxy.endpoint,
+        ])
+        .args(["--aws-vpc-id", &env.seeded.vpc])
+        .args([
+            "--state-dir",
+            &env.dir.path().join("preflight").display().to_string(),
+        ])
+        .envs(aws::credentials_env(&env.secret, env.dir.path()))
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "preflight answered no JSON ({e}):\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let verdicts = rows
+        .iter()
+        .map(|r| {
+            let details = r["details"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_str().unwrap().to_owned())
+                .collect();
+            (
+                r["name"].as_str().unwrap().to_owned(),
+                (r["action"].as_str().unwrap().to_owned(), details),
+            )
+        })
+        .collect();
+    (verdicts, out.status.code())
+}
+
+#[tokio::test]
+async fn the_preflight_tells_what_will_happen_to_each_service_and_the_ensure_does_it() {
+    let env = env(2, &[]).await;
+    let api = kube_test_apiserver::ApiServer::start().await.unwrap();
+    let kubeconfig = env.dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let kube = api.client().await.unwrap();
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(kube.clone());
+    let shop = serde_json::from_value(serde_json::json!({"metadata": {"name": "shop"}})).unwrap();
+    namespaces.create(&Default::default(), &shop).await.unwrap();
+    let services = kube::Api::namespaced(kube, "shop");
+    let reference = |svc: &k8s_openapi::api::core::v1::Service| ServiceRef {
+        namespace: "shop".into(),
+        name: svc.metadata.name.clone().unwrap(),
+        uid: svc.metadata.uid.clone().unwrap(),
+    };
+
+    // Each kind of load balancer cloud-provider-aws leaves, and the
+    // Services a move must not go wrong on.
+    let classic_svc = api_service(&services, "classic", 30081, &[], None).await;
+    let (_, their_classic) = upstream_classic(&env, &reference(&classic_svc), 30081).await;
+    let nlb_svc = api_service(&services, "nlb", 30082, &[("type", "nlb")], None).await;
+    let (their_nlb, _) = upstream_nlb(&env, &reference(&nlb_svc), 30082, &[]).await;
+    let managed_svc = api_service(&services, "managed", 30083, &[("type", "nlb")], None).await;
+    let managed_group = env
+        .ec2
+        .create_security_group()
+        .group_name("k8s-shop-managed-0123456789")
+        .description("[k8s] Managed SecurityGroup for LoadBalancer")
+        .vpc_id(&env.seeded.vpc)
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::SecurityGroup)
+                .tags(
+                    aws_sdk_ec2::types::Tag::builder()
+                        .key("kubernetes.io/cluster/kubernetes")
+                        .value("owned")
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .group_id()
+        .unwrap()
+        .to_owned();
+    upstream_nlb(
+        &env,
+        &reference(&managed_svc),
+        30083,
+        std::slice::from_ref(&managed_group),
+    )
+    .await;
+    let switch = api_service(&services, "switch", 30084, &[("type", "nlb")], None).await;
+    upstream_classic(&env, &reference(&switch), 30084).await;
+    api_service(&services, "new", 30085, &[], None).await;
+    let bad = [("type", "nlb"), ("healthcheck-interval", "often")];
+    api_service(&services, "bad", 30086, &bad, None).await;
+    api_service(&services, "other", 30087, &[], Some("service.k8s.aws/nlb")).await;
+
+    let (verdicts, code) = preflight(&env, &kubeconfig).await;
+    let action = |name: &str| verdicts[name].0.as_str();
+    let said = |name: &str, words: &str| {
+        let details = &verdicts[name].1;
+        assert!(
+            details.iter().any(|d| d.contains(words)),
+            "{name}: {words:?} not in {details:#?}"
+        );
+    };
+    assert_eq!(action("classic"), "adopt-in-place", "{verdicts:#?}");
+    assert_eq!(action("nlb"), "adopt-with-changes", "{verdicts:#?}");
+    said("nlb", "are replaced by ours");
+    said(
+        "nlb",
+        "health check becomes TCP on the traffic port every 10 s, healthy after 2, unhealthy after 2 (was TCP on traffic-port every 30 s, healthy after 3, unhealthy after 3)",
+    );
+    assert_eq!(action("managed"), "adopt-with-changes");
+    said("managed", "in place of cloud-provider-aws's CIDR rules");
+    assert_eq!(action("switch"), "refuse");
+    said("switch", "the type cannot change after creation");
+    assert_eq!(action("new"), "create");
+    assert_eq!(action("bad"), "refuse");
+    said("bad", "healthcheck-interval");
+    assert_eq!(action("other"), "implemented-elsewhere");
+    assert_eq!(code, Some(1), "refusals need a person");
+
+    // The ensure does what was said: the same load balancers, adopted.
+    let client = env.gateway.client("service", CLUSTER);
+    let h = hosts(&env.seeded.instances);
+    for (svc, dns) in [
+        (&classic_svc, their_classic.dns_name()),
+        (&nlb_svc, their_nlb.dns_name()),
+    ] {
+        let spec = service_controller::plan::lb_spec(svc);
+        let (hostname, adopted) = ensure_answer(&client, &spec, &h).await;
+        assert_eq!(Some(hostname.as_str()), dns);
+        assert!(!adopted.is_empty());
+    }
+    let (verdicts, _) = preflight(&env, &kubeconfig).await;
+    assert_eq!(verdicts["classic"].0, "keep");
+    assert_eq!(verdicts["nlb"].0, "keep");
 }

@@ -1,6 +1,6 @@
 //! The image, built and started on this machine. Registries cannot be
 //! reached here, so the Dockerfile's base images cannot be pulled; this
-//! recipe builds the same layout with buildah from scratch (the four
+//! recipe builds the same layout with buildah from scratch (the
 //! binaries in /usr/local/bin, the shared libraries `ldd` lists, the
 //! Dockerfile's own USER and ENTRYPOINT lines) and runs it with podman as
 //! the chart does: non-root, read-only root filesystem, writable state and
@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BINARIES: [&str; 4] = [
+const BINARIES: [&str; 5] = [
     "cloud-gateway",
     "node-controller",
     "service-controller",
     "route-controller",
+    "aws-preflight",
 ];
 
 fn repo() -> PathBuf {

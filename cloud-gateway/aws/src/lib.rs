@@ -26,6 +26,7 @@ use aws_sdk_ec2::types::{Filter, Instance as Ec2Instance};
 
 use ccm_provider::{CloudError, Instances, LoadBalancers, Provider, Result, Routes};
 
+pub use crate::load_balancers::preflight::{Action, Verdict};
 pub use crate::settings::AwsSettings;
 
 /// The provider's name and provider-ID scheme. Never change it: it is in

@@ -3,7 +3,7 @@
 //! and the metrics layer in front of them all. Auth is a layer too
 //! (`crate::layers::auth`). Errors become statuses in one place ([`status`]).
 
-mod convert;
+pub mod convert;
 mod instances;
 mod load_balancers;
 mod provider_info;

@@ -38,6 +38,7 @@ mod ingress_rules;
 mod listeners;
 mod nlb;
 mod placement;
+pub(crate) mod preflight;
 mod security_groups;
 mod target_groups;
 mod targets;

@@ -16,7 +16,7 @@ use crate::tags::{self, FILTER_VALUES};
 use crate::{AwsCloud, errors};
 
 /// The name of a load balancer's own security group.
-fn security_group_name(lb_name: &str) -> String {
+pub(super) fn security_group_name(lb_name: &str) -> String {
     format!("k8s-elb-{lb_name}")
 }
 

@@ -56,8 +56,14 @@ fn elbv2_port(port: HcPort) -> String {
     }
 }
 
+/// Whether the target group named `name` is one of ours for the load
+/// balancer `lb_name`.
+pub(super) fn is_ours(lb_name: &str, name: &str) -> bool {
+    name.starts_with(&target_group_prefix(lb_name))
+}
+
 /// Whether `g` already runs the health check `hc`.
-fn checks_health_as(g: &TargetGroup, hc: &HealthCheck) -> bool {
+pub(super) fn checks_health_as(g: &TargetGroup, hc: &HealthCheck) -> bool {
     g.health_check_protocol() == Some(&elbv2_protocol(hc.protocol))
         && g.health_check_port() == Some(elbv2_port(hc.port).as_str())
         && g.health_check_path() == hc.path.as_deref()
