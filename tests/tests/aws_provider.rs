@@ -2140,14 +2140,7 @@ async fn a_classic_elb_cloud_provider_aws_made_is_adopted_in_place() {
     );
 
     // Its source ranges are ours to keep now; delete leaves nothing.
-    let mut narrowed = spec.clone();
-    narrowed.source_ranges = vec!["192.168.0.0/24".into()];
-    ensure_ready(&client, &narrowed, &hosts(&env.seeded.instances)).await;
-    let cidr = "192.168.0.0/24".to_owned();
-    assert_eq!(
-        ingress(&env.ec2, &group).await,
-        [("icmp".into(), 3, cidr.clone()), ("tcp".into(), 80, cidr)]
-    );
+    narrow_to_one_range(&env, &client, &spec, &group).await;
     timed(client.delete_load_balancer(service("adadadad")))
         .await
         .unwrap();
@@ -2188,6 +2181,25 @@ async fn described(ec2: &aws_sdk_ec2::Client, group: &str) -> Vec<(String, i32, 
     }
     out.sort();
     out
+}
+
+/// Ensures `spec` with one source range; its load balancer's own
+/// `group` then admits that range alone, on port 80 and for path MTU
+/// discovery.
+async fn narrow_to_one_range(
+    env: &Env,
+    client: &ccm_proto::GatewayClient,
+    spec: &LoadBalancerSpec,
+    group: &str,
+) {
+    let mut narrowed = spec.clone();
+    narrowed.source_ranges = vec!["192.168.0.0/24".into()];
+    ensure_ready(client, &narrowed, &hosts(&env.seeded.instances)).await;
+    let cidr = "192.168.0.0/24".to_owned();
+    assert_eq!(
+        ingress(&env.ec2, group).await,
+        [("icmp".into(), 3, cidr.clone()), ("tcp".into(), 80, cidr)]
+    );
 }
 
 /// A rule from `cidr` with the description `d` (none when empty), as
@@ -2476,29 +2488,12 @@ async fn an_nlb_with_upstreams_managed_group_is_adopted_with_the_nodes_opened_to
     // The group cloud-provider-aws makes in its "Managed" mode, named from
     // the cluster and the Service's name, namespace and UID.
     let managed = "k8s-shop-webcecec-d81a85cd20";
-    let group = env
-        .ec2
-        .create_security_group()
-        .group_name(managed)
-        .description("[k8s] Managed SecurityGroup for LoadBalancer")
-        .vpc_id(&env.seeded.vpc)
-        .tag_specifications(
-            aws_sdk_ec2::types::TagSpecification::builder()
-                .resource_type(aws_sdk_ec2::types::ResourceType::SecurityGroup)
-                .tags(
-                    aws_sdk_ec2::types::Tag::builder()
-                        .key("kubernetes.io/cluster/kubernetes")
-                        .value("owned")
-                        .build(),
-                )
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap()
-        .group_id()
-        .unwrap()
-        .to_owned();
+    let group = tagged_group(
+        &env,
+        managed,
+        "[k8s] Managed SecurityGroup for LoadBalancer",
+    )
+    .await;
     env.ec2
         .authorize_security_group_ingress()
         .group_id(&group)
@@ -2542,14 +2537,7 @@ async fn an_nlb_with_upstreams_managed_group_is_adopted_with_the_nodes_opened_to
     );
     assert_eq!(described(&env.ec2, &node).await, []);
     // The group's own rules follow the source ranges.
-    let mut narrowed = spec.clone();
-    narrowed.source_ranges = vec!["192.168.0.0/24".into()];
-    ensure_ready(&client, &narrowed, &h).await;
-    let cidr = "192.168.0.0/24".to_owned();
-    assert_eq!(
-        ingress(&env.ec2, &group).await,
-        [("icmp".into(), 3, cidr.clone()), ("tcp".into(), 80, cidr)]
-    );
+    narrow_to_one_range(&env, &client, &spec, &group).await;
 
     timed(client.delete_load_balancer(service("cececece")))
         .await
@@ -2676,29 +2664,12 @@ async fn the_preflight_tells_what_will_happen_to_each_service_and_the_ensure_doe
     let nlb_svc = api_service(&services, "nlb", 30082, &[("type", "nlb")], None).await;
     let (their_nlb, _) = upstream_nlb(&env, &reference(&nlb_svc), 30082, &[]).await;
     let managed_svc = api_service(&services, "managed", 30083, &[("type", "nlb")], None).await;
-    let managed_group = env
-        .ec2
-        .create_security_group()
-        .group_name("k8s-shop-managed-0123456789")
-        .description("[k8s] Managed SecurityGroup for LoadBalancer")
-        .vpc_id(&env.seeded.vpc)
-        .tag_specifications(
-            aws_sdk_ec2::types::TagSpecification::builder()
-                .resource_type(aws_sdk_ec2::types::ResourceType::SecurityGroup)
-                .tags(
-                    aws_sdk_ec2::types::Tag::builder()
-                        .key("kubernetes.io/cluster/kubernetes")
-                        .value("owned")
-                        .build(),
-                )
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap()
-        .group_id()
-        .unwrap()
-        .to_owned();
+    let managed_group = tagged_group(
+        &env,
+        "k8s-shop-managed-0123456789",
+        "[k8s] Managed SecurityGroup for LoadBalancer",
+    )
+    .await;
     upstream_nlb(
         &env,
         &reference(&managed_svc),
@@ -2754,4 +2725,236 @@ async fn the_preflight_tells_what_will_happen_to_each_service_and_the_ensure_doe
     let (verdicts, _) = preflight(&env, &kubeconfig).await;
     assert_eq!(verdicts["classic"].0, "keep");
     assert_eq!(verdicts["nlb"].0, "keep");
+}
+
+#[tokio::test]
+async fn a_type_change_replaces_the_load_balancer_only_when_the_service_allows_it() {
+    let env = env(2, &[]).await;
+    let elb = aws::classic_elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let name = ccm_provider::load_balancer_name(&service("e1e1e1e1").uid);
+    let all = hosts(&env.seeded.instances);
+    let ports = vec![port("http", Protocol::Tcp, 80, 30080)];
+    let spec = classic_spec("e1e1e1e1", ports.clone(), &[]);
+    let classic_dns = ensure_ready(&client, &spec, &all).await;
+    let classic_group = group_named(&env.ec2, &format!("k8s-elb-{name}"))
+        .await
+        .unwrap();
+
+    // Asked for an NLB: refused, with the way out named.
+    let mut nlb_spec = lb_spec("e1e1e1e1", ports, &[]);
+    let violations = refused(&client, nlb_spec.clone(), all.clone()).await;
+    assert!(
+        violations[0]
+            .description
+            .contains("cloudgateway.io/allow-load-balancer-replacement"),
+        "{violations:?}"
+    );
+    nlb_spec.annotations.insert(
+        "cloudgateway.io/allow-load-balancer-replacement".into(),
+        "maybe".into(),
+    );
+    let violations = refused(&client, nlb_spec.clone(), all.clone()).await;
+    assert!(
+        violations[0]
+            .field
+            .contains("allow-load-balancer-replacement"),
+        "{violations:?}"
+    );
+
+    // Allowed: the Classic ELB goes with its group and node rule, then an
+    // NLB with a group of its own is made; the address changes.
+    nlb_spec.annotations.insert(
+        "cloudgateway.io/allow-load-balancer-replacement".into(),
+        "true".into(),
+    );
+    let nlb_dns = ensure_ready(&client, &nlb_spec, &all).await;
+    assert_ne!(nlb_dns, classic_dns);
+    assert!(classic(&elb, "e1e1e1e1").await.is_none());
+    let made = nlb(&aws::elb_client(&env.proxy.endpoint), "e1e1e1e1")
+        .await
+        .unwrap();
+    assert_eq!(made.security_groups().len(), 1);
+    assert_ne!(
+        made.security_groups()[0],
+        classic_group,
+        "never the other kind's group"
+    );
+    let node = node_group(&env).await;
+    let rules = ingress(&env.ec2, &node).await;
+    assert!(
+        !rules.iter().any(|(_, _, s)| s == &classic_group),
+        "{rules:?}"
+    );
+    assert!(!rules.iter().any(|(p, _, _)| p == "-1"), "{rules:?}");
+    let listed = timed(client.list_load_balancers()).await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+
+    timed(client.delete_load_balancer(service("e1e1e1e1")))
+        .await
+        .unwrap();
+    assert!(
+        timed(client.list_load_balancers())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        group_named(&env.ec2, &format!("k8s-elb-{name}")).await,
+        None
+    );
+}
+
+/// A group in the VPC tagged for the cluster (`owned`).
+async fn tagged_group(env: &Env, name: &str, description: &str) -> String {
+    env.ec2
+        .create_security_group()
+        .group_name(name)
+        .description(description)
+        .vpc_id(&env.seeded.vpc)
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::SecurityGroup)
+                .tags(
+                    aws_sdk_ec2::types::Tag::builder()
+                        .key("kubernetes.io/cluster/kubernetes")
+                        .value("owned")
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .group_id()
+        .unwrap()
+        .to_owned()
+}
+
+/// A group in the VPC named `name`, tagged for the cluster when `ours`,
+/// admitting `source` on the port range `from`-`to` (a shape the gateway
+/// never writes).
+async fn group_naming(
+    env: &Env,
+    name: &str,
+    ours: bool,
+    source: &str,
+    from: i32,
+    to: i32,
+) -> String {
+    let id = if ours {
+        tagged_group(env, name, name).await
+    } else {
+        let made = env
+            .ec2
+            .create_security_group()
+            .group_name(name)
+            .description(name)
+            .vpc_id(&env.seeded.vpc)
+            .send()
+            .await
+            .unwrap();
+        made.group_id().unwrap().to_owned()
+    };
+    env.ec2
+        .authorize_security_group_ingress()
+        .group_id(&id)
+        .ip_permissions(
+            aws_sdk_ec2::types::IpPermission::builder()
+                .ip_protocol("tcp")
+                .from_port(from)
+                .to_port(to)
+                .user_id_group_pairs(
+                    aws_sdk_ec2::types::UserIdGroupPair::builder()
+                        .group_id(source)
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    id
+}
+
+/// The message of a delete that must wait, `PROVISIONING`.
+async fn delete_waits(client: &ccm_proto::GatewayClient, uid: &str) -> String {
+    match timed(client.delete_load_balancer(service(uid))).await {
+        Err(Error::RetryAfter {
+            reason, message, ..
+        }) if reason == reason::PROVISIONING => message,
+        other => panic!("expected PROVISIONING, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_delete_held_by_a_reference_removes_the_clusters_and_names_what_it_waits_on() {
+    let env = env(2, &[]).await;
+    let client = env.gateway.client("service", CLUSTER);
+    let all = hosts(&env.seeded.instances);
+    let name = ccm_provider::load_balancer_name(&service("f1f1f1f1").uid);
+    let spec = classic_spec(
+        "f1f1f1f1",
+        vec![port("http", Protocol::Tcp, 80, 30080)],
+        &[],
+    );
+    ensure_ready(&client, &spec, &all).await;
+    let group = group_named(&env.ec2, &format!("k8s-elb-{name}"))
+        .await
+        .unwrap();
+    let mine = group_naming(&env, "cluster-range", true, &group, 1000, 2000).await;
+    let theirs = group_naming(&env, "someone-elses", false, &group, 3000, 4000).await;
+
+    // AWS refuses while rules name the group: ours go, theirs is named.
+    env.proxy
+        .fail(Some("DeleteSecurityGroup"), Fault::DependencyViolation, 1);
+    let message = delete_waits(&client, "f1f1f1f1").await;
+    assert!(
+        message.contains(&theirs) && message.contains("not this cluster's"),
+        "{message}"
+    );
+    assert!(!message.contains(&mine), "{message}");
+    assert!(
+        !ingress(&env.ec2, &mine)
+            .await
+            .iter()
+            .any(|(_, _, s)| s == &group)
+    );
+    assert!(
+        ingress(&env.ec2, &theirs)
+            .await
+            .iter()
+            .any(|(_, _, s)| s == &group)
+    );
+
+    // With no rule left, what holds it is the network interfaces.
+    env.ec2
+        .revoke_security_group_ingress()
+        .group_id(&theirs)
+        .ip_permissions(
+            aws_sdk_ec2::types::IpPermission::builder()
+                .ip_protocol("tcp")
+                .from_port(3000)
+                .to_port(4000)
+                .user_id_group_pairs(
+                    aws_sdk_ec2::types::UserIdGroupPair::builder()
+                        .group_id(&group)
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    env.proxy
+        .fail(Some("DeleteSecurityGroup"), Fault::DependencyViolation, 1);
+    let message = delete_waits(&client, "f1f1f1f1").await;
+    assert!(message.contains("network interfaces"), "{message}");
+    timed(client.delete_load_balancer(service("f1f1f1f1")))
+        .await
+        .unwrap();
+    assert_eq!(
+        group_named(&env.ec2, &format!("k8s-elb-{name}")).await,
+        None
+    );
 }

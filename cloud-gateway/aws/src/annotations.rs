@@ -20,6 +20,10 @@ use ccm_provider::{CloudError, quote};
 pub const PREFIX: &str = "service.beta.kubernetes.io/aws-load-balancer-";
 
 pub const TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-type";
+/// Ours: `"true"` lets a change of [`TYPE`] after creation replace the
+/// load balancer (deleted, then made anew of the other kind, with a new
+/// address) where it is otherwise refused, as upstream refuses it.
+pub const ALLOW_REPLACEMENT: &str = "cloudgateway.io/allow-load-balancer-replacement";
 pub const INTERNAL: &str = "service.beta.kubernetes.io/aws-load-balancer-internal";
 pub const CROSS_ZONE: &str =
     "service.beta.kubernetes.io/aws-load-balancer-cross-zone-load-balancing-enabled";
@@ -320,6 +324,8 @@ pub struct LbOptions {
     pub tls: Option<Tls>,
     pub dualstack: bool,
     pub classic: ClassicOptions,
+    /// A change of kind replaces the load balancer ([`ALLOW_REPLACEMENT`]).
+    pub allow_replacement: bool,
 }
 
 impl LbOptions {
@@ -813,6 +819,17 @@ pub fn parse(
         }
     }
     problems.extend(kind_problems(&o, &keys));
+    match annotations.get(ALLOW_REPLACEMENT).map(|v| v.trim()) {
+        None | Some("false") => {}
+        Some("true") => o.allow_replacement = true,
+        Some(other) => problems.push((
+            field(ALLOW_REPLACEMENT),
+            format!(
+                "{} is not accepted; use \"true\" or \"false\"",
+                quote(other)
+            ),
+        )),
+    }
     // The TLS settings that only make sense with a certificate.
     let ports = annotations.get(SSL_PORTS).map(|v| v.trim());
     let policy = annotations.get(SSL_POLICY).map(|v| v.trim());

@@ -730,10 +730,21 @@ impl Harness {
     /// nodes; the gateway reaches moto through the proxy that counts its
     /// requests.
     async fn start_on_aws(&mut self, profile: Profile, nodes: usize) -> anyhow::Result<Run> {
+        self.start_on_aws_with(profile, nodes, "nlb").await
+    }
+
+    /// [`Self::start_on_aws`], Services without a type getting `kind`
+    /// (`nlb` or `classic`).
+    async fn start_on_aws_with(
+        &mut self,
+        profile: Profile,
+        nodes: usize,
+        kind: &str,
+    ) -> anyhow::Result<Run> {
         let mut args = self.next_run(profile, 1);
         args.entry("cloud-gateway".into())
             .or_default()
-            .push("--aws-default-load-balancer-type=nlb".into());
+            .push(format!("--aws-default-load-balancer-type={kind}"));
         let sandbox = Sandbox::start(Options {
             cloud: CloudKind::Aws,
             nodes,
@@ -778,37 +789,57 @@ impl Harness {
 
     async fn aws_burst(&mut self) -> anyhow::Result<Vec<Row>> {
         let m = self.sizes.aws_services;
-        let (mut all, mut writes) = (Vec::new(), Vec::new());
-        for profile in [Profile::Ours, Profile::Upstream] {
-            let run = self.start_on_aws(profile, 3).await?;
-            Self::aws_requests(&run);
-            run.services("burst", m).await?;
-            run.until(self.sizes.limit, POLL, "every NLB hostname", async |r| {
-                Ok(r.ingress_ips().await? == m)
-            })
-            .await?;
-            let (a, w) = Self::aws_requests(&run);
-            all.push(a as f64 / m as f64);
-            writes.push(w as f64 / m as f64);
-            run.sandbox.stop().await;
-        }
-        let scenario = format!("7. scenario 3 on AWS (moto): {m} LoadBalancer Services at once");
-        Ok(vec![
-            Row::requests(
+        let mut rows = Vec::new();
+        for (kind, title, limit, made) in [
+            (
+                "nlb",
+                "NLB",
+                7.0,
+                "security group, its ingress rule, the nodes' group rule, NLB, target group, targets, listener",
+            ),
+            (
+                "classic",
+                "Classic ELB",
+                6.0,
+                "security group, its ingress rules, the nodes' group rule, ELB with its listeners, health check, instances",
+            ),
+        ] {
+            let (mut all, mut writes) = (Vec::new(), Vec::new());
+            for profile in [Profile::Ours, Profile::Upstream] {
+                let run = self.start_on_aws_with(profile, 3, kind).await?;
+                Self::aws_requests(&run);
+                run.services("burst", m).await?;
+                run.until(self.sizes.limit, POLL, "every DNS name", async |r| {
+                    Ok(r.ingress_ips().await? == m)
+                })
+                .await?;
+                let (a, w) = Self::aws_requests(&run);
+                all.push(a as f64 / m as f64);
+                writes.push(w as f64 / m as f64);
+                run.sandbox.stop().await;
+            }
+            let scenario = format!(
+                "7. scenario 3 on AWS (moto): {m} LoadBalancer Services at once, each a{} {title}",
+                if kind == "nlb" { "n" } else { "" }
+            );
+            rows.push(Row::requests(
                 &scenario,
                 "AWS API requests per Service",
                 &all,
                 None,
-                "counted at the proxy in front of moto, until every Service has its NLB's DNS name; moto's speed is not AWS's, so no times",
-            ),
-            Row::requests(
+                &format!(
+                    "counted at the proxy in front of moto, until every Service has its {title}'s DNS name; moto's speed is not AWS's, so no times"
+                ),
+            ));
+            rows.push(Row::requests(
                 &scenario,
                 "AWS writes per Service",
                 &writes,
-                Some(7.0),
-                "the limit: one write per thing made (security group, its ingress rule, the nodes' group rule, NLB, target group, targets, listener)",
-            ),
-        ])
+                Some(limit),
+                &format!("the limit: one write per thing made ({made})"),
+            ));
+        }
+        Ok(rows)
     }
 
     async fn aws_churn(&mut self) -> anyhow::Result<Vec<Row>> {

@@ -452,6 +452,9 @@ pub enum Fault {
     AuthFailure,
     /// 500 `InternalError`.
     ServerError,
+    /// 400 `DependencyViolation`: e.g. a security group still in use,
+    /// which moto never answers.
+    DependencyViolation,
 }
 
 impl Fault {
@@ -461,6 +464,7 @@ impl Fault {
             Fault::Unauthorized => (StatusCode::FORBIDDEN, "UnauthorizedOperation"),
             Fault::AuthFailure => (StatusCode::UNAUTHORIZED, "AuthFailure"),
             Fault::ServerError => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
+            Fault::DependencyViolation => (StatusCode::BAD_REQUEST, "DependencyViolation"),
         };
         let body = format!(
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>injected by the test proxy</Message></Error></Errors><RequestID>test-proxy</RequestID></Response>"

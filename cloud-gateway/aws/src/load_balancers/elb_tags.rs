@@ -57,22 +57,25 @@ impl AwsCloud {
     }
 
     /// Adds to the resource `arn` those of `want` whose key it lacks in
-    /// `have` (values it has are left as they are). Returns whether any
-    /// was added.
+    /// `have` (values it has are left as they are), with the cluster tag,
+    /// as the IAM policy asks of every `AddTags`. Returns whether any was
+    /// missing.
     pub(super) async fn add_missing_elb_tags(
         &self,
         arn: &str,
         have: &[Tag],
         want: &[(String, String)],
     ) -> Result<bool> {
-        let missing: Vec<(String, String)> = want
-            .iter()
-            .filter(|(k, _)| tag_value(have, k).is_none())
-            .cloned()
-            .collect();
-        if missing.is_empty() {
+        if want.iter().all(|(k, _)| tag_value(have, k).is_some()) {
             return Ok(false);
         }
+        let missing: Vec<(String, String)> = want
+            .iter()
+            .filter(|(k, _)| {
+                tag_value(have, k).is_none() || k.starts_with(tags::CLUSTER_TAG_PREFIX)
+            })
+            .cloned()
+            .collect();
         self.elb
             .add_tags()
             .resource_arns(arn)

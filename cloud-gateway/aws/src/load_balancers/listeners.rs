@@ -220,6 +220,15 @@ impl TlsSettings {
     }
 }
 
+/// The target groups `listeners` forward to.
+pub(super) fn forwarded_groups(listeners: &[Listener]) -> Vec<String> {
+    listeners
+        .iter()
+        .flat_map(|l| l.default_actions())
+        .filter_map(|a| a.target_group_arn().map(str::to_owned))
+        .collect()
+}
+
 /// The action that forwards to `target_group`.
 fn forward(target_group: &str) -> Action {
     Action::builder()
@@ -229,6 +238,19 @@ fn forward(target_group: &str) -> Action {
 }
 
 impl AwsCloud {
+    /// The listeners of the load balancer `arn`.
+    pub(super) async fn listeners_of(&self, arn: &str) -> Result<Vec<Listener>> {
+        Ok(self
+            .elb
+            .describe_listeners()
+            .load_balancer_arn(arn)
+            .send()
+            .await
+            .map_err(|e| errors::cloud_error("DescribeListeners", e))?
+            .listeners()
+            .to_vec())
+    }
+
     /// Listeners as wanted: each forwards to its target group; others go.
     /// Returns the target groups the listeners forwarded to before.
     pub(super) async fn sync_listeners(
@@ -237,20 +259,8 @@ impl AwsCloud {
         wanted: &[(Listening, String)],
         o: &LbOptions,
     ) -> Result<BTreeSet<String>> {
-        let listeners = self
-            .elb
-            .describe_listeners()
-            .load_balancer_arn(arn)
-            .send()
-            .await
-            .map_err(|e| errors::cloud_error("DescribeListeners", e))?
-            .listeners()
-            .to_vec();
-        let before: BTreeSet<String> = listeners
-            .iter()
-            .flat_map(|l| l.default_actions())
-            .filter_map(|a| a.target_group_arn().map(str::to_owned))
-            .collect();
+        let listeners = self.listeners_of(arn).await?;
+        let before: BTreeSet<String> = forwarded_groups(&listeners).into_iter().collect();
         let tls = TlsSettings::of(o);
         for (l, tg) in wanted {
             match listeners.iter().find(|x| x.port() == Some(l.port)) {

@@ -211,27 +211,78 @@ fn classic_source_group<'a>(elb: &'a Elb, o: &'a LbOptions) -> Option<&'a str> {
 }
 
 impl AwsCloud {
-    /// Refuses a Service whose load balancer is of the other kind than
-    /// `wanted`: as upstream, the type cannot change after creation.
-    async fn refuse_other_kind(&self, lb_name: &str, wanted: LbKind) -> Result<()> {
-        let (other, exists) = match wanted {
-            LbKind::Classic => (LbKind::Nlb, self.find_nlb(lb_name).await?.is_some()),
-            LbKind::Nlb => (LbKind::Classic, self.find_classic(lb_name).await?.is_some()),
+    /// The load balancer of the other kind than `wanted` named
+    /// `lb_name`, if any.
+    async fn other_kind(&self, lb_name: &str, wanted: LbKind) -> Result<Option<LbKind>> {
+        let exists = match wanted {
+            LbKind::Classic => self.find_nlb(lb_name).await?.is_some(),
+            LbKind::Nlb => self.find_classic(lb_name).await?.is_some(),
         };
-        if !exists {
+        Ok(exists.then_some(match wanted {
+            LbKind::Classic => LbKind::Nlb,
+            LbKind::Nlb => LbKind::Classic,
+        }))
+    }
+
+    /// Refuses a Service whose load balancer is of the other kind than
+    /// `wanted`: as upstream, the type cannot change after creation,
+    /// unless the Service allows a replacement.
+    async fn refuse_other_kind(&self, lb_name: &str, wanted: LbKind) -> Result<()> {
+        let Some(other) = self.other_kind(lb_name, wanted).await? else {
             return Ok(());
-        }
+        };
         Err(CloudError::invalid(
             annotations::field(annotations::TYPE),
             format!(
-                "the Service's load balancer {lb_name} is a{} {}; the type cannot change after creation: set {} back to {}, or delete the Service (or change its type away from LoadBalancer and back) to get a new {}",
+                "the Service's load balancer {lb_name} is a{} {}; the type cannot change after creation: set {} back to {}, or allow a replacement (a new {} with a new address) with {}: \"true\"",
                 if other == LbKind::Nlb { "n" } else { "" },
                 other.title(),
                 annotations::TYPE,
                 other.as_str(),
                 wanted.title(),
+                annotations::ALLOW_REPLACEMENT,
             ),
         ))
+    }
+
+    /// Before a new load balancer of `wanted` is made: one of the other
+    /// kind is refused, or, where the Service allows a replacement,
+    /// deleted with everything of it (its group as well: the next ensure
+    /// goes on once that is gone, so a group is never shared by two kinds).
+    async fn make_way(
+        &self,
+        cluster: &str,
+        service: &ServiceRef,
+        wanted: LbKind,
+        o: &LbOptions,
+    ) -> Result<()> {
+        let lb_name = load_balancer_name(&service.uid);
+        if !o.allow_replacement {
+            return self.refuse_other_kind(&lb_name, wanted).await;
+        }
+        let Some(other) = self.other_kind(&lb_name, wanted).await? else {
+            return Ok(());
+        };
+        tracing::info!(lb = %lb_name, from = other.title(), to = wanted.title(), "replacing the load balancer, as the Service allows");
+        self.delete(cluster, service).await
+    }
+
+    /// Where a replacement is allowed, a group of the load balancer's
+    /// name left when none exists (by the kind replaced, or a failed
+    /// attempt) is deleted before one is made: `Provisioning` while the
+    /// replaced load balancer's interfaces still hold it.
+    async fn clear_leftover_group(
+        &self,
+        cluster: &str,
+        lb_name: &str,
+        vpc: &str,
+        o: &LbOptions,
+    ) -> Result<()> {
+        if !o.allow_replacement {
+            return Ok(());
+        }
+        self.delete_load_balancer_group(cluster, "replaced load balancer", lb_name, vpc)
+            .await
     }
 
     async fn ensure_nlb(
@@ -248,7 +299,7 @@ impl AwsCloud {
         let lb_name = load_balancer_name(&service.uid);
         let existing = self.owned_nlb(cluster, &lb_name).await?;
         if existing.is_none() {
-            self.refuse_other_kind(&lb_name, LbKind::Nlb).await?;
+            self.make_way(cluster, service, LbKind::Nlb, o).await?;
         }
         let targets = self.target_instances(hosts, o).await?;
         let existing_vpc = existing
@@ -264,10 +315,20 @@ impl AwsCloud {
         // the cluster's), ours for a new NLB, or none for an NLB made
         // without one (as upstream makes them by default).
         let group = match &existing {
-            None => Some(
-                self.load_balancer_group(cluster, LbKind::Nlb.title(), &lb_name, &place.vpc, &tags)
+            None => {
+                self.clear_leftover_group(cluster, &lb_name, &place.vpc, o)
+                    .await?;
+                Some(
+                    self.load_balancer_group(
+                        cluster,
+                        LbKind::Nlb.title(),
+                        &lb_name,
+                        &place.vpc,
+                        &tags,
+                    )
                     .await?,
-            ),
+                )
+            }
             Some((nlb, _)) => match nlb.security_groups().first() {
                 None => None,
                 Some(id) => Some(
@@ -417,7 +478,7 @@ impl AwsCloud {
         let lb_name = load_balancer_name(&service.uid);
         let existing = self.owned_classic(cluster, &lb_name).await?;
         if existing.is_none() {
-            self.refuse_other_kind(&lb_name, LbKind::Classic).await?;
+            self.make_way(cluster, service, LbKind::Classic, o).await?;
         }
         let targets = self.target_instances(hosts, o).await?;
         let existing_vpc = existing
@@ -428,6 +489,10 @@ impl AwsCloud {
             check_classic_immutable(elb, o)?;
         }
         let tags = tags::service_tags(cluster, service, &o.tags);
+        if existing.is_none() {
+            self.clear_leftover_group(cluster, &lb_name, &place.vpc, o)
+                .await?;
+        }
         let groups = self
             .classic_groups(cluster, &lb_name, &place.vpc, &tags, spec, &listeners, o)
             .await?;

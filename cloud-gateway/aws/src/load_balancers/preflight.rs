@@ -17,7 +17,7 @@ use super::classic_config::{ClassicListener, classic_listeners, health_check_tar
 use super::elb_tags::tag_value;
 use super::health_check::{HealthCheck, health_check};
 use super::ingress_rules::{Rule, Source, client_rules, rules_of, with_mtu_discovery};
-use super::listeners::{Listening, listenings};
+use super::listeners::{Listening, forwarded_groups, listenings};
 use super::nlb::{check_immutable, refuse_requested_address};
 use super::security_groups::security_group_name;
 use super::target_groups::{checks_health_as, is_ours as is_our_target_group};
@@ -38,6 +38,9 @@ pub enum Action {
     /// cloud-provider-aws made it; it is kept (same name and address) with
     /// the changes listed.
     AdoptWithChanges,
+    /// Its load balancer is of the other kind, and the Service allows a
+    /// replacement: it is deleted and a new one made (a new address).
+    Replace,
     /// Refused, nothing written, for the reasons listed.
     Refuse,
     /// Another controller's to serve (e.g. the AWS Load Balancer
@@ -55,6 +58,7 @@ impl Action {
             Self::Keep => "keep",
             Self::AdoptInPlace => "adopt-in-place",
             Self::AdoptWithChanges => "adopt-with-changes",
+            Self::Replace => "replace",
             Self::Refuse => "refuse",
             Self::ImplementedElsewhere => "implemented-elsewhere",
             Self::Unknown => "unknown",
@@ -211,7 +215,7 @@ impl AwsCloud {
                         self.judge_nlb(cluster, spec, &o, &ls, &hc, &nlb, &tags)
                             .await
                     }
-                    None => self.judge_new(&lb_name, LbKind::Nlb).await,
+                    None => self.judge_new(&lb_name, LbKind::Nlb, &o).await,
                 }
             }
             LbKind::Classic => {
@@ -231,19 +235,40 @@ impl AwsCloud {
                             changes,
                         ))
                     }
-                    None => self.judge_new(&lb_name, LbKind::Classic).await,
+                    None => self.judge_new(&lb_name, LbKind::Classic, &o).await,
                 }
             }
         }
     }
 
     /// No load balancer of `kind` named `lb_name`: one is made, unless
-    /// one of the other kind has the name.
-    async fn judge_new(&self, lb_name: &str, kind: LbKind) -> Result<Verdict> {
-        self.refuse_other_kind(lb_name, kind).await?;
+    /// one of the other kind has the name (refused, or replaced where the
+    /// Service allows it).
+    async fn judge_new(&self, lb_name: &str, kind: LbKind, o: &LbOptions) -> Result<Verdict> {
+        let action = match self.other_kind(lb_name, kind).await? {
+            None => Action::Create,
+            Some(other) if o.allow_replacement => {
+                return Ok(Verdict {
+                    kind: Some(kind.title()),
+                    load_balancer: Some(lb_name.to_owned()),
+                    ..Verdict::of(
+                        Action::Replace,
+                        vec![format!(
+                            "the {} {lb_name} is deleted with its groups and rules, then a new {} is made: the Service's address changes",
+                            other.title(),
+                            kind.title()
+                        )],
+                    )
+                });
+            }
+            Some(_) => {
+                self.refuse_other_kind(lb_name, kind).await?;
+                Action::Create
+            }
+        };
         Ok(Verdict {
             kind: Some(kind.title()),
-            ..Verdict::of(Action::Create, Vec::new())
+            ..Verdict::of(action, Vec::new())
         })
     }
 
@@ -263,15 +288,8 @@ impl AwsCloud {
         check_immutable(nlb, o, &place.subnets)?;
         let lb_name = nlb.load_balancer_name().unwrap_or_default();
         let arn = nlb.load_balancer_arn().unwrap_or_default();
-        let listeners = self
-            .elb
-            .describe_listeners()
-            .load_balancer_arn(arn)
-            .send()
-            .await
-            .map_err(|e| errors::cloud_error("DescribeListeners", e))?;
+        let listeners = self.listeners_of(arn).await?;
         let have: Vec<(i32, String)> = listeners
-            .listeners()
             .iter()
             .map(|l| {
                 (
@@ -288,12 +306,7 @@ impl AwsCloud {
             .collect();
         let mut changes = listener_changes(&have, &want);
 
-        let arns: Vec<String> = listeners
-            .listeners()
-            .iter()
-            .flat_map(|l| l.default_actions())
-            .filter_map(|a| a.target_group_arn().map(str::to_owned))
-            .collect();
+        let arns = forwarded_groups(&listeners);
         let groups: Vec<TargetGroup> = if arns.is_empty() {
             Vec::new()
         } else {

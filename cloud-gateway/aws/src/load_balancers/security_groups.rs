@@ -386,12 +386,85 @@ impl AwsCloud {
         match self.ec2.delete_security_group().group_id(&id).send().await {
             Ok(_) => Ok(()),
             Err(e) if errors::code(&e) == Some("InvalidGroup.NotFound") => Ok(()),
-            // The load balancer's network interfaces go a while after it.
-            Err(e) if errors::code(&e) == Some("DependencyViolation") => Err(errors::provisioning(
-                format!("security group {id} ({name}) is still in use while {used_by} goes"),
-            )),
+            Err(e) if errors::code(&e) == Some("DependencyViolation") => {
+                let others = self.release_references(cluster, &id).await?;
+                Err(errors::provisioning(if others.is_empty() {
+                    // The load balancer's network interfaces go a while after it.
+                    format!(
+                        "security group {id} ({name}) is still held by the network interfaces of {used_by}, which AWS releases a few minutes after it is deleted"
+                    )
+                } else {
+                    format!(
+                        "security group {id} ({name}) is still named by rules of security groups that are not this cluster's to change: {}; remove those rules and the delete goes on",
+                        others.join(", ")
+                    )
+                }))
+            }
             Err(e) => Err(errors::cloud_error("DeleteSecurityGroup", e)),
         }
+    }
+
+    /// Revokes every rule that names the group `id` in the cluster's
+    /// groups, in any VPC and of any shape (the group is going: such a
+    /// rule admits nothing any more). Returns the other groups that still
+    /// name it, which are not ours to change.
+    async fn release_references(&self, cluster: &str, id: &str) -> Result<Vec<String>> {
+        let answer = self
+            .ec2
+            .describe_security_groups()
+            .filters(tags::filter("ip-permission.group-id", [id]))
+            .send()
+            .await
+            .map_err(|e| errors::cloud_error("DescribeSecurityGroups", e))?;
+        let mut others = Vec::new();
+        for group in answer.security_groups() {
+            let Some(gid) = group.group_id() else {
+                continue;
+            };
+            if gid == id {
+                continue;
+            }
+            if !tags::belongs_to(group.tags(), cluster) {
+                others.push(gid.to_owned());
+                continue;
+            }
+            let naming: Vec<IpPermission> = group
+                .ip_permissions()
+                .iter()
+                .filter(|p| {
+                    p.user_id_group_pairs()
+                        .iter()
+                        .any(|g| g.group_id() == Some(id))
+                })
+                .map(|p| {
+                    let pairs = p
+                        .user_id_group_pairs()
+                        .iter()
+                        .filter(|g| g.group_id() == Some(id))
+                        .cloned()
+                        .collect();
+                    IpPermission::builder()
+                        .set_ip_protocol(p.ip_protocol().map(str::to_owned))
+                        .set_from_port(p.from_port())
+                        .set_to_port(p.to_port())
+                        .set_user_id_group_pairs(Some(pairs))
+                        .build()
+                })
+                .collect();
+            match self
+                .ec2
+                .revoke_security_group_ingress()
+                .group_id(gid)
+                .set_ip_permissions(Some(naming))
+                .send()
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if errors::code(&e) == Some("InvalidPermission.NotFound") => {}
+                Err(e) => return Err(errors::cloud_error("RevokeSecurityGroupIngress", e)),
+            }
+        }
+        Ok(others)
     }
 }
 
