@@ -2202,153 +2202,25 @@ async fn narrow_to_one_range(
     );
 }
 
-/// A rule from `cidr` with the description `d` (none when empty), as
-/// upstream writes them.
-fn described_rule(
-    proto: &str,
-    from: i32,
-    to: i32,
-    cidr: &str,
-    d: &str,
-) -> aws_sdk_ec2::types::IpPermission {
-    aws_sdk_ec2::types::IpPermission::builder()
-        .ip_protocol(proto)
-        .from_port(from)
-        .to_port(to)
-        .ip_ranges(
-            aws_sdk_ec2::types::IpRange::builder()
-                .cidr_ip(cidr)
-                .set_description((!d.is_empty()).then(|| d.to_owned()))
-                .build(),
-        )
-        .build()
-}
-
 /// What cloud-provider-aws leaves for the NLB of `svc` with port 80 on
-/// `node_port`, made with the SDK as it makes them: a
-/// target group named its way (`k8s-<ns>-<name>-<hash>`, health check
-/// TCP every 30 s, 3/3) with the first instance registered, the NLB in
-/// the seeded subnets with the security groups `groups` (none by
-/// default), its listener, and the nodes' CIDR rules for its clients
-/// (everyone) described as upstream describes them.
+/// `node_port` and the security groups `groups` ([`aws::upstream_nlb`]).
 async fn upstream_nlb(
     env: &Env,
     svc: &ServiceRef,
     node_port: i32,
     groups: &[String],
 ) -> (Nlb, String) {
+    let lb_name = ccm_provider::load_balancer_name(&svc.uid);
+    let upstream = aws::UpstreamService {
+        namespace: &svc.namespace,
+        name: &svc.name,
+        lb_name: &lb_name,
+        node_port,
+    };
     let elb = aws::elb_client(&env.proxy.endpoint);
-    let name = ccm_provider::load_balancer_name(&svc.uid);
-    let eight = |s: &str| -> String {
-        s.chars()
-            .filter(char::is_ascii_alphanumeric)
-            .take(8)
-            .collect()
-    };
-    let tag = |k: &str, v: &str| {
-        aws_sdk_elasticloadbalancingv2::types::Tag::builder()
-            .key(k)
-            .value(v)
-            .build()
-    };
-    let tags = vec![
-        tag(
-            "kubernetes.io/service-name",
-            &format!("{}/{}", svc.namespace, svc.name),
-        ),
-        tag("kubernetes.io/cluster/kubernetes", "owned"),
-    ];
-    let tg_name = format!(
-        "k8s-{}-{}-0123abcdef",
-        eight(&svc.namespace),
-        eight(&svc.name)
-    );
-    let tg = elb
-        .create_target_group()
-        .name(&tg_name)
-        .protocol(aws_sdk_elasticloadbalancingv2::types::ProtocolEnum::Tcp)
-        .port(node_port)
-        .vpc_id(&env.seeded.vpc)
-        .target_type(aws_sdk_elasticloadbalancingv2::types::TargetTypeEnum::Instance)
-        .health_check_protocol(aws_sdk_elasticloadbalancingv2::types::ProtocolEnum::Tcp)
-        .health_check_port("traffic-port")
-        .health_check_interval_seconds(30)
-        .healthy_threshold_count(3)
-        .unhealthy_threshold_count(3)
-        .set_tags(Some(tags.clone()))
-        .send()
+    aws::upstream_nlb(&env.ec2, &elb, &env.seeded, CLUSTER, &upstream, groups)
         .await
         .unwrap()
-        .target_groups()[0]
-        .clone();
-    let tg_arn = tg.target_group_arn().unwrap().to_owned();
-    elb.register_targets()
-        .target_group_arn(&tg_arn)
-        .targets(
-            aws_sdk_elasticloadbalancingv2::types::TargetDescription::builder()
-                .id(&env.seeded.instances[0].id)
-                .port(node_port)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
-    let subnets: Vec<String> = env.seeded.subnets.iter().map(|(_, s)| s.clone()).collect();
-    let made = elb
-        .create_load_balancer()
-        .name(&name)
-        .r#type(aws_sdk_elasticloadbalancingv2::types::LoadBalancerTypeEnum::Network)
-        .scheme(aws_sdk_elasticloadbalancingv2::types::LoadBalancerSchemeEnum::InternetFacing)
-        .set_subnets(Some(subnets))
-        .set_security_groups((!groups.is_empty()).then(|| groups.to_vec()))
-        .set_tags(Some(tags.clone()))
-        .send()
-        .await
-        .unwrap()
-        .load_balancers()[0]
-        .clone();
-    elb.create_listener()
-        .load_balancer_arn(made.load_balancer_arn().unwrap())
-        .protocol(aws_sdk_elasticloadbalancingv2::types::ProtocolEnum::Tcp)
-        .port(80)
-        .default_actions(
-            aws_sdk_elasticloadbalancingv2::types::Action::builder()
-                .r#type(aws_sdk_elasticloadbalancingv2::types::ActionTypeEnum::Forward)
-                .target_group_arn(&tg_arn)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
-    let node = node_group(env).await;
-    env.ec2
-        .authorize_security_group_ingress()
-        .group_id(&node)
-        .ip_permissions(described_rule(
-            "tcp",
-            node_port,
-            node_port,
-            "0.0.0.0/0",
-            &format!("kubernetes.io/rule/nlb/client={name}"),
-        ))
-        .send()
-        .await
-        .unwrap();
-    // One MTU rule per CIDR, whichever NLBs it serves: there may be one.
-    let _ = env
-        .ec2
-        .authorize_security_group_ingress()
-        .group_id(&node)
-        .ip_permissions(described_rule(
-            "icmp",
-            3,
-            4,
-            "0.0.0.0/0",
-            "kubernetes.io/rule/nlb/mtu",
-        ))
-        .send()
-        .await;
-    (made, tg_name)
 }
 
 /// Whether a target group named `name` exists.
@@ -2497,8 +2369,8 @@ async fn an_nlb_with_upstreams_managed_group_is_adopted_with_the_nodes_opened_to
     env.ec2
         .authorize_security_group_ingress()
         .group_id(&group)
-        .ip_permissions(described_rule("tcp", 80, 80, "0.0.0.0/0", ""))
-        .ip_permissions(described_rule("icmp", 3, 4, "0.0.0.0/0", ""))
+        .ip_permissions(aws::described_rule("tcp", 80, 80, "0.0.0.0/0", ""))
+        .ip_permissions(aws::described_rule("icmp", 3, 4, "0.0.0.0/0", ""))
         .send()
         .await
         .unwrap();

@@ -984,6 +984,105 @@ mod scenarios {
         finish(sandbox, kubelets).await;
     }
 
+    /// A move from cloud-provider-aws, through the real controllers: a
+    /// Service whose NLB upstream made (without a security group, its
+    /// default) keeps it, with the same DNS name; the Service gets an
+    /// `AdoptedLoadBalancer` event; upstream's target group goes once ours
+    /// has the targets; the delete leaves nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_aws_an_nlb_cloud_provider_aws_made_is_adopted_with_an_event() {
+        let (sandbox, kubelets, _dir) = start_with(CloudKind::Aws, 2, 0, Default::default()).await;
+        let h = sandbox.handle();
+        until(&h, "convergence on AWS", |p| p.converged(&sandbox.options)).await;
+        let aws = sandbox.aws.as_ref().expect("the AWS account");
+        let client = sandbox.client().await.unwrap();
+        let services: Api<Service> = Api::namespaced(client.clone(), "default");
+
+        // The Service as it was: its UID names the NLB upstream made.
+        let svc = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "legacy", "annotations": {
+                "service.beta.kubernetes.io/aws-load-balancer-type": "nlb"}},
+            "spec": {"type": "ClusterIP", "selector": {"app": "legacy"},
+                     "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
+        }))
+        .unwrap();
+        let made = services.create(&PostParams::default(), &svc).await.unwrap();
+        let lb_name = ccm_provider::load_balancer_name(made.metadata.uid.as_deref().unwrap());
+        let elb = ccm_sandbox::aws::elb_client(&aws.moto.endpoint);
+        let upstream = ccm_sandbox::aws::UpstreamService {
+            namespace: "default",
+            name: "legacy",
+            lb_name: &lb_name,
+            node_port: 30555,
+        };
+        let (theirs, their_group) = ccm_sandbox::aws::upstream_nlb(
+            &aws.ec2,
+            &elb,
+            &aws.seeded,
+            ccm_sandbox::CLUSTER,
+            &upstream,
+            &[],
+        )
+        .await
+        .unwrap();
+        services
+            .patch(
+                "legacy",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({"spec": {
+                    "type": "LoadBalancer",
+                    "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30555}],
+                }})),
+            )
+            .await
+            .unwrap();
+
+        let dns = theirs.dns_name().unwrap().to_owned();
+        until_true("the Service shows the NLB's DNS name", async || {
+            services.get("legacy").await.is_ok_and(|s| {
+                s.status
+                    .and_then(|st| st.load_balancer)
+                    .and_then(|lb| lb.ingress)
+                    .is_some_and(|i| i.first().and_then(|i| i.hostname.as_deref()) == Some(&dns))
+            })
+        })
+        .await;
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(client.clone(), "default");
+        until_true("an AdoptedLoadBalancer event on the Service", async || {
+            events.list(&Default::default()).await.is_ok_and(|l| {
+                l.items.iter().any(|e| {
+                    e.reason.as_deref() == Some("AdoptedLoadBalancer")
+                        && e.involved_object.name.as_deref() == Some("legacy")
+                        && e.message.as_deref().is_some_and(|m| m.contains(&lb_name))
+                })
+            })
+        })
+        .await;
+        let gone = async || {
+            elb.describe_target_groups()
+                .names(&their_group)
+                .send()
+                .await
+                .map_or(true, |a| a.target_groups().is_empty())
+        };
+        until_true("upstream's target group replaced", gone).await;
+        let nlbs = elb.describe_load_balancers().send().await.unwrap();
+        assert_eq!(nlbs.load_balancers().len(), 1, "never a second NLB");
+
+        services
+            .delete("legacy", &DeleteParams::default())
+            .await
+            .unwrap();
+        until_true("the NLB deleted with its target groups", async || {
+            let nlbs = elb.describe_load_balancers().send().await.unwrap();
+            let groups = elb.describe_target_groups().send().await.unwrap();
+            nlbs.load_balancers().is_empty() && groups.target_groups().is_empty()
+        })
+        .await;
+        finish(sandbox, kubelets).await;
+    }
+
     /// On AWS with the gateway's defaults, as an operator leaving
     /// cloud-provider-aws runs it: a Service without a type annotation
     /// gets a Classic ELB whose DNS name stays through node churn and a

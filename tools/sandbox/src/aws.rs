@@ -661,3 +661,157 @@ impl FaultProxy {
         out
     }
 }
+
+/// A Service's load balancer as cloud-provider-aws named it.
+pub struct UpstreamService<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    /// `a` and the Service's UID without dashes, cut to 32 characters.
+    pub lb_name: &'a str,
+    pub node_port: i32,
+}
+
+/// A rule from `cidr` with the description `d` (none when empty), as
+/// cloud-provider-aws writes the nodes' rules for an NLB.
+pub fn described_rule(
+    proto: &str,
+    from: i32,
+    to: i32,
+    cidr: &str,
+    d: &str,
+) -> aws_sdk_ec2::types::IpPermission {
+    aws_sdk_ec2::types::IpPermission::builder()
+        .ip_protocol(proto)
+        .from_port(from)
+        .to_port(to)
+        .ip_ranges(
+            aws_sdk_ec2::types::IpRange::builder()
+                .cidr_ip(cidr)
+                .set_description((!d.is_empty()).then(|| d.to_owned()))
+                .build(),
+        )
+        .build()
+}
+
+/// What cloud-provider-aws leaves for the NLB of `svc` (port 80 on its
+/// node port) in `cluster`, made with the SDK as it makes them: a target
+/// group named its way (`k8s-<ns>-<name>-<hash>`, health check TCP every
+/// 30 s, 3/3) with the first instance registered, the NLB in the seeded
+/// subnets with the security groups `groups` (none: upstream's default),
+/// its listener, and the nodes' CIDR rules for its clients (everyone)
+/// described as upstream describes them. Returns the NLB and the target
+/// group's name.
+pub async fn upstream_nlb(
+    ec2: &aws_sdk_ec2::Client,
+    elb: &aws_sdk_elasticloadbalancingv2::Client,
+    seeded: &Seeded,
+    cluster: &str,
+    svc: &UpstreamService<'_>,
+    groups: &[String],
+) -> anyhow::Result<(aws_sdk_elasticloadbalancingv2::types::LoadBalancer, String)> {
+    use aws_sdk_elasticloadbalancingv2::types as elbv2;
+    let node_port = svc.node_port;
+    let eight = |s: &str| -> String {
+        s.chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(8)
+            .collect()
+    };
+    let tag = |k: &str, v: &str| elbv2::Tag::builder().key(k).value(v).build();
+    let tags = vec![
+        tag(
+            "kubernetes.io/service-name",
+            &format!("{}/{}", svc.namespace, svc.name),
+        ),
+        tag(&format!("kubernetes.io/cluster/{cluster}"), "owned"),
+    ];
+    let tg_name = format!(
+        "k8s-{}-{}-0123abcdef",
+        eight(svc.namespace),
+        eight(svc.name)
+    );
+    let tg = elb
+        .create_target_group()
+        .name(&tg_name)
+        .protocol(elbv2::ProtocolEnum::Tcp)
+        .port(node_port)
+        .vpc_id(&seeded.vpc)
+        .target_type(elbv2::TargetTypeEnum::Instance)
+        .health_check_protocol(elbv2::ProtocolEnum::Tcp)
+        .health_check_port("traffic-port")
+        .health_check_interval_seconds(30)
+        .healthy_threshold_count(3)
+        .unhealthy_threshold_count(3)
+        .set_tags(Some(tags.clone()))
+        .send()
+        .await?;
+    let tg_arn = tg
+        .target_groups()
+        .first()
+        .and_then(|g| g.target_group_arn())
+        .context("CreateTargetGroup answered no group")?
+        .to_owned();
+    elb.register_targets()
+        .target_group_arn(&tg_arn)
+        .targets(
+            elbv2::TargetDescription::builder()
+                .id(&seeded.instances[0].id)
+                .port(node_port)
+                .build(),
+        )
+        .send()
+        .await?;
+    let subnets: Vec<String> = seeded.subnets.iter().map(|(_, s)| s.clone()).collect();
+    let made = elb
+        .create_load_balancer()
+        .name(svc.lb_name)
+        .r#type(elbv2::LoadBalancerTypeEnum::Network)
+        .scheme(elbv2::LoadBalancerSchemeEnum::InternetFacing)
+        .set_subnets(Some(subnets))
+        .set_security_groups((!groups.is_empty()).then(|| groups.to_vec()))
+        .set_tags(Some(tags.clone()))
+        .send()
+        .await?
+        .load_balancers()
+        .first()
+        .cloned()
+        .context("CreateLoadBalancer answered no load balancer")?;
+    elb.create_listener()
+        .load_balancer_arn(made.load_balancer_arn().unwrap_or_default())
+        .protocol(elbv2::ProtocolEnum::Tcp)
+        .port(80)
+        .default_actions(
+            elbv2::Action::builder()
+                .r#type(elbv2::ActionTypeEnum::Forward)
+                .target_group_arn(&tg_arn)
+                .build(),
+        )
+        .send()
+        .await?;
+    let node = &seeded.node_group;
+    ec2.authorize_security_group_ingress()
+        .group_id(node)
+        .ip_permissions(described_rule(
+            "tcp",
+            node_port,
+            node_port,
+            "0.0.0.0/0",
+            &format!("kubernetes.io/rule/nlb/client={}", svc.lb_name),
+        ))
+        .send()
+        .await?;
+    // One MTU rule per CIDR, whichever NLBs it serves: there may be one.
+    let _ = ec2
+        .authorize_security_group_ingress()
+        .group_id(node)
+        .ip_permissions(described_rule(
+            "icmp",
+            3,
+            4,
+            "0.0.0.0/0",
+            "kubernetes.io/rule/nlb/mtu",
+        ))
+        .send()
+        .await;
+    Ok((made, tg_name))
+}

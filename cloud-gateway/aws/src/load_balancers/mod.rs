@@ -4,14 +4,20 @@
 //! named from the Service UID as upstream names them, so a load balancer
 //! upstream made is found and kept in place. The kind cannot change after
 //! creation: a Service whose annotation now asks for the other kind is
-//! refused with why, and nothing of its load balancer changes.
+//! refused with why, and nothing of its load balancer changes, unless it
+//! allows a replacement (the old one goes first, its group with it).
 //!
 //! An NLB has one listener and one target group per Service port (TCP,
 //! UDP, or TCP_UDP where a TCP and a UDP port share a number; TLS where
 //! the certificate annotations ask), instance targets on the node port,
 //! and one security group of its own that admits the Service's source
 //! ranges on its ports; the nodes' groups admit that group on the node
-//! ports and the health check port. A Classic ELB has one listener per
+//! ports and the health check port. An NLB cloud-provider-aws made keeps
+//! what it has: without a group (AWS cannot add one), the nodes admit it
+//! by CIDR rules described as upstream describes them (`cidr_rules`);
+//! with upstream's "Managed" group, that group is its own. Upstream's
+//! target groups are replaced by ours, each registered before its
+//! listener moves. A Classic ELB has one listener per
 //! port (TCP, or SSL/HTTPS/HTTP as the certificate and backend protocol
 //! annotations ask) to the node port, registered instances, one health
 //! check, its own group admitting the source ranges (or the groups the
@@ -26,8 +32,10 @@
 //! Whatever any kind of load balancer needs: `targets` (the instances
 //! behind the selected hosts), `placement` (VPC and subnets),
 //! `security_groups` over the pure `ingress_rules`, `health_check`. The
-//! NLB's own (ELBv2): `nlb`, `listeners`, `target_groups`, `elb_tags`. The
-//! Classic ELB's own (ELB): `classic` over the pure `classic_config`.
+//! NLB's own (ELBv2): `nlb`, `listeners`, `target_groups`, `elb_tags`,
+//! `cidr_rules`. The Classic ELB's own (ELB): `classic` over the pure
+//! `classic_config`. `preflight` tells what an ensure would do, reading
+//! only.
 
 mod cidr_rules;
 mod classic;
