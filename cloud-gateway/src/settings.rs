@@ -199,11 +199,11 @@ pub struct Args {
     /// Session name for assuming --aws-role-arn (shows in CloudTrail).
     #[arg(long, default_value = "cloud-gateway")]
     pub aws_role_session_name: String,
-    /// Address families of node InternalIPs, in order: ipv4, ipv6 or both, comma-separated.
+    /// Address families of node InternalIPs, in order: ipv4, ipv6 or both, comma-separated (ipv4 by default, as upstream).
     #[arg(
         long,
         env = "CLOUD_GATEWAY_AWS_NODE_IP_FAMILIES",
-        default_value = "ipv4,ipv6"
+        default_value = "ipv4"
     )]
     pub aws_node_ip_families: String,
     /// Longest time one AWS API request may take.

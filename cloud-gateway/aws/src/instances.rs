@@ -100,6 +100,14 @@ pub(super) fn is_alive(instance: &Ec2Instance) -> bool {
     )
 }
 
+/// Whether the instance is shut down: `stopped`, as upstream decides it.
+/// A `stopping` instance still runs (it may yet be serving, and its Node
+/// is not tainted until it has stopped); pending and shutting-down ones
+/// exist and are not shut down.
+fn is_shut_down(instance: &Ec2Instance) -> bool {
+    instance.state().and_then(|s| s.name()) == Some(&InstanceStateName::Stopped)
+}
+
 /// Instances found for a batch of keys.
 #[derive(Debug, Default)]
 pub(super) struct Found {
@@ -186,13 +194,10 @@ impl AwsCloud {
             return Lookup::NotFound;
         };
         let metadata = self.metadata(instance, zone_ids);
-        match instance.state().and_then(|s| s.name()) {
-            Some(InstanceStateName::Stopped | InstanceStateName::Stopping) => {
-                Lookup::Shutdown(metadata)
-            }
-            // Pending and shutting-down instances exist and are not shut
-            // down, as upstream treats them.
-            _ => Lookup::Running(metadata),
+        if is_shut_down(instance) {
+            Lookup::Shutdown(metadata)
+        } else {
+            Lookup::Running(metadata)
         }
     }
 
@@ -314,6 +319,28 @@ mod tests {
     };
 
     use super::*;
+
+    #[test]
+    fn only_a_stopped_instance_is_shut_down_as_upstream_decides() {
+        let in_state = |name| {
+            Ec2Instance::builder()
+                .state(
+                    aws_sdk_ec2::types::InstanceState::builder()
+                        .name(name)
+                        .build(),
+                )
+                .build()
+        };
+        assert!(is_shut_down(&in_state(InstanceStateName::Stopped)));
+        for running in [
+            InstanceStateName::Stopping,
+            InstanceStateName::Pending,
+            InstanceStateName::Running,
+            InstanceStateName::ShuttingDown,
+        ] {
+            assert!(!is_shut_down(&in_state(running.clone())), "{running:?}");
+        }
+    }
 
     #[test]
     fn provider_ids_of_every_upstream_form_parse() {

@@ -31,9 +31,11 @@ impl HealthCheck {
 
 /// The health check: HTTP on the health check node port at `/healthz`
 /// for the Local traffic policy, TCP on the traffic port otherwise, with
-/// the annotations' overrides. Thresholds and timeouts default as each
-/// kind's upstream does: a Classic ELB's 2 healthy / 6 unhealthy checks
-/// 10 s apart with a 5 s timeout, an NLB's 2 / 2 with 10 s (6 s for HTTP).
+/// the annotations' overrides. Intervals, thresholds and timeouts default
+/// as each kind's upstream does: a Classic ELB's 2 healthy / 6 unhealthy
+/// checks 10 s apart with a 5 s timeout; an NLB's 3 / 3 every 30 s for
+/// the Cluster policy and 2 / 2 every 10 s for Local, with AWS's timeout
+/// (10 s, 6 s for HTTP), so an NLB upstream made keeps its checks.
 pub(super) fn health_check(spec: &LoadBalancerSpec, o: &LbOptions) -> Result<HealthCheck> {
     let local = spec.external_traffic_policy == TrafficPolicy::Local;
     let h = &o.health_check;
@@ -57,8 +59,14 @@ pub(super) fn health_check(spec: &LoadBalancerSpec, o: &LbOptions) -> Result<Hea
         HcProtocol::Tcp => None,
         _ => h.path.clone().or(default_path).or(Some("/".to_owned())),
     };
-    let interval = h.interval.unwrap_or(10);
     let classic = o.kind == LbKind::Classic;
+    // An NLB's defaults follow the traffic policy, as upstream's do.
+    let (default_interval, default_healthy, default_unhealthy) = match (classic, local) {
+        (true, _) => (10, 2, 6),
+        (false, true) => (10, 2, 2),
+        (false, false) => (30, 3, 3),
+    };
+    let interval = h.interval.unwrap_or(default_interval);
     let default_timeout = match (classic, protocol) {
         (true, _) => 5,
         (false, HcProtocol::Http) => 6,
@@ -77,8 +85,8 @@ pub(super) fn health_check(spec: &LoadBalancerSpec, o: &LbOptions) -> Result<Hea
         path,
         interval,
         timeout,
-        healthy: h.healthy.unwrap_or(2),
-        unhealthy: h.unhealthy.unwrap_or(if classic { 6 } else { 2 }),
+        healthy: h.healthy.unwrap_or(default_healthy),
+        unhealthy: h.unhealthy.unwrap_or(default_unhealthy),
     })
 }
 
@@ -88,7 +96,7 @@ mod tests {
     use ccm_provider::{Protocol, ServicePort};
 
     #[test]
-    fn local_traffic_checks_healthz_on_the_health_check_node_port() {
+    fn local_traffic_checks_healthz_on_the_health_check_node_port_with_upstreams_defaults() {
         let mut s = LoadBalancerSpec {
             ports: vec![ServicePort {
                 name: String::new(),
@@ -109,13 +117,20 @@ mod tests {
         assert_eq!(hc.port, HcPort::Port(32000));
         assert_eq!(hc.own_port(), Some(32000));
         assert_eq!(hc.path.as_deref(), Some("/healthz"));
+        assert_eq!(
+            (hc.interval, hc.healthy, hc.unhealthy, hc.timeout),
+            (10, 2, 2, 6)
+        );
         s.external_traffic_policy = TrafficPolicy::Cluster;
         let hc = health_check(&s, &nlb).unwrap();
         assert_eq!(hc.protocol, HcProtocol::Tcp);
         assert_eq!(hc.port, HcPort::TrafficPort);
         assert_eq!(hc.own_port(), None);
         assert_eq!(hc.path, None);
-        assert_eq!((hc.healthy, hc.unhealthy, hc.timeout), (2, 2, 10));
+        assert_eq!(
+            (hc.interval, hc.healthy, hc.unhealthy, hc.timeout),
+            (30, 3, 3, 10)
+        );
         let classic = health_check(&s, &LbOptions::default()).unwrap();
         assert_eq!(
             (

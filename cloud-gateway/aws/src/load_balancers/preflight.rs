@@ -491,6 +491,23 @@ mod tests {
     }
 
     #[test]
+    fn a_health_check_reads_as_a_sentence() {
+        let hc = HealthCheck {
+            protocol: crate::annotations::HcProtocol::Http,
+            port: HcPort::Port(32000),
+            path: Some("/healthz".into()),
+            interval: 10,
+            timeout: 6,
+            healthy: 2,
+            unhealthy: 2,
+        };
+        assert_eq!(
+            wanted_check(&hc),
+            "HTTP on port 32000 every 10 s, healthy after 2, unhealthy after 2"
+        );
+    }
+
+    #[test]
     fn group_changes_read_as_sentences() {
         let world = Rule::port("tcp", 80, Source::Cidr("0.0.0.0/0".into()));
         let office = Rule::port("tcp", 80, Source::Cidr("192.168.0.0/24".into()));
