@@ -1396,6 +1396,24 @@ async fn invalid_annotations_are_refused_before_any_cloud_call() {
         "an invalid Service reached the cloud: {actions:?}"
     );
 
+    // Client affinity, as upstream: refused for either kind.
+    for kind in ["nlb", "classic"] {
+        let mut sticky = lb_spec(
+            "56565656",
+            vec![port("web", Protocol::Tcp, 80, 30080)],
+            &[("type", kind)],
+        );
+        sticky.session_affinity = ccm_proto::v1::SessionAffinity::ClientIp as i32;
+        let violations = refused(&client, sticky, Vec::new()).await;
+        assert!(
+            violations
+                .iter()
+                .any(|v| v.field == "spec.session_affinity" && v.description.contains("None")),
+            "{violations:?}"
+        );
+    }
+    assert!(env.proxy.take_actions().is_empty());
+
     // A Service for the AWS Load Balancer Controller is someone else's.
     let theirs = lb_spec(
         "55555555",

@@ -72,9 +72,7 @@ use self::elb_tags::tag_value;
 use self::health_check::{HealthCheck, health_check};
 use self::ingress_rules::{Rule, Source, client_rules, node_rules, rules_of, with_mtu_discovery};
 use self::listeners::{Listening, listenings};
-use self::nlb::{
-    check_immutable, check_not_failed, listed, refuse_requested_address, reported_status,
-};
+use self::nlb::{check_immutable, check_not_failed, listed, refuse_unsupported, reported_status};
 use self::security_groups::upstream_nlb_group_name;
 use self::target_groups::GroupSettings;
 use self::targets::instance_ids;
@@ -303,7 +301,7 @@ impl AwsCloud {
         let service = &spec.service;
         let ls = listenings(spec, o)?;
         let hc = health_check(spec, o)?;
-        refuse_requested_address(spec)?;
+        refuse_unsupported(spec)?;
         let lb_name = load_balancer_name(&service.uid);
         let existing = self.owned_nlb(cluster, &lb_name).await?;
         if existing.is_none() {
@@ -482,7 +480,7 @@ impl AwsCloud {
         let service = &spec.service;
         let listeners = classic_listeners(spec, o)?;
         let hc = health_check(spec, o)?;
-        refuse_requested_address(spec)?;
+        refuse_unsupported(spec)?;
         let lb_name = load_balancer_name(&service.uid);
         let existing = self.owned_classic(cluster, &lb_name).await?;
         if existing.is_none() {

@@ -12,6 +12,7 @@ use aws_sdk_elasticloadbalancingv2::types::{
 };
 use ccm_provider::{
     CloudError, Ingress, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus, Result, ServiceRef,
+    SessionAffinity,
 };
 
 use super::elb_tags::{elb_belongs, elb_tags_of, tag_value};
@@ -22,20 +23,30 @@ use crate::{AwsCloud, errors};
 /// The load balancer attribute of cross-zone load balancing.
 const CROSS_ZONE: &str = "load_balancing.cross_zone.enabled";
 
-/// Refuses a requested address: an NLB's addresses come from the
-/// annotations, a Classic ELB has none of its own.
-pub(super) fn refuse_requested_address(spec: &LoadBalancerSpec) -> Result<()> {
-    if spec.load_balancer_ip.is_empty() {
-        return Ok(());
+/// Refuses what no AWS load balancer of ours takes, every problem at
+/// once: a requested address (an NLB's come from the annotations, a
+/// Classic ELB has none of its own) and client affinity (neither kind
+/// keeps it; cloud-provider-aws refuses it too, so no Service that worked
+/// there asks for it).
+pub(super) fn refuse_unsupported(spec: &LoadBalancerSpec) -> Result<()> {
+    let mut problems = Vec::new();
+    if !spec.load_balancer_ip.is_empty() {
+        problems.push((
+            "spec.load_balancer_ip".to_owned(),
+            format!(
+                "AWS load balancers take no requested address; an NLB takes {} or {}",
+                annotations::EIP_ALLOCATIONS,
+                annotations::PRIVATE_IPV4
+            ),
+        ));
     }
-    Err(CloudError::invalid(
-        "spec.load_balancer_ip",
-        format!(
-            "AWS load balancers take no requested address; an NLB takes {} or {}",
-            annotations::EIP_ALLOCATIONS,
-            annotations::PRIVATE_IPV4
-        ),
-    ))
+    if spec.session_affinity == SessionAffinity::ClientIp {
+        problems.push((
+            "spec.session_affinity".to_owned(),
+            "AWS load balancers of this provider keep no client affinity (cloud-provider-aws refuses it too): set sessionAffinity: None".to_owned(),
+        ));
+    }
+    CloudError::none_of(problems)
 }
 
 /// Refuses a change to what an NLB cannot change after creation.
@@ -372,6 +383,21 @@ mod tests {
         assert_eq!(active.status.ingress[0].hostname, "a1234.elb.example");
         let new = listed(&nlb(LoadBalancerStateEnum::Provisioning), &tags);
         assert_eq!(new.status, LoadBalancerStatus::default());
+    }
+
+    #[test]
+    fn a_requested_address_and_client_affinity_are_refused_together() {
+        assert!(refuse_unsupported(&LoadBalancerSpec::default()).is_ok());
+        let spec = LoadBalancerSpec {
+            load_balancer_ip: "203.0.113.9".into(),
+            session_affinity: SessionAffinity::ClientIp,
+            ..Default::default()
+        };
+        let Err(CloudError::InvalidArgument(problems)) = refuse_unsupported(&spec) else {
+            panic!("both must be refused");
+        };
+        let fields: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(fields, ["spec.load_balancer_ip", "spec.session_affinity"]);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::elb_tags::tag_value;
 use super::health_check::{HealthCheck, health_check};
 use super::ingress_rules::{Rule, Source, client_rules, rules_of, with_mtu_discovery};
 use super::listeners::{Listening, forwarded_groups, listenings};
-use super::nlb::{check_immutable, refuse_requested_address};
+use super::nlb::{check_immutable, refuse_unsupported};
 use super::security_groups::security_group_name;
 use super::target_groups::{checks_health_as, is_ours as is_our_target_group};
 use crate::annotations::{self, HcPort, LbKind, LbOptions};
@@ -205,7 +205,7 @@ impl AwsCloud {
     async fn judge(&self, cluster: &str, spec: &LoadBalancerSpec) -> Result<Verdict> {
         let o = annotations::parse(&spec.annotations, self.settings.default_load_balancer_type)?;
         let hc = health_check(spec, &o)?;
-        refuse_requested_address(spec)?;
+        refuse_unsupported(spec)?;
         let lb_name = load_balancer_name(&spec.service.uid);
         match o.kind {
             LbKind::Nlb => {
