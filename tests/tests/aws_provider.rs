@@ -1348,6 +1348,31 @@ async fn annotations_local_traffic_and_source_ranges_shape_an_internal_nlb() {
         "{actions:?}"
     );
 
+    // Without the annotation cross-zone goes off, as upstream keeps it.
+    spec.annotations
+        .remove(&format!("{NLB}cross-zone-load-balancing-enabled"));
+    ensure_ready(&client, &spec, &hosts(&env.seeded.instances)).await;
+    let attributes = elb
+        .describe_load_balancer_attributes()
+        .load_balancer_arn(arn)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        attributes
+            .attributes()
+            .iter()
+            .any(|a| a.key() == Some("load_balancing.cross_zone.enabled")
+                && a.value() == Some("false")),
+        "{attributes:?}"
+    );
+    let actions = env.proxy.take_actions();
+    assert_eq!(
+        writes(&actions),
+        ["elasticloadbalancing:ModifyLoadBalancerAttributes"],
+        "{actions:?}"
+    );
+
     // The scheme cannot change: said so, nothing written.
     spec.annotations
         .insert(format!("{NLB}internal"), "false".into());

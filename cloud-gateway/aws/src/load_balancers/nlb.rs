@@ -257,11 +257,10 @@ impl AwsCloud {
         })
     }
 
-    /// Cross-zone load balancing as asked (left as it is when not asked).
+    /// Cross-zone load balancing as asked, off when not asked, as
+    /// upstream keeps it (so removing the annotation turns it off).
     pub(super) async fn sync_attributes(&self, arn: &str, o: &LbOptions) -> Result<()> {
-        let Some(cross_zone) = o.cross_zone else {
-            return Ok(());
-        };
+        let cross_zone = o.cross_zone.unwrap_or(false);
         let have = self
             .elb
             .describe_load_balancer_attributes()
