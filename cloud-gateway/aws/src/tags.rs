@@ -57,6 +57,21 @@ pub(super) fn service_tags(
     out
 }
 
+/// The Service a load balancer serves, from its tags' values: the
+/// `namespace/name` of [`TAG_SERVICE_NAME`] and the UID of
+/// [`TAG_SERVICE_UID`] (none on one cloud-provider-aws made until our
+/// first ensure tags it).
+pub(super) fn service_of(service_name: Option<&str>, uid: Option<&str>) -> ServiceRef {
+    let (namespace, name) = service_name
+        .and_then(|v| v.split_once('/'))
+        .unwrap_or_default();
+    ServiceRef {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        uid: uid.unwrap_or_default().to_owned(),
+    }
+}
+
 /// The prefix of the names cloud-provider-aws gives an NLB's target
 /// groups and its managed security group: `k8s-`, the first 8 letters and
 /// digits of the namespace and of the name, each followed by `-`.

@@ -12,7 +12,7 @@ use aws_sdk_elasticloadbalancing::types::{
     HealthCheck as Check, Instance, Listener, LoadBalancerAttributes,
     LoadBalancerDescription as Elb, PolicyAttribute, Tag,
 };
-use ccm_provider::{CloudError, Ingress, LoadBalancer, LoadBalancerStatus, Result, ServiceRef};
+use ccm_provider::{CloudError, Ingress, LoadBalancer, LoadBalancerStatus, Result};
 
 use super::classic_config::{
     Attributes, ClassicListener, PROXY_POLICY, PROXY_POLICY_ATTRIBUTE, PROXY_POLICY_TYPE,
@@ -82,16 +82,12 @@ pub(super) fn classic_adoption(elb: &Elb, t: &[Tag]) -> Option<String> {
 /// `elb` as listed, its Service read from its tags `t`. One made by
 /// cloud-provider-aws carries no UID until our first ensure tags it.
 pub(super) fn classic_listed(elb: &Elb, t: &[Tag]) -> LoadBalancer {
-    let (namespace, name) = tag_value(t, TAG_SERVICE_NAME)
-        .and_then(|v| v.split_once('/'))
-        .unwrap_or_default();
     LoadBalancer {
         name: elb.load_balancer_name().unwrap_or_default().to_owned(),
-        service: ServiceRef {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            uid: tag_value(t, TAG_SERVICE_UID).unwrap_or_default().to_owned(),
-        },
+        service: tags::service_of(
+            tag_value(t, TAG_SERVICE_NAME),
+            tag_value(t, TAG_SERVICE_UID),
+        ),
         status: classic_status(elb),
         hosts: Vec::new(),
     }

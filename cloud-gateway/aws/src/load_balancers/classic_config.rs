@@ -235,23 +235,7 @@ pub(super) fn ssl_policy_name(policy: &str) -> String {
 mod tests {
     use super::*;
     use crate::annotations::{LbKind, Tls, TlsPorts};
-    use ccm_provider::ServicePort;
-
-    fn port(name: &str, protocol: Protocol, port: i32, node_port: i32) -> ServicePort {
-        ServicePort {
-            name: name.into(),
-            protocol,
-            port,
-            node_port,
-        }
-    }
-
-    fn spec(ports: Vec<ServicePort>) -> LoadBalancerSpec {
-        LoadBalancerSpec {
-            ports,
-            ..Default::default()
-        }
-    }
+    use crate::load_balancers::test_support::{port, spec};
 
     fn tls(ports: TlsPorts, backend: Option<BackendProtocol>) -> LbOptions {
         let mut o = LbOptions {

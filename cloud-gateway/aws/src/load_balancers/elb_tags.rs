@@ -58,16 +58,15 @@ impl AwsCloud {
 
     /// Adds to the resource `arn` those of `want` whose key it lacks in
     /// `have` (values it has are left as they are), with the cluster tag,
-    /// as the IAM policy asks of every `AddTags`. Returns whether any was
-    /// missing.
+    /// as the IAM policy asks of every `AddTags`.
     pub(super) async fn add_missing_elb_tags(
         &self,
         arn: &str,
         have: &[Tag],
         want: &[(String, String)],
-    ) -> Result<bool> {
+    ) -> Result<()> {
         if want.iter().all(|(k, _)| tag_value(have, k).is_some()) {
-            return Ok(false);
+            return Ok(());
         }
         let missing: Vec<(String, String)> = want
             .iter()
@@ -83,7 +82,7 @@ impl AwsCloud {
             .send()
             .await
             .map_err(|e| errors::cloud_error("AddTags", e))?;
-        Ok(true)
+        Ok(())
     }
 
     /// Those of `items` tagged for `cluster`, each with its tags.

@@ -349,23 +349,7 @@ impl AwsCloud {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ccm_provider::ServicePort;
-
-    fn port(name: &str, protocol: Protocol, port: i32, node_port: i32) -> ServicePort {
-        ServicePort {
-            name: name.into(),
-            protocol,
-            port,
-            node_port,
-        }
-    }
-
-    fn spec(ports: Vec<ServicePort>) -> LoadBalancerSpec {
-        LoadBalancerSpec {
-            ports,
-            ..Default::default()
-        }
-    }
+    use crate::load_balancers::test_support::{port, spec};
 
     #[test]
     fn tcp_and_udp_on_one_port_share_a_tcp_udp_listener() {

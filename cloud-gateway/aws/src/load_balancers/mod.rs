@@ -73,6 +73,7 @@ use self::health_check::{HealthCheck, health_check};
 use self::ingress_rules::{Rule, Source, client_rules, node_rules, rules_of, with_mtu_discovery};
 use self::listeners::{Listening, listenings};
 use self::nlb::{check_immutable, check_not_failed, listed, refuse_unsupported, reported_status};
+use self::placement::Placement;
 use self::security_groups::upstream_nlb_group_name;
 use self::target_groups::GroupSettings;
 use self::targets::instance_ids;
@@ -273,6 +274,33 @@ impl AwsCloud {
         self.delete(cluster, service).await
     }
 
+    /// What an ensure of either kind needs before it makes or changes
+    /// anything: the way made for a new load balancer of `kind` (one of
+    /// the other kind refused or replaced, a group it left cleared), the
+    /// target instances, and the placement (`existing_vpc`: that of the
+    /// load balancer there is).
+    async fn prepare(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        hosts: &[Host],
+        o: &LbOptions,
+        kind: LbKind,
+        existing_vpc: Option<&str>,
+    ) -> Result<(Vec<Ec2Instance>, Placement)> {
+        if existing_vpc.is_none() {
+            self.make_way(cluster, &spec.service, kind, o).await?;
+        }
+        let targets = self.target_instances(hosts, o).await?;
+        let place = self.placement(cluster, existing_vpc, &targets, o).await?;
+        if existing_vpc.is_none() {
+            let lb_name = load_balancer_name(&spec.service.uid);
+            self.clear_leftover_group(cluster, &lb_name, &place.vpc, o)
+                .await?;
+        }
+        Ok((targets, place))
+    }
+
     /// Where a replacement is allowed, a group of the load balancer's
     /// name left when none exists (by the kind replaced, or a failed
     /// attempt) is deleted before one is made: `Provisioning` while the
@@ -304,14 +332,12 @@ impl AwsCloud {
         refuse_unsupported(spec)?;
         let lb_name = load_balancer_name(&service.uid);
         let existing = self.owned_nlb(cluster, &lb_name).await?;
-        if existing.is_none() {
-            self.make_way(cluster, service, LbKind::Nlb, o).await?;
-        }
-        let targets = self.target_instances(hosts, o).await?;
         let existing_vpc = existing
             .as_ref()
             .map(|(n, _)| n.vpc_id().unwrap_or_default());
-        let place = self.placement(cluster, existing_vpc, &targets, o).await?;
+        let (targets, place) = self
+            .prepare(cluster, spec, hosts, o, LbKind::Nlb, existing_vpc)
+            .await?;
         if let Some((nlb, _)) = &existing {
             check_immutable(nlb, o, &place.subnets)?;
         }
@@ -321,20 +347,10 @@ impl AwsCloud {
         // the cluster's), ours for a new NLB, or none for an NLB made
         // without one (as upstream makes them by default).
         let group = match &existing {
-            None => {
-                self.clear_leftover_group(cluster, &lb_name, &place.vpc, o)
-                    .await?;
-                Some(
-                    self.load_balancer_group(
-                        cluster,
-                        LbKind::Nlb.title(),
-                        &lb_name,
-                        &place.vpc,
-                        &tags,
-                    )
+            None => Some(
+                self.load_balancer_group(cluster, LbKind::Nlb.title(), &lb_name, &place.vpc, &tags)
                     .await?,
-                )
-            }
+            ),
             Some((nlb, _)) => match nlb.security_groups().first() {
                 None => None,
                 Some(id) => Some(
@@ -483,22 +499,16 @@ impl AwsCloud {
         refuse_unsupported(spec)?;
         let lb_name = load_balancer_name(&service.uid);
         let existing = self.owned_classic(cluster, &lb_name).await?;
-        if existing.is_none() {
-            self.make_way(cluster, service, LbKind::Classic, o).await?;
-        }
-        let targets = self.target_instances(hosts, o).await?;
         let existing_vpc = existing
             .as_ref()
             .map(|(e, _)| e.vpc_id().unwrap_or_default());
-        let place = self.placement(cluster, existing_vpc, &targets, o).await?;
+        let (targets, place) = self
+            .prepare(cluster, spec, hosts, o, LbKind::Classic, existing_vpc)
+            .await?;
         if let Some((elb, _)) = &existing {
             check_classic_immutable(elb, o)?;
         }
         let tags = tags::service_tags(cluster, service, &o.tags);
-        if existing.is_none() {
-            self.clear_leftover_group(cluster, &lb_name, &place.vpc, o)
-                .await?;
-        }
         let groups = self
             .classic_groups(cluster, &lb_name, &place.vpc, &tags, spec, &listeners, o)
             .await?;
@@ -623,5 +633,27 @@ impl AwsCloud {
         }
         self.sync_classic_instances(&elb, &instance_ids(&targets))
             .await
+    }
+}
+
+/// What the pure modules' tests share: a Service's ports and spec.
+#[cfg(test)]
+mod test_support {
+    use ccm_provider::{LoadBalancerSpec, Protocol, ServicePort};
+
+    pub(super) fn port(name: &str, protocol: Protocol, port: i32, node_port: i32) -> ServicePort {
+        ServicePort {
+            name: name.into(),
+            protocol,
+            port,
+            node_port,
+        }
+    }
+
+    pub(super) fn spec(ports: Vec<ServicePort>) -> LoadBalancerSpec {
+        LoadBalancerSpec {
+            ports,
+            ..Default::default()
+        }
     }
 }

@@ -11,7 +11,7 @@ use aws_sdk_elasticloadbalancingv2::types::{
     LoadBalancerStateEnum, LoadBalancerTypeEnum, SubnetMapping, Tag,
 };
 use ccm_provider::{
-    CloudError, Ingress, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus, Result, ServiceRef,
+    CloudError, Ingress, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus, Result,
     SessionAffinity,
 };
 
@@ -122,16 +122,12 @@ pub(super) fn reported_status(nlb: &Nlb) -> LoadBalancerStatus {
 
 /// `nlb` as listed, its Service read from its tags `t`.
 pub(super) fn listed(nlb: &Nlb, t: &[Tag]) -> LoadBalancer {
-    let (namespace, name) = tag_value(t, TAG_SERVICE_NAME)
-        .and_then(|v| v.split_once('/'))
-        .unwrap_or_default();
     LoadBalancer {
         name: nlb.load_balancer_name().unwrap_or_default().to_owned(),
-        service: ServiceRef {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            uid: tag_value(t, TAG_SERVICE_UID).unwrap_or_default().to_owned(),
-        },
+        service: tags::service_of(
+            tag_value(t, TAG_SERVICE_NAME),
+            tag_value(t, TAG_SERVICE_UID),
+        ),
         status: reported_status(nlb),
         hosts: Vec::new(),
     }
