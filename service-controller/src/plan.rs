@@ -381,6 +381,33 @@ pub fn describe_violations(violations: &[ccm_proto::FieldViolation]) -> String {
         .join("; ")
 }
 
+/// The longest note an Event carries (events.k8s.io/v1).
+const MAX_NOTE: usize = 1024;
+
+/// One Event note for what the gateway said has no effect: each on its
+/// own line (events of one reason on one Service are one series, so one
+/// note holds them all); past an Event's limit, only what each names
+/// (the text before its first `:`).
+pub fn no_effect_note(notes: &[String]) -> String {
+    let whole = notes.join("\n");
+    if whole.len() <= MAX_NOTE {
+        return whole;
+    }
+    let mut short = notes
+        .iter()
+        .map(|n| n.split(':').next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n");
+    if short.len() > MAX_NOTE {
+        let mut end = MAX_NOTE;
+        while !short.is_char_boundary(end) {
+            end -= 1;
+        }
+        short.truncate(end);
+    }
+    short
+}
+
 #[cfg(test)]
 mod tests {
     use kube_test_apiserver::fixtures::{load_balancer, node};
@@ -585,5 +612,26 @@ mod tests {
         assert_eq!(spec.ports[0].protocol, Protocol::Tcp as i32);
         assert_eq!(spec.source_ranges, ["10.0.0.0/8", "192.168.0.0/16"]);
         assert_eq!(spec.service.unwrap().name, "web");
+    }
+
+    #[test]
+    fn what_has_no_effect_fits_one_event_note() {
+        let notes = vec![
+            "a has no effect: why".to_owned(),
+            "b has no effect: why".to_owned(),
+        ];
+        assert_eq!(
+            no_effect_note(&notes),
+            "a has no effect: why\nb has no effect: why"
+        );
+        let long: Vec<String> = (0..40)
+            .map(|i| format!("key-{i} has no effect: {}", "because ".repeat(10)))
+            .collect();
+        let note = no_effect_note(&long);
+        assert!(note.len() <= MAX_NOTE, "{}", note.len());
+        assert!(
+            note.starts_with("key-0 has no effect\nkey-1 has no effect"),
+            "{note}"
+        );
     }
 }

@@ -263,12 +263,12 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
     };
     let result = match poll {
         Poll::Pending => return Err(ServiceError::RetryAfter(PROVISIONING_POLL).into()),
-        Poll::Ready(status) => Ok((status, String::new())),
+        Poll::Ready(status) => Ok((status, String::new(), Vec::new())),
         Poll::Unknown => ctx
             .gateway
             .ensure_load_balancer_answer(spec, hosts)
             .await
-            .map(|r| (r.status.unwrap_or_default(), r.adopted)),
+            .map(|r| (r.status.unwrap_or_default(), r.adopted, r.no_effect)),
     };
     if let Err(GatewayError::RetryAfter { reason, .. }) = &result
         && reason == ccm_proto::reason::PROVISIONING
@@ -278,10 +278,14 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         ctx.set_provisioning(key, None);
     }
     match result {
-        Ok((status, adopted)) => {
+        Ok((status, adopted, no_effect)) => {
             if !adopted.is_empty() {
                 tracing::info!(%adopted, "load balancer adopted");
                 publish(ctx, svc, EventType::Normal, "AdoptedLoadBalancer", adopted).await;
+            }
+            if !no_effect.is_empty() {
+                let note = plan::no_effect_note(&no_effect);
+                publish(ctx, svc, EventType::Normal, "AnnotationHasNoEffect", note).await;
             }
             publish(
                 ctx,

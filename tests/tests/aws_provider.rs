@@ -729,7 +729,8 @@ async fn the_gateway_sends_exactly_the_actions_of_the_documented_iam_policy() {
         ],
         &[
             ("cross-zone-load-balancing-enabled", "true"),
-            ("proxy-protocol", "*"),
+            ("target-group-attributes", "proxy_protocol_v2.enabled=true"),
+            ("additional-resource-tags", "team=web"),
         ],
     );
     let live = hosts(&env.seeded.instances[1..]);
@@ -740,7 +741,11 @@ async fn the_gateway_sends_exactly_the_actions_of_the_documented_iam_policy() {
             port("a", Protocol::Tcp, 80, 30090),
             port("c", Protocol::Tcp, 82, 30082),
         ],
-        &[("healthcheck-interval", "20")],
+        &[
+            ("healthcheck-interval", "20"),
+            ("additional-resource-tags", "team=shop"),
+            ("security-groups", &env.seeded.node_group),
+        ],
     );
     ensure_ready(&lbs, &second, &live).await;
     timed(lbs.update_load_balancer_hosts(second.clone(), Vec::new()))
@@ -871,16 +876,24 @@ async fn ensure_answer(
     spec: &LoadBalancerSpec,
     h: &[Host],
 ) -> (String, String) {
+    let answer = ensure_whole(client, spec, h).await;
+    let status = answer.status.unwrap_or_default();
+    (status.ingress[0].hostname.clone(), answer.adopted)
+}
+
+/// Ensures until the NLB is no longer provisioning; returns the answer.
+async fn ensure_whole(
+    client: &ccm_proto::GatewayClient,
+    spec: &LoadBalancerSpec,
+    h: &[Host],
+) -> ccm_proto::v1::EnsureLoadBalancerResponse {
     timed(async {
         loop {
             match client
                 .ensure_load_balancer_answer(spec.clone(), h.to_vec())
                 .await
             {
-                Ok(answer) => {
-                    let status = answer.status.unwrap_or_default();
-                    return (status.ingress[0].hostname.clone(), answer.adopted);
-                }
+                Ok(answer) => return answer,
                 Err(Error::RetryAfter { reason, .. }) if reason == reason::PROVISIONING => {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
@@ -1237,7 +1250,7 @@ async fn annotations_local_traffic_and_source_ranges_shape_an_internal_nlb() {
             ("subnets", &subnets),
             ("private-ipv4-addresses", "10.0.1.50,10.0.2.50"),
             ("cross-zone-load-balancing-enabled", "true"),
-            ("proxy-protocol", "*"),
+            ("target-group-attributes", "proxy_protocol_v2.enabled=true"),
             ("additional-resource-tags", "team=checkout,cost=42"),
             ("healthcheck-interval", "30"),
             ("healthcheck-timeout", "5"),
@@ -1401,7 +1414,7 @@ async fn invalid_annotations_are_refused_before_any_cloud_call() {
         vec![port("web", Protocol::Tcp, 80, 30080)],
         &[
             ("healthcheck-interval", "1"),
-            ("connection-draining-enabled", "true"),
+            ("extra-security-groups", "sg-0a1"),
             ("internal", "maybe"),
         ],
     );
@@ -1412,7 +1425,7 @@ async fn invalid_annotations_are_refused_before_any_cloud_call() {
     assert!(
         violations
             .iter()
-            .any(|v| v.field.contains("connection-draining")
+            .any(|v| v.field.contains("extra-security-groups")
                 && v.description.contains("not supported for NLBs"))
     );
     let actions = env.proxy.take_actions();
@@ -2878,4 +2891,249 @@ async fn a_delete_held_by_a_reference_removes_the_clusters_and_names_what_it_wai
         group_named(&env.ec2, &format!("k8s-elb-{name}")).await,
         None
     );
+}
+
+/// The attributes of `nlb` (load balancer) and of its first target group,
+/// as AWS reports them.
+async fn nlb_and_group_attributes(
+    elb: &aws_sdk_elasticloadbalancingv2::Client,
+    lb: &Nlb,
+) -> (
+    std::collections::BTreeMap<String, String>,
+    std::collections::BTreeMap<String, String>,
+) {
+    let pairs = |k: Option<&str>, v: Option<&str>| {
+        (
+            k.unwrap_or_default().to_owned(),
+            v.unwrap_or_default().to_owned(),
+        )
+    };
+    let of_lb = elb
+        .describe_load_balancer_attributes()
+        .load_balancer_arn(lb.load_balancer_arn().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .attributes()
+        .iter()
+        .map(|a| pairs(a.key(), a.value()))
+        .collect();
+    let group = &target_groups(elb, lb).await[0];
+    let of_group = elb
+        .describe_target_group_attributes()
+        .target_group_arn(group.target_group_arn().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .attributes()
+        .iter()
+        .map(|a| pairs(a.key(), a.value()))
+        .collect();
+    (of_lb, of_group)
+}
+
+#[tokio::test]
+async fn an_nlb_honours_what_upstream_honours_and_says_what_it_ignores() {
+    let env = env(2, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let h = hosts(&env.seeded.instances);
+    // An ingress-nginx style Service: settings upstream reads on NLBs,
+    // ones it ignores there, and a key of the Load Balancer Controller.
+    let annotations = [
+        ("backend-protocol", "tcp"),
+        ("connection-idle-timeout", "60"),
+        ("proxy-protocol", "*"),
+        ("access-log-enabled", "true"),
+        ("access-log-s3-bucket-name", "shop-logs"),
+        ("access-log-s3-bucket-prefix", "nlb"),
+        (
+            "target-group-attributes",
+            "preserve_client_ip.enabled=false,proxy_protocol_v2.enabled=false",
+        ),
+        ("nlb-target-type", "instance"),
+        ("additional-resource-tags", "team=web"),
+    ];
+    let mut spec = lb_spec(
+        "a7a7a7a7",
+        vec![port("http", Protocol::Tcp, 80, 30080)],
+        &annotations,
+    );
+    let answer = ensure_whole(&client, &spec, &h).await;
+    let said = |text: &str| answer.no_effect.iter().any(|n| n.contains(text));
+    assert_eq!(answer.no_effect.len(), 3, "{:?}", answer.no_effect);
+    assert!(said("connection-idle-timeout has no effect on an NLB"));
+    assert!(said("proxy-protocol has no effect on an NLB"));
+    assert!(said(
+        "nlb-target-type has no effect: a setting of the AWS Load Balancer Controller"
+    ));
+    let lb = nlb(&elb, "a7a7a7a7").await.unwrap();
+    let (of_lb, of_group) = nlb_and_group_attributes(&elb, &lb).await;
+    assert_eq!(of_lb["access_logs.s3.enabled"], "true");
+    assert_eq!(of_lb["access_logs.s3.bucket"], "shop-logs");
+    assert_eq!(of_lb["access_logs.s3.prefix"], "nlb");
+    assert_eq!(of_group["preserve_client_ip.enabled"], "false");
+    assert_ne!(
+        of_group
+            .get("proxy_protocol_v2.enabled")
+            .map(String::as_str),
+        Some("true"),
+        "proxy-protocol: * turns nothing on, as upstream"
+    );
+
+    // The annotations change: logs off when no longer asked, a tag's new
+    // value applied (the old key left, as upstream leaves it).
+    for key in [
+        "access-log-enabled",
+        "access-log-s3-bucket-name",
+        "access-log-s3-bucket-prefix",
+    ] {
+        spec.annotations.remove(&format!("{NLB}{key}"));
+    }
+    spec.annotations.insert(
+        format!("{NLB}additional-resource-tags"),
+        "team=shop,tier=edge".into(),
+    );
+    ensure_ready(&client, &spec, &h).await;
+    let (of_lb, _) = nlb_and_group_attributes(&elb, &lb).await;
+    assert_eq!(of_lb["access_logs.s3.enabled"], "false");
+    let tags = elb
+        .describe_tags()
+        .resource_arns(lb.load_balancer_arn().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let tag = |key: &str| {
+        tags.tag_descriptions()[0]
+            .tags()
+            .iter()
+            .find(|t| t.key() == Some(key))
+            .and_then(|t| t.value())
+            .map(str::to_owned)
+    };
+    assert_eq!(tag("team").as_deref(), Some("shop"));
+    assert_eq!(tag("tier").as_deref(), Some("edge"));
+    assert_eq!(
+        tag(&format!("kubernetes.io/cluster/{CLUSTER}")).as_deref(),
+        Some("owned")
+    );
+}
+
+#[tokio::test]
+async fn an_nlb_with_backend_ssl_forwards_tls_and_keeps_an_existing_listeners_policy() {
+    let env = env(1, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let h = hosts(&env.seeded.instances);
+    let certificate = aws::request_certificate(&env.proxy.endpoint, "shop.example.com")
+        .await
+        .unwrap();
+    let mut spec = lb_spec(
+        "a8a8a8a8",
+        vec![port("https", Protocol::Tcp, 443, 30443)],
+        &[("ssl-cert", &certificate), ("backend-protocol", "ssl")],
+    );
+    let answer = ensure_whole(&client, &spec, &h).await;
+    assert!(answer.no_effect.is_empty(), "{:?}", answer.no_effect);
+    let lb = nlb(&elb, "a8a8a8a8").await.unwrap();
+    let group = &target_groups(&elb, &lb).await[0];
+    assert_eq!(group.protocol().map(|p| p.as_str()), Some("TLS"));
+    let listener = |elb: aws_sdk_elasticloadbalancingv2::Client, arn: String| async move {
+        elb.describe_listeners()
+            .load_balancer_arn(arn)
+            .send()
+            .await
+            .unwrap()
+            .listeners()[0]
+            .clone()
+    };
+    let arn = lb.load_balancer_arn().unwrap().to_owned();
+    let made = listener(elb.clone(), arn.clone()).await;
+    assert_eq!(
+        made.ssl_policy(),
+        Some("ELBSecurityPolicy-TLS13-1-2-2021-06")
+    );
+
+    // A listener with another policy (as upstream leaves AWS's default)
+    // keeps it while the Service names none, even when the listener moves
+    // to a new target group.
+    elb.modify_listener()
+        .listener_arn(made.listener_arn().unwrap())
+        .ssl_policy("ELBSecurityPolicy-2016-08")
+        .send()
+        .await
+        .unwrap();
+    spec.annotations.remove(&format!("{NLB}backend-protocol"));
+    ensure_ready(&client, &spec, &h).await;
+    let now = listener(elb.clone(), arn).await;
+    assert_eq!(now.ssl_policy(), Some("ELBSecurityPolicy-2016-08"));
+    let group = &target_groups(&elb, &lb).await[0];
+    assert_eq!(group.protocol().map(|p| p.as_str()), Some("TCP"));
+}
+
+#[tokio::test]
+async fn an_nlb_uses_the_groups_a_service_names_in_place_of_its_own() {
+    let env = env(1, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let h = hosts(&env.seeded.instances);
+    let byo = env
+        .ec2
+        .create_security_group()
+        .group_name("shop-edge")
+        .description("the team's own")
+        .vpc_id(&env.seeded.vpc)
+        .send()
+        .await
+        .unwrap()
+        .group_id()
+        .unwrap()
+        .to_owned();
+    let mut spec = lb_spec(
+        "a9a9a9a9",
+        vec![port("http", Protocol::Tcp, 80, 30080)],
+        &[],
+    );
+    ensure_ready(&client, &spec, &h).await;
+    let own = nlb(&elb, "a9a9a9a9").await.unwrap().security_groups()[0].clone();
+    assert_ne!(own, byo);
+
+    spec.annotations
+        .insert(format!("{NLB}security-groups"), byo.clone());
+    ensure_ready(&client, &spec, &h).await;
+    let lb = nlb(&elb, "a9a9a9a9").await.unwrap();
+    assert_eq!(lb.security_groups(), std::slice::from_ref(&byo));
+    assert!(
+        ingress(&env.ec2, &byo).await.is_empty(),
+        "nothing is written into a named group"
+    );
+    let node_rules = ingress(&env.ec2, &node_group(&env).await).await;
+    assert!(
+        node_rules.contains(&("tcp".into(), 30080, byo.clone())),
+        "{node_rules:?}"
+    );
+    assert!(!node_rules.iter().any(|r| r.2 == own), "{node_rules:?}");
+    let left = env
+        .ec2
+        .describe_security_groups()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("group-id")
+                .values(&own)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        left.security_groups().is_empty(),
+        "its own group is deleted"
+    );
+
+    // Named no more: a group of its own again.
+    spec.annotations.remove(&format!("{NLB}security-groups"));
+    ensure_ready(&client, &spec, &h).await;
+    let lb = nlb(&elb, "a9a9a9a9").await.unwrap();
+    assert_ne!(lb.security_groups(), [byo]);
+    assert_eq!(lb.security_groups().len(), 1);
 }

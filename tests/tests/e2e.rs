@@ -1083,6 +1083,179 @@ mod scenarios {
         finish(sandbox, kubelets).await;
     }
 
+    /// Real-world manifests (`tests/manifests/aws`), applied as written:
+    /// each gets the load balancer cloud-provider-aws
+    /// would make, what upstream reads is honoured, and each annotation it
+    /// ignores is an `AnnotationHasNoEffect` event on its Service, nothing
+    /// refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_aws_real_world_manifests_behave_as_upstream_with_events_for_what_it_ignores() {
+        let (sandbox, kubelets, _dir) = start_with(CloudKind::Aws, 2, 0, Default::default()).await;
+        let h = sandbox.handle();
+        until(&h, "convergence on AWS", |p| p.converged(&sandbox.options)).await;
+        let aws = sandbox.aws.as_ref().expect("the AWS account");
+        let client = sandbox.client().await.unwrap();
+        let services: Api<Service> = Api::namespaced(client.clone(), "default");
+        // Applied as written (kubectl sends no token over plain HTTP, so
+        // the files go through the API as they are).
+        let manifests = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests/aws");
+        for file in std::fs::read_dir(&manifests).unwrap() {
+            let text = std::fs::read_to_string(file.unwrap().path()).unwrap();
+            let svc: Service = serde_norway::from_str(&text).unwrap();
+            services.create(&PostParams::default(), &svc).await.unwrap();
+        }
+        let names = ["ingress-nginx-controller", "api-edge", "legacy-web"];
+        for name in names {
+            until_true(&format!("{name} has an address"), async || {
+                services.get(name).await.is_ok_and(|s| {
+                    s.status
+                        .and_then(|st| st.load_balancer)
+                        .and_then(|lb| lb.ingress)
+                        .is_some_and(|i| !i.is_empty())
+                })
+            })
+            .await;
+        }
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(client.clone(), "default");
+        let said = async |name: &str, reason: &str| -> Vec<String> {
+            let list = events.list(&Default::default()).await.unwrap();
+            list.items
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.involved_object.name.as_deref() == Some(name)
+                })
+                .filter_map(|e| e.message)
+                .collect()
+        };
+        let ignored = [
+            ("api-edge", "nlb-target-type has no effect"),
+            ("api-edge", "scheme has no effect"),
+            ("api-edge", "proxy-protocol has no effect on an NLB"),
+            (
+                "legacy-web",
+                "eip-allocations has no effect on a Classic ELB",
+            ),
+        ];
+        for (name, text) in ignored {
+            until_true(&format!("{name}: {text}"), async || {
+                said(name, "AnnotationHasNoEffect")
+                    .await
+                    .iter()
+                    .any(|m| m.contains(text))
+            })
+            .await;
+        }
+        // One note says all a Service's ignored annotations, and nothing
+        // else of them: no other annotation is said to be ignored, none
+        // refused.
+        for name in names {
+            let notes = said(name, "AnnotationHasNoEffect").await.join("\n");
+            let expected = ignored.iter().filter(|(n, _)| *n == name).count();
+            assert_eq!(
+                notes.matches("has no effect").count(),
+                expected,
+                "{name}: {notes}"
+            );
+            assert!(
+                said(name, "SyncLoadBalancerFailed").await.is_empty(),
+                "{name}"
+            );
+        }
+
+        // What upstream reads is on the load balancers.
+        let elb = ccm_sandbox::aws::elb_client(&aws.moto.endpoint);
+        let uid = async |name: &str| {
+            let svc = services.get(name).await.unwrap();
+            ccm_provider::load_balancer_name(svc.metadata.uid.as_deref().unwrap())
+        };
+        let nlb_of = async |name: &str| {
+            let lb_name = uid(name).await;
+            elb.describe_load_balancers()
+                .names(lb_name)
+                .send()
+                .await
+                .unwrap()
+                .load_balancers()[0]
+                .clone()
+        };
+        let attributes = async |arn: &str| -> std::collections::BTreeMap<String, String> {
+            elb.describe_load_balancer_attributes()
+                .load_balancer_arn(arn)
+                .send()
+                .await
+                .unwrap()
+                .attributes()
+                .iter()
+                .map(|a| {
+                    (
+                        a.key().unwrap_or_default().to_owned(),
+                        a.value().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        };
+        let nginx = nlb_of("ingress-nginx-controller").await;
+        let nginx_attributes = attributes(nginx.load_balancer_arn().unwrap()).await;
+        assert_eq!(
+            nginx_attributes["load_balancing.cross_zone.enabled"],
+            "true"
+        );
+        let edge = nlb_of("api-edge").await;
+        let edge_attributes = attributes(edge.load_balancer_arn().unwrap()).await;
+        assert_eq!(edge_attributes["access_logs.s3.enabled"], "true");
+        assert_eq!(edge_attributes["access_logs.s3.bucket"], "edge-logs");
+        let listeners = elb
+            .describe_listeners()
+            .load_balancer_arn(edge.load_balancer_arn().unwrap())
+            .send()
+            .await
+            .unwrap();
+        let group = listeners.listeners()[0].default_actions()[0]
+            .target_group_arn()
+            .unwrap()
+            .to_owned();
+        let group_attributes = elb
+            .describe_target_group_attributes()
+            .target_group_arn(group)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            group_attributes
+                .attributes()
+                .iter()
+                .any(|a| a.key() == Some("proxy_protocol_v2.enabled") && a.value() == Some("true")),
+            "{group_attributes:?}"
+        );
+        let classic = ccm_sandbox::aws::classic_elb_client(&aws.moto.endpoint);
+        let legacy = uid("legacy-web").await;
+        let described = classic
+            .describe_load_balancer_attributes()
+            .load_balancer_name(&legacy)
+            .send()
+            .await
+            .unwrap();
+        let a = described.load_balancer_attributes().unwrap();
+        assert_eq!(a.connection_settings().map(|c| c.idle_timeout()), Some(300));
+        assert_eq!(a.connection_draining().map(|d| d.enabled()), Some(true));
+
+        for name in names {
+            services
+                .delete(name, &DeleteParams::default())
+                .await
+                .unwrap();
+        }
+        until_true("every load balancer deleted", async || {
+            let nlbs = elb.describe_load_balancers().send().await.unwrap();
+            let classics = classic.describe_load_balancers().send().await.unwrap();
+            nlbs.load_balancers().is_empty() && classics.load_balancer_descriptions().is_empty()
+        })
+        .await;
+        finish(sandbox, kubelets).await;
+    }
+
     /// On AWS with the gateway's defaults, as an operator leaving
     /// cloud-provider-aws runs it: a Service without a type annotation
     /// gets a Classic ELB whose DNS name stays through node churn and a

@@ -68,7 +68,7 @@ pub const EXTRA_SECURITY_GROUPS: &str =
     "service.beta.kubernetes.io/aws-load-balancer-extra-security-groups";
 
 /// Every annotation read here.
-pub const KNOWN: [&str; 30] = [
+pub const KNOWN: [&str; 31] = [
     TYPE,
     INTERNAL,
     CROSS_ZONE,
@@ -99,72 +99,99 @@ pub const KNOWN: [&str; 30] = [
     ACCESS_LOG_PREFIX,
     SECURITY_GROUPS,
     EXTRA_SECURITY_GROUPS,
+    TARGET_GROUP_ATTRIBUTES,
 ];
 
-/// The annotations only a Classic ELB has, with why an NLB refuses each.
-pub const CLASSIC_ONLY: [(&str, &str); 10] = [
+/// The annotation upstream knows for NLBs only (target groups).
+pub const TARGET_GROUP_ATTRIBUTES: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes";
+
+/// The annotation a Classic ELB reads that an NLB refuses, as upstream
+/// refuses it, with why.
+pub const CLASSIC_ONLY: [(&str, &str); 1] = [(
+    EXTRA_SECURITY_GROUPS,
+    "cloud-provider-aws refuses it on NLBs too; name every group in aws-load-balancer-security-groups",
+)];
+
+/// The annotation an NLB reads that a Classic ELB refuses, as upstream
+/// refuses it, with why.
+pub const NLB_ONLY: [(&str, &str); 1] = [(
+    TARGET_GROUP_ATTRIBUTES,
+    "a Classic ELB has no target groups (cloud-provider-aws refuses it too); its proxy protocol is aws-load-balancer-proxy-protocol",
+)];
+
+/// Annotations an NLB accepts (their values still checked) that change
+/// nothing on it, as upstream ignores them there: each is reported in
+/// the ensure's answer with why and what would.
+pub const NO_EFFECT_ON_NLB: [(&str, &str); 5] = [
     (
-        BACKEND_PROTOCOL,
-        "NLB target groups forward TCP, UDP or TLS as the listener does",
+        DRAINING,
+        "an NLB's target groups drain deregistered targets for their deregistration delay (300 s)",
     ),
-    (DRAINING, "NLBs drain deregistered targets for a fixed time"),
     (
         DRAINING_TIMEOUT,
-        "NLBs drain deregistered targets for a fixed time",
+        "an NLB's target groups drain deregistered targets for their deregistration delay (300 s)",
     ),
-    (IDLE_TIMEOUT, "NLBs have a fixed idle timeout"),
-    (ACCESS_LOG, "this provider sets no access logs on NLBs"),
+    (
+        IDLE_TIMEOUT,
+        "an NLB's TCP idle timeout is fixed (350 s); a Classic ELB's can be set",
+    ),
+    (
+        PROXY_PROTOCOL,
+        "an NLB sends PROXY v2 headers when its target groups ask: aws-load-balancer-target-group-attributes: proxy_protocol_v2.enabled=true",
+    ),
     (
         ACCESS_LOG_INTERVAL,
-        "this provider sets no access logs on NLBs",
-    ),
-    (
-        ACCESS_LOG_BUCKET,
-        "this provider sets no access logs on NLBs",
-    ),
-    (
-        ACCESS_LOG_PREFIX,
-        "this provider sets no access logs on NLBs",
-    ),
-    (
-        SECURITY_GROUPS,
-        "the gateway makes and owns one security group per NLB; source ranges go into spec.loadBalancerSourceRanges",
-    ),
-    (
-        EXTRA_SECURITY_GROUPS,
-        "the gateway makes and owns one security group per NLB; source ranges go into spec.loadBalancerSourceRanges",
+        "an NLB writes its access logs every 5 minutes",
     ),
 ];
 
-/// The annotations only an NLB has, with why a Classic ELB refuses each.
-pub const NLB_ONLY: [(&str, &str); 3] = [
+/// Annotations a Classic ELB accepts (their values still checked) that
+/// change nothing on it, as upstream ignores them there, with why and
+/// what would.
+pub const NO_EFFECT_ON_CLASSIC: [(&str, &str); 3] = [
     (
         EIP_ALLOCATIONS,
-        "a Classic ELB has no fixed addresses; only its DNS name is stable",
+        "a Classic ELB has no fixed addresses; an NLB (aws-load-balancer-type: nlb) takes Elastic IPs",
     ),
     (
         PRIVATE_IPV4,
-        "a Classic ELB has no fixed addresses; only its DNS name is stable",
+        "a Classic ELB has no fixed addresses; an internal NLB (aws-load-balancer-type: nlb) takes private addresses",
     ),
-    (IP_ADDRESS_TYPE, "a Classic ELB in a VPC is IPv4 only"),
+    (
+        IP_ADDRESS_TYPE,
+        "a Classic ELB in a VPC is IPv4 only; an NLB (aws-load-balancer-type: nlb) can be dualstack",
+    ),
 ];
 
-/// Annotations of the AWS Load Balancer Controller, refused whatever the
-/// kind, with the reason a user reads.
-pub const REFUSED: [(&str, &str); 3] = [
-    (
-        "nlb-target-type",
-        "a setting of the AWS Load Balancer Controller; this provider registers instances",
-    ),
-    (
-        "target-group-attributes",
-        "a setting of the AWS Load Balancer Controller",
-    ),
-    (
-        "scheme",
-        "a setting of the AWS Load Balancer Controller; use aws-load-balancer-internal",
-    ),
+/// Annotations of the AWS Load Balancer Controller that cloud-provider-aws
+/// ignores: accepted here too, each reported as having no effect. A key
+/// ending in `.` names a family (`listener-attributes.TCP-80`).
+pub const CONTROLLER_ONLY: [&str; 17] = [
+    "name",
+    "nlb-target-type",
+    "scheme",
+    "alpn-policy",
+    "attributes",
+    "listener-attributes.",
+    "ipv6-addresses",
+    "healthcheck-success-codes",
+    "manage-backend-security-group-rules",
+    "inbound-sg-rules-on-private-link-traffic",
+    "customer-owned-ipv4-pool",
+    "security-group-prefix-lists",
+    "multi-cluster-target-group",
+    "enable-prefix-for-ipv6-source-nat",
+    "source-nat-ipv6-prefixes",
+    "minimum-load-balancer-capacity",
+    "enable-icmp-for-path-mtu-discovery",
 ];
+
+/// Why a key of the AWS Load Balancer Controller has no effect.
+const CONTROLLER_KEY: &str = "a setting of the AWS Load Balancer Controller, which cloud-provider-aws ignores too; aws-load-balancer-type: external hands the Service to that controller";
+
+/// Why an unknown key under the prefix has no effect.
+const UNKNOWN_KEY: &str = "not an annotation of cloud-provider-aws or the AWS Load Balancer Controller (check its spelling); cloud-provider-aws ignores it too";
 
 /// The kind of load balancer a Service gets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -203,7 +230,9 @@ impl LbKind {
     }
 }
 
-/// The protocol a Classic ELB speaks to the instances.
+/// The protocol the load balancer speaks to the instances: a Classic
+/// ELB's listeners any of them; an NLB's target groups TLS (`ssl`, behind
+/// a TLS listener) or TCP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendProtocol {
     Tcp,
@@ -223,11 +252,11 @@ impl BackendProtocol {
     }
 }
 
-/// Access logs of a Classic ELB.
+/// Access logs of either kind.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AccessLog {
     pub enabled: bool,
-    /// Minutes: 5 or 60.
+    /// Minutes: 5 or 60 (a Classic ELB's only).
     pub interval: Option<i32>,
     pub bucket: Option<String>,
     pub prefix: Option<String>,
@@ -236,17 +265,22 @@ pub struct AccessLog {
 /// What the annotations ask of a Classic ELB only.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClassicOptions {
-    pub backend_protocol: Option<BackendProtocol>,
     pub draining: Option<bool>,
     /// Seconds.
     pub draining_timeout: Option<i32>,
     /// Seconds.
     pub idle_timeout: Option<i32>,
-    pub access_log: Option<AccessLog>,
-    /// Groups to use in place of the one the gateway makes.
-    pub security_groups: Vec<String>,
     /// Groups to add to the load balancer's own.
     pub extra_security_groups: Vec<String>,
+}
+
+/// The target group attributes an NLB's Service sets; `None` leaves the
+/// group's value as it is (AWS's default on a new group), as upstream
+/// leaves it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TargetGroupAttributes {
+    pub preserve_client_ip: Option<bool>,
+    pub proxy_protocol_v2: Option<bool>,
 }
 
 /// A health check protocol.
@@ -323,7 +357,16 @@ pub struct LbOptions {
     pub target_node_labels: Vec<(String, Option<String>)>,
     pub tls: Option<Tls>,
     pub dualstack: bool,
+    pub backend_protocol: Option<BackendProtocol>,
+    /// `None` without any access log annotation: off, as upstream.
+    pub access_log: Option<AccessLog>,
+    /// Groups to use in place of the one the gateway makes.
+    pub security_groups: Vec<String>,
+    pub target_group_attributes: TargetGroupAttributes,
     pub classic: ClassicOptions,
+    /// The annotations accepted that change nothing on this kind, each
+    /// with why and what would (for a Normal event).
+    pub no_effect: Vec<String>,
     /// A change of kind replaces the load balancer ([`ALLOW_REPLACEMENT`]).
     pub allow_replacement: bool,
 }
@@ -418,20 +461,15 @@ fn reserved_tag(key: &str) -> bool {
         || key.to_ascii_lowercase().starts_with("aws:")
 }
 
-/// Why one annotation's value is refused.
+/// Why one annotation's value is refused: what it accepts.
 enum Problem {
-    /// The value is not one of these.
     Accepts(&'static str),
-    /// The annotation itself is refused.
-    Why(String),
 }
 
 impl Problem {
     fn message(self, value: &str) -> String {
-        match self {
-            Self::Accepts(accepts) => format!("{} is not accepted; {accepts}", quote(value)),
-            Self::Why(why) => why,
-        }
+        let Self::Accepts(accepts) = self;
+        format!("{} is not accepted; {accepts}", quote(value))
     }
 }
 
@@ -491,25 +529,73 @@ fn read(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
         HC_PROTOCOL | HC_PORT | HC_PATH | HC_INTERVAL | HC_TIMEOUT | HC_HEALTHY | HC_UNHEALTHY => {
             return read_health_check(o, key, value);
         }
-        BACKEND_PROTOCOL
-        | DRAINING
-        | DRAINING_TIMEOUT
-        | IDLE_TIMEOUT
-        | SECURITY_GROUPS
-        | EXTRA_SECURITY_GROUPS => return read_classic(&mut o.classic, key, value),
+        BACKEND_PROTOCOL => match value.trim().to_ascii_lowercase().as_str() {
+            "tcp" => o.backend_protocol = Some(BackendProtocol::Tcp),
+            "ssl" => o.backend_protocol = Some(BackendProtocol::Ssl),
+            "http" => o.backend_protocol = Some(BackendProtocol::Http),
+            "https" => o.backend_protocol = Some(BackendProtocol::Https),
+            _ => return Err(Problem::Accepts("use tcp, ssl, http or https")),
+        },
+        SECURITY_GROUPS => o.security_groups = security_groups(value)?,
+        DRAINING | DRAINING_TIMEOUT | IDLE_TIMEOUT | EXTRA_SECURITY_GROUPS => {
+            return read_classic(&mut o.classic, key, value);
+        }
         ACCESS_LOG | ACCESS_LOG_INTERVAL | ACCESS_LOG_BUCKET | ACCESS_LOG_PREFIX => {
-            return read_access_log(o.classic.access_log.get_or_insert_default(), key, value);
+            return read_access_log(o.access_log.get_or_insert_default(), key, value);
+        }
+        TARGET_GROUP_ATTRIBUTES => {
+            return read_target_group_attributes(&mut o.target_group_attributes, value);
         }
         other => {
             let suffix = &other[PREFIX.len()..];
-            let why = REFUSED
+            let controllers = CONTROLLER_ONLY
                 .iter()
-                .find(|(name, _)| *name == suffix)
-                .map_or_else(
-                    || "not an annotation this provider knows".to_owned(),
-                    |(_, why)| format!("not supported: {why}"),
-                );
-            return Err(Problem::Why(why));
+                .any(|name| suffix == *name || (name.ends_with('.') && suffix.starts_with(name)));
+            let why = if controllers {
+                CONTROLLER_KEY
+            } else {
+                UNKNOWN_KEY
+            };
+            o.no_effect
+                .push(format!("{} has no effect: {why}", short(other)));
+        }
+    }
+    Ok(())
+}
+
+/// `key` without the `service.beta.kubernetes.io/` of every annotation
+/// here, as tables and events name it.
+pub fn short(key: &str) -> &str {
+    key.trim_start_matches("service.beta.kubernetes.io/")
+}
+
+/// Reads a list of 1 to 5 security group IDs.
+fn security_groups(value: &str) -> Result<Vec<String>, Problem> {
+    let groups: Vec<String> = items(value).into_iter().map(str::to_owned).collect();
+    if groups.is_empty() || groups.len() > 5 || !groups.iter().all(|g| aws_id(g, "sg")) {
+        return Err(Problem::Accepts(
+            "use 1 to 5 security group IDs (sg-...) separated by commas",
+        ));
+    }
+    Ok(groups)
+}
+
+/// Reads the target group attributes upstream takes (`key=value` pairs,
+/// each key once, each value true or false).
+fn read_target_group_attributes(a: &mut TargetGroupAttributes, value: &str) -> Result<(), Problem> {
+    let accepts = "use preserve_client_ip.enabled and proxy_protocol_v2.enabled, each once, =true or =false, separated by commas";
+    let mut seen = Vec::new();
+    for item in items(value) {
+        let (k, v) = item.split_once('=').unwrap_or((item, ""));
+        let (k, v) = (k.trim(), boolean(v.trim()));
+        if seen.contains(&k) {
+            return Err(Problem::Accepts(accepts));
+        }
+        seen.push(k);
+        match (k, v) {
+            ("preserve_client_ip.enabled", Some(b)) => a.preserve_client_ip = Some(b),
+            ("proxy_protocol_v2.enabled", Some(b)) => a.proxy_protocol_v2 = Some(b),
+            _ => return Err(Problem::Accepts(accepts)),
         }
     }
     Ok(())
@@ -599,13 +685,6 @@ fn read_list(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
 /// Reads one of the annotations only a Classic ELB has.
 fn read_classic(o: &mut ClassicOptions, key: &str, value: &str) -> Result<(), Problem> {
     match key {
-        BACKEND_PROTOCOL => match value.trim().to_ascii_lowercase().as_str() {
-            "tcp" => o.backend_protocol = Some(BackendProtocol::Tcp),
-            "ssl" => o.backend_protocol = Some(BackendProtocol::Ssl),
-            "http" => o.backend_protocol = Some(BackendProtocol::Http),
-            "https" => o.backend_protocol = Some(BackendProtocol::Https),
-            _ => return Err(Problem::Accepts("use tcp, ssl, http or https")),
-        },
         DRAINING => match boolean(value.trim()) {
             Some(b) => o.draining = Some(b),
             None => return Err(Problem::Accepts("use true or false")),
@@ -618,25 +697,13 @@ fn read_classic(o: &mut ClassicOptions, key: &str, value: &str) -> Result<(), Pr
             Some(n) => o.idle_timeout = Some(n),
             None => return Err(Problem::Accepts("use whole seconds from 1 to 4000")),
         },
-        SECURITY_GROUPS | EXTRA_SECURITY_GROUPS => {
-            let groups: Vec<String> = items(value).into_iter().map(str::to_owned).collect();
-            if groups.is_empty() || groups.len() > 5 || !groups.iter().all(|g| aws_id(g, "sg")) {
-                return Err(Problem::Accepts(
-                    "use 1 to 5 security group IDs (sg-...) separated by commas",
-                ));
-            }
-            if key == SECURITY_GROUPS {
-                o.security_groups = groups;
-            } else {
-                o.extra_security_groups = groups;
-            }
-        }
+        EXTRA_SECURITY_GROUPS => o.extra_security_groups = security_groups(value)?,
         _ => {}
     }
     Ok(())
 }
 
-/// Reads one of the access log annotations of a Classic ELB.
+/// Reads one of the access log annotations.
 fn read_access_log(log: &mut AccessLog, key: &str, value: &str) -> Result<(), Problem> {
     match key {
         ACCESS_LOG => match boolean(value.trim()) {
@@ -673,8 +740,8 @@ fn read_access_log(log: &mut AccessLog, key: &str, value: &str) -> Result<(), Pr
     Ok(())
 }
 
-/// Refuses what the annotations in `keys` ask of a kind without it, and
-/// what a Classic ELB's settings need together.
+/// Refuses what the annotations in `keys` ask of a kind that refuses it,
+/// and what settings need together.
 fn kind_problems(o: &LbOptions, keys: &[&String]) -> Vec<(String, String)> {
     let (other_only, kind) = match o.kind {
         LbKind::Classic => (&NLB_ONLY[..], "Classic ELBs"),
@@ -685,25 +752,54 @@ fn kind_problems(o: &LbOptions, keys: &[&String]) -> Vec<(String, String)> {
         .filter(|(key, _)| keys.iter().any(|k| k.as_str() == *key))
         .map(|(key, why)| (field(key), format!("not supported for {kind}: {why}")))
         .collect();
-    if o.kind == LbKind::Classic {
-        let c = &o.classic;
-        if let Some(log) = &c.access_log
-            && log.enabled
-            && log.bucket.is_none()
-        {
-            problems.push((
-                field(ACCESS_LOG_BUCKET),
-                format!("needs a bucket when {ACCESS_LOG} is true"),
-            ));
-        }
-        if c.draining_timeout.is_some() && c.draining != Some(true) {
-            problems.push((
-                field(DRAINING_TIMEOUT),
-                format!("needs {DRAINING}: \"true\""),
-            ));
-        }
+    if let Some(log) = &o.access_log
+        && log.enabled
+        && log.bucket.is_none()
+    {
+        problems.push((
+            field(ACCESS_LOG_BUCKET),
+            format!("needs a bucket when {ACCESS_LOG} is true"),
+        ));
+    }
+    let c = &o.classic;
+    if o.kind == LbKind::Classic && c.draining_timeout.is_some() && c.draining != Some(true) {
+        problems.push((
+            field(DRAINING_TIMEOUT),
+            format!("needs {DRAINING}: \"true\""),
+        ));
     }
     problems
+}
+
+/// Notes each annotation in `keys` that changes nothing on the chosen
+/// kind, as upstream ignores it there, with why and what would.
+fn kind_notices(o: &mut LbOptions, keys: &[&String]) {
+    let (no_effect, kind) = match o.kind {
+        LbKind::Classic => (&NO_EFFECT_ON_CLASSIC[..], "a Classic ELB"),
+        LbKind::Nlb => (&NO_EFFECT_ON_NLB[..], "an NLB"),
+    };
+    for (key, why) in no_effect {
+        if keys.iter().any(|k| k.as_str() == *key) {
+            o.no_effect
+                .push(format!("{} has no effect on {kind}: {why}", short(key)));
+        }
+    }
+    if o.kind != LbKind::Nlb {
+        return;
+    }
+    let why = match o.backend_protocol {
+        Some(BackendProtocol::Http | BackendProtocol::Https) => {
+            "an NLB's target groups speak TCP, or TLS behind a TLS listener (ssl); a Classic ELB speaks HTTP"
+        }
+        Some(BackendProtocol::Ssl) if o.tls.is_none() => {
+            "ssl makes an NLB's target groups TLS behind TLS listeners only, and it has none (aws-load-balancer-ssl-cert)"
+        }
+        _ => return,
+    };
+    o.no_effect.push(format!(
+        "{} has no effect on an NLB: {why}",
+        short(BACKEND_PROTOCOL)
+    ));
 }
 
 /// Reads one of the health check annotations.
@@ -819,6 +915,7 @@ pub fn parse(
         }
     }
     problems.extend(kind_problems(&o, &keys));
+    kind_notices(&mut o, &keys);
     match annotations.get(ALLOW_REPLACEMENT).map(|v| v.trim()) {
         None | Some("false") => {}
         Some("true") => o.allow_replacement = true,
@@ -962,45 +1059,32 @@ mod tests {
         )
         .unwrap();
         let c = &o.classic;
-        assert_eq!(c.backend_protocol, Some(BackendProtocol::Http));
+        assert_eq!(o.backend_protocol, Some(BackendProtocol::Http));
         assert_eq!(
             (c.draining, c.draining_timeout, c.idle_timeout),
             (Some(true), Some(120), Some(300))
         );
-        let log = c.access_log.as_ref().unwrap();
+        let log = o.access_log.as_ref().unwrap();
         assert!(log.enabled);
         assert_eq!(log.interval, Some(5));
         assert_eq!(log.bucket.as_deref(), Some("my-logs"));
         assert_eq!(log.prefix.as_deref(), Some("elb"));
         assert_eq!(c.extra_security_groups, ["sg-0a1", "sg-0b2"]);
         assert!(o.proxy_protocol);
+        assert!(o.no_effect.is_empty(), "{:?}", o.no_effect);
     }
 
     #[test]
-    fn a_setting_of_the_other_kind_is_refused_with_why() {
+    fn what_upstream_refuses_on_a_kind_is_refused_with_why() {
         let found = problems_of(
-            &[
-                (IP_ADDRESS_TYPE, "dualstack"),
-                (EIP_ALLOCATIONS, "eipalloc-1"),
-                (BACKEND_PROTOCOL, "http"),
-            ],
+            &[(TARGET_GROUP_ATTRIBUTES, "proxy_protocol_v2.enabled=true")],
             LbKind::Classic,
         );
-        assert_eq!(found.len(), 2, "{found:?}");
-        assert!(
-            found
-                .iter()
-                .all(|(_, p)| p.contains("not supported for Classic ELBs")),
-            "{found:?}"
-        );
-        let found = problems(&[(BACKEND_PROTOCOL, "http"), (SECURITY_GROUPS, "sg-1")]);
-        assert_eq!(found.len(), 2, "{found:?}");
-        assert!(
-            found
-                .iter()
-                .all(|(_, p)| p.contains("not supported for NLBs")),
-            "{found:?}"
-        );
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].1.contains("no target groups"), "{found:?}");
+        let found = problems(&[(EXTRA_SECURITY_GROUPS, "sg-1")]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].1.contains("not supported for NLBs"), "{found:?}");
         let found = problems_of(
             &[
                 (ACCESS_LOG, "true"),
@@ -1017,6 +1101,97 @@ mod tests {
         assert!(has("s3-bucket-name", "needs a bucket"), "{found:?}");
         assert!(has("draining-timeout", "needs"), "{found:?}");
         assert!(has("emit-interval", "5 or 60"), "{found:?}");
+        let found = problems(&[(ACCESS_LOG, "true")]);
+        assert!(found[0].1.contains("needs a bucket"), "{found:?}");
+    }
+
+    #[test]
+    fn what_upstream_ignores_on_a_kind_is_accepted_and_said_to_have_no_effect() {
+        let o = nlb(&[
+            (IDLE_TIMEOUT, "60"),
+            (DRAINING, "true"),
+            (PROXY_PROTOCOL, "*"),
+            (BACKEND_PROTOCOL, "http"),
+            (ACCESS_LOG_INTERVAL, "5"),
+            (
+                "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type",
+                "ip",
+            ),
+            (
+                "service.beta.kubernetes.io/aws-load-balancer-listener-attributes.TCP-80",
+                "x=y",
+            ),
+            (
+                "service.beta.kubernetes.io/aws-load-balancer-colour",
+                "blue",
+            ),
+        ]);
+        let said = |text: &str| o.no_effect.iter().any(|n| n.contains(text));
+        assert_eq!(o.no_effect.len(), 8, "{:?}", o.no_effect);
+        assert!(said(
+            "connection-idle-timeout has no effect on an NLB: an NLB's TCP idle timeout is fixed"
+        ));
+        assert!(
+            said("proxy-protocol has no effect on an NLB")
+                && said("proxy_protocol_v2.enabled=true")
+        );
+        assert!(said("backend-protocol has no effect on an NLB"));
+        assert!(said(
+            "nlb-target-type has no effect: a setting of the AWS Load Balancer Controller"
+        ));
+        assert!(said(
+            "listener-attributes.TCP-80 has no effect: a setting of the AWS Load Balancer Controller"
+        ));
+        assert!(said("colour has no effect: not an annotation"));
+        // tcp is what an NLB speaks anyway; ssl with a certificate is honoured.
+        assert!(nlb(&[(BACKEND_PROTOCOL, "tcp")]).no_effect.is_empty());
+        let tls = nlb(&[
+            (BACKEND_PROTOCOL, "ssl"),
+            (SSL_CERT, "arn:aws:acm:r:1:certificate/x"),
+        ]);
+        assert!(tls.no_effect.is_empty(), "{:?}", tls.no_effect);
+        assert_eq!(tls.backend_protocol, Some(BackendProtocol::Ssl));
+        // A value wrong for both kinds is still refused.
+        assert_eq!(problems(&[(IDLE_TIMEOUT, "forever")]).len(), 1);
+        let classic = parse(
+            &annotations(&[
+                (IP_ADDRESS_TYPE, "dualstack"),
+                (EIP_ALLOCATIONS, "eipalloc-1"),
+            ]),
+            LbKind::Classic,
+        )
+        .unwrap();
+        assert_eq!(classic.no_effect.len(), 2, "{:?}", classic.no_effect);
+        assert!(
+            classic
+                .no_effect
+                .iter()
+                .all(|n| n.contains("on a Classic ELB"))
+        );
+    }
+
+    #[test]
+    fn target_group_attributes_take_upstreams_two_keys_once_each() {
+        let o = nlb(&[(
+            TARGET_GROUP_ATTRIBUTES,
+            "preserve_client_ip.enabled=false, proxy_protocol_v2.enabled=true",
+        )]);
+        assert_eq!(
+            o.target_group_attributes,
+            TargetGroupAttributes {
+                preserve_client_ip: Some(false),
+                proxy_protocol_v2: Some(true),
+            }
+        );
+        for bad in [
+            "proxy_protocol_v2.enabled=yes",
+            "deregistration_delay.timeout_seconds=30",
+            "proxy_protocol_v2.enabled=true,proxy_protocol_v2.enabled=false",
+            "proxy_protocol_v2.enabled",
+        ] {
+            let found = problems(&[(TARGET_GROUP_ATTRIBUTES, bad)]);
+            assert_eq!(found.len(), 1, "{bad}: {found:?}");
+        }
     }
 
     #[test]
@@ -1055,8 +1230,10 @@ mod tests {
             (SSL_PORTS, "443, https"),
             (SSL_POLICY, "ELBSecurityPolicy-TLS13-1-2-2021-06"),
             (IP_ADDRESS_TYPE, "dualstack"),
+            (SECURITY_GROUPS, "sg-0a1"),
         ]);
-        assert!(o.internal && o.proxy_protocol && o.dualstack);
+        assert!(o.internal && o.dualstack);
+        assert_eq!(o.security_groups, ["sg-0a1"]);
         assert_eq!(o.cross_zone, Some(true));
         assert_eq!(o.tags["cost-centre"], "42");
         assert_eq!(o.subnets, ["subnet-0a1", "private-b"]);
@@ -1087,29 +1264,21 @@ mod tests {
             (HC_PORT, "70000"),
             (ADDITIONAL_TAGS, "kubernetes.io/cluster/other=owned"),
             (SSL_PORTS, "443"),
-            (
-                "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout",
-                "60",
-            ),
-            (
-                "service.beta.kubernetes.io/aws-load-balancer-colour",
-                "blue",
-            ),
+            (IDLE_TIMEOUT, "0"),
         ]);
         let has = |key: &str, text: &str| {
             found
                 .iter()
                 .any(|(f, p)| f.contains(key) && p.contains(text))
         };
-        assert_eq!(found.len(), 8, "{found:?}");
+        assert_eq!(found.len(), 7, "{found:?}");
         assert!(has("-type", "use nlb or classic"));
         assert!(has("-internal", "true or false"));
         assert!(has("healthcheck-interval", "5 to 300"));
         assert!(has("healthcheck-port", "traffic-port"));
         assert!(has("additional-resource-tags", "key=value"));
         assert!(has("ssl-ports", "needs"));
-        assert!(has("idle-timeout", "not supported for NLBs"));
-        assert!(has("colour", "not an annotation"));
+        assert!(has("idle-timeout", "1 to 4000"));
     }
 
     #[test]
@@ -1138,31 +1307,70 @@ mod tests {
         assert!(found[0].1.contains("label keys"), "{found:?}");
     }
 
+    /// The cells of the operators' table row of `key`: values, upstream,
+    /// Classic ELB here, NLB here.
+    fn table_row(doc: &str, key: &str) -> Vec<String> {
+        let start = format!("| `{}` | ", short(key));
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with(&start))
+            .unwrap_or_else(|| panic!("{} not in the table", short(key)));
+        row[start.len()..]
+            .trim_end_matches(" |")
+            .split(" | ")
+            .map(str::to_owned)
+            .collect()
+    }
+
     #[test]
-    fn the_operators_table_names_every_annotation_read_or_refused() {
+    fn the_operators_table_says_what_each_kind_does_with_every_annotation() {
         let doc = include_str!("../../../helm/aws/README.md");
         for key in KNOWN {
-            let short = key.trim_start_matches("service.beta.kubernetes.io/");
-            assert!(
-                doc.contains(&format!("| `{short}` |")),
-                "{short} not in the table"
-            );
+            assert_eq!(table_row(doc, key).len(), 4, "{}", short(key));
         }
-        for (name, _) in REFUSED {
+        let cell = |key: &str, kind: LbKind| {
+            table_row(doc, key)[match kind {
+                LbKind::Classic => 2,
+                LbKind::Nlb => 3,
+            }]
+            .clone()
+        };
+        for (key, _) in NLB_ONLY {
+            assert!(cell(key, LbKind::Classic).starts_with("refused"), "{key}");
+        }
+        for (key, _) in CLASSIC_ONLY {
+            assert!(cell(key, LbKind::Nlb).starts_with("refused"), "{key}");
+        }
+        for (key, _) in NO_EFFECT_ON_CLASSIC {
+            assert!(cell(key, LbKind::Classic).starts_with("no effect"), "{key}");
+        }
+        for (key, _) in NO_EFFECT_ON_NLB {
+            assert!(cell(key, LbKind::Nlb).starts_with("no effect"), "{key}");
+        }
+        // No other row claims a refusal or no effect the code does not make.
+        for key in KNOWN {
+            for kind in [LbKind::Classic, LbKind::Nlb] {
+                let text = cell(key, kind);
+                let (refused, ignored) = match kind {
+                    LbKind::Classic => (&NLB_ONLY[..], &NO_EFFECT_ON_CLASSIC[..]),
+                    LbKind::Nlb => (&CLASSIC_ONLY[..], &NO_EFFECT_ON_NLB[..]),
+                };
+                assert_eq!(
+                    text.starts_with("refused"),
+                    refused.iter().any(|(k, _)| *k == key),
+                    "{key} for {kind:?}: {text}"
+                );
+                assert_eq!(
+                    text.starts_with("no effect"),
+                    ignored.iter().any(|(k, _)| *k == key),
+                    "{key} for {kind:?}: {text}"
+                );
+            }
+        }
+        for name in CONTROLLER_ONLY {
             assert!(
                 doc.contains(&format!("`{name}`")),
-                "{name} not in the refused table"
-            );
-        }
-        for (key, _) in CLASSIC_ONLY.iter().chain(&NLB_ONLY) {
-            let short = key.trim_start_matches("service.beta.kubernetes.io/");
-            let row = doc
-                .lines()
-                .find(|l| l.starts_with(&format!("| `{short}` |")))
-                .unwrap_or_default();
-            assert!(
-                row.contains("only"),
-                "{short}: the table says which kind has it"
+                "{name} not in the Controller's list"
             );
         }
     }

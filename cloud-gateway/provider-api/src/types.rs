@@ -246,6 +246,11 @@ pub struct LoadBalancerStatus {
     /// made (e.g. the cloud's own controller manager): what it was and
     /// what changed, for the Service's events. `None` otherwise.
     pub adopted: Option<String>,
+    /// What the Service asks that changes nothing on its load balancer
+    /// (an annotation the provider accepts and ignores there, as the
+    /// cloud's own controller does), each with why and what would: for
+    /// Normal events.
+    pub no_effect: Vec<String>,
 }
 
 /// A load balancer as listed.

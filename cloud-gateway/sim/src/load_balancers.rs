@@ -31,6 +31,7 @@ impl LoadBalancerRecord {
                 })
                 .collect(),
             adopted: None,
+            no_effect: Vec::new(),
         }
     }
 

@@ -275,6 +275,7 @@ mod tests {
                 ..Default::default()
             }],
             adopted: None,
+            no_effect: Vec::new(),
         });
         assert_eq!(
             status.ingress[0].ports[0].protocol,

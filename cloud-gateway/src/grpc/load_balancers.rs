@@ -101,9 +101,11 @@ impl LoadBalancers for LoadBalancersService {
                 )
                 .await?;
             let adopted = status.adopted.clone().unwrap_or_default();
+            let no_effect = status.no_effect.clone();
             Ok(Response::new(EnsureLoadBalancerResponse {
                 status: Some(convert::status_to_wire(status)),
                 adopted,
+                no_effect,
             }))
         })
         .await

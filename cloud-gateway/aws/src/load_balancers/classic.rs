@@ -64,6 +64,7 @@ pub(super) fn classic_status(elb: &Elb) -> LoadBalancerStatus {
             .into_iter()
             .collect(),
         adopted: None,
+        no_effect: Vec::new(),
     }
 }
 

@@ -121,7 +121,7 @@ pub(super) fn classic_listeners(
 
 /// The listener of one TCP port.
 fn listener(port: i32, node_port: i32, name: &str, o: &LbOptions) -> ClassicListener {
-    let backend = o.classic.backend_protocol;
+    let backend = o.backend_protocol;
     let certificate = o
         .tls
         .as_ref()
@@ -159,7 +159,7 @@ pub(super) fn health_check_target(
         HcPort::TrafficPort => listeners.first().map_or(0, |l| l.instance_port),
     };
     let secure_backend = matches!(
-        o.classic.backend_protocol,
+        o.backend_protocol,
         Some(BackendProtocol::Ssl | BackendProtocol::Https)
     );
     match hc.protocol {
@@ -191,7 +191,7 @@ impl Attributes {
             draining: c.draining.unwrap_or(false),
             draining_timeout: c.draining_timeout,
             idle_timeout: c.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT),
-            access_log: c.access_log.clone().unwrap_or_default(),
+            access_log: o.access_log.clone().unwrap_or_default(),
         }
     }
 
@@ -247,7 +247,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        o.classic.backend_protocol = backend;
+        o.backend_protocol = backend;
         o
     }
 
@@ -351,8 +351,10 @@ mod tests {
             ),
             "HTTP:32000/healthz"
         );
-        let mut ssl = LbOptions::default();
-        ssl.classic.backend_protocol = Some(BackendProtocol::Ssl);
+        let ssl = LbOptions {
+            backend_protocol: Some(BackendProtocol::Ssl),
+            ..Default::default()
+        };
         assert_eq!(
             health_check_target(
                 &hc(HcProtocol::Tcp, HcPort::TrafficPort, None),

@@ -2,7 +2,7 @@
 //! them in batches, and telling by them which resources are the cluster's
 //! (the ownership rule of `tags.rs`, in ELBv2's tag type).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use aws_sdk_elasticloadbalancingv2::types::Tag;
 use ccm_provider::Result;
@@ -57,28 +57,33 @@ impl AwsCloud {
     }
 
     /// Adds to the resource `arn` those of `want` whose key it lacks in
-    /// `have` (values it has are left as they are), with the cluster tag,
-    /// as the IAM policy asks of every `AddTags`.
-    pub(super) async fn add_missing_elb_tags(
+    /// `have`, and those of `extra` (the Service's own tags) whose value
+    /// differs; other values it has are left as they are, and no tag is
+    /// removed, as upstream leaves them. The cluster tag goes with every
+    /// `AddTags`, as the IAM policy asks.
+    pub(super) async fn sync_elb_tags(
         &self,
         arn: &str,
         have: &[Tag],
         want: &[(String, String)],
+        extra: &BTreeMap<String, String>,
     ) -> Result<()> {
-        if want.iter().all(|(k, _)| tag_value(have, k).is_some()) {
+        let needed = |k: &str, v: &str| match tag_value(have, k) {
+            None => true,
+            Some(now) => extra.contains_key(k) && now != v,
+        };
+        if !want.iter().any(|(k, v)| needed(k, v)) {
             return Ok(());
         }
-        let missing: Vec<(String, String)> = want
+        let adding: Vec<(String, String)> = want
             .iter()
-            .filter(|(k, _)| {
-                tag_value(have, k).is_none() || k.starts_with(tags::CLUSTER_TAG_PREFIX)
-            })
+            .filter(|(k, v)| needed(k, v) || k.starts_with(tags::CLUSTER_TAG_PREFIX))
             .cloned()
             .collect();
         self.elb
             .add_tags()
             .resource_arns(arn)
-            .set_tags(Some(elb_tags_of(&missing)))
+            .set_tags(Some(elb_tags_of(&adding)))
             .send()
             .await
             .map_err(|e| errors::cloud_error("AddTags", e))?;

@@ -11,12 +11,14 @@ use aws_sdk_elasticloadbalancingv2::types::{
 use ccm_provider::{CloudError, LoadBalancerSpec, Protocol, Result};
 
 use super::ingress_rules::Opening;
-use crate::annotations::{self, LbOptions, TlsPorts};
+use crate::annotations::{self, BackendProtocol, LbOptions, TlsPorts};
 use crate::{AwsCloud, errors};
 
 /// The most listeners one NLB has (an AWS quota).
 const MAX_LISTENERS: usize = 50;
-/// The TLS policy of a TLS listener when the Service names none.
+/// The TLS policy of a new TLS listener when the Service names none (an
+/// existing one keeps its own, so an adopted listener's clients are not
+/// cut off).
 const DEFAULT_TLS_POLICY: &str = "ELBSecurityPolicy-TLS13-1-2-2021-06";
 
 /// One listener and its target group.
@@ -68,6 +70,13 @@ pub(super) fn listenings(spec: &LoadBalancerSpec, o: &LbOptions) -> Result<Vec<L
         out.push(listening(port, &entries, o)?);
     }
     check_tls_ports_exist(spec, o)?;
+    let udp = |l: &Listening| matches!(l.target, ProtocolEnum::Udp | ProtocolEnum::TcpUdp);
+    if o.target_group_attributes.preserve_client_ip == Some(false) && out.iter().any(udp) {
+        return Err(CloudError::invalid(
+            annotations::field(annotations::TARGET_GROUP_ATTRIBUTES),
+            "preserve_client_ip.enabled=false: AWS keeps client addresses on UDP target groups, and the Service has a UDP port",
+        ));
+    }
     Ok(out)
 }
 
@@ -136,6 +145,12 @@ fn listening(port: i32, entries: &[PortEntry<'_>], o: &LbOptions) -> Result<List
             format!("port {port} carries UDP; only TCP ports can be TLS listeners"),
         ));
     }
+    // Behind a TLS listener, `ssl` re-encrypts to the targets, as upstream.
+    let target = if tls && o.backend_protocol == Some(BackendProtocol::Ssl) {
+        ProtocolEnum::Tls
+    } else {
+        target
+    };
     Ok(Listening {
         port,
         listener: if tls { ProtocolEnum::Tls } else { listener },
@@ -180,6 +195,7 @@ pub(super) fn check_tls_ports_exist(spec: &LoadBalancerSpec, o: &LbOptions) -> R
 struct TlsSettings {
     certificate_arn: Option<String>,
     certificates: Option<Vec<Certificate>>,
+    /// The policy the Service names, if any.
     policy: Option<String>,
 }
 
@@ -195,12 +211,17 @@ impl TlsSettings {
                         .build(),
                 ]
             }),
-            policy: o.tls.as_ref().map(|t| {
-                t.policy
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_TLS_POLICY.to_owned())
-            }),
+            policy: o.tls.as_ref().and_then(|t| t.policy.clone()),
         }
+    }
+
+    /// The policy of a TLS listener replacing `existing`: the one the
+    /// Service names, else the one it has, else the default.
+    fn policy_for(&self, existing: Option<&Listener>) -> String {
+        self.policy
+            .clone()
+            .or_else(|| existing.and_then(|x| x.ssl_policy()).map(str::to_owned))
+            .unwrap_or_else(|| DEFAULT_TLS_POLICY.to_owned())
     }
 
     /// Whether `listener` is already what `l` asks for.
@@ -215,7 +236,11 @@ impl TlsSettings {
                 .first()
                 .and_then(|c| c.certificate_arn())
                 == self.certificate_arn.as_deref()
-                && listener.ssl_policy() == self.policy.as_deref());
+                && listener.ssl_policy().is_some()
+                && self
+                    .policy
+                    .as_deref()
+                    .is_none_or(|p| listener.ssl_policy() == Some(p)));
         listener.protocol() == Some(&l.listener) && targets_ok && cert_ok
     }
 }
@@ -289,13 +314,13 @@ impl AwsCloud {
             .elb
             .modify_listener()
             .listener_arn(listener.listener_arn().unwrap_or_default())
-            .protocol(l.listener.clone())
-            .port(l.port)
+            // Only a change is sent: the port is the same by construction.
+            .set_protocol((listener.protocol() != Some(&l.listener)).then(|| l.listener.clone()))
             .default_actions(forward(target_group));
         if l.tls {
             m = m
                 .set_certificates(tls.certificates.clone())
-                .set_ssl_policy(tls.policy.clone());
+                .ssl_policy(tls.policy_for(Some(listener)));
         }
         m.send()
             .await
@@ -322,7 +347,7 @@ impl AwsCloud {
         if l.tls {
             c = c
                 .set_certificates(tls.certificates.clone())
-                .set_ssl_policy(tls.policy.clone());
+                .ssl_policy(tls.policy_for(None));
         }
         c.send()
             .await

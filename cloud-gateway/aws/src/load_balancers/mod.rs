@@ -59,7 +59,7 @@ use ccm_provider::{
 
 use std::collections::BTreeSet;
 
-use aws_sdk_ec2::types::{Instance as Ec2Instance, SecurityGroup};
+use aws_sdk_ec2::types::Instance as Ec2Instance;
 use aws_sdk_elasticloadbalancing::types::LoadBalancerDescription as Elb;
 use aws_sdk_elasticloadbalancingv2::types::LoadBalancer as Nlb;
 
@@ -208,11 +208,10 @@ fn not_ours<T>(e: CloudError) -> Result<Option<T>> {
 /// The group a Classic ELB's traffic to the nodes comes from: the first
 /// the Service names, else the first that is not an extra one (its own).
 fn classic_source_group<'a>(elb: &'a Elb, o: &'a LbOptions) -> Option<&'a str> {
-    let c = &o.classic;
-    c.security_groups.first().map(String::as_str).or_else(|| {
+    o.security_groups.first().map(String::as_str).or_else(|| {
         elb.security_groups()
             .iter()
-            .find(|g| !c.extra_security_groups.contains(g))
+            .find(|g| !o.classic.extra_security_groups.contains(g))
             .map(String::as_str)
     })
 }
@@ -343,26 +342,53 @@ impl AwsCloud {
         }
         let tags = tags::service_tags(cluster, service, &o.tags);
 
-        // The NLB's group: its first (its rules ours to keep when it is
-        // the cluster's), ours for a new NLB, or none for an NLB made
-        // without one (as upstream makes them by default).
-        let group = match &existing {
-            None => Some(
-                self.load_balancer_group(cluster, LbKind::Nlb.title(), &lb_name, &place.vpc, &tags)
-                    .await?,
-            ),
-            Some((nlb, _)) => match nlb.security_groups().first() {
-                None => None,
-                Some(id) => Some(
-                    self.owned_group(cluster, id)
-                        .await?
-                        .unwrap_or_else(|| SecurityGroup::builder().group_id(id).build()),
-                ),
-            },
+        let mut no_effect = o.no_effect.clone();
+        let arn_of = |nlb: &Nlb| nlb.load_balancer_arn().unwrap_or_default().to_owned();
+        // The NLB's groups: those the Service names (nothing in them
+        // changed), else its own, kept to the source ranges; none for one
+        // made without any (as upstream makes them by default), which AWS
+        // cannot give one.
+        let (groups, own) = match &existing {
+            Some((nlb, _)) if nlb.security_groups().is_empty() => {
+                if !o.security_groups.is_empty() {
+                    no_effect.push(format!(
+                        "{} has no effect on this NLB: it was made without security groups (as cloud-provider-aws makes them), and AWS cannot give it any; recreate the Service to have them",
+                        annotations::short(annotations::SECURITY_GROUPS)
+                    ));
+                }
+                (Vec::new(), None)
+            }
+            _ if !o.security_groups.is_empty() => (o.security_groups.clone(), None),
+            _ => {
+                let have: Vec<String> = existing
+                    .as_ref()
+                    .map(|(nlb, _)| nlb.security_groups().to_vec())
+                    .unwrap_or_default();
+                let kept = match have.first() {
+                    Some(id) => self.owned_group(cluster, id).await?,
+                    None => None,
+                };
+                match kept {
+                    Some(group) => (have, Some(group)),
+                    None => {
+                        let group = self
+                            .load_balancer_group(
+                                cluster,
+                                LbKind::Nlb.title(),
+                                &lb_name,
+                                &place.vpc,
+                                &tags,
+                            )
+                            .await?;
+                        (
+                            vec![group.group_id().unwrap_or_default().to_owned()],
+                            Some(group),
+                        )
+                    }
+                }
+            }
         };
-        if let Some(group) = &group
-            && tags::belongs_to(group.tags(), cluster)
-        {
+        if let Some(group) = &own {
             let clients = client_rules(
                 &spec.source_ranges,
                 o.dualstack,
@@ -372,19 +398,18 @@ impl AwsCloud {
             self.sync_rules(id, &rules_of(group), &with_mtu_discovery(clients))
                 .await?;
         }
-        let group_id = group.as_ref().and_then(|g| g.group_id());
+        let group_id = groups.first().map(String::as_str);
         let nlb = match &existing {
-            Some((nlb, _)) => nlb.clone(),
+            Some((nlb, _)) => {
+                if !groups.is_empty() && nlb.security_groups() != groups.as_slice() {
+                    self.set_nlb_groups(&arn_of(nlb), &groups).await?;
+                }
+                nlb.clone()
+            }
             None => {
                 tracing::info!(nlb = %lb_name, service = %format!("{}/{}", service.namespace, service.name), "creating NLB");
-                self.create_nlb(
-                    &lb_name,
-                    o,
-                    &place.subnets,
-                    group_id.unwrap_or_default(),
-                    &tags,
-                )
-                .await?
+                self.create_nlb(&lb_name, o, &place.subnets, &groups, &tags)
+                    .await?
             }
         };
         self.open_nodes_to_nlb_of(cluster, spec, o, &nlb, group_id, &targets, &ls, &hc)
@@ -396,7 +421,7 @@ impl AwsCloud {
             lb_name: &lb_name,
             vpc: &place.vpc,
             health_check: &hc,
-            proxy_protocol: o.proxy_protocol,
+            attributes: &o.target_group_attributes,
             tags: &tags,
         };
         let wanted = self
@@ -407,17 +432,33 @@ impl AwsCloud {
         // failed attempt are found by the Service's delete).
         let before = self.sync_listeners(arn, &wanted, o).await?;
         self.delete_stale_target_groups(&before, &wanted).await?;
+        if !o.security_groups.is_empty() {
+            // The Service names its groups now: a group we made before goes.
+            self.delete_load_balancer_group(cluster, LbKind::Nlb.title(), &lb_name, &place.vpc)
+                .await?;
+        }
         // One cloud-provider-aws made is ours once it carries our tags;
         // they go on last, so an ensure that failed before adopts again.
+        // Tags the Service adds or changes later are applied too.
+        let have_tags = existing
+            .as_ref()
+            .map(|(_, t)| t.as_slice())
+            .unwrap_or_default();
         let adopted = match &existing {
             Some((nlb, have)) if tag_value(have, TAG_SERVICE_UID).is_none() => {
-                self.add_missing_elb_tags(arn, have, &tags).await?;
                 Some(adoption_of(nlb, group_id))
             }
             _ => None,
         };
+        if existing.is_some() {
+            self.sync_elb_tags(arn, have_tags, &tags, &o.tags).await?;
+        }
         let status = self.status_when_active(&nlb, &lb_name).await?;
-        Ok(LoadBalancerStatus { adopted, ..status })
+        Ok(LoadBalancerStatus {
+            adopted,
+            no_effect,
+            ..status
+        })
     }
 
     /// Opens the nodes to `nlb`: to its group `group` when it has one
@@ -550,13 +591,14 @@ impl AwsCloud {
         self.sync_classic_policies(&elb, &listeners, o).await?;
         self.sync_classic_instances(&elb, &instance_ids(&targets))
             .await?;
-        if !o.classic.security_groups.is_empty() {
+        if !o.security_groups.is_empty() {
             // The Service names its groups now: a group we made before goes.
             self.delete_load_balancer_group(cluster, LbKind::Classic.title(), &lb_name, &place.vpc)
                 .await?;
         }
         Ok(LoadBalancerStatus {
             adopted,
+            no_effect: o.no_effect.clone(),
             ..classic_status(&elb)
         })
     }
@@ -576,8 +618,7 @@ impl AwsCloud {
         listeners: &[ClassicListener],
         o: &LbOptions,
     ) -> Result<Vec<String>> {
-        let c = &o.classic;
-        let mut groups = if c.security_groups.is_empty() {
+        let mut groups = if o.security_groups.is_empty() {
             let group = self
                 .load_balancer_group(cluster, LbKind::Classic.title(), lb_name, vpc, tags)
                 .await?;
@@ -591,9 +632,9 @@ impl AwsCloud {
                 .await?;
             vec![id.to_owned()]
         } else {
-            c.security_groups.clone()
+            o.security_groups.clone()
         };
-        for extra in &c.extra_security_groups {
+        for extra in &o.classic.extra_security_groups {
             if !groups.contains(extra) {
                 groups.push(extra.clone());
             }

@@ -22,6 +22,41 @@ use crate::{AwsCloud, errors};
 
 /// The load balancer attribute of cross-zone load balancing.
 const CROSS_ZONE: &str = "load_balancing.cross_zone.enabled";
+/// The load balancer attributes of access logs.
+const ACCESS_LOGS: &str = "access_logs.s3.enabled";
+const ACCESS_LOGS_BUCKET: &str = "access_logs.s3.bucket";
+const ACCESS_LOGS_PREFIX: &str = "access_logs.s3.prefix";
+
+/// The attributes of an NLB that `o` wants and `have` (as AWS reports
+/// them) lacks, as upstream keeps them: cross-zone load balancing and
+/// access logs as asked, off when not asked (so removing an annotation
+/// turns it off); bucket and prefix only while logs are on (AWS refuses
+/// an empty bucket).
+fn attribute_changes(o: &LbOptions, have: &[LoadBalancerAttribute]) -> Vec<(&'static str, String)> {
+    let log = o.access_log.clone().unwrap_or_default();
+    let mut wanted = vec![
+        (CROSS_ZONE, o.cross_zone.unwrap_or(false).to_string()),
+        (ACCESS_LOGS, log.enabled.to_string()),
+    ];
+    if log.enabled {
+        wanted.push((ACCESS_LOGS_BUCKET, log.bucket.unwrap_or_default()));
+        wanted.push((ACCESS_LOGS_PREFIX, log.prefix.unwrap_or_default()));
+    }
+    let current = |key: &str| {
+        have.iter()
+            .find(|a| a.key() == Some(key))
+            .and_then(|a| a.value())
+            .unwrap_or_default()
+    };
+    wanted
+        .into_iter()
+        .filter(|(key, value)| {
+            let now = current(key);
+            // AWS reports a never-set switch as absent: that is off.
+            now != value && !(now.is_empty() && value == "false")
+        })
+        .collect()
+}
 
 /// Refuses what no AWS load balancer of ours takes, every problem at
 /// once: a requested address (an NLB's come from the annotations, a
@@ -108,6 +143,7 @@ fn status_of(nlb: &Nlb) -> LoadBalancerStatus {
             .into_iter()
             .collect(),
         adopted: None,
+        no_effect: Vec::new(),
     }
 }
 
@@ -207,13 +243,13 @@ impl AwsCloud {
             .collect())
     }
 
-    /// A new NLB in `subnets` with the security group `group`.
+    /// A new NLB in `subnets` with the security groups `groups`.
     pub(super) async fn create_nlb(
         &self,
         lb_name: &str,
         o: &LbOptions,
         subnets: &[Subnet],
-        group: &str,
+        groups: &[String],
         tags: &[(String, String)],
     ) -> Result<Nlb> {
         let mappings: Vec<SubnetMapping> = subnets
@@ -243,7 +279,7 @@ impl AwsCloud {
                 IpAddressType::Ipv4
             })
             .set_subnet_mappings(Some(mappings))
-            .security_groups(group)
+            .set_security_groups(Some(groups.to_vec()))
             .set_tags(Some(elb_tags_of(tags)))
             .send()
             .await
@@ -253,34 +289,44 @@ impl AwsCloud {
         })
     }
 
-    /// Cross-zone load balancing as asked, off when not asked, as
-    /// upstream keeps it (so removing the annotation turns it off).
+    /// Gives the NLB `arn` the security groups `groups` in place of its
+    /// own (AWS keeps at least one on an NLB made with any).
+    pub(super) async fn set_nlb_groups(&self, arn: &str, groups: &[String]) -> Result<()> {
+        self.elb
+            .set_security_groups()
+            .load_balancer_arn(arn)
+            .set_security_groups(Some(groups.to_vec()))
+            .send()
+            .await
+            .map_err(|e| errors::cloud_error("SetSecurityGroups", e))?;
+        Ok(())
+    }
+
+    /// The NLB's attributes as `o` asks ([`attribute_changes`]).
     pub(super) async fn sync_attributes(&self, arn: &str, o: &LbOptions) -> Result<()> {
-        let cross_zone = o.cross_zone.unwrap_or(false);
         let have = self
             .elb
             .describe_load_balancer_attributes()
             .load_balancer_arn(arn)
             .send()
             .await
-            .map_err(|e| errors::cloud_error("DescribeLoadBalancerAttributes", e))?
-            .attributes()
-            .iter()
-            .any(|a| a.key() == Some(CROSS_ZONE) && a.value() == Some("true"));
-        if have != cross_zone {
-            self.elb
-                .modify_load_balancer_attributes()
-                .load_balancer_arn(arn)
-                .attributes(
-                    LoadBalancerAttribute::builder()
-                        .key(CROSS_ZONE)
-                        .value(cross_zone.to_string())
-                        .build(),
-                )
-                .send()
-                .await
-                .map_err(|e| errors::cloud_error("ModifyLoadBalancerAttributes", e))?;
+            .map_err(|e| errors::cloud_error("DescribeLoadBalancerAttributes", e))?;
+        let changes = attribute_changes(o, have.attributes());
+        if changes.is_empty() {
+            return Ok(());
         }
+        self.elb
+            .modify_load_balancer_attributes()
+            .load_balancer_arn(arn)
+            .set_attributes(Some(
+                changes
+                    .into_iter()
+                    .map(|(k, v)| LoadBalancerAttribute::builder().key(k).value(v).build())
+                    .collect(),
+            ))
+            .send()
+            .await
+            .map_err(|e| errors::cloud_error("ModifyLoadBalancerAttributes", e))?;
         Ok(())
     }
 
@@ -400,5 +446,49 @@ mod tests {
         assert!(check_not_failed(&nlb(LoadBalancerStateEnum::Active), "a").is_ok());
         let err = check_not_failed(&nlb(LoadBalancerStateEnum::Failed), "a").unwrap_err();
         assert!(err.to_string().contains("no reason given"), "{err}");
+    }
+
+    #[test]
+    fn attributes_follow_the_annotations_and_go_off_without_them() {
+        let attr = |k: &str, v: &str| LoadBalancerAttribute::builder().key(k).value(v).build();
+        let off = [attr(CROSS_ZONE, "false"), attr(ACCESS_LOGS, "false")];
+        assert!(attribute_changes(&LbOptions::default(), &off).is_empty());
+        assert!(
+            attribute_changes(&LbOptions::default(), &[]).is_empty(),
+            "absent is off"
+        );
+        let logs = LbOptions {
+            access_log: Some(crate::annotations::AccessLog {
+                enabled: true,
+                bucket: Some("logs".into()),
+                prefix: Some("nlb".into()),
+                interval: None,
+            }),
+            cross_zone: Some(true),
+            ..Default::default()
+        };
+        let changes = attribute_changes(&logs, &off);
+        assert_eq!(
+            changes,
+            [
+                (CROSS_ZONE, "true".to_owned()),
+                (ACCESS_LOGS, "true".to_owned()),
+                (ACCESS_LOGS_BUCKET, "logs".to_owned()),
+                (ACCESS_LOGS_PREFIX, "nlb".to_owned()),
+            ]
+        );
+        let on = [
+            attr(CROSS_ZONE, "true"),
+            attr(ACCESS_LOGS, "true"),
+            attr(ACCESS_LOGS_BUCKET, "logs"),
+        ];
+        assert_eq!(
+            attribute_changes(&LbOptions::default(), &on),
+            [
+                (CROSS_ZONE, "false".to_owned()),
+                (ACCESS_LOGS, "false".to_owned())
+            ],
+            "the bucket is left once logs are off"
+        );
     }
 }

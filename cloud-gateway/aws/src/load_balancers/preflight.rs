@@ -202,29 +202,42 @@ impl AwsCloud {
         }
     }
 
+    /// The verdict of [`Self::judge_kind`], with the annotations that
+    /// would have no effect.
     async fn judge(&self, cluster: &str, spec: &LoadBalancerSpec) -> Result<Verdict> {
         let o = annotations::parse(&spec.annotations, self.settings.default_load_balancer_type)?;
-        let hc = health_check(spec, &o)?;
+        let mut verdict = self.judge_kind(cluster, spec, &o).await?;
+        verdict.details.extend(o.no_effect.iter().cloned());
+        Ok(verdict)
+    }
+
+    async fn judge_kind(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        o: &LbOptions,
+    ) -> Result<Verdict> {
+        let hc = health_check(spec, o)?;
         refuse_unsupported(spec)?;
         let lb_name = load_balancer_name(&spec.service.uid);
         match o.kind {
             LbKind::Nlb => {
-                let ls = listenings(spec, &o)?;
+                let ls = listenings(spec, o)?;
                 match self.owned_nlb(cluster, &lb_name).await? {
                     Some((nlb, tags)) => {
-                        self.judge_nlb(cluster, spec, &o, &ls, &hc, &nlb, &tags)
+                        self.judge_nlb(cluster, spec, o, &ls, &hc, &nlb, &tags)
                             .await
                     }
-                    None => self.judge_new(&lb_name, LbKind::Nlb, &o).await,
+                    None => self.judge_new(&lb_name, LbKind::Nlb, o).await,
                 }
             }
             LbKind::Classic => {
-                let listeners = classic_listeners(spec, &o)?;
+                let listeners = classic_listeners(spec, o)?;
                 match self.owned_classic(cluster, &lb_name).await? {
                     Some((elb, tags)) => {
-                        check_classic_immutable(&elb, &o)?;
+                        check_classic_immutable(&elb, o)?;
                         let changes = self
-                            .classic_changes(cluster, spec, &o, &listeners, &hc, &elb)
+                            .classic_changes(cluster, spec, o, &listeners, &hc, &elb)
                             .await?;
                         let ours = tags.iter().any(|t| t.key() == TAG_SERVICE_UID);
                         Ok(Verdict::existing(
@@ -235,7 +248,7 @@ impl AwsCloud {
                             changes,
                         ))
                     }
-                    None => self.judge_new(&lb_name, LbKind::Classic, &o).await,
+                    None => self.judge_new(&lb_name, LbKind::Classic, o).await,
                 }
             }
         }
@@ -444,7 +457,7 @@ impl AwsCloud {
                 h.unhealthy_threshold()
             ));
         }
-        if o.classic.security_groups.is_empty() {
+        if o.security_groups.is_empty() {
             let own = security_group_name(elb.load_balancer_name().unwrap_or_default());
             for id in elb.security_groups() {
                 if let Some(group) = self.owned_group(cluster, id).await?

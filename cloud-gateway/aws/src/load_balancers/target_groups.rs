@@ -1,6 +1,7 @@
 //! An NLB's target groups (ELBv2), one per listener: named from the
 //! Service UID and what cannot change in place, made with the health check
-//! and proxy protocol setting the Service asks for, their instance targets
+//! and the attributes the Service sets (the others left as they are, as
+//! upstream leaves them), their instance targets
 //! registered and deregistered by difference, and deleted with the Service
 //! or when no listener uses them any more.
 
@@ -14,12 +15,38 @@ use ccm_provider::{CloudError, Result, ServiceRef, load_balancer_name};
 use super::elb_tags::{elb_tags_of, tag_value};
 use super::health_check::HealthCheck;
 use super::listeners::Listening;
-use crate::annotations::{HcPort, HcProtocol};
+use crate::annotations::{HcPort, HcProtocol, TargetGroupAttributes};
 use crate::tags::{self, TAG_SERVICE_NAME, TAG_SERVICE_UID};
 use crate::{AwsCloud, errors};
 
 /// The target group attribute of the proxy protocol.
 const PROXY_PROTOCOL: &str = "proxy_protocol_v2.enabled";
+/// The target group attribute of client IP preservation.
+const PRESERVE_CLIENT_IP: &str = "preserve_client_ip.enabled";
+
+/// The attributes `wanted` sets that `have` (as AWS reports them) does not
+/// have yet, as (key, value). One AWS does not report has its default on
+/// an instance target group: PROXY v2 off, client addresses kept.
+fn attribute_changes(
+    wanted: &TargetGroupAttributes,
+    have: &[TargetGroupAttribute],
+) -> Vec<(&'static str, String)> {
+    [
+        (PROXY_PROTOCOL, wanted.proxy_protocol_v2, "false"),
+        (PRESERVE_CLIENT_IP, wanted.preserve_client_ip, "true"),
+    ]
+    .into_iter()
+    .filter_map(|(key, value, default)| {
+        let value = value?.to_string();
+        let current = have
+            .iter()
+            .find(|a| a.key() == Some(key))
+            .and_then(|a| a.value())
+            .unwrap_or(default);
+        (current != value).then_some((key, value))
+    })
+    .collect()
+}
 
 /// A target group's name (32 characters at most): the first 12 characters
 /// of the Service's UID, so a Service's groups are found by prefix, and a
@@ -78,7 +105,7 @@ pub(super) struct GroupSettings<'a> {
     pub(super) lb_name: &'a str,
     pub(super) vpc: &'a str,
     pub(super) health_check: &'a HealthCheck,
-    pub(super) proxy_protocol: bool,
+    pub(super) attributes: &'a TargetGroupAttributes,
     pub(super) tags: &'a [(String, String)],
 }
 
@@ -141,7 +168,7 @@ impl AwsCloud {
     }
 
     /// The target group for `l`, made when missing, with the wanted health
-    /// check and proxy protocol setting.
+    /// check and attributes.
     async fn target_group(&self, s: &GroupSettings<'_>, l: &Listening) -> Result<TargetGroup> {
         let name = target_group_name(s.lb_name, l);
         let group = match self.find_target_group(&name).await? {
@@ -149,11 +176,8 @@ impl AwsCloud {
             Some(g) => self.modify_health_check(g, s.health_check).await?,
             None => self.create_target_group(&name, s, l).await?,
         };
-        self.sync_proxy_protocol(
-            group.target_group_arn().unwrap_or_default(),
-            s.proxy_protocol,
-        )
-        .await?;
+        self.sync_group_attributes(group.target_group_arn().unwrap_or_default(), s.attributes)
+            .await?;
         Ok(group)
     }
 
@@ -220,32 +244,35 @@ impl AwsCloud {
             .ok_or_else(|| CloudError::Internal("CreateTargetGroup answered no group".into()))
     }
 
-    /// The proxy protocol on the group `arn` as `wanted`.
-    async fn sync_proxy_protocol(&self, arn: &str, wanted: bool) -> Result<()> {
+    /// The attributes `wanted` sets on the group `arn`; those it does not
+    /// set are left as they are, as upstream leaves them.
+    async fn sync_group_attributes(&self, arn: &str, wanted: &TargetGroupAttributes) -> Result<()> {
+        if *wanted == TargetGroupAttributes::default() {
+            return Ok(());
+        }
         let have = self
             .elb
             .describe_target_group_attributes()
             .target_group_arn(arn)
             .send()
             .await
-            .map_err(|e| errors::cloud_error("DescribeTargetGroupAttributes", e))?
-            .attributes()
-            .iter()
-            .any(|a| a.key() == Some(PROXY_PROTOCOL) && a.value() == Some("true"));
-        if have != wanted {
-            self.elb
-                .modify_target_group_attributes()
-                .target_group_arn(arn)
-                .attributes(
-                    TargetGroupAttribute::builder()
-                        .key(PROXY_PROTOCOL)
-                        .value(wanted.to_string())
-                        .build(),
-                )
-                .send()
-                .await
-                .map_err(|e| errors::cloud_error("ModifyTargetGroupAttributes", e))?;
+            .map_err(|e| errors::cloud_error("DescribeTargetGroupAttributes", e))?;
+        let changes = attribute_changes(wanted, have.attributes());
+        if changes.is_empty() {
+            return Ok(());
         }
+        self.elb
+            .modify_target_group_attributes()
+            .target_group_arn(arn)
+            .set_attributes(Some(
+                changes
+                    .into_iter()
+                    .map(|(k, v)| TargetGroupAttribute::builder().key(k).value(v).build())
+                    .collect(),
+            ))
+            .send()
+            .await
+            .map_err(|e| errors::cloud_error("ModifyTargetGroupAttributes", e))?;
         Ok(())
     }
 
@@ -423,5 +450,27 @@ mod tests {
         assert_eq!(elbv2_protocol(HcProtocol::Https), ProtocolEnum::Https);
         assert_eq!(elbv2_port(HcPort::Port(32000)), "32000");
         assert_eq!(elbv2_port(HcPort::TrafficPort), "traffic-port");
+    }
+
+    #[test]
+    fn only_the_attributes_the_service_sets_and_the_group_has_change() {
+        let attr = |k: &str, v: &str| TargetGroupAttribute::builder().key(k).value(v).build();
+        let have = [
+            attr(PROXY_PROTOCOL, "false"),
+            attr(PRESERVE_CLIENT_IP, "true"),
+        ];
+        let wanted = TargetGroupAttributes {
+            proxy_protocol_v2: Some(true),
+            preserve_client_ip: Some(true),
+        };
+        assert_eq!(
+            attribute_changes(&wanted, &have),
+            [(PROXY_PROTOCOL, "true".to_owned())]
+        );
+        assert!(attribute_changes(&TargetGroupAttributes::default(), &have).is_empty());
+        assert!(
+            attribute_changes(&wanted, &[]) == [(PROXY_PROTOCOL, "true".to_owned())],
+            "a key AWS does not report has its default"
+        );
     }
 }
