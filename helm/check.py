@@ -265,6 +265,15 @@ def check() -> int:
         if d["metadata"]["name"] != "ccm-gateway":
             c.expect(not any(e["name"].startswith("AWS_") for e in ctr.get("env", [])),
                      f"{d['metadata']['name']} gets no AWS settings")
+    names = lambda objs, kind: {d["metadata"]["name"] for d in objs if d["kind"] == kind}
+    for kind in ("Deployment", "ServiceAccount", "PodDisruptionBudget"):
+        c.expect("ccm-route-controller" not in names(aws, kind),
+                 f"no route controller {kind} on AWS unless asked (VPC CNI routes pods)")
+    routed = render({**aws_values, "routeController": {"enabled": True}})
+    c.expect("ccm-route-controller" in names(routed, "Deployment"),
+             "routeController.enabled=true runs it on AWS")
+    c.expect("ccm-route-controller" in names(render({}), "Deployment"),
+             "the route controller runs by default on other providers")
     irsa = render({"gateway": {"provider": "aws", "aws": {"region": "us-east-1"},
                                "serviceAccount": {"annotations": {
                                    "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/ccm"}}}})

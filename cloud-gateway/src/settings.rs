@@ -187,7 +187,7 @@ pub struct Args {
     /// The cluster's VPC; instances found by name and route tables are looked for in it only.
     #[arg(long, env = "CLOUD_GATEWAY_AWS_VPC_ID")]
     pub aws_vpc_id: Option<String>,
-    /// Route tables for pod routes, comma-separated; each must carry the cluster tag. Without it, every route table with the cluster tag.
+    /// Route tables for pod routes, comma-separated, used tagged or not (upstream's RouteTableID). Without it, every route table with the cluster tag (or the legacy KubernetesCluster tag).
     #[arg(long, env = "CLOUD_GATEWAY_AWS_ROUTE_TABLE_IDS")]
     pub aws_route_table_ids: Option<String>,
     /// IAM role to assume with the credentials of the SDK's chain.

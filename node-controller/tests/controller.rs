@@ -807,7 +807,7 @@ fn invalid_flags_exit_non_zero_listing_every_problem() {
             "--node-monitor-period",
             "soon",
             "--cluster-name",
-            "Not_OK",
+            "not ok",
             "--node-deletion-max-share",
             "2",
         ])

@@ -119,12 +119,13 @@ impl CommonArgs {
         default_admin: &str,
         default_lease: &str,
     ) -> Option<Common> {
-        if !crate::names::is_dns_label(&self.cluster_name) {
+        if !crate::names::is_cluster_name(&self.cluster_name) {
             p.push(
                 "cluster-name",
                 format!(
-                    "{:?} is not a DNS label (1-63 of a-z, 0-9 and -)",
-                    self.cluster_name
+                    "{:?} is not a cluster name ({})",
+                    self.cluster_name,
+                    crate::names::CLUSTER_NAME_RULE
                 ),
             );
         }
@@ -288,7 +289,7 @@ mod tests {
     fn every_problem_is_listed() {
         let problems = resolve(&[
             "--cluster-name",
-            "Bad_Name",
+            "bad name",
             "--gateway-address",
             "localhost:1",
             "--leader-elect-renew-deadline",

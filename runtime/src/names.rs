@@ -54,8 +54,7 @@ pub const MANAGER_SERVICE_CONTROLLER: &str = "ccm-service-controller";
 /// Field manager of the route controller's writes.
 pub const MANAGER_ROUTE_CONTROLLER: &str = "ccm-route-controller";
 
-/// Whether `s` is an RFC 1123 DNS label (namespaces, Service names, cluster
-/// names).
+/// Whether `s` is an RFC 1123 DNS label (namespaces, Service names).
 pub fn is_dns_label(s: &str) -> bool {
     (1..=63).contains(&s.len())
         && s.bytes()
@@ -64,7 +63,46 @@ pub fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// The longest cluster name: what fits a cloud tag key after
+/// `kubernetes.io/cluster/` (AWS's keys take 128 characters).
+pub const MAX_CLUSTER_NAME: usize = 106;
+
+/// What a cluster name may hold, as a message says it.
+pub const CLUSTER_NAME_RULE: &str =
+    "1-106 of letters, digits and . _ - : = + @, starting with a letter or digit";
+
+/// Whether `s` is a cluster name: the cluster IDs cloud providers know
+/// (kops' `prod.k8s.local`, capitals, underscores), every one a valid tag
+/// key after `kubernetes.io/cluster/`; no spaces or `/`.
+pub fn is_cluster_name(s: &str) -> bool {
+    (1..=MAX_CLUSTER_NAME).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:=+@".contains(&b))
+        && s.as_bytes()[0].is_ascii_alphanumeric()
+}
+
 /// Whether `s` is an RFC 1123 DNS subdomain (most object names).
 pub fn is_dns_subdomain(s: &str) -> bool {
     (1..=253).contains(&s.len()) && s.split('.').all(is_dns_label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_names_take_cloud_cluster_ids_and_fit_a_tag_key() {
+        for ok in [
+            "kubernetes",
+            "full-scale.k8s.local",
+            "Prod_EU1",
+            "team:a=b+c@d",
+            &"x".repeat(106),
+        ] {
+            assert!(is_cluster_name(ok), "{ok}");
+        }
+        for bad in ["", "-a", ".a", "a b", "a/b", "é", &"x".repeat(107)] {
+            assert!(!is_cluster_name(bad), "{bad}");
+        }
+    }
 }

@@ -156,10 +156,15 @@ async fn instances_are_found_by_private_dns_name_and_provider_id_with_aws_metada
             "the IPv6 address is an InternalIP: {addresses:?}"
         );
     }
-    // The same instances by provider ID, and by a resource name.
+    // The same instances by provider ID (also the bare instance ID some
+    // kubelets were given, which upstream takes), and by a resource name.
     let first = &env.seeded.instances[0];
     let results = timed(node.get_instances(
-        vec![by_id(&first.provider_id()), by_name(&first.id)],
+        vec![
+            by_id(&first.provider_id()),
+            by_id(&first.id),
+            by_name(&first.id),
+        ],
         LookupPurpose::Refresh,
         true,
     ))
@@ -452,42 +457,145 @@ async fn a_cluster_without_a_tagged_route_table_is_told_so() {
         message.contains("kubernetes.io/cluster/nobody"),
         "{message}"
     );
-    // Explicit tables must carry the tag too.
-    let env2 = env_with_tables(&env).await;
-    let err = timed(env2.client("route", CLUSTER).list_routes())
+    // Tables the operator names are used tagged or not, as upstream's
+    // RouteTableID; one that does not exist is said so.
+    let (env2, untagged) = env_with_tables(&env, None).await;
+    let routes = env2.client("route", CLUSTER);
+    assert!(timed(routes.list_routes()).await.unwrap().is_empty());
+    let (missing_env, _) = env_with_tables(&env, Some("rtb-0000000000000dead")).await;
+    let err = timed(missing_env.client("route", CLUSTER).list_routes())
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, Error::Other { code, .. } if *code == tonic::Code::FailedPrecondition),
+        matches!(&err, Error::Other { code, message } if *code == tonic::Code::FailedPrecondition && message.contains("rtb-0000000000000dead")),
         "{err:?}"
     );
+    assert!(!untagged.is_empty());
     env2.stop().await;
+    missing_env.stop().await;
 }
 
-/// A second gateway on the same cloud, told to use only an untagged table.
-async fn env_with_tables(env: &Env) -> GatewayProcess {
-    let untagged = aws::route_table(&env.ec2, &env.seeded.vpc, None)
+#[tokio::test]
+async fn cluster_ids_with_dots_and_capitals_and_the_legacy_tag_are_recognised() {
+    let env = env(1, &[]).await;
+    let a = &env.seeded.instances[0];
+    // A kops-style ID, tagged the new way; an old cluster, tagged only
+    // KubernetesCluster=<id>.
+    let kops = "Full-Scale.k8s_Example.internal";
+    let legacy = "legacy.k8s.local";
+    let kops_table = aws::route_table(&env.ec2, &env.seeded.vpc, Some(kops))
         .await
         .unwrap();
+    let legacy_table = aws::route_table(&env.ec2, &env.seeded.vpc, None)
+        .await
+        .unwrap();
+    env.ec2
+        .create_tags()
+        .resources(&legacy_table)
+        .tags(
+            aws_sdk_ec2::types::Tag::builder()
+                .key("KubernetesCluster")
+                .value(legacy)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    for (cluster, table, cidr) in [
+        (kops, &kops_table, "10.250.1.0/24"),
+        (legacy, &legacy_table, "10.251.1.0/24"),
+    ] {
+        let routes = env.gateway.client("route", cluster);
+        timed(routes.create_route("uid-a", route(a, cidr, true)))
+            .await
+            .unwrap();
+        assert_eq!(
+            aws::routes(&env.ec2, table).await.unwrap(),
+            [(cidr.to_owned(), Some(a.id.clone()))],
+            "{cluster}"
+        );
+        let listed = timed(routes.list_routes()).await.unwrap();
+        assert_eq!(listed.len(), 1, "{cluster}: {listed:?}");
+    }
+
+    // A Classic ELB of the legacy cluster is its own: adopted, not refused
+    // as another cluster's.
+    let svc = service("1e1e1e1e");
+    let name = ccm_provider::load_balancer_name(&svc.uid);
+    let elb = aws::classic_elb_client(&env.proxy.endpoint);
+    let subnets: Vec<String> = env.seeded.subnets.iter().map(|(_, s)| s.clone()).collect();
+    elb.create_load_balancer()
+        .load_balancer_name(&name)
+        .listeners(
+            aws_sdk_elasticloadbalancing::types::Listener::builder()
+                .protocol("tcp")
+                .load_balancer_port(80)
+                .instance_protocol("tcp")
+                .instance_port(30080)
+                .build()
+                .unwrap(),
+        )
+        .set_subnets(Some(subnets))
+        .tags(
+            aws_sdk_elasticloadbalancing::types::Tag::builder()
+                .key("KubernetesCluster")
+                .value(legacy)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let spec = classic_spec(
+        "1e1e1e1e",
+        vec![port("http", Protocol::Tcp, 80, 30080)],
+        &[],
+    );
+    let lbs = env.gateway.client("service", legacy);
+    let (_, adopted) = ensure_answer(&lbs, &spec, &hosts(&env.seeded.instances)).await;
+    assert!(adopted.contains("adopted the Classic ELB"), "{adopted}");
+    assert_eq!(timed(lbs.list_load_balancers()).await.unwrap().len(), 1);
+    // Another cluster neither lists nor touches it.
+    let others = env.gateway.client("service", kops);
+    assert!(
+        timed(others.list_load_balancers())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    timed(lbs.delete_load_balancer(svc)).await.unwrap();
+    assert!(classic(&elb, "1e1e1e1e").await.is_none());
+}
+
+/// A second gateway on the same cloud, told to use only `table`, or an
+/// untagged table it makes; returns it with that table.
+async fn env_with_tables(env: &Env, table: Option<&str>) -> (GatewayProcess, String) {
+    let table = match table {
+        Some(t) => t.to_owned(),
+        None => aws::route_table(&env.ec2, &env.seeded.vpc, None)
+            .await
+            .unwrap(),
+    };
     let args: Vec<String> = [
         "--provider",
         "aws",
         "--aws-endpoint-url",
         &env.proxy.endpoint,
         "--aws-route-table-ids",
-        &untagged,
+        &table,
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    GatewayProcess::start(
+    let gateway = GatewayProcess::start(
         &ccm_testkit::bin_dir(),
-        &env.dir.path().join("gateway-2"),
+        &env.dir.path().join(format!("gateway-{table}")),
         &args,
         &aws::credentials_env(&env.secret, env.dir.path()),
     )
     .await
-    .unwrap()
+    .unwrap();
+    (gateway, table)
 }
 
 #[tokio::test]

@@ -57,7 +57,7 @@ ROLES = {
 }
 # The services a provider may or may not back, by GetProviderInfo's field.
 CAPABILITIES = {"Instances": "instances", "LoadBalancers": "load_balancers", "Routes": "routes"}
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=+@-]{0,105}$")
 MAX_BATCH = 1000
 
 
@@ -125,8 +125,8 @@ def not_found(what):
 
 
 def check_cluster(name, problems):
-    if not DNS_LABEL.match(name):
-        problems.append(("cluster_name", f"{name!r} is not a DNS label (1-63 of a-z, 0-9, -)"))
+    if not CLUSTER_NAME.fullmatch(name):
+        problems.append(("cluster_name", f"{name!r} is not a cluster name (1-106 of letters, digits and . _ - : = + @)"))
 
 
 def check_service(ref, field, problems):

@@ -33,10 +33,13 @@ pub(super) fn is_instance_id(id: &str) -> bool {
 }
 
 /// The instance ID in an AWS provider ID: `aws:///<zone>/<id>`,
-/// `aws:////<id>` or `aws:///<id>`.
+/// `aws:////<id>`, `aws:///<id>`, or the bare `<id>` upstream takes too.
 pub(super) fn parse_provider_id(provider_id: &str) -> std::result::Result<String, String> {
     let invalid =
         || format!("{provider_id:?} is not an AWS provider ID (aws:///<zone>/<instance-id>)");
+    if is_instance_id(provider_id) {
+        return Ok(provider_id.to_owned());
+    }
     let path = provider_id
         .strip_prefix(NAME)
         .and_then(|s| s.strip_prefix("://"))
@@ -309,6 +312,10 @@ impl Instances for AwsCloud {
     fn check_provider_id(&self, provider_id: &str) -> std::result::Result<(), String> {
         parse_provider_id(provider_id).map(drop)
     }
+
+    fn accepts_bare_provider_id(&self, provider_id: &str) -> bool {
+        is_instance_id(provider_id)
+    }
 }
 
 #[cfg(test)]
@@ -348,6 +355,7 @@ mod tests {
             "aws:///eu-west-1a/i-0123456789abcdef0",
             "aws:////i-0123456789abcdef0",
             "aws:///i-0123456789abcdef0",
+            "i-0123456789abcdef0",
         ] {
             assert_eq!(
                 parse_provider_id(id).as_deref(),
@@ -361,6 +369,8 @@ mod tests {
             "aws:///a/b/i-0123",
             "aws:///",
             "sim://i-1",
+            "i-",
+            "vol-0123",
         ] {
             assert!(parse_provider_id(bad).is_err(), "{bad}");
         }

@@ -15,7 +15,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
 use aws_sdk_ec2::types::{
-    AttributeBooleanValue, Instance as Ec2Instance, Route as Ec2Route, RouteState, RouteTable,
+    AttributeBooleanValue, Filter, Instance as Ec2Instance, Route as Ec2Route, RouteState,
+    RouteTable,
 };
 use ccm_provider::{CloudError, Result, Route, Routes};
 use ipnet::IpNet;
@@ -138,19 +139,83 @@ fn parse_cidr(field: &str, cidr: &str) -> Result<IpNet> {
 }
 
 impl AwsCloud {
-    /// The route tables of `cluster`: tagged for it, in its VPC when one is
-    /// set, among the configured ones when some are.
+    /// The route tables of `cluster`: those the gateway's settings name,
+    /// tagged or not (upstream's `RouteTableID`: the operator chose them),
+    /// else those tagged for it (in its VPC when one is set); tables with
+    /// only the legacy tag are looked for when none has the cluster tag.
     async fn route_tables(&self, cluster: &str) -> Result<Vec<RouteTable>> {
-        let mut filters = vec![tags::filter("tag-key", [tags::cluster_key(cluster)])];
+        let mut scope = Vec::new();
         if let Some(vpc) = &self.settings.vpc_id {
-            filters.push(tags::filter("vpc-id", [vpc.as_str()]));
+            scope.push(tags::filter("vpc-id", [vpc.as_str()]));
         }
-        if !self.settings.route_table_ids.is_empty() {
-            filters.push(tags::filter(
+        let named = &self.settings.route_table_ids;
+        if !named.is_empty() {
+            scope.push(tags::filter(
                 "route-table-id",
-                self.settings.route_table_ids.iter().map(String::as_str),
+                named.iter().map(String::as_str),
             ));
+            let tables = self.route_tables_where(None, scope).await?;
+            let missing: Vec<&String> = named
+                .iter()
+                .filter(|id| {
+                    !tables
+                        .iter()
+                        .any(|t| t.route_table_id() == Some(id.as_str()))
+                })
+                .collect();
+            if !missing.is_empty() {
+                let vpc = self
+                    .settings
+                    .vpc_id
+                    .as_deref()
+                    .map(|v| format!(" in {v}"))
+                    .unwrap_or_default();
+                return Err(CloudError::NotConfigured(format!(
+                    "the route tables {missing:?} named by --aws-route-table-ids do not exist{vpc}"
+                )));
+            }
+            return Ok(tables);
         }
+        let tagged = |filter: Filter| {
+            let mut filters = scope.clone();
+            filters.push(filter);
+            filters
+        };
+        let mut tables = self
+            .route_tables_where(
+                Some(cluster),
+                tagged(tags::filter("tag-key", [tags::cluster_key(cluster)])),
+            )
+            .await?;
+        if tables.is_empty() {
+            let legacy = format!("tag:{}", tags::LEGACY_CLUSTER_TAG);
+            tables = self
+                .route_tables_where(Some(cluster), tagged(tags::filter(&legacy, [cluster])))
+                .await?;
+        }
+        if tables.is_empty() {
+            let vpc = self
+                .settings
+                .vpc_id
+                .as_deref()
+                .map(|v| format!(" in {v}"))
+                .unwrap_or_default();
+            return Err(CloudError::NotConfigured(format!(
+                "no route table{vpc} carries the tag {}=owned or shared (or the legacy {}={cluster}); tag the cluster's, or name them with --aws-route-table-ids",
+                tags::cluster_key(cluster),
+                tags::LEGACY_CLUSTER_TAG
+            )));
+        }
+        Ok(tables)
+    }
+
+    /// Every route table `filters` find (that is `cluster`'s, when given),
+    /// page by page.
+    async fn route_tables_where(
+        &self,
+        cluster: Option<&str>,
+        filters: Vec<Filter>,
+    ) -> Result<Vec<RouteTable>> {
         let mut tables = Vec::new();
         let mut token = None;
         loop {
@@ -165,7 +230,7 @@ impl AwsCloud {
             tables.extend(
                 page.route_tables()
                     .iter()
-                    .filter(|t| tags::belongs_to(t.tags(), cluster))
+                    .filter(|t| cluster.is_none_or(|c| tags::belongs_to(t.tags(), c)))
                     .cloned(),
             );
             token = page
@@ -173,26 +238,9 @@ impl AwsCloud {
                 .filter(|t| !t.is_empty())
                 .map(str::to_owned);
             if token.is_none() {
-                break;
+                return Ok(tables);
             }
         }
-        if tables.is_empty() {
-            let mut scope = String::new();
-            if let Some(vpc) = &self.settings.vpc_id {
-                scope.push_str(&format!(" in {vpc}"));
-            }
-            if !self.settings.route_table_ids.is_empty() {
-                scope.push_str(&format!(
-                    " among {}",
-                    self.settings.route_table_ids.join(", ")
-                ));
-            }
-            return Err(CloudError::NotConfigured(format!(
-                "no route table{scope} carries the tag {}=owned or shared",
-                tags::cluster_key(cluster)
-            )));
-        }
-        Ok(tables)
     }
 
     /// The instance a route is to go to: by provider ID when given, else by

@@ -1,9 +1,12 @@
 //! Ownership by tag, the convention AWS users know from the upstream cloud
 //! provider: a resource belongs to cluster `c` when it carries the tag
-//! `kubernetes.io/cluster/c` with the value `owned` (created for the
-//! cluster) or `shared` (used by it, created elsewhere). Nothing without
-//! that tag is ever changed. Everything made for a Service also carries
-//! its name and UID (`service_tags`).
+//! `kubernetes.io/cluster/c` (`owned`: created for the cluster; `shared`:
+//! used by it, created elsewhere; upstream reads any value as the
+//! cluster's, and so do we), or the legacy tag `KubernetesCluster=c` of
+//! clusters older than Kubernetes 1.6. Nothing without either is ever
+//! changed. What the gateway makes carries the new tag, `owned`.
+//! Everything made for a Service also carries its name and UID
+//! (`service_tags`).
 
 use std::collections::BTreeMap;
 
@@ -13,10 +16,10 @@ use ccm_provider::ServiceRef;
 /// The prefix of the cluster tag's key. Never change it: it is how
 /// existing clusters' resources are found.
 pub(super) const CLUSTER_TAG_PREFIX: &str = "kubernetes.io/cluster/";
+/// The legacy cluster tag's key; its value is the cluster's name.
+pub(super) const LEGACY_CLUSTER_TAG: &str = "KubernetesCluster";
 /// The value of a resource created for the cluster.
 pub(super) const OWNED: &str = "owned";
-/// The value of a resource the cluster uses but did not create.
-pub(super) const SHARED: &str = "shared";
 
 /// The tag with the Service's `namespace/name` (the upstream convention).
 pub(super) const TAG_SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -31,11 +34,21 @@ pub(super) fn cluster_key(cluster: &str) -> String {
     format!("{CLUSTER_TAG_PREFIX}{cluster}")
 }
 
-/// Whether `tags` mark a resource as `cluster`'s, owned or shared.
-pub(super) fn belongs_to(tags: &[Tag], cluster: &str) -> bool {
+/// Whether the tags `pairs` (key, value) mark a resource as `cluster`'s:
+/// the cluster tag with any value, or the legacy tag naming the cluster.
+pub(super) fn marks_cluster<'a>(
+    mut pairs: impl Iterator<Item = (Option<&'a str>, Option<&'a str>)>,
+    cluster: &str,
+) -> bool {
     let key = cluster_key(cluster);
-    tags.iter()
-        .any(|t| t.key() == Some(key.as_str()) && matches!(t.value(), Some(OWNED | SHARED)))
+    pairs.any(|(k, v)| {
+        k == Some(key.as_str()) || (k == Some(LEGACY_CLUSTER_TAG) && v == Some(cluster))
+    })
+}
+
+/// Whether the EC2 `tags` mark a resource as `cluster`'s.
+pub(super) fn belongs_to(tags: &[Tag], cluster: &str) -> bool {
+    marks_cluster(tags.iter().map(|t| (t.key(), t.value())), cluster)
 }
 
 /// The tags of everything made for `service`: the `extra` tags the
@@ -106,15 +119,23 @@ mod tests {
     }
 
     #[test]
-    fn owned_and_shared_belong_other_values_and_clusters_do_not() {
+    fn the_cluster_tag_or_the_legacy_tag_marks_the_clusters_never_anothers() {
         assert!(belongs_to(&[tag("kubernetes.io/cluster/a", "owned")], "a"));
         assert!(belongs_to(&[tag("kubernetes.io/cluster/a", "shared")], "a"));
-        assert!(!belongs_to(&[tag("kubernetes.io/cluster/a", "yes")], "a"));
+        assert!(
+            belongs_to(&[tag("kubernetes.io/cluster/a", "1")], "a"),
+            "any value, as upstream"
+        );
         assert!(!belongs_to(&[tag("kubernetes.io/cluster/b", "owned")], "a"));
         assert!(!belongs_to(
             &[tag("kubernetes.io/cluster/ab", "owned")],
             "a"
         ));
         assert!(!belongs_to(&[], "a"));
+        let kops = "full-scale.k8s.Example_1";
+        assert!(belongs_to(&[tag(&cluster_key(kops), "owned")], kops));
+        assert!(belongs_to(&[tag("KubernetesCluster", kops)], kops));
+        assert!(!belongs_to(&[tag("KubernetesCluster", "other")], kops));
+        assert!(!belongs_to(&[tag(kops, "KubernetesCluster")], kops));
     }
 }

@@ -90,7 +90,7 @@ const SUITE: [Check; 24] = [
     },
     Check {
         name: "request.malformed-cluster",
-        rule: "a cluster name that is not a DNS label is INVALID_ARGUMENT",
+        rule: "a malformed cluster name (a space, a slash) is INVALID_ARGUMENT",
         needs: None,
         body: |cx| Box::pin(request::malformed_cluster(cx)),
     },

@@ -65,6 +65,13 @@ pub trait Instances: Send + Sync {
     fn check_provider_id(&self, _provider_id: &str) -> std::result::Result<(), String> {
         Ok(())
     }
+
+    /// Whether `provider_id`, without this provider's scheme, is one of
+    /// its forms all the same (AWS takes a bare `i-…`, as upstream does).
+    /// None by default: an ID without the scheme is another cloud's.
+    fn accepts_bare_provider_id(&self, _provider_id: &str) -> bool {
+        false
+    }
 }
 
 /// Load balancers (upstream LoadBalancer). Every method is idempotent.

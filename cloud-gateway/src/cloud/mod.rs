@@ -75,6 +75,13 @@ impl Cloud {
             .map_or(Ok(()), |i| i.check_provider_id(provider_id))
     }
 
+    /// Whether the provider takes `provider_id` without its scheme.
+    pub fn accepts_bare_provider_id(&self, provider_id: &str) -> bool {
+        self.provider
+            .instances()
+            .is_some_and(|i| i.accepts_bare_provider_id(provider_id))
+    }
+
     /// The budget.
     pub fn budget(&self) -> &Budget {
         &self.budget

@@ -9,7 +9,7 @@ use ccm_proto::v1::{
     ServiceRef, SessionAffinity, TrafficPolicy,
 };
 use ccm_runtime::config_checks::quote;
-use ccm_runtime::names::{is_dns_label, is_dns_subdomain};
+use ccm_runtime::names::{CLUSTER_NAME_RULE, is_cluster_name, is_dns_label, is_dns_subdomain};
 use ipnet::IpNet;
 
 use ccm_provider::CloudError;
@@ -72,13 +72,13 @@ impl Violations {
         Err(CloudError::InvalidArgument(self.0))
     }
 
-    /// The cluster name: a DNS label, as it goes into cloud tags.
+    /// The cluster name: a cloud cluster ID that fits a tag key.
     pub fn cluster_name(&mut self, value: &str) {
-        if !is_dns_label(value) {
+        if !is_cluster_name(value) {
             self.add(
                 "cluster_name",
                 format!(
-                    "{} is not a DNS label (1-63 of a-z, 0-9 and -)",
+                    "{} is not a cluster name ({CLUSTER_NAME_RULE})",
                     quote(value)
                 ),
             );
@@ -134,10 +134,11 @@ impl Violations {
     /// characters, and of the form the provider's `check` accepts.
     pub fn provider_id(&mut self, field: &str, value: &str, provider: &ProviderIds<'_>) {
         let scheme = format!("{}://", provider.name);
-        if !value.starts_with(&scheme)
-            || value.len() > MAX_PROVIDER_ID
-            || value.len() == scheme.len()
-        {
+        let ours = (value.starts_with(&scheme) && value.len() > scheme.len())
+            || provider
+                .cloud
+                .is_some_and(|c| c.accepts_bare_provider_id(value));
+        if !ours || value.len() > MAX_PROVIDER_ID {
             // A provider ID of another cloud is not ours to judge: it
             // must never read as "not found".
             self.add(
@@ -420,9 +421,11 @@ mod tests {
     fn names_follow_kubernetes_rules() {
         assert!(problems(|v| v.cluster_name("kubernetes")).is_empty());
         assert_eq!(problems(|v| v.cluster_name("")), ["cluster_name"]);
-        assert_eq!(problems(|v| v.cluster_name("Has_Caps")), ["cluster_name"]);
+        assert!(problems(|v| v.cluster_name("Full-Scale.k8s_local")).is_empty());
+        assert_eq!(problems(|v| v.cluster_name("has space")), ["cluster_name"]);
+        assert_eq!(problems(|v| v.cluster_name("a/b")), ["cluster_name"]);
         assert_eq!(
-            problems(|v| v.cluster_name(&"x".repeat(64))),
+            problems(|v| v.cluster_name(&"x".repeat(107))),
             ["cluster_name"]
         );
         assert!(problems(|v| v.name("n", "node-1.example")).is_empty());

@@ -10,6 +10,18 @@
 - {key: routeController, name: route-controller, role: route}
 {{- end -}}
 
+{{/* "true" when the controller `key` runs: (dict "root" $ "key" "routeController").
+Its `enabled` says so; the route controller's, left null, is on except
+with the AWS provider, whose clusters (VPC CNI) route pods without it. */}}
+{{- define "ccm.on" -}}
+{{- $c := index .root.Values .key -}}
+{{- if kindIs "bool" $c.enabled -}}
+{{- if $c.enabled }}true{{ end -}}
+{{- else if not (and .root.Values.gateway.enabled (eq .root.Values.gateway.provider "aws")) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* Labels selecting one component's pods: (dict "root" $ "component" "gateway"). */}}
 {{- define "ccm.selector" -}}
 app.kubernetes.io/name: cloud-controller-manager

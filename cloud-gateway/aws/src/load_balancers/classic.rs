@@ -43,12 +43,10 @@ fn tag_value<'a>(tags: &'a [Tag], key: &str) -> Option<&'a str> {
     tags.iter().find(|t| t.key() == key).and_then(|t| t.value())
 }
 
-/// Whether `tags` mark a Classic ELB as `cluster`'s, owned or shared.
+/// Whether `tags` mark a Classic ELB as `cluster`'s
+/// ([`tags::marks_cluster`]).
 fn classic_belongs(tags: &[Tag], cluster: &str) -> bool {
-    matches!(
-        tag_value(tags, &tags::cluster_key(cluster)),
-        Some(tags::OWNED | tags::SHARED)
-    )
+    tags::marks_cluster(tags.iter().map(|t| (Some(t.key()), t.value())), cluster)
 }
 
 /// The status of a Classic ELB: its DNS name (it has no provisioning

@@ -20,12 +20,9 @@ pub(super) fn elb_tags_of(pairs: &[(String, String)]) -> Vec<Tag> {
         .collect()
 }
 
-/// Whether `tags` mark a resource as `cluster`'s, owned or shared.
+/// Whether `tags` mark a resource as `cluster`'s ([`tags::marks_cluster`]).
 pub(super) fn elb_belongs(tags: &[Tag], cluster: &str) -> bool {
-    let key = tags::cluster_key(cluster);
-    tags.iter().any(|t| {
-        t.key() == Some(key.as_str()) && matches!(t.value(), Some(tags::OWNED | tags::SHARED))
-    })
+    tags::marks_cluster(tags.iter().map(|t| (t.key(), t.value())), cluster)
 }
 
 /// The value of the tag `key`, if any.

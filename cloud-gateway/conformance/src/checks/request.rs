@@ -15,7 +15,7 @@ use crate::outcome::{Outcome, fail};
 use crate::wire::{GET_INSTANCES, call_with_deadline, raw_unary};
 
 pub(crate) async fn malformed_cluster(cx: &Context) -> Result<Outcome, String> {
-    let c = cx.target.client("node", "Not_A_Label")?;
+    let c = cx.target.client("node", "not a cluster/name")?;
     match c
         .get_instances(
             vec![NodeRef {
