@@ -12,6 +12,10 @@ run:
 test:
 	python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 	cargo test --doc -p cloud-gateway -p ccm-provider
+	# The tests start the real binaries (gateway-conformance too): build
+	# them, so a target directory shared between clones never serves a
+	# stale one.
+	cargo build --bins
 	cargo nextest run --workspace --no-fail-fast
 
 # The benchmark table (BENCHMARKS.md): release binaries, both profiles, one run.
