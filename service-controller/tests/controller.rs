@@ -519,12 +519,16 @@ async fn orphans_are_reported_and_deleted_only_when_enabled() {
         (lb_count(&env).await == 0).then_some(())
     })
     .await;
-    assert_eq!(
-        deleter
+    // The count goes up once the delete has answered, a moment after the
+    // load balancer is gone.
+    eventually("the deletion counted", || async {
+        (deleter
             .metric("service_controller_orphans_deleted_total")
-            .await,
-        1.0
-    );
+            .await
+            == 1.0)
+            .then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
