@@ -1165,12 +1165,7 @@ async fn a_service_gets_an_nlb_with_a_listener_target_group_and_rules_per_port()
         "one subnet per zone, by the role tag: {zones:?}"
     );
     let arn = lb.load_balancer_arn().unwrap();
-    let tags = elb.describe_tags().resource_arns(arn).send().await.unwrap();
-    let tags: Vec<(String, String)> = tags.tag_descriptions()[0]
-        .tags()
-        .iter()
-        .map(|t| (t.key().unwrap().to_owned(), t.value().unwrap().to_owned()))
-        .collect();
+    let tags: Vec<(String, String)> = elb_tags(&elb, arn).await.into_iter().collect();
     assert!(
         tags.contains(&(aws::cluster_tag(CLUSTER), "owned".into())),
         "{tags:?}"
@@ -1386,27 +1381,11 @@ async fn annotations_local_traffic_and_source_ranges_shape_an_internal_nlb() {
         );
     }
     let arn = lb.load_balancer_arn().unwrap();
-    let attributes = elb
-        .describe_load_balancer_attributes()
-        .load_balancer_arn(arn)
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        attributes
-            .attributes()
-            .iter()
-            .any(|a| a.key() == Some("load_balancing.cross_zone.enabled")
-                && a.value() == Some("true")),
-        "{attributes:?}"
+    assert_eq!(
+        nlb_attributes(&elb, arn).await["load_balancing.cross_zone.enabled"],
+        "true"
     );
-    let tags = elb.describe_tags().resource_arns(arn).send().await.unwrap();
-    let team = tags.tag_descriptions()[0]
-        .tags()
-        .iter()
-        .find(|t| t.key() == Some("team"))
-        .and_then(|t| t.value());
-    assert_eq!(team, Some("checkout"));
+    assert_eq!(elb_tags(&elb, arn).await["team"], "checkout");
 
     let group = &target_groups(&elb, &lb).await[0];
     assert_eq!(
@@ -1419,19 +1398,8 @@ async fn annotations_local_traffic_and_source_ranges_shape_an_internal_nlb() {
     assert_eq!(group.health_check_timeout_seconds(), Some(5));
     assert_eq!(group.healthy_threshold_count(), Some(3));
     assert_eq!(group.unhealthy_threshold_count(), Some(4));
-    let attributes = elb
-        .describe_target_group_attributes()
-        .target_group_arn(group.target_group_arn().unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        attributes
-            .attributes()
-            .iter()
-            .any(|a| a.key() == Some("proxy_protocol_v2.enabled") && a.value() == Some("true")),
-        "{attributes:?}"
-    );
+    let attributes = group_attributes(&elb, group.target_group_arn().unwrap()).await;
+    assert_eq!(attributes["proxy_protocol_v2.enabled"], "true");
     let nlb_group = lb.security_groups()[0].clone();
     assert_eq!(
         ingress(&env.ec2, &nlb_group).await,
@@ -1473,19 +1441,9 @@ async fn annotations_local_traffic_and_source_ranges_shape_an_internal_nlb() {
     spec.annotations
         .remove(&format!("{NLB}cross-zone-load-balancing-enabled"));
     ensure_ready(&client, &spec, &hosts(&env.seeded.instances)).await;
-    let attributes = elb
-        .describe_load_balancer_attributes()
-        .load_balancer_arn(arn)
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        attributes
-            .attributes()
-            .iter()
-            .any(|a| a.key() == Some("load_balancing.cross_zone.enabled")
-                && a.value() == Some("false")),
-        "{attributes:?}"
+    assert_eq!(
+        nlb_attributes(&elb, arn).await["load_balancing.cross_zone.enabled"],
+        "false"
     );
     let actions = env.proxy.take_actions();
     assert_eq!(
@@ -3001,43 +2959,60 @@ async fn a_delete_held_by_a_reference_removes_the_clusters_and_names_what_it_wai
     );
 }
 
-/// The attributes of `nlb` (load balancer) and of its first target group,
-/// as AWS reports them.
-async fn nlb_and_group_attributes(
+/// `(key, value)` pairs of ELBv2 attributes or tags as a map.
+fn as_map<'a>(
+    pairs: impl Iterator<Item = (Option<&'a str>, Option<&'a str>)>,
+) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .map(|(k, v)| {
+            (
+                k.unwrap_or_default().to_owned(),
+                v.unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The attributes of the NLB `arn`, as AWS reports them.
+async fn nlb_attributes(
     elb: &aws_sdk_elasticloadbalancingv2::Client,
-    lb: &Nlb,
-) -> (
-    std::collections::BTreeMap<String, String>,
-    std::collections::BTreeMap<String, String>,
-) {
-    let pairs = |k: Option<&str>, v: Option<&str>| {
-        (
-            k.unwrap_or_default().to_owned(),
-            v.unwrap_or_default().to_owned(),
-        )
-    };
-    let of_lb = elb
+    arn: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let answer = elb
         .describe_load_balancer_attributes()
-        .load_balancer_arn(lb.load_balancer_arn().unwrap())
+        .load_balancer_arn(arn)
         .send()
         .await
-        .unwrap()
-        .attributes()
-        .iter()
-        .map(|a| pairs(a.key(), a.value()))
-        .collect();
-    let group = &target_groups(elb, lb).await[0];
-    let of_group = elb
+        .unwrap();
+    as_map(answer.attributes().iter().map(|a| (a.key(), a.value())))
+}
+
+/// The attributes of the target group `arn`, as AWS reports them.
+async fn group_attributes(
+    elb: &aws_sdk_elasticloadbalancingv2::Client,
+    arn: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let answer = elb
         .describe_target_group_attributes()
-        .target_group_arn(group.target_group_arn().unwrap())
+        .target_group_arn(arn)
         .send()
         .await
-        .unwrap()
-        .attributes()
-        .iter()
-        .map(|a| pairs(a.key(), a.value()))
-        .collect();
-    (of_lb, of_group)
+        .unwrap();
+    as_map(answer.attributes().iter().map(|a| (a.key(), a.value())))
+}
+
+/// The tags of the ELBv2 resource `arn`.
+async fn elb_tags(
+    elb: &aws_sdk_elasticloadbalancingv2::Client,
+    arn: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let answer = elb.describe_tags().resource_arns(arn).send().await.unwrap();
+    as_map(
+        answer.tag_descriptions()[0]
+            .tags()
+            .iter()
+            .map(|t| (t.key(), t.value())),
+    )
 }
 
 #[tokio::test]
@@ -3076,7 +3051,9 @@ async fn an_nlb_honours_what_upstream_honours_and_says_what_it_ignores() {
         "nlb-target-type has no effect: a setting of the AWS Load Balancer Controller"
     ));
     let lb = nlb(&elb, "a7a7a7a7").await.unwrap();
-    let (of_lb, of_group) = nlb_and_group_attributes(&elb, &lb).await;
+    let of_lb = nlb_attributes(&elb, lb.load_balancer_arn().unwrap()).await;
+    let group = &target_groups(&elb, &lb).await[0];
+    let of_group = group_attributes(&elb, group.target_group_arn().unwrap()).await;
     assert_eq!(of_lb["access_logs.s3.enabled"], "true");
     assert_eq!(of_lb["access_logs.s3.bucket"], "shop-logs");
     assert_eq!(of_lb["access_logs.s3.prefix"], "nlb");
@@ -3103,28 +3080,15 @@ async fn an_nlb_honours_what_upstream_honours_and_says_what_it_ignores() {
         "team=shop,tier=edge".into(),
     );
     ensure_ready(&client, &spec, &h).await;
-    let (of_lb, _) = nlb_and_group_attributes(&elb, &lb).await;
-    assert_eq!(of_lb["access_logs.s3.enabled"], "false");
-    let tags = elb
-        .describe_tags()
-        .resource_arns(lb.load_balancer_arn().unwrap())
-        .send()
-        .await
-        .unwrap();
-    let tag = |key: &str| {
-        tags.tag_descriptions()[0]
-            .tags()
-            .iter()
-            .find(|t| t.key() == Some(key))
-            .and_then(|t| t.value())
-            .map(str::to_owned)
-    };
-    assert_eq!(tag("team").as_deref(), Some("shop"));
-    assert_eq!(tag("tier").as_deref(), Some("edge"));
+    let arn = lb.load_balancer_arn().unwrap();
     assert_eq!(
-        tag(&format!("kubernetes.io/cluster/{CLUSTER}")).as_deref(),
-        Some("owned")
+        nlb_attributes(&elb, arn).await["access_logs.s3.enabled"],
+        "false"
     );
+    let tags = elb_tags(&elb, arn).await;
+    assert_eq!(tags["team"], "shop");
+    assert_eq!(tags["tier"], "edge");
+    assert_eq!(tags[&format!("kubernetes.io/cluster/{CLUSTER}")], "owned");
 }
 
 #[tokio::test]

@@ -498,6 +498,38 @@ mod scenarios {
         }
     }
 
+    /// The sandbox on the emulated AWS account, converged.
+    async fn start_on_aws(
+        nodes: usize,
+        services: usize,
+    ) -> (Sandbox, tokio::task::JoinHandle<()>, tempfile::TempDir) {
+        let started = start_with(CloudKind::Aws, nodes, services, Default::default()).await;
+        let sandbox = &started.0;
+        until(&sandbox.handle(), "convergence on AWS", |p| {
+            p.converged(&sandbox.options)
+        })
+        .await;
+        started
+    }
+
+    /// The messages of the `reason` events on the Service `name` in
+    /// `default`.
+    async fn event_notes(client: &kube::Client, name: &str, reason: &str) -> Vec<String> {
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(client.clone(), "default");
+        let Ok(list) = events.list(&Default::default()).await else {
+            return Vec::new();
+        };
+        list.items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.involved_object.name.as_deref() == Some(name)
+            })
+            .filter_map(|e| e.message)
+            .collect()
+    }
+
     async fn until_true(what: &str, mut check: impl AsyncFnMut() -> bool) {
         let start = Instant::now();
         while !check().await {
@@ -991,9 +1023,7 @@ mod scenarios {
     /// has the targets; the delete leaves nothing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn on_aws_an_nlb_cloud_provider_aws_made_is_adopted_with_an_event() {
-        let (sandbox, kubelets, _dir) = start_with(CloudKind::Aws, 2, 0, Default::default()).await;
-        let h = sandbox.handle();
-        until(&h, "convergence on AWS", |p| p.converged(&sandbox.options)).await;
+        let (sandbox, kubelets, _dir) = start_on_aws(2, 0).await;
         let aws = sandbox.aws.as_ref().expect("the AWS account");
         let client = sandbox.client().await.unwrap();
         let services: Api<Service> = Api::namespaced(client.clone(), "default");
@@ -1047,16 +1077,11 @@ mod scenarios {
             })
         })
         .await;
-        let events: Api<k8s_openapi::api::core::v1::Event> =
-            Api::namespaced(client.clone(), "default");
         until_true("an AdoptedLoadBalancer event on the Service", async || {
-            events.list(&Default::default()).await.is_ok_and(|l| {
-                l.items.iter().any(|e| {
-                    e.reason.as_deref() == Some("AdoptedLoadBalancer")
-                        && e.involved_object.name.as_deref() == Some("legacy")
-                        && e.message.as_deref().is_some_and(|m| m.contains(&lb_name))
-                })
-            })
+            event_notes(&client, "legacy", "AdoptedLoadBalancer")
+                .await
+                .iter()
+                .any(|m| m.contains(&lb_name))
         })
         .await;
         let gone = async || {
@@ -1090,9 +1115,7 @@ mod scenarios {
     /// refused.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn on_aws_real_world_manifests_behave_as_upstream_with_events_for_what_it_ignores() {
-        let (sandbox, kubelets, _dir) = start_with(CloudKind::Aws, 2, 0, Default::default()).await;
-        let h = sandbox.handle();
-        until(&h, "convergence on AWS", |p| p.converged(&sandbox.options)).await;
+        let (sandbox, kubelets, _dir) = start_on_aws(2, 0).await;
         let aws = sandbox.aws.as_ref().expect("the AWS account");
         let client = sandbox.client().await.unwrap();
         let services: Api<Service> = Api::namespaced(client.clone(), "default");
@@ -1116,19 +1139,7 @@ mod scenarios {
             })
             .await;
         }
-        let events: Api<k8s_openapi::api::core::v1::Event> =
-            Api::namespaced(client.clone(), "default");
-        let said = async |name: &str, reason: &str| -> Vec<String> {
-            let list = events.list(&Default::default()).await.unwrap();
-            list.items
-                .into_iter()
-                .filter(|e| {
-                    e.reason.as_deref() == Some(reason)
-                        && e.involved_object.name.as_deref() == Some(name)
-                })
-                .filter_map(|e| e.message)
-                .collect()
-        };
+        let said = async |name: &str, reason: &str| event_notes(&client, name, reason).await;
         let ignored = [
             ("api-edge", "nlb-target-type has no effect"),
             ("api-edge", "scheme has no effect"),
@@ -1262,9 +1273,7 @@ mod scenarios {
     /// refused type change, and whose delete leaves nothing behind.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn on_aws_a_service_without_a_type_keeps_its_classic_elb_until_deleted() {
-        let (sandbox, kubelets, _dir) = start_with(CloudKind::Aws, 3, 1, Default::default()).await;
-        let h = sandbox.handle();
-        until(&h, "convergence on AWS", |p| p.converged(&sandbox.options)).await;
+        let (sandbox, kubelets, _dir) = start_on_aws(3, 1).await;
         let aws = sandbox.aws.as_ref().expect("the AWS account");
         let client = sandbox.client().await.unwrap();
         let services: Api<Service> = Api::namespaced(client.clone(), "default");

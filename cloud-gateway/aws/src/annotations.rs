@@ -462,14 +462,11 @@ fn reserved_tag(key: &str) -> bool {
 }
 
 /// Why one annotation's value is refused: what it accepts.
-enum Problem {
-    Accepts(&'static str),
-}
+struct Problem(&'static str);
 
 impl Problem {
     fn message(self, value: &str) -> String {
-        let Self::Accepts(accepts) = self;
-        format!("{} is not accepted; {accepts}", quote(value))
+        format!("{} is not accepted; {}", quote(value), self.0)
     }
 }
 
@@ -479,7 +476,7 @@ fn read(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
         TYPE => match LbKind::parse(value) {
             Some(kind) => o.kind = kind,
             None => {
-                return Err(Problem::Accepts(
+                return Err(Problem(
                     "use nlb or classic, or external for the AWS Load Balancer Controller",
                 ));
             }
@@ -488,17 +485,17 @@ fn read(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
         INTERNAL => match value.trim() {
             "true" | "0.0.0.0/0" => o.internal = true,
             "false" => o.internal = false,
-            _ => return Err(Problem::Accepts("use true or false")),
+            _ => return Err(Problem("use true or false")),
         },
         CROSS_ZONE => match boolean(value.trim()) {
             Some(b) => o.cross_zone = Some(b),
-            None => return Err(Problem::Accepts("use true or false")),
+            None => return Err(Problem("use true or false")),
         },
         PROXY_PROTOCOL => {
             if value.trim() == "*" {
                 o.proxy_protocol = true;
             } else {
-                return Err(Problem::Accepts("use * (proxy protocol v2 on every port)"));
+                return Err(Problem("use * (proxy protocol v2 on every port)"));
             }
         }
         SSL_CERT => {
@@ -512,7 +509,7 @@ fn read(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
                     })
                     .certificate_arn = v.to_owned();
             } else {
-                return Err(Problem::Accepts(
+                return Err(Problem(
                     "use the ARN of one ACM or IAM certificate (arn:...)",
                 ));
             }
@@ -521,7 +518,7 @@ fn read(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
         IP_ADDRESS_TYPE => match value.trim() {
             "ipv4" => o.dualstack = false,
             "dualstack" => o.dualstack = true,
-            _ => return Err(Problem::Accepts("use ipv4 or dualstack")),
+            _ => return Err(Problem("use ipv4 or dualstack")),
         },
         ADDITIONAL_TAGS | SUBNETS | EIP_ALLOCATIONS | PRIVATE_IPV4 | TARGET_NODE_LABELS => {
             return read_list(o, key, value);
@@ -534,7 +531,7 @@ fn read(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
             "ssl" => o.backend_protocol = Some(BackendProtocol::Ssl),
             "http" => o.backend_protocol = Some(BackendProtocol::Http),
             "https" => o.backend_protocol = Some(BackendProtocol::Https),
-            _ => return Err(Problem::Accepts("use tcp, ssl, http or https")),
+            _ => return Err(Problem("use tcp, ssl, http or https")),
         },
         SECURITY_GROUPS => o.security_groups = security_groups(value)?,
         DRAINING | DRAINING_TIMEOUT | IDLE_TIMEOUT | EXTRA_SECURITY_GROUPS => {
@@ -573,7 +570,7 @@ pub fn short(key: &str) -> &str {
 fn security_groups(value: &str) -> Result<Vec<String>, Problem> {
     let groups: Vec<String> = items(value).into_iter().map(str::to_owned).collect();
     if groups.is_empty() || groups.len() > 5 || !groups.iter().all(|g| aws_id(g, "sg")) {
-        return Err(Problem::Accepts(
+        return Err(Problem(
             "use 1 to 5 security group IDs (sg-...) separated by commas",
         ));
     }
@@ -589,13 +586,13 @@ fn read_target_group_attributes(a: &mut TargetGroupAttributes, value: &str) -> R
         let (k, v) = item.split_once('=').unwrap_or((item, ""));
         let (k, v) = (k.trim(), boolean(v.trim()));
         if seen.contains(&k) {
-            return Err(Problem::Accepts(accepts));
+            return Err(Problem(accepts));
         }
         seen.push(k);
         match (k, v) {
             ("preserve_client_ip.enabled", Some(b)) => a.preserve_client_ip = Some(b),
             ("proxy_protocol_v2.enabled", Some(b)) => a.proxy_protocol_v2 = Some(b),
-            _ => return Err(Problem::Accepts(accepts)),
+            _ => return Err(Problem(accepts)),
         }
     }
     Ok(())
@@ -616,7 +613,7 @@ fn read_list(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
                 }
             }
             if !ok || o.tags.len() > 40 {
-                return Err(Problem::Accepts(
+                return Err(Problem(
                     "use key=value pairs separated by commas, at most 40, keys of 1 to 128 characters not starting with aws: nor naming the cluster or Service tags, values of at most 256",
                 ));
             }
@@ -627,7 +624,7 @@ fn read_list(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
                 || o.subnets.len() > 20
                 || o.subnets.iter().any(|s| s.len() > 255)
             {
-                return Err(Problem::Accepts(
+                return Err(Problem(
                     "use 1 to 20 subnet IDs (subnet-...) or subnet Name tags, separated by commas",
                 ));
             }
@@ -638,7 +635,7 @@ fn read_list(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
                 || o.eip_allocations.len() > 20
                 || !o.eip_allocations.iter().all(|a| aws_id(a, "eipalloc"))
             {
-                return Err(Problem::Accepts(
+                return Err(Problem(
                     "use Elastic IP allocation IDs (eipalloc-...), one per subnet, separated by commas",
                 ));
             }
@@ -649,7 +646,7 @@ fn read_list(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
             match parsed {
                 Ok(ips) if !ips.is_empty() && ips.len() <= 20 => o.private_ipv4 = ips,
                 _ => {
-                    return Err(Problem::Accepts(
+                    return Err(Problem(
                         "use IPv4 addresses, one per subnet, separated by commas",
                     ));
                 }
@@ -672,7 +669,7 @@ fn read_list(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Problem> {
             if ok && !selector.is_empty() && selector.len() <= 16 {
                 o.target_node_labels = selector;
             } else {
-                return Err(Problem::Accepts(
+                return Err(Problem(
                     "use 1 to 16 label keys or key=value pairs separated by commas",
                 ));
             }
@@ -687,15 +684,15 @@ fn read_classic(o: &mut ClassicOptions, key: &str, value: &str) -> Result<(), Pr
     match key {
         DRAINING => match boolean(value.trim()) {
             Some(b) => o.draining = Some(b),
-            None => return Err(Problem::Accepts("use true or false")),
+            None => return Err(Problem("use true or false")),
         },
         DRAINING_TIMEOUT => match number(value, 1..=3600) {
             Some(n) => o.draining_timeout = Some(n),
-            None => return Err(Problem::Accepts("use whole seconds from 1 to 3600")),
+            None => return Err(Problem("use whole seconds from 1 to 3600")),
         },
         IDLE_TIMEOUT => match number(value, 1..=4000) {
             Some(n) => o.idle_timeout = Some(n),
-            None => return Err(Problem::Accepts("use whole seconds from 1 to 4000")),
+            None => return Err(Problem("use whole seconds from 1 to 4000")),
         },
         EXTRA_SECURITY_GROUPS => o.extra_security_groups = security_groups(value)?,
         _ => {}
@@ -708,11 +705,11 @@ fn read_access_log(log: &mut AccessLog, key: &str, value: &str) -> Result<(), Pr
     match key {
         ACCESS_LOG => match boolean(value.trim()) {
             Some(b) => log.enabled = b,
-            None => return Err(Problem::Accepts("use true or false")),
+            None => return Err(Problem("use true or false")),
         },
         ACCESS_LOG_INTERVAL => match number(value, 5..=60).filter(|n| matches!(n, 5 | 60)) {
             Some(n) => log.interval = Some(n),
-            None => return Err(Problem::Accepts("use 5 or 60 (minutes)")),
+            None => return Err(Problem("use 5 or 60 (minutes)")),
         },
         ACCESS_LOG_BUCKET => {
             let v = value.trim();
@@ -722,7 +719,7 @@ fn read_access_log(log: &mut AccessLog, key: &str, value: &str) -> Result<(), Pr
             {
                 log.bucket = Some(v.to_owned());
             } else {
-                return Err(Problem::Accepts("use the name of an S3 bucket"));
+                return Err(Problem("use the name of an S3 bucket"));
             }
         }
         ACCESS_LOG_PREFIX => {
@@ -730,7 +727,7 @@ fn read_access_log(log: &mut AccessLog, key: &str, value: &str) -> Result<(), Pr
             if v.len() <= 1024 && v.bytes().all(|b| b.is_ascii_graphic()) {
                 log.prefix = Some(v.to_owned());
             } else {
-                return Err(Problem::Accepts(
+                return Err(Problem(
                     "use a key prefix of at most 1024 printable characters",
                 ));
             }
@@ -809,16 +806,14 @@ fn read_health_check(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Pr
             "TCP" => o.health_check.protocol = Some(HcProtocol::Tcp),
             "HTTP" => o.health_check.protocol = Some(HcProtocol::Http),
             "HTTPS" => o.health_check.protocol = Some(HcProtocol::Https),
-            _ => return Err(Problem::Accepts("use TCP, HTTP or HTTPS")),
+            _ => return Err(Problem("use TCP, HTTP or HTTPS")),
         },
         HC_PORT => match value.trim() {
             "traffic-port" => o.health_check.port = Some(HcPort::TrafficPort),
             v => match number(v, 1..=65535) {
                 Some(n) => o.health_check.port = Some(HcPort::Port(n as u16)),
                 None => {
-                    return Err(Problem::Accepts(
-                        "use traffic-port or a port number from 1 to 65535",
-                    ));
+                    return Err(Problem("use traffic-port or a port number from 1 to 65535"));
                 }
             },
         },
@@ -827,26 +822,26 @@ fn read_health_check(o: &mut LbOptions, key: &str, value: &str) -> Result<(), Pr
             if v.starts_with('/') && v.len() <= 1024 && v.bytes().all(|b| b.is_ascii_graphic()) {
                 o.health_check.path = Some(v.to_owned());
             } else {
-                return Err(Problem::Accepts(
+                return Err(Problem(
                     "use a path starting with / of at most 1024 printable characters",
                 ));
             }
         }
         HC_INTERVAL => match number(value, 5..=300) {
             Some(n) => o.health_check.interval = Some(n),
-            None => return Err(Problem::Accepts("use whole seconds from 5 to 300")),
+            None => return Err(Problem("use whole seconds from 5 to 300")),
         },
         HC_TIMEOUT => match number(value, 2..=120) {
             Some(n) => o.health_check.timeout = Some(n),
-            None => return Err(Problem::Accepts("use whole seconds from 2 to 120")),
+            None => return Err(Problem("use whole seconds from 2 to 120")),
         },
         HC_HEALTHY => match number(value, 2..=10) {
             Some(n) => o.health_check.healthy = Some(n),
-            None => return Err(Problem::Accepts("use a count from 2 to 10")),
+            None => return Err(Problem("use a count from 2 to 10")),
         },
         HC_UNHEALTHY => match number(value, 2..=10) {
             Some(n) => o.health_check.unhealthy = Some(n),
-            None => return Err(Problem::Accepts("use a count from 2 to 10")),
+            None => return Err(Problem("use a count from 2 to 10")),
         },
         _ => {}
     }

@@ -145,8 +145,10 @@ impl AwsCloud {
     /// only the legacy tag are looked for when none has the cluster tag.
     async fn route_tables(&self, cluster: &str) -> Result<Vec<RouteTable>> {
         let mut scope = Vec::new();
-        if let Some(vpc) = &self.settings.vpc_id {
-            scope.push(tags::filter("vpc-id", [vpc.as_str()]));
+        let mut vpc = String::new();
+        if let Some(id) = &self.settings.vpc_id {
+            scope.push(tags::filter("vpc-id", [id.as_str()]));
+            vpc = format!(" in {id}");
         }
         let named = &self.settings.route_table_ids;
         if !named.is_empty() {
@@ -164,12 +166,6 @@ impl AwsCloud {
                 })
                 .collect();
             if !missing.is_empty() {
-                let vpc = self
-                    .settings
-                    .vpc_id
-                    .as_deref()
-                    .map(|v| format!(" in {v}"))
-                    .unwrap_or_default();
                 return Err(CloudError::NotConfigured(format!(
                     "the route tables {missing:?} named by --aws-route-table-ids do not exist{vpc}"
                 )));
@@ -194,12 +190,6 @@ impl AwsCloud {
                 .await?;
         }
         if tables.is_empty() {
-            let vpc = self
-                .settings
-                .vpc_id
-                .as_deref()
-                .map(|v| format!(" in {v}"))
-                .unwrap_or_default();
             return Err(CloudError::NotConfigured(format!(
                 "no route table{vpc} carries the tag {}=owned or shared (or the legacy {}={cluster}); tag the cluster's, or name them with --aws-route-table-ids",
                 tags::cluster_key(cluster),

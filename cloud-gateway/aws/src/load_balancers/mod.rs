@@ -343,7 +343,6 @@ impl AwsCloud {
         let tags = tags::service_tags(cluster, service, &o.tags);
 
         let mut no_effect = o.no_effect.clone();
-        let arn_of = |nlb: &Nlb| nlb.load_balancer_arn().unwrap_or_default().to_owned();
         // The NLB's groups: those the Service names (nothing in them
         // changed), else its own, kept to the source ranges; none for one
         // made without any (as upstream makes them by default), which AWS
@@ -402,7 +401,8 @@ impl AwsCloud {
         let nlb = match &existing {
             Some((nlb, _)) => {
                 if !groups.is_empty() && nlb.security_groups() != groups.as_slice() {
-                    self.set_nlb_groups(&arn_of(nlb), &groups).await?;
+                    self.set_nlb_groups(nlb.load_balancer_arn().unwrap_or_default(), &groups)
+                        .await?;
                 }
                 nlb.clone()
             }
