@@ -269,6 +269,20 @@ def check() -> int:
     for kind in ("Deployment", "ServiceAccount", "PodDisruptionBudget"):
         c.expect("ccm-route-controller" not in names(aws, kind),
                  f"no route controller {kind} on AWS unless asked (VPC CNI routes pods)")
+    knobs = render({"gateway": {"provider": "aws", "aws": {
+        "region": "eu-west-1", "disableSecurityGroupIngress": True, "elbSecurityGroup": "sg-0abc",
+        "nlbSecurityGroupMode": "none", "clusterHealthProbe": "shared", "sharedHealthProbePort": 10257,
+        "endpoints": {"sts": "https://sts.example", "ec2": "https://ec2.example"}}}})
+    validate_all(c, knobs, "aws knobs")
+    gw = next(ctr for d, ctr in containers(knobs) if d["metadata"]["name"] == "ccm-gateway")
+    for flag in ("--aws-disable-security-group-ingress=true", "--aws-elb-security-group=sg-0abc",
+                 "--aws-nlb-security-group-mode=none", "--aws-cluster-health-probe=shared",
+                 "--aws-shared-health-probe-port=10257", "--aws-shared-health-probe-path=/healthz",
+                 "--aws-endpoints=ec2=https://ec2.example,sts=https://sts.example"):
+        c.expect(flag in gw["args"], f"the AWS knobs reach the gateway as {flag}: {gw['args']}")
+    gw = next(ctr for d, ctr in containers(aws) if d["metadata"]["name"] == "ccm-gateway")
+    c.expect(not any(a.startswith(("--aws-disable", "--aws-cluster-health", "--aws-endpoints="))
+                     for a in gw["args"]), f"the knobs' defaults add no flags: {gw['args']}")
     routed = render({**aws_values, "routeController": {"enabled": True}})
     c.expect("ccm-route-controller" in names(routed, "Deployment"),
              "routeController.enabled=true runs it on AWS")

@@ -212,6 +212,39 @@ pub struct Args {
     /// The load balancer of a Service without the aws-load-balancer-type annotation: classic (a Classic ELB, as cloud-provider-aws makes) or nlb.
     #[arg(long, default_value = "classic")]
     pub aws_default_load_balancer_type: String,
+    /// Never change the nodes' security groups; the operator opens them to the load balancers (upstream's DisableSecurityGroupIngress): true or false.
+    #[arg(
+        long,
+        env = "CLOUD_GATEWAY_AWS_DISABLE_SECURITY_GROUP_INGRESS",
+        default_value = "false"
+    )]
+    pub aws_disable_security_group_ingress: String,
+    /// One security group every Classic ELB uses in place of one of its own; the gateway never changes its rules (upstream's ElbSecurityGroup).
+    #[arg(long, env = "CLOUD_GATEWAY_AWS_ELB_SECURITY_GROUP")]
+    pub aws_elb_security_group: Option<String>,
+    /// Security groups of new NLBs: managed (one of the NLB's own, admitting its source ranges) or none (the nodes admit client CIDRs, cloud-provider-aws's default). Existing NLBs keep what they have.
+    #[arg(
+        long,
+        env = "CLOUD_GATEWAY_AWS_NLB_SECURITY_GROUP_MODE",
+        default_value = "managed"
+    )]
+    pub aws_nlb_security_group_mode: String,
+    /// Health check of Services with externalTrafficPolicy Cluster: service-node-port (the traffic port) or shared (kube-proxy's health endpoint, upstream's Shared mode).
+    #[arg(
+        long,
+        env = "CLOUD_GATEWAY_AWS_CLUSTER_HEALTH_PROBE",
+        default_value = "service-node-port"
+    )]
+    pub aws_cluster_health_probe: String,
+    /// kube-proxy's health port for --aws-cluster-health-probe shared (10256 when not given).
+    #[arg(long, env = "CLOUD_GATEWAY_AWS_SHARED_HEALTH_PROBE_PORT")]
+    pub aws_shared_health_probe_port: Option<String>,
+    /// kube-proxy's health path for --aws-cluster-health-probe shared (/healthz when not given).
+    #[arg(long, env = "CLOUD_GATEWAY_AWS_SHARED_HEALTH_PROBE_PATH")]
+    pub aws_shared_health_probe_path: Option<String>,
+    /// Endpoints for single AWS APIs, ahead of --aws-endpoint-url: service=URL pairs, comma-separated, for ec2, elasticloadbalancing and sts (upstream's ServiceOverride).
+    #[arg(long, env = "CLOUD_GATEWAY_AWS_ENDPOINTS")]
+    pub aws_endpoints: Option<String>,
 }
 
 /// The providers built in.
@@ -663,6 +696,24 @@ fn aws(p: &mut Problems, args: &Args) -> Option<AwsSettings> {
         &args.aws_default_load_balancer_type,
         |s| LbKind::parse(s).ok_or_else(|| "is not classic or nlb".to_owned()),
     );
+    let disable_security_group_ingress = p.parse(
+        "aws-disable-security-group-ingress",
+        &args.aws_disable_security_group_ingress,
+        |s| s.trim().parse::<bool>().map_err(|_| "use true or false"),
+    );
+    let elb_security_group = given(&args.aws_elb_security_group)
+        .and_then(|s| p.parse("aws-elb-security-group", &s, |s| check::id("sg-", s)));
+    let nlb_security_groups = p.parse(
+        "aws-nlb-security-group-mode",
+        &args.aws_nlb_security_group_mode,
+        check::nlb_groups,
+    );
+    let shared_health_probe = shared_probe(p, args);
+    let endpoints = p.parse(
+        "aws-endpoints",
+        args.aws_endpoints.as_deref().unwrap_or(""),
+        check::endpoints,
+    );
     Some(AwsSettings {
         region,
         endpoint_url,
@@ -674,7 +725,60 @@ fn aws(p: &mut Problems, args: &Args) -> Option<AwsSettings> {
         node_ip_families: node_ip_families?,
         request_timeout: request_timeout?,
         default_load_balancer_type: default_load_balancer_type?,
+        disable_security_group_ingress: disable_security_group_ingress?,
+        elb_security_group,
+        nlb_security_groups: nlb_security_groups?,
+        shared_health_probe: shared_health_probe?,
+        endpoints: endpoints?,
     })
+}
+
+/// kube-proxy's endpoint when the shared health probe is on; `Some(None)`
+/// when it is off, `None` when a flag is wrong.
+#[cfg(feature = "aws")]
+fn shared_probe(
+    p: &mut Problems,
+    args: &Args,
+) -> Option<Option<ccm_provider_aws::settings::SharedProbe>> {
+    use ccm_provider_aws::settings as check;
+    let shared = match args.aws_cluster_health_probe.trim() {
+        "shared" => true,
+        "service-node-port" => false,
+        _ => {
+            p.push(
+                "aws-cluster-health-probe",
+                "is not service-node-port or shared",
+            );
+            return None;
+        }
+    };
+    let port = args.aws_shared_health_probe_port.as_deref();
+    let path = args.aws_shared_health_probe_path.as_deref();
+    if !shared {
+        for (flag, given) in [
+            ("aws-shared-health-probe-port", port),
+            ("aws-shared-health-probe-path", path),
+        ] {
+            if given.is_some() {
+                p.push(flag, "needs --aws-cluster-health-probe shared");
+            }
+        }
+        return Some(None);
+    }
+    let port = p.parse(
+        "aws-shared-health-probe-port",
+        port.unwrap_or("10256"),
+        number_within(1u16, 65535),
+    );
+    let path = p.parse(
+        "aws-shared-health-probe-path",
+        path.unwrap_or("/healthz"),
+        check::probe_path,
+    );
+    Some(Some(check::SharedProbe {
+        port: port?,
+        path: path?,
+    }))
 }
 
 #[cfg(test)]
@@ -687,6 +791,93 @@ mod tests {
             .map(Into::into)
             .collect();
         ccm_runtime::layered_config::resolve_from::<Args, _>(argv, Settings::from_args)
+    }
+
+    #[cfg(feature = "aws")]
+    #[test]
+    fn wrong_aws_knobs_are_each_named() {
+        let problems = parse(&[
+            "--provider",
+            "aws",
+            "--aws-disable-security-group-ingress",
+            "yes",
+            "--aws-elb-security-group",
+            "default",
+            "--aws-nlb-security-group-mode",
+            "Managed-ish",
+            "--aws-shared-health-probe-port",
+            "10256",
+            "--aws-endpoints",
+            "ec2=https://ec2.example,s3=https://s3.example",
+        ])
+        .unwrap_err()
+        .to_string();
+        for key in [
+            "aws-disable-security-group-ingress",
+            "aws-elb-security-group",
+            "aws-nlb-security-group-mode",
+            "aws-shared-health-probe-port: needs --aws-cluster-health-probe shared",
+            "\"s3\" is not one of ec2, elasticloadbalancing, sts",
+        ] {
+            assert!(problems.contains(key), "{key} missing from {problems}");
+        }
+        let problems = parse(&[
+            "--provider",
+            "aws",
+            "--aws-cluster-health-probe",
+            "shared",
+            "--aws-shared-health-probe-port",
+            "0",
+            "--aws-shared-health-probe-path",
+            "healthz",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            problems.contains("aws-shared-health-probe-port"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("aws-shared-health-probe-path"),
+            "{problems}"
+        );
+        let s = parse(&["--provider", "aws", "--aws-cluster-health-probe", "shared"]).unwrap();
+        assert_eq!(
+            s.aws.shared_health_probe,
+            Some(ccm_provider_aws::settings::SharedProbe {
+                port: 10256,
+                path: "/healthz".into()
+            })
+        );
+    }
+
+    /// Every AWS flag is in the operators' guide, and every flag the guide
+    /// names exists.
+    #[cfg(feature = "aws")]
+    #[test]
+    fn the_aws_guide_names_exactly_the_aws_flags() {
+        use clap::CommandFactory;
+        let doc = include_str!("../../helm/aws/README.md");
+        let flags: Vec<String> = Args::command()
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .filter(|l| l.starts_with("aws-"))
+            .map(|l| format!("--{l}"))
+            .collect();
+        for flag in &flags {
+            assert!(
+                doc.contains(&format!("`{flag}`")),
+                "{flag} not in helm/aws/README.md"
+            );
+        }
+        let named = doc.split('`').filter(|w| w.starts_with("--aws-"));
+        for word in named {
+            let flag = word.split([' ', '=']).next().unwrap_or_default();
+            assert!(
+                flags.iter().any(|f| f == flag),
+                "{flag} in the guide is no flag"
+            );
+        }
     }
 
     #[test]

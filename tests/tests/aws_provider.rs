@@ -236,15 +236,212 @@ async fn a_batch_answers_not_found_for_exactly_the_missing_and_terminated_instan
         !live_addresses.iter().any(|(_, a)| a.contains(':')),
         "{live_addresses:?}"
     );
-    // IDs in one request, names in another: never one per node. Both are
+    // IDs in one request, names in another: never one per node; and one
+    // for the network topology of the instance type seen first. All are
     // charged to the budget and counted.
-    assert_eq!(env.proxy.take_actions().get("DescribeInstances"), Some(&2));
+    let actions = env.proxy.take_actions();
+    assert_eq!(actions.get("DescribeInstances"), Some(&2));
+    assert_eq!(actions.get("DescribeInstanceTopology"), Some(&1));
     assert_eq!(
         env.gateway
             .metric("cloud_gateway_cloud_api_requests_total{operation=\"get_instances\"}")
             .await,
-        2.0
+        3.0
     );
+}
+
+#[tokio::test]
+async fn instances_get_network_topology_labels_asked_once_in_a_batch() {
+    let env = env(2, &[]).await;
+    let [a, b] = &env.seeded.instances[..] else {
+        unreachable!()
+    };
+    env.proxy
+        .set_topology(&a.id, &["nn-spine", "nn-mid", "nn-leaf"]);
+    let node = env.gateway.client("node", CLUSTER);
+    let layers = |instance: &ccm_proto::v1::Instance| {
+        let mut l: Vec<(String, String)> = instance
+            .additional_labels
+            .iter()
+            .filter(|(k, _)| k.starts_with("topology.k8s.aws/network-node-layer-"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        l.sort();
+        l
+    };
+    let lookup = |nodes: Vec<NodeRef>| {
+        let node = node.clone();
+        async move {
+            timed(node.get_instances(nodes, LookupPurpose::Initialize, true))
+                .await
+                .map(|r| {
+                    r.into_iter()
+                        .map(|r| r.instance.unwrap_or_default())
+                        .collect::<Vec<_>>()
+                })
+        }
+    };
+    env.proxy.take_actions();
+    let found = lookup(vec![by_name(&a.name), by_name(&b.name)])
+        .await
+        .unwrap();
+    assert_eq!(
+        layers(&found[0]),
+        [
+            (
+                "topology.k8s.aws/network-node-layer-1".into(),
+                "nn-spine".into()
+            ),
+            (
+                "topology.k8s.aws/network-node-layer-2".into(),
+                "nn-mid".into()
+            ),
+            (
+                "topology.k8s.aws/network-node-layer-3".into(),
+                "nn-leaf".into()
+            ),
+        ]
+    );
+    assert!(layers(&found[1]).is_empty());
+    assert_eq!(
+        env.proxy.take_actions().get("DescribeInstanceTopology"),
+        Some(&1)
+    );
+    // Known now: the instance's layers, and that its type has none else.
+    let again = lookup(vec![by_id(&a.provider_id()), by_id(&b.provider_id())])
+        .await
+        .unwrap();
+    assert_eq!(layers(&again[0]).len(), 3);
+    assert_eq!(
+        env.proxy.take_actions().get("DescribeInstanceTopology"),
+        None
+    );
+
+    // A type AWS reports topology for waits for its answer: no Node of it
+    // starts without its labels.
+    let (_, subnet) = &env.seeded.subnets[0];
+    let p4 = env
+        .ec2
+        .run_instances()
+        .image_id("ami-12c6146b")
+        .instance_type(aws_sdk_ec2::types::InstanceType::P4d24xlarge)
+        .subnet_id(subnet)
+        .min_count(1)
+        .max_count(1)
+        .send()
+        .await
+        .unwrap()
+        .instances()[0]
+        .instance_id()
+        .unwrap()
+        .to_owned();
+    let p4_id = format!("aws:///{}/{p4}", env.seeded.subnets[0].0);
+    env.proxy.set_topology(&p4, &["nn-x"]);
+    env.proxy
+        .fail(Some("DescribeInstanceTopology"), Fault::ServerError, 1000);
+    let err = lookup(vec![by_id(&p4_id)]).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Unavailable { .. } | Error::RetryAfter { .. }),
+        "{err:?}"
+    );
+    env.proxy.heal();
+    let found = lookup(vec![by_id(&p4_id)]).await.unwrap();
+    assert_eq!(
+        layers(&found[0]),
+        [(
+            "topology.k8s.aws/network-node-layer-1".into(),
+            "nn-x".into()
+        )]
+    );
+}
+
+#[tokio::test]
+async fn fargate_nodes_are_their_pods_network_interfaces() {
+    let env = env(1, &[]).await;
+    let host = &env.seeded.instances[0];
+    let (zone, subnet) = &env.seeded.subnets[0];
+    // A Fargate pod's interface: attached (to a hidden instance in AWS; to
+    // a seeded one here), found by its private address.
+    let eni = env
+        .ec2
+        .create_network_interface()
+        .subnet_id(subnet)
+        .private_ip_address("10.0.1.200")
+        .send()
+        .await
+        .unwrap()
+        .network_interface
+        .and_then(|n| n.network_interface_id)
+        .unwrap();
+    let attachment = env
+        .ec2
+        .attach_network_interface()
+        .network_interface_id(&eni)
+        .instance_id(&host.id)
+        .device_index(1)
+        .send()
+        .await
+        .unwrap()
+        .attachment_id
+        .unwrap();
+    env.proxy.take_actions();
+    let eks =
+        format!("aws:///{zone}/0123456789abcdef/fargate-ip-10-0-1-200.eu-west-1.compute.internal");
+    let nodes = vec![
+        by_id(&eks),
+        by_name("fargate-10.0.1.200"),
+        by_name("fargate-ip-10-0-9-9.eu-west-1.compute.internal"),
+        by_id(&host.provider_id()),
+    ];
+    let node = env.gateway.client("node", CLUSTER);
+    let results = timed(node.get_instances(nodes.clone(), LookupPurpose::Initialize, true))
+        .await
+        .unwrap();
+    let states: Vec<InstanceState> = results
+        .iter()
+        .map(|r| InstanceState::try_from(r.state).unwrap())
+        .collect();
+    use InstanceState::{NotFound, Running};
+    assert_eq!(states, [Running, Running, NotFound, Running]);
+    let fargate = results[0].instance.as_ref().unwrap();
+    assert_eq!(fargate.provider_id, eks, "a provider ID is kept as it is");
+    assert_eq!(fargate.zone, *zone);
+    assert_eq!(fargate.region, aws::REGION);
+    assert_eq!(fargate.instance_type, "", "Fargate has no instance type");
+    assert_eq!(
+        addresses(fargate)[0],
+        ("InternalIP".into(), "10.0.1.200".into())
+    );
+    assert!(
+        fargate
+            .additional_labels
+            .contains_key("topology.k8s.aws/zone-id")
+    );
+    let by_name = results[1].instance.as_ref().unwrap();
+    assert_eq!(
+        by_name.provider_id,
+        format!("aws:///{zone}/fargate-10.0.1.200")
+    );
+    // One request for the interfaces, one for the instance.
+    let actions = env.proxy.take_actions();
+    assert_eq!(
+        actions.get("DescribeNetworkInterfaces"),
+        Some(&1),
+        "{actions:?}"
+    );
+    assert_eq!(actions.get("DescribeInstances"), Some(&1), "{actions:?}");
+
+    // The pod gone (its interface detached): not found.
+    env.ec2
+        .detach_network_interface()
+        .attachment_id(attachment)
+        .send()
+        .await
+        .unwrap();
+    let results = timed(node.get_instances(nodes[..1].to_vec(), LookupPurpose::Lifecycle, true))
+        .await
+        .unwrap();
+    assert_eq!(results[0].state, NotFound as i32);
 }
 
 #[tokio::test]
@@ -803,7 +1000,11 @@ async fn the_gateway_sends_exactly_the_actions_of_the_documented_iam_policy() {
     };
     let node = env.gateway.client("node", CLUSTER);
     timed(node.get_instances(
-        vec![by_name(&a.name), by_id(&b.provider_id())],
+        vec![
+            by_name(&a.name),
+            by_id(&b.provider_id()),
+            by_name("fargate-10.0.9.9"),
+        ],
         LookupPurpose::Initialize,
         true,
     ))
@@ -1787,6 +1988,247 @@ async fn subnets_by_name_elastic_ips_and_dual_stack_reach_aws_as_asked() {
         violations[0].field.contains("aws-load-balancer-subnets"),
         "{violations:?}"
     );
+}
+
+/// Makes a subnet in the seeded VPC with `tags`.
+async fn extra_subnet(env: &Env, zone: &str, cidr: &str, tags: &[(&str, &str)]) -> String {
+    use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
+    let mut spec = TagSpecification::builder().resource_type(ResourceType::Subnet);
+    for (k, v) in tags {
+        spec = spec.tags(Tag::builder().key(*k).value(*v).build());
+    }
+    env.ec2
+        .create_subnet()
+        .vpc_id(&env.seeded.vpc)
+        .cidr_block(cidr)
+        .availability_zone(zone)
+        .tag_specifications(spec.build())
+        .send()
+        .await
+        .unwrap()
+        .subnet
+        .and_then(|s| s.subnet_id)
+        .unwrap()
+}
+
+/// The subnets an NLB is in, sorted.
+async fn nlb_subnets(elb: &aws_sdk_elasticloadbalancingv2::Client, uid: &str) -> Vec<String> {
+    let lb = nlb(elb, uid).await.unwrap();
+    let mut subnets: Vec<String> = lb
+        .availability_zones()
+        .iter()
+        .filter_map(|z| z.subnet_id().map(str::to_owned))
+        .collect();
+    subnets.sort();
+    subnets
+}
+
+#[tokio::test]
+async fn subnets_are_chosen_as_cloud_provider_aws_chooses_them() {
+    let env = env(2, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let client = env.gateway.client("service", CLUSTER);
+    let ours = aws::cluster_tag(CLUSTER);
+    // The seed's subnets (zones a and b) are the cluster's, role-tagged
+    // and public through the main route table. Beside them: zone c's only
+    // subnet, tagged for no cluster and for no role; another cluster's
+    // role-tagged subnet in zone a; and in zone b a subnet of this
+    // cluster's for internal load balancers, private (its own route table
+    // has no route to the internet gateway).
+    let untagged = extra_subnet(&env, "eu-west-1c", "10.0.3.0/24", &[("Name", "c")]).await;
+    let _foreign = extra_subnet(
+        &env,
+        "eu-west-1a",
+        "10.0.4.0/24",
+        &[
+            ("kubernetes.io/cluster/other", "owned"),
+            ("kubernetes.io/role/elb", "1"),
+            ("kubernetes.io/role/internal-elb", "1"),
+        ],
+    )
+    .await;
+    let private = extra_subnet(
+        &env,
+        "eu-west-1b",
+        "10.0.5.0/24",
+        &[(&ours, "shared"), ("kubernetes.io/role/internal-elb", "1")],
+    )
+    .await;
+    let table = aws::route_table(&env.ec2, &env.seeded.vpc, None)
+        .await
+        .unwrap();
+    env.ec2
+        .associate_route_table()
+        .route_table_id(&table)
+        .subnet_id(&private)
+        .send()
+        .await
+        .unwrap();
+    let seeded: Vec<String> = env.seeded.subnets.iter().map(|(_, s)| s.clone()).collect();
+
+    let public = lb_spec("aaaaaaaa", vec![port("web", Protocol::Tcp, 80, 30080)], &[]);
+    ensure_ready(&client, &public, &hosts(&env.seeded.instances)).await;
+    let mut want = vec![seeded[0].clone(), seeded[1].clone(), untagged.clone()];
+    want.sort();
+    assert_eq!(
+        nlb_subnets(&elb, "aaaaaaaa").await,
+        want,
+        "public, ours or no cluster's"
+    );
+
+    let internal = lb_spec(
+        "bbbbbbbb",
+        vec![port("web", Protocol::Tcp, 80, 30081)],
+        &[("internal", "true")],
+    );
+    ensure_ready(&client, &internal, &hosts(&env.seeded.instances)).await;
+    let mut want = vec![seeded[0].clone(), private.clone(), untagged.clone()];
+    want.sort();
+    assert_eq!(
+        nlb_subnets(&elb, "bbbbbbbb").await,
+        want,
+        "the internal role tag decides zone b"
+    );
+
+    // With no public subnet left for the cluster, an internet-facing load
+    // balancer is refused, saying what it needs.
+    for subnet in seeded.iter().chain([&untagged]) {
+        env.ec2
+            .associate_route_table()
+            .route_table_id(&table)
+            .subnet_id(subnet)
+            .send()
+            .await
+            .unwrap();
+    }
+    let stranded = lb_spec("cccccccc", vec![port("web", Protocol::Tcp, 80, 30082)], &[]);
+    let err = client
+        .ensure_load_balancer(stranded, hosts(&env.seeded.instances))
+        .await
+        .unwrap_err();
+    assert!(format!("{err:?}").contains("public subnet"), "{err:?}");
+}
+
+#[tokio::test]
+async fn the_knobs_upstream_users_set_reach_aws_as_upstream_applies_them() {
+    let env = env(2, &[]).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let classic_elb = aws::classic_elb_client(&env.proxy.endpoint);
+    let shared = tagged_group(&env, "shared-elb", "every Classic ELB's").await;
+    let nodes = node_group(&env).await;
+    let nodes_before = ingress(&env.ec2, &nodes).await;
+    // EC2 through a second proxy: the per-API endpoint wins over the
+    // common one.
+    let ec2_proxy = FaultProxy::start(&env._moto.endpoint).await.unwrap();
+    let args: Vec<String> = [
+        "--provider",
+        "aws",
+        "--aws-endpoint-url",
+        &env.proxy.endpoint,
+        "--aws-endpoints",
+        &format!("ec2={}", ec2_proxy.endpoint),
+        "--aws-vpc-id",
+        &env.seeded.vpc,
+        "--cache-ttl",
+        "0s",
+        "--aws-disable-security-group-ingress",
+        "true",
+        "--aws-elb-security-group",
+        &shared,
+        "--aws-nlb-security-group-mode",
+        "none",
+        "--aws-cluster-health-probe",
+        "shared",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let gateway = GatewayProcess::start(
+        &ccm_testkit::bin_dir(),
+        &env.dir.path().join("gateway-knobs"),
+        &args,
+        &aws::credentials_env(&env.secret, env.dir.path()),
+    )
+    .await
+    .unwrap();
+    assert!(gateway.wait_ready(TIMEOUT).await, "{}", gateway.log_text());
+    env.proxy.take_actions();
+    let client = gateway.client("service", CLUSTER);
+    let h = hosts(&env.seeded.instances);
+
+    // A Classic ELB uses the shared group, unchanged, checks kube-proxy,
+    // and the nodes' group is left as it was.
+    let spec = classic_spec("aaaaaaaa", vec![port("web", Protocol::Tcp, 80, 30080)], &[]);
+    ensure_ready(&client, &spec, &h).await;
+    let lb = classic(&classic_elb, "aaaaaaaa").await.unwrap();
+    assert_eq!(lb.security_groups(), std::slice::from_ref(&shared));
+    assert!(
+        ingress(&env.ec2, &shared).await.is_empty(),
+        "the shared group is never changed"
+    );
+    let name = ccm_provider::load_balancer_name(&service("aaaaaaaa").uid);
+    assert_eq!(
+        group_named(&env.ec2, &format!("k8s-elb-{name}")).await,
+        None
+    );
+    assert_eq!(
+        lb.health_check().map(|c| c.target()),
+        Some("HTTP:10256/healthz")
+    );
+
+    // A new NLB gets no group; the groups a Service names have no effect
+    // (an event says so), and its health check annotations neither.
+    let spec = lb_spec(
+        "bbbbbbbb",
+        vec![port("web", Protocol::Tcp, 80, 30081)],
+        &[
+            ("security-groups", &shared),
+            ("healthcheck-port", "traffic-port"),
+        ],
+    );
+    let answer = ensure_whole(&client, &spec, &h).await;
+    let lb = nlb(&elb, "bbbbbbbb").await.unwrap();
+    assert!(lb.security_groups().is_empty(), "{lb:?}");
+    assert_eq!(answer.no_effect.len(), 2, "{:?}", answer.no_effect);
+    assert!(answer.no_effect[0].contains("healthcheck-port has no effect"));
+    assert!(answer.no_effect[1].contains("security-groups has no effect on a new NLB"));
+    let groups = target_groups(&elb, &lb).await;
+    assert_eq!(groups.len(), 1);
+    assert_eq!(
+        (
+            groups[0].health_check_protocol().map(|p| p.as_str()),
+            groups[0].health_check_port(),
+            groups[0].health_check_path(),
+        ),
+        (Some("HTTP"), Some("10256"), Some("/healthz"))
+    );
+    assert_eq!(
+        ingress(&env.ec2, &nodes).await,
+        nodes_before,
+        "nodes untouched"
+    );
+
+    // Every EC2 call went through the EC2 endpoint, none through the other.
+    let common = env.proxy.take_actions();
+    assert!(
+        common
+            .keys()
+            .all(|a| a.starts_with("elasticloadbalancing:")),
+        "{common:?}"
+    );
+    assert!(ec2_proxy.take_actions().contains_key("DescribeInstances"));
+
+    // Deletes leave the shared group and the nodes' group as they were.
+    client
+        .delete_load_balancer(service("aaaaaaaa"))
+        .await
+        .unwrap();
+    while let Err(Error::RetryAfter { .. }) = client.delete_load_balancer(service("bbbbbbbb")).await
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(group_named(&env.ec2, "shared-elb").await.is_some());
+    assert_eq!(ingress(&env.ec2, &nodes).await, nodes_before);
 }
 
 #[tokio::test]

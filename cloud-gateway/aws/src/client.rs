@@ -1,4 +1,5 @@
-//! The EC2 and ELBv2 clients: region, endpoint and credentials from the SDK's standard
+//! The EC2, ELB and ELBv2 clients: region, endpoints (one for all, or one
+//! per API) and credentials from the SDK's standard
 //! chain (environment, shared config and credentials files, web identity
 //! for IRSA, container and instance metadata), optionally through an
 //! assumed role. The SDK does not retry: a throttled request must reach the
@@ -72,14 +73,19 @@ pub(super) async fn clients(settings: &AwsSettings) -> anyhow::Result<Clients> {
         loader = loader.endpoint_url(url.clone());
     }
     let mut shared = loader.load().await;
+    let endpoint = |api: &str| settings.endpoints.get(api).cloned();
     let region = shared
         .region()
         .map(ToString::to_string)
         .context("no AWS region: set --aws-region, AWS_REGION or a region in the AWS profile")?;
     if let Some(role) = &settings.role_arn {
+        let sts = match endpoint("sts") {
+            Some(url) => shared.clone().into_builder().endpoint_url(url).build(),
+            None => shared.clone(),
+        };
         let mut assume = AssumeRoleProvider::builder(role.clone())
             .session_name(settings.role_session_name.clone())
-            .configure(&shared);
+            .configure(&sts);
         if let Some(id) = &settings.external_id {
             assume = assume.external_id(id.clone());
         }
@@ -91,11 +97,19 @@ pub(super) async fn clients(settings: &AwsSettings) -> anyhow::Result<Clients> {
             )
             .build();
     }
-    let ec2 = aws_sdk_ec2::config::Builder::from(&shared).interceptor(CountRequests);
-    let elb =
+    // ELB and ELBv2 share one API endpoint, as in AWS.
+    let mut ec2 = aws_sdk_ec2::config::Builder::from(&shared).interceptor(CountRequests);
+    let mut elb =
         aws_sdk_elasticloadbalancingv2::config::Builder::from(&shared).interceptor(CountRequests);
-    let classic =
+    let mut classic =
         aws_sdk_elasticloadbalancing::config::Builder::from(&shared).interceptor(CountRequests);
+    if let Some(url) = endpoint("ec2") {
+        ec2.set_endpoint_url(Some(url));
+    }
+    if let Some(url) = endpoint("elasticloadbalancing") {
+        elb.set_endpoint_url(Some(url.clone()));
+        classic.set_endpoint_url(Some(url));
+    }
     Ok(Clients {
         ec2: aws_sdk_ec2::Client::from_conf(ec2.build()),
         elb: aws_sdk_elasticloadbalancingv2::Client::from_conf(elb.build()),

@@ -2,7 +2,10 @@
 //! (`aws:///<zone>/<instance-id>`) is found by its instance ID, one without
 //! by its name as the instance's private DNS name (the upstream
 //! convention), or by instance ID when the name is a resource name
-//! (`i-0123...` or `i-0123....<region>.compute.internal`).
+//! (`i-0123...` or `i-0123....<region>.compute.internal`). An EKS Fargate
+//! node (`fargate-<address>` as its name or its provider ID's last
+//! segment) is its pod's network interface, found by private address with
+//! `DescribeNetworkInterfaces`, as upstream finds it.
 //!
 //! Both kinds go to `DescribeInstances` as filters, never as `InstanceIds`:
 //! with a list of IDs, one missing ID fails the whole call, while a filter
@@ -10,9 +13,13 @@
 //! "not found" and every other node still gets its answer.
 
 use std::collections::{BTreeSet, HashMap};
+use std::net::Ipv4Addr;
 
 use async_trait::async_trait;
-use aws_sdk_ec2::types::{Instance as Ec2Instance, InstanceStateName, NetworkInterfaceStatus};
+use aws_sdk_ec2::types::{
+    AttachmentStatus, Instance as Ec2Instance, InstanceStateName, NetworkInterface,
+    NetworkInterfaceStatus,
+};
 use ccm_provider::{
     AddressType, CloudError, Instance, Instances, Lookup, NodeAddress, NodeRef, Result,
 };
@@ -58,6 +65,28 @@ pub(super) fn parse_provider_id(provider_id: &str) -> std::result::Result<String
     }
 }
 
+/// The prefix of a Fargate node's name, and of its provider ID's last
+/// segment.
+const FARGATE_PREFIX: &str = "fargate-";
+
+/// The private IPv4 address a Fargate node's name or provider ID segment
+/// names: `fargate-10.0.1.5`, or `fargate-ip-10-0-1-5.<domain>` (as a VPC
+/// without DNS support and one with it write it).
+pub(super) fn fargate_address(segment: &str) -> Option<Ipv4Addr> {
+    let rest = segment.strip_prefix(FARGATE_PREFIX)?;
+    match rest.strip_prefix("ip-") {
+        Some(name) => name.split('.').next()?.replace('-', ".").parse().ok(),
+        None => rest.parse().ok(),
+    }
+}
+
+/// The address of a Fargate provider ID: `aws:///<zone>/.../fargate-...`,
+/// the Fargate segment last (EKS puts one more segment before it).
+fn parse_fargate_provider_id(provider_id: &str) -> Option<Ipv4Addr> {
+    let path = provider_id.strip_prefix(NAME)?.strip_prefix(":///")?;
+    fargate_address(path.rsplit('/').next()?)
+}
+
 /// The provider ID of an instance in `zone`.
 pub(super) fn provider_id(zone: &str, id: &str) -> String {
     format!("{NAME}:///{zone}/{id}")
@@ -70,21 +99,44 @@ pub(super) enum Key {
     Id(String),
     /// By private DNS name.
     DnsName(String),
+    /// A Fargate node, by its network interface's private address; with
+    /// the provider ID it has, or the name to make one of.
+    Fargate { address: Ipv4Addr, id: FargateId },
+}
+
+/// What a Fargate node's provider ID is: the one it has, kept as it is,
+/// or one made of its name and its zone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum FargateId {
+    Given(String),
+    Name(String),
 }
 
 impl Key {
     /// How `node` is looked up; its provider ID was checked before.
     pub(super) fn of(node: &NodeRef) -> Result<Self> {
-        if !node.provider_id.is_empty() {
-            return parse_provider_id(&node.provider_id)
-                .map(Key::Id)
-                .map_err(|e| CloudError::invalid("provider_id", e));
+        if node.provider_id.is_empty() {
+            return Ok(Self::of_name(&node.name));
         }
-        Ok(Self::of_name(&node.name))
+        if let Some(address) = parse_fargate_provider_id(&node.provider_id) {
+            return Ok(Key::Fargate {
+                address,
+                id: FargateId::Given(node.provider_id.clone()),
+            });
+        }
+        parse_provider_id(&node.provider_id)
+            .map(Key::Id)
+            .map_err(|e| CloudError::invalid("provider_id", e))
     }
 
     /// How a node named `name` is looked up.
     pub(super) fn of_name(name: &str) -> Self {
+        if let Some(address) = fargate_address(name) {
+            return Key::Fargate {
+                address,
+                id: FargateId::Name(name.to_owned()),
+            };
+        }
         // A resource name: the instance ID, alone or as the first label.
         let first = name.split('.').next().unwrap_or_default();
         if is_instance_id(first) {
@@ -116,14 +168,18 @@ fn is_shut_down(instance: &Ec2Instance) -> bool {
 pub(super) struct Found {
     by_id: HashMap<String, Ec2Instance>,
     by_name: HashMap<String, Ec2Instance>,
+    /// Fargate nodes' attached network interfaces by private address.
+    fargate: HashMap<Ipv4Addr, NetworkInterface>,
 }
 
 impl Found {
-    /// The instance for `key`, if EC2 knows it (terminated ones included).
+    /// The instance for `key`, if EC2 knows it (terminated ones included);
+    /// none for a Fargate node, which is no instance.
     pub(super) fn get(&self, key: &Key) -> Option<&Ec2Instance> {
         match key {
             Key::Id(id) => self.by_id.get(id),
             Key::DnsName(name) => self.by_name.get(name),
+            Key::Fargate { .. } => None,
         }
     }
 }
@@ -134,13 +190,18 @@ impl AwsCloud {
     pub(super) async fn find(&self, keys: &[Key]) -> Result<Found> {
         let mut ids = BTreeSet::new();
         let mut names = BTreeSet::new();
+        let mut addresses = BTreeSet::new();
         for key in keys {
             match key {
                 Key::Id(id) => ids.insert(id.as_str()),
                 Key::DnsName(name) => names.insert(name.as_str()),
+                Key::Fargate { address, .. } => addresses.insert(*address),
             };
         }
-        let mut found = Found::default();
+        let mut found = Found {
+            fargate: self.fargate_interfaces(&addresses).await?,
+            ..Found::default()
+        };
         let ids: Vec<&str> = ids.into_iter().collect();
         for chunk in ids.chunks(FILTER_VALUES) {
             for instance in self
@@ -191,6 +252,105 @@ impl AwsCloud {
         Ok(found)
     }
 
+    /// The attached network interfaces with the private `addresses`, in
+    /// the cluster's VPC when it is known (one request per 200).
+    async fn fargate_interfaces(
+        &self,
+        addresses: &BTreeSet<Ipv4Addr>,
+    ) -> Result<HashMap<Ipv4Addr, NetworkInterface>> {
+        let mut out: HashMap<Ipv4Addr, NetworkInterface> = HashMap::new();
+        let addresses: Vec<String> = addresses.iter().map(Ipv4Addr::to_string).collect();
+        for chunk in addresses.chunks(FILTER_VALUES) {
+            let mut filters = vec![super::tags::filter(
+                "private-ip-address",
+                chunk.iter().map(String::as_str),
+            )];
+            if let Some(vpc) = &self.settings.vpc_id {
+                filters.push(super::tags::filter("vpc-id", [vpc.as_str()]));
+            }
+            // Attached ones only: a detached interface is a pod gone.
+            let interfaces = self.describe_network_interfaces(filters).await?;
+            for interface in interfaces.into_iter().filter(|i| {
+                i.attachment().and_then(|a| a.status()) == Some(&AttachmentStatus::Attached)
+            }) {
+                let Some(address) = interface
+                    .private_ip_address()
+                    .and_then(|a| a.parse::<Ipv4Addr>().ok())
+                else {
+                    continue;
+                };
+                if let Some(other) = out.get(&address) {
+                    return Err(CloudError::NotConfigured(format!(
+                        "two network interfaces ({} and {}) have the private address {address}; set --aws-vpc-id to the cluster's VPC",
+                        other.network_interface_id().unwrap_or_default(),
+                        interface.network_interface_id().unwrap_or_default()
+                    )));
+                }
+                out.insert(address, interface);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every network interface matching `filters`, every page.
+    async fn describe_network_interfaces(
+        &self,
+        filters: Vec<aws_sdk_ec2::types::Filter>,
+    ) -> Result<Vec<NetworkInterface>> {
+        let mut out = Vec::new();
+        let mut token = None;
+        loop {
+            let page = self
+                .ec2
+                .describe_network_interfaces()
+                .set_filters(Some(filters.clone()))
+                .max_results(1000)
+                .set_next_token(token)
+                .send()
+                .await
+                .map_err(|e| super::errors::cloud_error("DescribeNetworkInterfaces", e))?;
+            out.extend(page.network_interfaces().iter().cloned());
+            token = page
+                .next_token()
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned);
+            if token.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// What the cloud says about a Fargate node: running while its
+    /// network interface is attached, gone once it is not.
+    fn fargate_lookup(
+        &self,
+        address: &Ipv4Addr,
+        id: &FargateId,
+        found: &Found,
+        zone_ids: &HashMap<String, String>,
+    ) -> Lookup {
+        let Some(interface) = found.fargate.get(address) else {
+            return Lookup::NotFound;
+        };
+        let zone = interface.availability_zone().unwrap_or_default();
+        let mut labels = HashMap::new();
+        if let Some(zone_id) = zone_ids.get(zone) {
+            labels.insert(LABEL_ZONE_ID.to_owned(), zone_id.clone());
+        }
+        Lookup::Running(Instance {
+            provider_id: match id {
+                FargateId::Given(given) => given.clone(),
+                FargateId::Name(name) => provider_id(zone, name),
+            },
+            // Upstream reports none: Fargate has no instance types.
+            instance_type: String::new(),
+            zone: zone.to_owned(),
+            region: self.region.clone(),
+            addresses: fargate_addresses(interface, &self.settings.node_ip_families),
+            additional_labels: labels,
+        })
+    }
+
     /// What the cloud says about `instance`.
     fn lookup(&self, instance: Option<&Ec2Instance>, zone_ids: &HashMap<String, String>) -> Lookup {
         let Some(instance) = instance.filter(|i| is_alive(i)) else {
@@ -209,12 +369,13 @@ impl AwsCloud {
             .placement()
             .and_then(|p| p.availability_zone())
             .unwrap_or_default();
-        let mut labels = HashMap::new();
+        let id = instance.instance_id().unwrap_or_default();
+        let mut labels: HashMap<String, String> = self.topologies.labels(id).into_iter().collect();
         if let Some(zone_id) = zone_ids.get(zone) {
             labels.insert(LABEL_ZONE_ID.to_owned(), zone_id.clone());
         }
         Instance {
-            provider_id: provider_id(zone, instance.instance_id().unwrap_or_default()),
+            provider_id: provider_id(zone, id),
             instance_type: instance
                 .instance_type()
                 .map(|t| t.as_str().to_owned())
@@ -292,6 +453,33 @@ pub(super) fn addresses(instance: &Ec2Instance, families: &[IpFamily]) -> Vec<No
     out
 }
 
+/// A Fargate node's addresses, as upstream gives them: per family, the
+/// interface's private address (IPv4) or its first IPv6 address as
+/// InternalIP, each followed by its private DNS name as InternalDNS when
+/// the VPC has one (once here, where upstream repeats it per family).
+fn fargate_addresses(interface: &NetworkInterface, families: &[IpFamily]) -> Vec<NodeAddress> {
+    let dns = interface.private_dns_name().filter(|n| !n.is_empty());
+    let mut out = Vec::new();
+    for family in families {
+        let ip = match family {
+            IpFamily::V4 => interface.private_ip_address().map(str::to_owned),
+            IpFamily::V6 => interface
+                .ipv6_addresses()
+                .first()
+                .and_then(|a| a.ipv6_address())
+                .and_then(|a| a.parse::<std::net::Ipv6Addr>().ok())
+                .map(|a| a.to_string()),
+        };
+        if let Some(ip) = ip {
+            out.push(address(AddressType::InternalIp, &ip));
+        }
+    }
+    if let Some(name) = dns {
+        out.push(address(AddressType::InternalDns, name));
+    }
+    out
+}
+
 #[async_trait]
 impl Instances for AwsCloud {
     async fn get_instances(&self, nodes: &[NodeRef]) -> Result<Vec<Lookup>> {
@@ -301,15 +489,28 @@ impl Instances for AwsCloud {
             .iter()
             .filter_map(|k| found.get(k))
             .filter_map(|i| i.placement().and_then(|p| p.availability_zone()))
+            .chain(found.fargate.values().filter_map(|i| i.availability_zone()))
             .collect();
         let zone_ids = self.zone_ids(&zones).await;
+        let alive: Vec<&Ec2Instance> = keys
+            .iter()
+            .filter_map(|k| found.get(k))
+            .filter(|i| is_alive(i))
+            .collect();
+        self.learn_topologies(&alive).await?;
         Ok(keys
             .iter()
-            .map(|key| self.lookup(found.get(key), &zone_ids))
+            .map(|key| match key {
+                Key::Fargate { address, id } => self.fargate_lookup(address, id, &found, &zone_ids),
+                _ => self.lookup(found.get(key), &zone_ids),
+            })
             .collect())
     }
 
     fn check_provider_id(&self, provider_id: &str) -> std::result::Result<(), String> {
+        if parse_fargate_provider_id(provider_id).is_some() {
+            return Ok(());
+        }
         parse_provider_id(provider_id).map(drop)
     }
 
@@ -479,5 +680,69 @@ mod tests {
         assert_eq!(got, want);
         let v4_only = addresses(&instance, &[IpFamily::V4]);
         assert!(v4_only.iter().all(|a| !a.address.contains(':')));
+    }
+
+    #[test]
+    fn fargate_nodes_are_found_by_the_address_in_their_name_or_provider_id() {
+        let v4 = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(fargate_address("fargate-10.0.1.5"), Some(v4("10.0.1.5")));
+        assert_eq!(
+            fargate_address("fargate-ip-192-168-150-148.eu-west-1.compute.internal"),
+            Some(v4("192.168.150.148"))
+        );
+        assert_eq!(fargate_address("fargate-ip-10-0-1"), None);
+        assert_eq!(fargate_address("ip-10-0-1-5.ec2.internal"), None);
+        // EKS writes a segment between the zone and the node's name.
+        let eks =
+            "aws:///eu-west-1b/0123456789abcdef/fargate-ip-10-0-1-5.eu-west-1.compute.internal";
+        let node = NodeRef {
+            name: "fargate-ip-10-0-1-5.eu-west-1.compute.internal".into(),
+            provider_id: eks.into(),
+        };
+        assert_eq!(
+            Key::of(&node).unwrap(),
+            Key::Fargate {
+                address: v4("10.0.1.5"),
+                id: FargateId::Given(eks.into())
+            }
+        );
+        assert!(parse_fargate_provider_id("aws:///eu-west-1a/fargate-10.0.1.5").is_some());
+        assert!(parse_fargate_provider_id("gce:///z/fargate-10.0.1.5").is_none());
+        assert_eq!(
+            Key::of_name("fargate-10.0.2.9"),
+            Key::Fargate {
+                address: v4("10.0.2.9"),
+                id: FargateId::Name("fargate-10.0.2.9".into())
+            }
+        );
+        // Not an EC2 instance: never an NLB target or a route's.
+        assert!(parse_provider_id(eks).is_err());
+    }
+
+    #[test]
+    fn a_fargate_nodes_addresses_are_its_interfaces() {
+        let interface = NetworkInterface::builder()
+            .private_ip_address("10.0.1.5")
+            .private_dns_name("ip-10-0-1-5.ec2.internal")
+            .ipv6_addresses(
+                aws_sdk_ec2::types::NetworkInterfaceIpv6Address::builder()
+                    .ipv6_address("2600:1f18:0::7")
+                    .build(),
+            )
+            .build();
+        let got: Vec<(String, String)> =
+            fargate_addresses(&interface, &[IpFamily::V4, IpFamily::V6])
+                .into_iter()
+                .map(|a| (a.kind.as_str().to_owned(), a.address))
+                .collect();
+        let want = [
+            ("InternalIP", "10.0.1.5"),
+            ("InternalIP", "2600:1f18::7"),
+            ("InternalDNS", "ip-10-0-1-5.ec2.internal"),
+        ];
+        assert_eq!(got.len(), want.len(), "{got:?}");
+        for ((k, v), (wk, wv)) in got.iter().zip(want) {
+            assert_eq!((k.as_str(), v.as_str()), (wk, wv));
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! `aws`: Amazon Web Services through the official SDK. Instances are EC2
-//! instances (`instances.rs`), routes are VPC routes in the route tables
+//! instances, or an EKS Fargate pod's network interface (`instances.rs`),
+//! with network topology labels (`topology.rs`); routes are VPC routes in the route tables
 //! tagged for the cluster (`routes.rs`), load balancers are Classic ELBs
 //! or Network Load Balancers (`load_balancers/`) configured by the
 //! upstream annotations (`annotations.rs`).
@@ -16,6 +17,7 @@ mod load_balancers;
 mod routes;
 pub mod settings;
 mod tags;
+mod topology;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -36,10 +38,12 @@ pub const NAME: &str = "aws";
 /// How often at most the zone list is read again for a zone not seen yet.
 const ZONE_REFRESH: Duration = Duration::from_secs(60);
 
-/// Zone names to zone IDs, read with `DescribeAvailabilityZones`.
+/// Zone names to zone IDs and zone types (`availability-zone`,
+/// `local-zone`, `wavelength-zone`), read with `DescribeAvailabilityZones`.
 #[derive(Default)]
 struct Zones {
     ids: HashMap<String, String>,
+    types: HashMap<String, String>,
     read_at: Option<Instant>,
 }
 
@@ -51,6 +55,7 @@ pub struct AwsCloud {
     region: String,
     settings: AwsSettings,
     zones: Mutex<Zones>,
+    topologies: topology::Topologies,
 }
 
 impl std::fmt::Debug for AwsCloud {
@@ -86,6 +91,7 @@ impl AwsCloud {
             region,
             settings,
             zones: Mutex::new(Zones::default()),
+            topologies: topology::Topologies::default(),
         })
     }
 
@@ -136,10 +142,32 @@ impl AwsCloud {
             .iter()
             .filter_map(|z| Some((z.zone_name()?.to_owned(), z.zone_id()?.to_owned())))
             .collect();
+        let types = answer
+            .availability_zones()
+            .iter()
+            .filter_map(|z| Some((z.zone_name()?.to_owned(), z.zone_type()?.to_owned())))
+            .collect();
         let mut zones = self.zones.lock().unwrap_or_else(|e| e.into_inner());
         zones.ids = ids.clone();
+        zones.types = types;
         zones.read_at = Some(Instant::now());
         Ok(ids)
+    }
+
+    /// The zone type of each of `wanted` known to the region, read as
+    /// [`Self::zone_ids`] reads IDs; a zone missing from the answer is
+    /// left out.
+    async fn zone_types(&self, wanted: &BTreeSet<&str>) -> Result<HashMap<String, String>> {
+        let missing = {
+            let zones = self.zones.lock().unwrap_or_else(|e| e.into_inner());
+            let stale = zones.read_at.is_none_or(|at| at.elapsed() > ZONE_REFRESH);
+            wanted.iter().any(|z| !zones.types.contains_key(*z)) && stale
+        };
+        if missing {
+            self.read_zones().await?;
+        }
+        let zones = self.zones.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(zones.types.clone())
     }
 
     /// Zone IDs for `wanted` zones; reads the zone list again (at most once

@@ -201,7 +201,7 @@ impl AwsCloud {
 
     /// Every route table `filters` find (that is `cluster`'s, when given),
     /// page by page.
-    async fn route_tables_where(
+    pub(crate) async fn route_tables_where(
         &self,
         cluster: Option<&str>,
         filters: Vec<Filter>,

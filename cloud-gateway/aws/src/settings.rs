@@ -1,6 +1,7 @@
 //! The AWS provider's settings, and the checks of each value an operator
 //! gives, so the gateway's flags report every bad one at once.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::annotations::LbKind;
@@ -31,6 +32,95 @@ pub struct AwsSettings {
     pub request_timeout: Duration,
     /// The kind of load balancer of a Service without the type annotation.
     pub default_load_balancer_type: LbKind,
+    /// Never change the nodes' security groups: the operator opens them
+    /// to the load balancers (upstream's `DisableSecurityGroupIngress`).
+    pub disable_security_group_ingress: bool,
+    /// One security group every Classic ELB uses in place of one of its
+    /// own, never changed (upstream's `ElbSecurityGroup`).
+    pub elb_security_group: Option<String>,
+    /// Whether a new NLB gets a security group of its own.
+    pub nlb_security_groups: NlbGroups,
+    /// kube-proxy's health endpoint, checked for Cluster-policy Services
+    /// in place of the traffic port; `None` checks the traffic port.
+    pub shared_health_probe: Option<SharedProbe>,
+    /// Endpoints for single AWS APIs (`ec2`, `elasticloadbalancing`,
+    /// `sts`), ahead of [`Self::endpoint_url`].
+    pub endpoints: BTreeMap<String, String>,
+}
+
+/// Whether new NLBs get a security group of their own (upstream's
+/// `NLBSecurityGroupMode`). Existing NLBs keep what they have either way:
+/// AWS cannot give one made without a group any.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NlbGroups {
+    /// A group of the NLB's own, admitting its source ranges, that the
+    /// nodes admit (upstream's `Managed`): our default.
+    #[default]
+    Own,
+    /// No group; the nodes admit the client and health check CIDRs
+    /// (upstream's default).
+    None,
+}
+
+/// kube-proxy's health endpoint for the shared health probe (upstream's
+/// `ClusterServiceLoadBalancerHealthProbeMode: Shared`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedProbe {
+    pub port: u16,
+    pub path: String,
+}
+
+/// The APIs [`AwsSettings::endpoints`] may name.
+pub const ENDPOINT_SERVICES: [&str; 3] = ["ec2", "elasticloadbalancing", "sts"];
+
+/// Reads `managed` or `none`.
+pub fn nlb_groups(value: &str) -> Result<NlbGroups, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "managed" => Ok(NlbGroups::Own),
+        "none" => Ok(NlbGroups::None),
+        _ => Err(
+            "is not managed (a group per NLB) or none (no group, as cloud-provider-aws's default)"
+                .into(),
+        ),
+    }
+}
+
+/// Reads a health probe path: `/` and then printable ASCII.
+pub fn probe_path(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    let ok = value.starts_with('/')
+        && value.len() <= 1024
+        && value.bytes().all(|b| b.is_ascii_graphic());
+    if ok {
+        Ok(value.to_owned())
+    } else {
+        Err(
+            "is not a path such as /healthz (starting with /, no spaces, at most 1024 characters)"
+                .into(),
+        )
+    }
+}
+
+/// Reads `service=URL` pairs separated by commas, each API once.
+pub fn endpoints(value: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for item in list(value) {
+        let Some((service, url)) = item.split_once('=') else {
+            return Err(format!("{item:?} is not service=URL"));
+        };
+        let service = service.trim();
+        if !ENDPOINT_SERVICES.contains(&service) {
+            return Err(format!(
+                "{service:?} is not one of {}",
+                ENDPOINT_SERVICES.join(", ")
+            ));
+        }
+        let url = endpoint_url(url).map_err(|e| format!("{service}'s URL {e}"))?;
+        if out.insert(service.to_owned(), url).is_some() {
+            return Err(format!("{service} is named twice"));
+        }
+    }
+    Ok(out)
 }
 
 /// An address family of node addresses.

@@ -226,7 +226,8 @@ pub fn cluster_tag(cluster: &str) -> String {
 }
 
 /// Makes a VPC (10.0.0.0/16 plus an IPv6 block) with one subnet per zone
-/// tagged for `cluster` and for public load balancers, a route table tagged
+/// tagged for `cluster` and for public load balancers, an internet gateway
+/// that makes them public, a route table tagged
 /// `owned` by `cluster`, and `instances` running instances spread over the
 /// zones, tagged for the cluster, with IPv6 addresses.
 pub async fn seed(
@@ -273,6 +274,7 @@ pub async fn seed(
             subnet.subnet_id().context("no subnet ID")?.to_owned(),
         ));
     }
+    internet_gateway(ec2, &vpc_id).await?;
     let route_table = route_table(ec2, &vpc_id, Some(cluster)).await?;
     let node_group = ec2
         .create_security_group()
@@ -302,6 +304,42 @@ pub async fn seed(
             .push(run_instance(ec2, &seeded, cluster, i).await?);
     }
     Ok(seeded)
+}
+
+/// Attaches an internet gateway to `vpc` and routes the main route table's
+/// default route to it, so the VPC's subnets are public, as AWS's default
+/// VPC's are.
+pub async fn internet_gateway(ec2: &aws_sdk_ec2::Client, vpc: &str) -> anyhow::Result<String> {
+    let igw = ec2
+        .create_internet_gateway()
+        .send()
+        .await?
+        .internet_gateway
+        .and_then(|g| g.internet_gateway_id)
+        .context("no internet gateway")?;
+    ec2.attach_internet_gateway()
+        .internet_gateway_id(&igw)
+        .vpc_id(vpc)
+        .send()
+        .await?;
+    let main = ec2
+        .describe_route_tables()
+        .filters(filter("vpc-id", &[vpc]))
+        .filters(filter("association.main", &["true"]))
+        .send()
+        .await?
+        .route_tables
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|t| t.route_table_id)
+        .context("no main route table")?;
+    ec2.create_route()
+        .route_table_id(main)
+        .destination_cidr_block("0.0.0.0/0")
+        .gateway_id(&igw)
+        .send()
+        .await?;
+    Ok(igw)
 }
 
 /// Makes a route table in `vpc`, tagged `owned` by `cluster` when given.
@@ -483,6 +521,32 @@ struct ProxyState {
     actions: Vec<String>,
     /// The bodies of the last [`MAX_BODIES`] requests, with their actions.
     bodies: std::collections::VecDeque<(String, String)>,
+    /// Network nodes by instance ID, for `DescribeInstanceTopology`, which
+    /// moto does not implement: the proxy answers it as AWS does.
+    topologies: BTreeMap<String, Vec<String>>,
+}
+
+/// AWS's answer to `DescribeInstanceTopology` for the `InstanceId.N`
+/// parameters of `body`: those instances with a topology in `known`.
+fn topology_answer(body: &str, known: &BTreeMap<String, Vec<String>>) -> Response {
+    let mut items = String::new();
+    for (key, value) in body.split('&').filter_map(|kv| kv.split_once('=')) {
+        let Some(nodes) = key
+            .starts_with("InstanceId.")
+            .then(|| known.get(value))
+            .flatten()
+        else {
+            continue;
+        };
+        let nodes: String = nodes.iter().map(|n| format!("<item>{n}</item>")).collect();
+        items.push_str(&format!(
+            "<item><instanceId>{value}</instanceId><networkNodeSet>{nodes}</networkNodeSet></item>"
+        ));
+    }
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeInstanceTopologyResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>test-proxy</requestId><instanceSet>{items}</instanceSet></DescribeInstanceTopologyResponse>"
+    );
+    (StatusCode::OK, [("content-type", "text/xml")], body).into_response()
 }
 
 /// How many request bodies the proxy keeps.
@@ -492,7 +556,9 @@ const MAX_BODIES: usize = 1000;
 /// long-running sandbox stays bounded.
 const MAX_RECORDED: usize = 100_000;
 
-/// An HTTP proxy in front of moto that can answer with AWS errors.
+/// An HTTP proxy in front of moto that can answer with AWS errors, and
+/// answers the one action the gateway sends that moto lacks
+/// (`DescribeInstanceTopology`) as AWS would.
 #[derive(Clone)]
 pub struct FaultProxy {
     /// `http://127.0.0.1:<port>`.
@@ -566,6 +632,10 @@ async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) ->
     if let Some(fault) = fault {
         return fault.response();
     }
+    if action == "DescribeInstanceTopology" {
+        let state = f.state.lock().unwrap_or_else(|e| e.into_inner());
+        return topology_answer(&String::from_utf8_lossy(&bytes), &state.topologies);
+    }
     let path = parts
         .uri
         .path_and_query()
@@ -629,6 +699,16 @@ impl FaultProxy {
             .unwrap_or_else(|e| e.into_inner())
             .rates
             .push((fault, rate));
+    }
+
+    /// Gives instance `id` the network nodes `nodes` (nearest the spine
+    /// first) in `DescribeInstanceTopology`'s answers.
+    pub fn set_topology(&self, id: &str, nodes: &[&str]) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .topologies
+            .insert(id.to_owned(), nodes.iter().map(|n| n.to_string()).collect());
     }
 
     /// Clears every fault.

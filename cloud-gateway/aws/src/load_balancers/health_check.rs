@@ -5,6 +5,7 @@
 use ccm_provider::{CloudError, LoadBalancerSpec, Result, TrafficPolicy};
 
 use crate::annotations::{self, HcPort, HcProtocol, LbKind, LbOptions};
+use crate::settings::SharedProbe;
 
 /// The health check of every target of one load balancer.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,15 +31,24 @@ impl HealthCheck {
 }
 
 /// The health check: HTTP on the health check node port at `/healthz`
-/// for the Local traffic policy, TCP on the traffic port otherwise, with
-/// the annotations' overrides. Intervals, thresholds and timeouts default
+/// for the Local traffic policy; for the Cluster policy, TCP on the
+/// traffic port, or with the `shared` probe HTTP on kube-proxy's port and
+/// path (upstream's "Shared" probe mode). The annotations override each,
+/// except that an NLB checks the shared probe whatever they say, as
+/// upstream's does ([`shared_probe_overrides`] says so in an event).
+/// Intervals, thresholds and timeouts default
 /// as each kind's upstream does: a Classic ELB's 2 healthy / 6 unhealthy
 /// checks 10 s apart with a 5 s timeout; an NLB's 3 / 3 every 30 s for
 /// the Cluster policy and 2 / 2 every 10 s for Local, with AWS's timeout
 /// (10 s, 6 s for HTTP), so an NLB upstream made keeps its checks.
-pub(super) fn health_check(spec: &LoadBalancerSpec, o: &LbOptions) -> Result<HealthCheck> {
+pub(super) fn health_check(
+    spec: &LoadBalancerSpec,
+    o: &LbOptions,
+    shared: Option<&SharedProbe>,
+) -> Result<HealthCheck> {
     let local = spec.external_traffic_policy == TrafficPolicy::Local;
-    let h = &o.health_check;
+    let classic = o.kind == LbKind::Classic;
+    let mut h = o.health_check.clone();
     let (default_protocol, default_port, default_path) = if local {
         if spec.health_check_node_port <= 0 {
             return Err(CloudError::invalid(
@@ -51,6 +61,15 @@ pub(super) fn health_check(spec: &LoadBalancerSpec, o: &LbOptions) -> Result<Hea
             HcPort::Port(spec.health_check_node_port as u16),
             Some("/healthz".to_owned()),
         )
+    } else if let Some(probe) = shared {
+        if !classic {
+            (h.protocol, h.port, h.path) = (None, None, None);
+        }
+        (
+            HcProtocol::Http,
+            HcPort::Port(probe.port),
+            Some(probe.path.clone()),
+        )
     } else {
         (HcProtocol::Tcp, HcPort::TrafficPort, None)
     };
@@ -59,7 +78,6 @@ pub(super) fn health_check(spec: &LoadBalancerSpec, o: &LbOptions) -> Result<Hea
         HcProtocol::Tcp => None,
         _ => h.path.clone().or(default_path).or(Some("/".to_owned())),
     };
-    let classic = o.kind == LbKind::Classic;
     // An NLB's defaults follow the traffic policy, as upstream's do.
     let (default_interval, default_healthy, default_unhealthy) = match (classic, local) {
         (true, _) => (10, 2, 6),
@@ -90,6 +108,38 @@ pub(super) fn health_check(spec: &LoadBalancerSpec, o: &LbOptions) -> Result<Hea
     })
 }
 
+/// The health check annotations an NLB's shared probe overrides, each in
+/// a sentence for the `AnnotationHasNoEffect` event.
+pub(super) fn shared_probe_overrides(
+    spec: &LoadBalancerSpec,
+    o: &LbOptions,
+    shared: Option<&SharedProbe>,
+) -> Vec<String> {
+    let Some(probe) = shared else {
+        return Vec::new();
+    };
+    if o.kind != LbKind::Nlb || spec.external_traffic_policy == TrafficPolicy::Local {
+        return Vec::new();
+    }
+    let h = &o.health_check;
+    [
+        (h.protocol.is_some(), annotations::HC_PROTOCOL),
+        (h.port.is_some(), annotations::HC_PORT),
+        (h.path.is_some(), annotations::HC_PATH),
+    ]
+    .into_iter()
+    .filter(|(set, _)| *set)
+    .map(|(_, key)| {
+        format!(
+            "{} has no effect on this NLB: the gateway's shared health probe checks kube-proxy (HTTP on port {}, {}) for every Service with externalTrafficPolicy Cluster, as cloud-provider-aws's Shared probe mode does; set externalTrafficPolicy: Local or turn the shared probe off to choose the check",
+            annotations::short(key),
+            probe.port,
+            probe.path
+        )
+    })
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,7 +162,7 @@ mod tests {
             kind: LbKind::Nlb,
             ..Default::default()
         };
-        let hc = health_check(&s, &nlb).unwrap();
+        let hc = health_check(&s, &nlb, None).unwrap();
         assert_eq!(hc.protocol, HcProtocol::Http);
         assert_eq!(hc.port, HcPort::Port(32000));
         assert_eq!(hc.own_port(), Some(32000));
@@ -122,7 +172,7 @@ mod tests {
             (10, 2, 2, 6)
         );
         s.external_traffic_policy = TrafficPolicy::Cluster;
-        let hc = health_check(&s, &nlb).unwrap();
+        let hc = health_check(&s, &nlb, None).unwrap();
         assert_eq!(hc.protocol, HcProtocol::Tcp);
         assert_eq!(hc.port, HcPort::TrafficPort);
         assert_eq!(hc.own_port(), None);
@@ -131,7 +181,7 @@ mod tests {
             (hc.interval, hc.healthy, hc.unhealthy, hc.timeout),
             (30, 3, 3, 10)
         );
-        let classic = health_check(&s, &LbOptions::default()).unwrap();
+        let classic = health_check(&s, &LbOptions::default(), None).unwrap();
         assert_eq!(
             (
                 classic.healthy,
@@ -141,5 +191,57 @@ mod tests {
             ),
             (2, 6, 5, 10)
         );
+    }
+
+    #[test]
+    fn the_shared_probe_checks_kube_proxy_for_cluster_policy_services() {
+        let probe = SharedProbe {
+            port: 10256,
+            path: "/healthz".into(),
+        };
+        let mut s = LoadBalancerSpec {
+            ports: vec![ServicePort {
+                name: String::new(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: 30080,
+            }],
+            ..Default::default()
+        };
+        let mut nlb = LbOptions {
+            kind: LbKind::Nlb,
+            ..Default::default()
+        };
+        nlb.health_check.port = Some(HcPort::TrafficPort);
+        nlb.health_check.interval = Some(20);
+        let hc = health_check(&s, &nlb, Some(&probe)).unwrap();
+        assert_eq!(hc.protocol, HcProtocol::Http);
+        assert_eq!(hc.own_port(), Some(10256));
+        assert_eq!(hc.path.as_deref(), Some("/healthz"));
+        assert_eq!((hc.interval, hc.healthy, hc.timeout), (20, 3, 6));
+        let notes = shared_probe_overrides(&s, &nlb, Some(&probe));
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with("aws-load-balancer-healthcheck-port has no effect"),
+            "{notes:?}"
+        );
+
+        // A Classic ELB's annotations still win over the shared probe.
+        let mut classic = LbOptions::default();
+        classic.health_check.port = Some(HcPort::Port(8080));
+        let hc = health_check(&s, &classic, Some(&probe)).unwrap();
+        assert_eq!((hc.protocol, hc.own_port()), (HcProtocol::Http, Some(8080)));
+        assert!(shared_probe_overrides(&s, &classic, Some(&probe)).is_empty());
+
+        // Local traffic keeps its own check.
+        s.external_traffic_policy = TrafficPolicy::Local;
+        s.health_check_node_port = 32000;
+        let hc = health_check(&s, &nlb, Some(&probe)).unwrap();
+        assert_eq!(
+            hc.port,
+            HcPort::TrafficPort,
+            "the annotation, as without the probe"
+        );
+        assert!(shared_probe_overrides(&s, &nlb, Some(&probe)).is_empty());
     }
 }

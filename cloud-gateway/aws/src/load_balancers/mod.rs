@@ -69,7 +69,7 @@ use self::classic::{
 };
 use self::classic_config::{Attributes, ClassicListener, classic_listeners, health_check_target};
 use self::elb_tags::tag_value;
-use self::health_check::{HealthCheck, health_check};
+use self::health_check::{HealthCheck, health_check, shared_probe_overrides};
 use self::ingress_rules::{Rule, Source, client_rules, node_rules, rules_of, with_mtu_discovery};
 use self::listeners::{Listening, listenings};
 use self::nlb::{check_immutable, check_not_failed, listed, refuse_unsupported, reported_status};
@@ -78,6 +78,7 @@ use self::security_groups::upstream_nlb_group_name;
 use self::target_groups::GroupSettings;
 use self::targets::instance_ids;
 use crate::annotations::{LbKind, LbOptions};
+use crate::settings::NlbGroups;
 use crate::tags::TAG_SERVICE_UID;
 use crate::{AwsCloud, annotations, tags};
 
@@ -103,7 +104,7 @@ impl LoadBalancers for AwsCloud {
         spec: &LoadBalancerSpec,
         hosts: &[Host],
     ) -> Result<LoadBalancerStatus> {
-        let o = annotations::parse(&spec.annotations, self.settings.default_load_balancer_type)?;
+        let o = self.options(spec)?;
         match o.kind {
             LbKind::Nlb => self.ensure_nlb(cluster, spec, hosts, &o).await,
             LbKind::Classic => self.ensure_classic(cluster, spec, hosts, &o).await,
@@ -116,7 +117,7 @@ impl LoadBalancers for AwsCloud {
         spec: &LoadBalancerSpec,
         hosts: &[Host],
     ) -> Result<()> {
-        let o = annotations::parse(&spec.annotations, self.settings.default_load_balancer_type)?;
+        let o = self.options(spec)?;
         match o.kind {
             LbKind::Nlb => self.update_nlb_hosts(cluster, spec, hosts, &o).await,
             LbKind::Classic => self.update_classic_hosts(cluster, spec, hosts, &o).await,
@@ -152,7 +153,9 @@ impl LoadBalancers for AwsCloud {
         // cloud-provider-aws may have left (an NLB made without a group has
         // CIDR rules on the nodes' groups, one in "Managed" mode a group
         // named its way).
-        self.close_cidr_rules(&vpc, &lb_name).await?;
+        if !self.settings.disable_security_group_ingress {
+            self.close_cidr_rules(&vpc, &lb_name).await?;
+        }
         let used_by = format!("{} {lb_name}", LbKind::Nlb.title());
         self.delete_group_named(
             cluster,
@@ -217,6 +220,16 @@ fn classic_source_group<'a>(elb: &'a Elb, o: &'a LbOptions) -> Option<&'a str> {
 }
 
 impl AwsCloud {
+    /// The Service's options: its annotations read, with a sentence for
+    /// each that the gateway's settings leave without effect.
+    pub(crate) fn options(&self, spec: &LoadBalancerSpec) -> Result<LbOptions> {
+        let mut o =
+            annotations::parse(&spec.annotations, self.settings.default_load_balancer_type)?;
+        let probe = self.settings.shared_health_probe.as_ref();
+        o.no_effect.extend(shared_probe_overrides(spec, &o, probe));
+        Ok(o)
+    }
+
     /// The load balancer of the other kind than `wanted` named
     /// `lb_name`, if any.
     async fn other_kind(&self, lb_name: &str, wanted: LbKind) -> Result<Option<LbKind>> {
@@ -327,7 +340,7 @@ impl AwsCloud {
     ) -> Result<LoadBalancerStatus> {
         let service = &spec.service;
         let ls = listenings(spec, o)?;
-        let hc = health_check(spec, o)?;
+        let hc = health_check(spec, o, self.settings.shared_health_probe.as_ref())?;
         refuse_unsupported(spec)?;
         let lb_name = load_balancer_name(&service.uid);
         let existing = self.owned_nlb(cluster, &lb_name).await?;
@@ -346,8 +359,17 @@ impl AwsCloud {
         // The NLB's groups: those the Service names (nothing in them
         // changed), else its own, kept to the source ranges; none for one
         // made without any (as upstream makes them by default), which AWS
-        // cannot give one.
+        // cannot give one, nor for a new one when the operator wants none.
         let (groups, own) = match &existing {
+            None if self.settings.nlb_security_groups == NlbGroups::None => {
+                if !o.security_groups.is_empty() {
+                    no_effect.push(format!(
+                        "{} has no effect on a new NLB: the gateway makes NLBs without security groups (--aws-nlb-security-group-mode none, as cloud-provider-aws's default), and AWS cannot add any later; set the mode to managed to use the groups named",
+                        annotations::short(annotations::SECURITY_GROUPS)
+                    ));
+                }
+                (Vec::new(), None)
+            }
             Some((nlb, _)) if nlb.security_groups().is_empty() => {
                 if !o.security_groups.is_empty() {
                     no_effect.push(format!(
@@ -463,7 +485,8 @@ impl AwsCloud {
 
     /// Opens the nodes to `nlb`: to its group `group` when it has one
     /// (stripping the CIDR rules upstream wrote for it), else by CIDR as
-    /// upstream does for an NLB without a group, kept in step.
+    /// upstream does for an NLB without a group, kept in step; nothing
+    /// when the operator opens the nodes.
     #[allow(clippy::too_many_arguments)]
     async fn open_nodes_to_nlb_of(
         &self,
@@ -476,6 +499,9 @@ impl AwsCloud {
         ls: &[Listening],
         hc: &HealthCheck,
     ) -> Result<()> {
+        if self.settings.disable_security_group_ingress {
+            return Ok(());
+        }
         let lb_name = nlb.load_balancer_name().unwrap_or_default();
         let node = ls.iter().map(Listening::node_opening);
         if let Some(group) = group {
@@ -514,7 +540,7 @@ impl AwsCloud {
         o: &LbOptions,
     ) -> Result<()> {
         let ls = listenings(spec, o)?;
-        let hc = health_check(spec, o)?;
+        let hc = health_check(spec, o, self.settings.shared_health_probe.as_ref())?;
         let lb_name = load_balancer_name(&spec.service.uid);
         let Some((nlb, _)) = self.owned_nlb(cluster, &lb_name).await? else {
             return Err(CloudError::NotFound(format!("load balancer {lb_name}")));
@@ -536,7 +562,7 @@ impl AwsCloud {
     ) -> Result<LoadBalancerStatus> {
         let service = &spec.service;
         let listeners = classic_listeners(spec, o)?;
-        let hc = health_check(spec, o)?;
+        let hc = health_check(spec, o, self.settings.shared_health_probe.as_ref())?;
         refuse_unsupported(spec)?;
         let lb_name = load_balancer_name(&service.uid);
         let existing = self.owned_classic(cluster, &lb_name).await?;
@@ -591,7 +617,7 @@ impl AwsCloud {
         self.sync_classic_policies(&elb, &listeners, o).await?;
         self.sync_classic_instances(&elb, &instance_ids(&targets))
             .await?;
-        if !o.security_groups.is_empty() {
+        if !self.classic_named_groups(o).is_empty() {
             // The Service names its groups now: a group we made before goes.
             self.delete_load_balancer_group(cluster, LbKind::Classic.title(), &lb_name, &place.vpc)
                 .await?;
@@ -603,8 +629,19 @@ impl AwsCloud {
         })
     }
 
+    /// The groups a Classic ELB uses in place of one of its own (nothing
+    /// in them changed): those the Service names, else the gateway's
+    /// shared ELB group; none.
+    fn classic_named_groups(&self, o: &LbOptions) -> Vec<String> {
+        if o.security_groups.is_empty() {
+            self.settings.elb_security_group.iter().cloned().collect()
+        } else {
+            o.security_groups.clone()
+        }
+    }
+
     /// The groups of a Classic ELB, the one its traffic to the nodes comes
-    /// from first: those the Service names, else its own (made when
+    /// from first: [`Self::classic_named_groups`], else its own (made when
     /// missing, admitting the source ranges on each port and ICMP for path
     /// MTU discovery); then the extra ones the Service names.
     #[allow(clippy::too_many_arguments)]
@@ -618,7 +655,8 @@ impl AwsCloud {
         listeners: &[ClassicListener],
         o: &LbOptions,
     ) -> Result<Vec<String>> {
-        let mut groups = if o.security_groups.is_empty() {
+        let mut groups = self.classic_named_groups(o);
+        if groups.is_empty() {
             let group = self
                 .load_balancer_group(cluster, LbKind::Classic.title(), lb_name, vpc, tags)
                 .await?;
@@ -630,10 +668,8 @@ impl AwsCloud {
             );
             self.sync_rules(id, &rules_of(&group), &with_mtu_discovery(clients))
                 .await?;
-            vec![id.to_owned()]
-        } else {
-            o.security_groups.clone()
-        };
+            groups.push(id.to_owned());
+        }
         for extra in &o.classic.extra_security_groups {
             if !groups.contains(extra) {
                 groups.push(extra.clone());
@@ -644,12 +680,16 @@ impl AwsCloud {
 
     /// The nodes' groups admit all traffic from `source`, the Classic
     /// ELB's group, as upstream opens them; only such rules are ours.
+    /// Nothing when the operator opens the nodes.
     async fn open_nodes_to_classic(
         &self,
         cluster: &str,
         source: &str,
         targets: &[Ec2Instance],
     ) -> Result<()> {
+        if self.settings.disable_security_group_ingress {
+            return Ok(());
+        }
         let want = BTreeSet::from([Rule::all_traffic(Source::Group(source.to_owned()))]);
         self.open_nodes(cluster, source, targets, &want, Rule::is_all_traffic)
             .await

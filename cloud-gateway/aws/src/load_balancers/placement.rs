@@ -1,10 +1,13 @@
 //! Where a load balancer goes, whatever its kind: its VPC (the configured
 //! one, else that of its targets) and its subnets (those the annotation
-//! names, else one per zone among the subnets tagged for its scheme).
+//! names, else one per zone as cloud-provider-aws picks them: the
+//! cluster's or no cluster's, public for an internet-facing one, the role
+//! tag deciding between several).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use aws_sdk_ec2::types::{Filter, Instance as Ec2Instance, Subnet};
+use aws_sdk_ec2::types::{Filter, Instance as Ec2Instance, RouteTable, Subnet};
 use ccm_provider::{CloudError, Result};
 
 use crate::annotations::{self, LbOptions};
@@ -48,36 +51,81 @@ fn named_subnet(found: &[Subnet], wanted: &str, vpc: &str) -> Result<Subnet> {
     }
 }
 
-/// One subnet per zone among `candidates` with the role tag `role` on and
-/// no other cluster's tag: one tagged for `cluster` where a zone has one,
-/// else the one with the lowest ID.
-fn one_per_zone(candidates: Vec<Subnet>, cluster: &str, role: &str) -> Vec<Subnet> {
-    let mut by_zone: BTreeMap<String, (bool, String, Subnet)> = BTreeMap::new();
-    let ours_key = tags::cluster_key(cluster);
+/// The zone type of the zones a Network or Classic load balancer can use
+/// (not Local, Wavelength or Outpost zones).
+const REGULAR_ZONE: &str = "availability-zone";
+
+/// Whether the subnet `id` routes to an internet gateway, through the route
+/// table associated with it or else the VPC's main table: AWS's own meaning
+/// of a public subnet, and upstream's test for one.
+fn is_public(tables: &[RouteTable], id: &str) -> bool {
+    let associated = tables
+        .iter()
+        .find(|t| t.associations().iter().any(|a| a.subnet_id() == Some(id)));
+    let main = || {
+        tables
+            .iter()
+            .find(|t| t.associations().iter().any(|a| a.main() == Some(true)))
+    };
+    associated.or_else(main).is_some_and(|t| {
+        t.routes()
+            .iter()
+            .any(|r| r.gateway_id().is_some_and(|g| g.starts_with("igw-")))
+    })
+}
+
+/// One subnet per zone, chosen as cloud-provider-aws chooses: among the
+/// subnets tagged for `cluster` or for no cluster at all (and, for an
+/// internet-facing load balancer, public by `tables`), the one with the
+/// role tag, then the one tagged for the cluster, then the lowest ID.
+/// `tables` is `None` for an internal load balancer, which takes private
+/// and public subnets alike.
+fn one_per_zone(
+    candidates: Vec<Subnet>,
+    tables: Option<&[RouteTable]>,
+    cluster: &str,
+) -> BTreeMap<String, Subnet> {
+    let role = if tables.is_none() {
+        ROLE_INTERNAL
+    } else {
+        ROLE_PUBLIC
+    };
+    // Per zone: the best so far, ranked (role tag, cluster tag, lower ID).
+    type Rank = (bool, bool, Reverse<String>);
+    let mut by_zone: BTreeMap<String, (Rank, Subnet)> = BTreeMap::new();
     for s in candidates {
         let tags = s.tags();
-        let role_on = tags
-            .iter()
-            .any(|t| t.key() == Some(role) && matches!(t.value(), Some("" | "1")));
-        let other_cluster = tags.iter().any(|t| {
-            t.key()
-                .is_some_and(|k| k.starts_with(tags::CLUSTER_TAG_PREFIX) && k != ours_key.as_str())
-        });
-        if !role_on || other_cluster {
-            continue;
-        }
         let ours = tags::belongs_to(tags, cluster);
+        let untagged = !tags.iter().any(|t| {
+            t.key()
+                .is_some_and(|k| k.starts_with(tags::CLUSTER_TAG_PREFIX))
+        });
         let (Some(zone), Some(id)) = (s.availability_zone(), s.subnet_id()) else {
             continue;
         };
-        let better = by_zone.get(zone).is_none_or(|(o, i, _)| {
-            (ours, std::cmp::Reverse(id)) > (*o, std::cmp::Reverse(i.as_str()))
-        });
-        if better {
-            by_zone.insert(zone.to_owned(), (ours, id.to_owned(), s.clone()));
+        if !(ours || untagged) || tables.is_some_and(|t| !is_public(t, id)) {
+            continue;
+        }
+        let has_role = tags.iter().any(|t| t.key() == Some(role));
+        let rank = (has_role, ours, Reverse(id.to_owned()));
+        if by_zone.get(zone).is_none_or(|(best, _)| rank > *best) {
+            by_zone.insert(zone.to_owned(), (rank, s.clone()));
         }
     }
-    by_zone.into_values().map(|(_, _, s)| s).collect()
+    by_zone.into_iter().map(|(z, (_, s))| (z, s)).collect()
+}
+
+/// The subnets of `by_zone` in zones whose type (in `types`, by zone name)
+/// is a regular availability zone's; a zone of unknown type is kept.
+fn in_regular_zones(
+    by_zone: BTreeMap<String, Subnet>,
+    types: &HashMap<String, String>,
+) -> Vec<Subnet> {
+    by_zone
+        .into_iter()
+        .filter(|(zone, _)| types.get(zone).is_none_or(|t| t == REGULAR_ZONE))
+        .map(|(_, s)| s)
+        .collect()
 }
 
 impl AwsCloud {
@@ -120,28 +168,36 @@ impl AwsCloud {
     }
 
     /// The load balancer's subnets: those named by the annotation, in its
-    /// order, or one per zone among the VPC's subnets with the role tag for
-    /// the scheme, preferring those tagged for this cluster and never those
-    /// tagged for another.
+    /// order, or one per regular zone chosen as [`one_per_zone`] tells.
     async fn subnets(&self, cluster: &str, vpc: &str, o: &LbOptions) -> Result<Vec<Subnet>> {
         if !o.subnets.is_empty() {
             return self.named_subnets(vpc, &o.subnets).await;
         }
-        let role = if o.internal {
-            ROLE_INTERNAL
-        } else {
-            ROLE_PUBLIC
-        };
         let candidates = self
-            .describe_subnets(vec![
-                tags::filter("vpc-id", [vpc]),
-                tags::filter("tag-key", [role]),
-            ])
+            .describe_subnets(vec![tags::filter("vpc-id", [vpc])])
             .await?;
-        let chosen = one_per_zone(candidates, cluster, role);
+        let tables = if o.internal {
+            None
+        } else {
+            Some(
+                self.route_tables_where(None, vec![tags::filter("vpc-id", [vpc])])
+                    .await?,
+            )
+        };
+        let by_zone = one_per_zone(candidates, tables.as_deref(), cluster);
+        let types = self
+            .zone_types(&by_zone.keys().map(String::as_str).collect())
+            .await?;
+        let chosen = in_regular_zones(by_zone, &types);
         if chosen.is_empty() {
+            let which = if o.internal {
+                "a subnet"
+            } else {
+                "a public subnet (one whose route table sends traffic to an internet gateway)"
+            };
             return Err(CloudError::NotConfigured(format!(
-                "no subnet in {vpc} carries the tag {role}=1 (and no other cluster's tag); tag one per zone, or name them with {}",
+                "{vpc} has no {which} in an availability zone that is tagged {} or for no cluster; add one, or name subnets with {}",
+                tags::cluster_key(cluster),
                 annotations::SUBNETS
             )));
         }
@@ -194,7 +250,7 @@ impl AwsCloud {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aws_sdk_ec2::types::Tag;
+    use aws_sdk_ec2::types::{Route, RouteTableAssociation, Tag};
 
     fn subnet(id: &str, zone: &str, tags: &[(&str, &str)]) -> Subnet {
         let mut b = Subnet::builder().subnet_id(id).availability_zone(zone);
@@ -204,31 +260,112 @@ mod tests {
         b.build()
     }
 
-    fn ids(subnets: &[Subnet]) -> Vec<&str> {
-        subnets.iter().filter_map(|s| s.subnet_id()).collect()
+    fn table(subnets: &[&str], main: bool, igw: bool) -> RouteTable {
+        let mut b = RouteTable::builder();
+        for s in subnets {
+            b = b.associations(RouteTableAssociation::builder().subnet_id(*s).build());
+        }
+        if main {
+            b = b.associations(RouteTableAssociation::builder().main(true).build());
+        }
+        b = b.routes(Route::builder().gateway_id("local").build());
+        if igw {
+            b = b.routes(Route::builder().gateway_id("igw-1").build());
+        }
+        b.build()
+    }
+
+    fn chosen(by_zone: BTreeMap<String, Subnet>) -> Vec<String> {
+        by_zone
+            .values()
+            .filter_map(|s| s.subnet_id().map(str::to_owned))
+            .collect()
     }
 
     #[test]
-    fn each_zone_gets_the_clusters_subnet_else_the_lowest_id_never_another_clusters() {
-        let role = (ROLE_PUBLIC, "1");
+    fn each_zone_gets_the_role_tagged_then_the_clusters_then_the_lowest_id() {
+        let ours = ("kubernetes.io/cluster/c", "shared");
         let candidates = vec![
-            subnet("subnet-b", "z1", &[role]),
-            subnet("subnet-a", "z1", &[role]),
-            subnet("subnet-c", "z2", &[role]),
-            subnet(
-                "subnet-d",
-                "z2",
-                &[role, ("kubernetes.io/cluster/c", "owned")],
-            ),
+            // z1: the role tag wins over the cluster tag and a lower ID
+            // (any value: upstream reads the tag's presence).
+            subnet("subnet-a", "z1", &[ours]),
+            subnet("subnet-b", "z1", &[(ROLE_PUBLIC, "")]),
+            // z2: without role tags, the cluster's wins.
+            subnet("subnet-c", "z2", &[]),
+            subnet("subnet-d", "z2", &[ours]),
+            // z3: the lowest ID; another cluster's never, even role-tagged.
+            subnet("subnet-f", "z3", &[]),
+            subnet("subnet-e", "z3", &[("Name", "x")]),
             subnet(
                 "subnet-0",
                 "z3",
-                &[role, ("kubernetes.io/cluster/other", "owned")],
+                &[(ROLE_PUBLIC, "1"), ("kubernetes.io/cluster/other", "owned")],
             ),
-            subnet("subnet-1", "z3", &[(ROLE_PUBLIC, "0")]),
+            // The legacy tag naming this cluster counts as its tag.
+            subnet("subnet-h", "z4", &[]),
+            subnet("subnet-g", "z4", &[("KubernetesCluster", "c")]),
         ];
-        let chosen = one_per_zone(candidates, "c", ROLE_PUBLIC);
-        assert_eq!(ids(&chosen), ["subnet-a", "subnet-d"]);
+        let all = table(&[], true, true);
+        let picked = one_per_zone(candidates.clone(), Some(&[all]), "c");
+        assert_eq!(
+            chosen(picked),
+            ["subnet-b", "subnet-d", "subnet-e", "subnet-g"]
+        );
+        // Internal load balancers read the internal role tag instead.
+        let internal = one_per_zone(candidates, None, "c");
+        assert_eq!(
+            chosen(internal),
+            ["subnet-a", "subnet-d", "subnet-e", "subnet-g"]
+        );
+    }
+
+    #[test]
+    fn an_internet_facing_load_balancer_takes_only_subnets_routed_to_an_internet_gateway() {
+        let candidates = vec![
+            subnet("subnet-a", "z1", &[(ROLE_PUBLIC, "1")]),
+            subnet("subnet-b", "z1", &[]),
+            subnet("subnet-c", "z2", &[(ROLE_PUBLIC, "1")]),
+            subnet("subnet-d", "z3", &[]),
+        ];
+        // subnet-a has a private table of its own; subnet-c and subnet-d
+        // fall to the main table, public; subnet-b has a public table.
+        let tables = [
+            table(&["subnet-a"], false, false),
+            table(&["subnet-b"], false, true),
+            table(&[], true, true),
+        ];
+        let picked = one_per_zone(candidates.clone(), Some(&tables), "c");
+        assert_eq!(chosen(picked), ["subnet-b", "subnet-c", "subnet-d"]);
+        // A private main table leaves only the explicitly public subnet.
+        let tables = [
+            table(&["subnet-a"], false, false),
+            table(&["subnet-b"], false, true),
+            table(&[], true, false),
+        ];
+        assert_eq!(
+            chosen(one_per_zone(candidates, Some(&tables), "c")),
+            ["subnet-b"]
+        );
+    }
+
+    #[test]
+    fn local_wavelength_and_outpost_zones_are_skipped() {
+        let by_zone: BTreeMap<String, Subnet> = ["z1", "z1-lax-1a", "z1-wl1", "z9"]
+            .iter()
+            .enumerate()
+            .map(|(i, z)| (z.to_string(), subnet(&format!("subnet-{i}"), z, &[])))
+            .collect();
+        let types: HashMap<String, String> = [
+            ("z1", "availability-zone"),
+            ("z1-lax-1a", "local-zone"),
+            ("z1-wl1", "wavelength-zone"),
+        ]
+        .iter()
+        .map(|(z, t)| (z.to_string(), t.to_string()))
+        .collect();
+        let kept = in_regular_zones(by_zone, &types);
+        let kept: Vec<&str> = kept.iter().filter_map(|s| s.availability_zone()).collect();
+        assert_eq!(kept, ["z1", "z9"], "z9's type is unknown: kept");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use super::listeners::{Listening, forwarded_groups, listenings};
 use super::nlb::{check_immutable, refuse_unsupported};
 use super::security_groups::security_group_name;
 use super::target_groups::{checks_health_as, is_ours as is_our_target_group};
-use crate::annotations::{self, HcPort, LbKind, LbOptions};
+use crate::annotations::{HcPort, LbKind, LbOptions};
 use crate::tags::TAG_SERVICE_UID;
 use crate::{AwsCloud, errors};
 
@@ -205,7 +205,7 @@ impl AwsCloud {
     /// The verdict of [`Self::judge_kind`], with the annotations that
     /// would have no effect.
     async fn judge(&self, cluster: &str, spec: &LoadBalancerSpec) -> Result<Verdict> {
-        let o = annotations::parse(&spec.annotations, self.settings.default_load_balancer_type)?;
+        let o = self.options(spec)?;
         let mut verdict = self.judge_kind(cluster, spec, &o).await?;
         verdict.details.extend(o.no_effect.iter().cloned());
         Ok(verdict)
@@ -217,7 +217,7 @@ impl AwsCloud {
         spec: &LoadBalancerSpec,
         o: &LbOptions,
     ) -> Result<Verdict> {
-        let hc = health_check(spec, o)?;
+        let hc = health_check(spec, o, self.settings.shared_health_probe.as_ref())?;
         refuse_unsupported(spec)?;
         let lb_name = load_balancer_name(&spec.service.uid);
         match o.kind {
@@ -369,7 +369,9 @@ impl AwsCloud {
             None => {}
             Some(id) => {
                 if let Some(group) = self.owned_group(cluster, id).await? {
-                    if group.group_name() != Some(security_group_name(lb_name).as_str()) {
+                    if group.group_name() != Some(security_group_name(lb_name).as_str())
+                        && !self.settings.disable_security_group_ingress
+                    {
                         changes.push(format!(
                             "the nodes' groups admit its security group {id} in place of cloud-provider-aws's CIDR rules"
                         ));
