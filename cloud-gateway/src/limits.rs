@@ -163,7 +163,7 @@ static PARTS: std::sync::LazyLock<Parts> = std::sync::LazyLock::new(|| {
         provider_id: maxed(MAX_PROVIDER_ID),
     };
     Parts {
-        cluster: field(63),
+        cluster: field(ccm_runtime::names::MAX_CLUSTER_NAME),
         node: field(node.encoded_len()),
         service: field(largest_service().encoded_len()),
         spec: field(largest_spec_without_annotations().encoded_len() + annotations),

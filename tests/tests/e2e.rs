@@ -107,6 +107,17 @@ mod scenarios {
         services: usize,
         extra_args: std::collections::BTreeMap<String, Vec<String>>,
     ) -> (Sandbox, tokio::task::JoinHandle<()>, tempfile::TempDir) {
+        start_adjusted(cloud, nodes, services, extra_args, |_| {}).await
+    }
+
+    /// [`start_with`], with the sandbox's options adjusted by `adjust`.
+    async fn start_adjusted(
+        cloud: CloudKind,
+        nodes: usize,
+        services: usize,
+        extra_args: std::collections::BTreeMap<String, Vec<String>>,
+        adjust: impl FnOnce(&mut Options),
+    ) -> (Sandbox, tokio::task::JoinHandle<()>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let bin_dir = ccm_testkit::bin_dir();
         // Every scenario runs under the chart's RBAC: each process has its
@@ -115,14 +126,15 @@ mod scenarios {
         ccm_testkit::chart::render_to(&policy, &[]).unwrap();
         let options = Options {
             cloud,
-            state_dir: dir.path().join("state"),
             nodes,
             services,
             replicas: 2,
-            bin_dir,
             rbac: Some(policy),
             extra_args,
+            ..Options::new(dir.path().join("state"), bin_dir)
         };
+        let mut options = options;
+        adjust(&mut options);
         let sandbox = Sandbox::start(options).await.unwrap();
         sandbox.populate().await.unwrap();
         let handle = sandbox.handle();
@@ -792,6 +804,84 @@ mod scenarios {
             .await
             .unwrap();
         until_true("load balancer deleted", async || lbs(&h).await == 1).await;
+        finish(sandbox, kubelets).await;
+    }
+
+    /// A kops-style cluster ID (dots, capitals, an underscore) whose
+    /// resources carry only the legacy `KubernetesCluster` tag, as clusters
+    /// made before Kubernetes 1.6: the real controllers converge on it as
+    /// upstream would, and what the gateway makes carries the new tag.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_aws_a_kops_cluster_id_tagged_the_legacy_way_converges() {
+        let cluster = "Full-Scale.k8s_Example.internal";
+        let nlb_default = std::collections::BTreeMap::from([(
+            "cloud-gateway".to_owned(),
+            vec!["--aws-default-load-balancer-type=nlb".to_owned()],
+        )]);
+        let (sandbox, kubelets, _dir) = start_adjusted(CloudKind::Aws, 2, 1, nlb_default, |o| {
+            o.cluster = cluster.into();
+            o.legacy_cluster_tag = true;
+        })
+        .await;
+        let h = sandbox.handle();
+        until(&h, "convergence with a legacy-tagged kops cluster", |p| {
+            p.converged(&sandbox.options)
+        })
+        .await;
+        let aws = sandbox.aws.as_ref().expect("the AWS account");
+
+        // Routes went into the legacy-tagged route table.
+        let routes = ccm_sandbox::aws::routes(&aws.ec2, &aws.seeded.route_table)
+            .await
+            .unwrap();
+        assert_eq!(routes.len(), 2, "{routes:?}");
+
+        // The load balancer carries the new tag with the dotted ID.
+        let services: Api<Service> = Api::namespaced(sandbox.client().await.unwrap(), "default");
+        let uid = services.get("demo").await.unwrap().metadata.uid.unwrap();
+        let elb = ccm_sandbox::aws::elb_client(&aws.moto.endpoint);
+        let nlb = elb
+            .describe_load_balancers()
+            .names(ccm_provider::load_balancer_name(&uid))
+            .send()
+            .await
+            .unwrap()
+            .load_balancers()[0]
+            .clone();
+        let tags = elb
+            .describe_tags()
+            .resource_arns(nlb.load_balancer_arn().unwrap())
+            .send()
+            .await
+            .unwrap();
+        let key = format!("kubernetes.io/cluster/{cluster}");
+        assert!(
+            tags.tag_descriptions()[0]
+                .tags()
+                .iter()
+                .any(|t| t.key() == Some(key.as_str()) && t.value() == Some("owned")),
+            "{tags:?}"
+        );
+        // The nodes' legacy-tagged group admits the NLB's own group, once
+        // the host pass after the nodes' initialisation ran.
+        let own = nlb.security_groups().first().cloned();
+        until_true("the nodes' group admits the NLB's", async || {
+            let group = aws
+                .ec2
+                .describe_security_groups()
+                .group_ids(&aws.seeded.node_group)
+                .send()
+                .await
+                .unwrap()
+                .security_groups()[0]
+                .clone();
+            group
+                .ip_permissions()
+                .iter()
+                .flat_map(|p| p.user_id_group_pairs())
+                .any(|g| g.group_id().map(str::to_owned) == own)
+        })
+        .await;
         finish(sandbox, kubelets).await;
     }
 

@@ -510,7 +510,7 @@ mod tests {
         v.nodes(&nodes, &provider());
         assert!(v.0.is_empty(), "{:?}", &v.0[..1]);
         let request = GetInstancesRequest {
-            cluster_name: "c".repeat(63),
+            cluster_name: "c".repeat(ccm_runtime::names::MAX_CLUSTER_NAME),
             nodes,
             fresh: true,
             purpose: 3,
@@ -570,7 +570,7 @@ mod tests {
         v.hosts(std::slice::from_ref(&host));
         assert!(v.0.is_empty(), "{:?}", v.0);
         let request = EnsureLoadBalancerRequest {
-            cluster_name: "c".repeat(63),
+            cluster_name: "c".repeat(ccm_runtime::names::MAX_CLUSTER_NAME),
             spec: Some(spec),
             hosts: vec![host; MAX_HOSTS],
         };
@@ -582,6 +582,15 @@ mod tests {
             request.encoded_len()
         );
         assert_eq!(max_request_bytes("/grpc.health.v1.Health/Check"), None);
+        // A request of the cluster's name alone fits with the longest name
+        // (a kops cluster ID, up to 106 characters).
+        let request = ccm_proto::v1::ListRoutesRequest {
+            cluster_name: "c".repeat(ccm_runtime::names::MAX_CLUSTER_NAME),
+        };
+        for method in ["Routes/ListRoutes", "LoadBalancers/ListLoadBalancers"] {
+            let limit = max_request_bytes(&format!("/cloudgateway.v1.{method}")).unwrap();
+            assert!(request.encoded_len() <= limit, "{method}");
+        }
     }
 
     #[test]

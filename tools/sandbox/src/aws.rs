@@ -207,6 +207,8 @@ pub struct Seeded {
     /// The nodes' security group, tagged for the cluster.
     pub node_group: String,
     pub instances: Vec<SeededInstance>,
+    /// How the cluster's resources are tagged.
+    pub tag: ClusterTag,
 }
 
 fn tag(key: &str, value: &str) -> Tag {
@@ -225,6 +227,25 @@ pub fn cluster_tag(cluster: &str) -> String {
     format!("kubernetes.io/cluster/{cluster}")
 }
 
+/// How seeded resources say they are the cluster's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ClusterTag {
+    /// `kubernetes.io/cluster/<cluster>=owned`.
+    #[default]
+    Current,
+    /// `KubernetesCluster=<cluster>` only, as before Kubernetes 1.6.
+    Legacy,
+}
+
+impl ClusterTag {
+    fn of(self, cluster: &str) -> Tag {
+        match self {
+            ClusterTag::Current => tag(&cluster_tag(cluster), "owned"),
+            ClusterTag::Legacy => tag("KubernetesCluster", cluster),
+        }
+    }
+}
+
 /// Makes a VPC (10.0.0.0/16 plus an IPv6 block) with one subnet per zone
 /// tagged for `cluster` and for public load balancers, an internet gateway
 /// that makes them public, a route table tagged
@@ -234,6 +255,16 @@ pub async fn seed(
     ec2: &aws_sdk_ec2::Client,
     cluster: &str,
     instances: usize,
+) -> anyhow::Result<Seeded> {
+    seed_tagged(ec2, cluster, instances, ClusterTag::Current).await
+}
+
+/// [`seed`], with the cluster's resources tagged the way `by` says.
+pub async fn seed_tagged(
+    ec2: &aws_sdk_ec2::Client,
+    cluster: &str,
+    instances: usize,
+    by: ClusterTag,
 ) -> anyhow::Result<Seeded> {
     let vpc = ec2
         .create_vpc()
@@ -261,7 +292,7 @@ pub async fn seed(
             .tag_specifications(
                 TagSpecification::builder()
                     .resource_type(ResourceType::Subnet)
-                    .tags(tag(&cluster_tag(cluster), "owned"))
+                    .tags(by.of(cluster))
                     .tags(tag("kubernetes.io/role/elb", "1"))
                     .build(),
             )
@@ -275,7 +306,7 @@ pub async fn seed(
         ));
     }
     internet_gateway(ec2, &vpc_id).await?;
-    let route_table = route_table(ec2, &vpc_id, Some(cluster)).await?;
+    let route_table = tagged_route_table(ec2, &vpc_id, Some(by.of(cluster))).await?;
     let node_group = ec2
         .create_security_group()
         .group_name(format!("{cluster}-nodes"))
@@ -284,7 +315,7 @@ pub async fn seed(
         .tag_specifications(
             TagSpecification::builder()
                 .resource_type(ResourceType::SecurityGroup)
-                .tags(tag(&cluster_tag(cluster), "owned"))
+                .tags(by.of(cluster))
                 .build(),
         )
         .send()
@@ -297,6 +328,7 @@ pub async fn seed(
         route_table,
         node_group,
         instances: Vec::new(),
+        tag: by,
     };
     for i in 0..instances {
         seeded
@@ -348,12 +380,21 @@ pub async fn route_table(
     vpc: &str,
     cluster: Option<&str>,
 ) -> anyhow::Result<String> {
+    tagged_route_table(ec2, vpc, cluster.map(|c| ClusterTag::Current.of(c))).await
+}
+
+/// Makes a route table in `vpc`, with the tag `cluster` when given.
+async fn tagged_route_table(
+    ec2: &aws_sdk_ec2::Client,
+    vpc: &str,
+    cluster: Option<Tag>,
+) -> anyhow::Result<String> {
     let mut request = ec2.create_route_table().vpc_id(vpc);
     if let Some(cluster) = cluster {
         request = request.tag_specifications(
             TagSpecification::builder()
                 .resource_type(ResourceType::RouteTable)
-                .tags(tag(&cluster_tag(cluster), "owned"))
+                .tags(cluster)
                 .build(),
         );
     }
@@ -388,7 +429,7 @@ pub async fn run_instance(
         .tag_specifications(
             TagSpecification::builder()
                 .resource_type(ResourceType::Instance)
-                .tags(tag(&cluster_tag(cluster), "owned"))
+                .tags(seeded.tag.of(cluster))
                 .build(),
         )
         .send()

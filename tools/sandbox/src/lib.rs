@@ -71,6 +71,13 @@ pub struct Options {
     /// More flags per binary (`cloud-gateway`, `node-controller`, ...),
     /// after the sandbox's own, so they win.
     pub extra_args: BTreeMap<String, Vec<String>>,
+    /// The cluster's name (upstream's ClusterID), as every controller is
+    /// given it and, on AWS, as the seeded resources are tagged.
+    pub cluster: String,
+    /// On AWS: tag the seeded resources only with the legacy
+    /// `KubernetesCluster=<cluster>` tag, as clusters made before
+    /// Kubernetes 1.6 are.
+    pub legacy_cluster_tag: bool,
 }
 
 impl Options {
@@ -86,6 +93,8 @@ impl Options {
             bin_dir,
             rbac: None,
             extra_args: BTreeMap::new(),
+            cluster: CLUSTER.to_owned(),
+            legacy_cluster_tag: false,
         }
     }
 }
@@ -411,6 +420,8 @@ impl Sandbox {
                     "4s".into(),
                     "--leader-elect-retry-period".into(),
                     "1s".into(),
+                    "--cluster-name".into(),
+                    sandbox.options.cluster.clone(),
                 ];
                 args.extend(extra.iter().cloned());
                 args.extend(sandbox.extra_args(binary));
@@ -437,7 +448,12 @@ impl Sandbox {
         let state = self.options.state_dir.clone();
         let moto = Moto::start(&state.join("moto")).await?;
         let ec2 = moto.ec2();
-        let seeded = aws::seed(&ec2, CLUSTER, self.options.nodes).await?;
+        let tag = if self.options.legacy_cluster_tag {
+            aws::ClusterTag::Legacy
+        } else {
+            aws::ClusterTag::Current
+        };
+        let seeded = aws::seed_tagged(&ec2, &self.options.cluster, self.options.nodes, tag).await?;
         // The gateway reaches moto through a proxy that tests can make fail.
         let proxy = aws::FaultProxy::start(&moto.endpoint).await?;
         let args = [
@@ -533,7 +549,7 @@ impl Sandbox {
         let token = PathBuf::from(&self.endpoints["admin_token_file"]);
         Ok(GatewayClient::new(ClientConfig::new(
             self.gateway.clone(),
-            CLUSTER,
+            &self.options.cluster,
             TokenSource::File(token),
         ))?)
     }
@@ -641,6 +657,7 @@ impl Sandbox {
                 .aws
                 .as_ref()
                 .map(|a| (a.moto.endpoint.clone(), a.seeded.vpc.clone())),
+            cluster: self.options.cluster.clone(),
         }
     }
 
@@ -684,6 +701,8 @@ pub struct Handle {
     pub tokens: PathBuf,
     /// On AWS, the EC2 endpoint and the cluster's VPC.
     pub aws: Option<(String, String)>,
+    /// The cluster's name.
+    pub cluster: String,
 }
 
 impl Handle {
@@ -696,7 +715,7 @@ impl Handle {
     pub fn client_config(&self, role: &str) -> ClientConfig {
         ClientConfig::new(
             self.gateway.clone(),
-            CLUSTER,
+            &self.cluster,
             TokenSource::File(self.tokens.join(format!("{role}.token"))),
         )
     }

@@ -40,6 +40,22 @@ struct Args {
     /// and at GET /debug/rbac.
     #[arg(long)]
     rbac: Option<PathBuf>,
+    /// The cluster's name, as each controller's --cluster-name (upstream's
+    /// ClusterID; with --provider aws the seeded resources carry its tag).
+    #[arg(long, default_value = ccm_sandbox::CLUSTER, value_parser = cluster_name)]
+    cluster_name: String,
+    /// With --provider aws: tag the seeded resources only with the legacy
+    /// KubernetesCluster=<name> tag, as clusters older than Kubernetes 1.6.
+    #[arg(long)]
+    legacy_cluster_tag: bool,
+}
+
+fn cluster_name(value: &str) -> Result<String, String> {
+    if ccm_runtime::names::is_cluster_name(value) {
+        Ok(value.to_owned())
+    } else {
+        Err(ccm_runtime::names::CLUSTER_NAME_RULE.to_owned())
+    }
 }
 
 #[tokio::main]
@@ -62,6 +78,8 @@ async fn main() -> anyhow::Result<()> {
         bin_dir,
         rbac: args.rbac.map(|p| p.canonicalize()).transpose()?,
         extra_args: Default::default(),
+        cluster: args.cluster_name,
+        legacy_cluster_tag: args.legacy_cluster_tag,
     };
     let sandbox = Sandbox::start(options.clone()).await?;
     println!(
