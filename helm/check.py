@@ -283,6 +283,11 @@ def check() -> int:
     gw = next(ctr for d, ctr in containers(aws) if d["metadata"]["name"] == "ccm-gateway")
     c.expect(not any(a.startswith(("--aws-disable", "--aws-cluster-health", "--aws-endpoints="))
                      for a in gw["args"]), f"the knobs' defaults add no flags: {gw['args']}")
+    tagged = render({**aws_values, "nodeController": {"instanceTags": {"team": "ml", "cost": "42"}}})
+    node = next(ctr for d, ctr in containers(tagged) if d["metadata"]["name"] == "ccm-node-controller")
+    c.expect("--instance-tags=cost=42,team=ml" in node["args"], f"instance tags reach the node controller: {node['args']}")
+    node = next(ctr for d, ctr in containers(aws) if d["metadata"]["name"] == "ccm-node-controller")
+    c.expect(not any(a.startswith("--instance-tags") for a in node["args"]), "no tagging unless asked")
     routed = render({**aws_values, "routeController": {"enabled": True}})
     c.expect("ccm-route-controller" in names(routed, "Deployment"),
              "routeController.enabled=true runs it on AWS")

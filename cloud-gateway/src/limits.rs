@@ -8,8 +8,14 @@ use ccm_proto::v1::{
     SessionAffinity, TrafficPolicy,
 };
 
-/// The most nodes in one GetInstances call.
+/// The most nodes in one GetInstances or TagInstances call.
 pub const MAX_NODES: usize = 1000;
+/// The most tags in one TagInstances call (EC2 allows 50 per resource).
+pub const MAX_TAGS: usize = 50;
+/// The longest tag key, in characters.
+pub const MAX_TAG_KEY: usize = 128;
+/// The longest tag value, in characters.
+pub const MAX_TAG_VALUE: usize = 256;
 /// The most hosts behind one load balancer.
 pub const MAX_HOSTS: usize = 10_000;
 /// The longest provider ID (Azure's are the longest known, near 300).
@@ -112,6 +118,14 @@ pub fn max_request_bytes(path: &str) -> Option<usize> {
         "Provider/GetProviderInfo" => 0,
         // cluster, nodes, fresh, purpose
         "Instances/GetInstances" => p.cluster + MAX_NODES * p.node + 2 + 2,
+        // cluster, nodes, tags (each entry: its framing, and UTF-8 at up
+        // to four bytes a character), remove
+        "Instances/TagInstances" => {
+            p.cluster
+                + MAX_NODES * p.node
+                + MAX_TAGS * (1 + 2 + 1 + 2 + 4 * MAX_TAG_KEY + 1 + 2 + 4 * MAX_TAG_VALUE)
+                + 2
+        }
         "LoadBalancers/GetLoadBalancer" | "LoadBalancers/DeleteLoadBalancer" => {
             p.cluster + p.service
         }

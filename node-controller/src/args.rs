@@ -1,5 +1,6 @@
 //! The node controller's flags, upstream's names where they exist.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ccm_runtime::common_args::{Common, CommonArgs};
@@ -39,6 +40,49 @@ pub struct Args {
     /// The deletion safeguard applies from this many nodes on.
     #[arg(long, default_value = "3")]
     pub node_deletion_min_nodes: String,
+    /// Tags for the instance behind every Node, as key=value pairs separated by commas (a key alone or key= gives an empty value): cloud-provider-aws's tagging controller (its --tags). Empty (the default): off.
+    #[arg(long, default_value = "")]
+    pub instance_tags: String,
+}
+
+/// Reads `key=value` pairs separated by commas, as upstream's `--tags`:
+/// 1 to 50, keys of 1 to 128 characters not starting with `aws:` (AWS's
+/// own) nor naming the cluster, values of up to 256.
+pub fn instance_tags(value: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut tags = BTreeMap::new();
+    for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (key, value) = item.split_once('=').unwrap_or((item, ""));
+        let key = key.trim();
+        if !(1..=128).contains(&key.chars().count()) {
+            return Err(format!("key {key:?} is not 1 to 128 characters"));
+        }
+        if key.to_ascii_lowercase().starts_with("aws:") {
+            return Err(format!(
+                "key {key:?} starts with aws:, which AWS keeps for itself"
+            ));
+        }
+        if key.starts_with("kubernetes.io/cluster/") || key == "KubernetesCluster" {
+            return Err(format!("key {key:?} says which cluster an instance is in"));
+        }
+        if value.chars().count() > 256 {
+            return Err(format!(
+                "the value of {key:?} is longer than 256 characters"
+            ));
+        }
+        if tags
+            .insert(key.to_owned(), value.trim().to_owned())
+            .is_some()
+        {
+            return Err(format!("key {key:?} is named twice"));
+        }
+    }
+    if tags.len() > 50 {
+        return Err(format!(
+            "names {} tags; an instance takes at most 50",
+            tags.len()
+        ));
+    }
+    Ok(tags)
 }
 
 /// The checked settings.
@@ -52,6 +96,8 @@ pub struct Settings {
     pub batch_size: usize,
     pub deletion_max_share: f64,
     pub deletion_min_nodes: usize,
+    /// The tagging controller's tags; empty: off.
+    pub instance_tags: BTreeMap<String, String>,
 }
 
 impl Settings {
@@ -99,6 +145,7 @@ impl Settings {
             &args.node_deletion_min_nodes,
             number_within(0usize, 1_000_000),
         );
+        let tags = p.parse("instance-tags", &args.instance_tags, instance_tags);
         p.finish(|| {
             let workers = workers.expect("checked");
             Settings {
@@ -113,7 +160,44 @@ impl Settings {
                 batch_size: batch_size.expect("checked"),
                 deletion_max_share: share.expect("checked"),
                 deletion_min_nodes: min_nodes.expect("checked"),
+                instance_tags: tags.expect("checked"),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_tags_read_as_upstreams_tags_and_refuse_what_aws_would() {
+        let tags = instance_tags("team=ml, cost-center=42,KeyNoVal1=,KeyNoVal2").unwrap();
+        let want: BTreeMap<String, String> = [
+            ("team", "ml"),
+            ("cost-center", "42"),
+            ("KeyNoVal1", ""),
+            ("KeyNoVal2", ""),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(tags, want);
+        assert!(instance_tags("").unwrap().is_empty(), "off by default");
+        for (bad, why) in [
+            ("aws:x=1", "aws:"),
+            ("kubernetes.io/cluster/c=owned", "which cluster"),
+            ("a=1,a=2", "twice"),
+            (&format!("{}=1", "k".repeat(129)), "1 to 128"),
+        ] {
+            let err = instance_tags(bad).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+        let many: Vec<String> = (0..51).map(|i| format!("k{i}=v")).collect();
+        assert!(
+            instance_tags(&many.join(","))
+                .unwrap_err()
+                .contains("at most 50")
+        );
     }
 }

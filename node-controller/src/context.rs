@@ -23,6 +23,8 @@ pub struct Context {
     pub leadership: Leadership,
     pub settings: Settings,
     pub queue: WorkQueue<String>,
+    /// The tagging controller, when `--instance-tags` names tags.
+    pub tagging: Option<crate::tagging::Tagging>,
 }
 
 /// How a node is named to the gateway.

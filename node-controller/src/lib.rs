@@ -11,6 +11,7 @@ pub mod error;
 pub mod metrics;
 pub mod plan;
 pub mod reconcile;
+pub mod tagging;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +61,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         recorder: base.recorder.clone(),
         metrics: base.metrics.clone(),
         leadership: base.leadership.clone(),
+        tagging: tagging::Tagging::new(&settings.instance_tags),
         settings,
         queue: WorkQueue::new(BACKOFF).with_metrics(base.metrics.queue.clone()),
     });
@@ -75,10 +77,21 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
                 Seen::Changed(node) | Seen::Unchanged(node) => {
                     if ctx.leadership.is_leader() {
                         ctx.queue.add(node.name_any());
+                        if let Some(t) = ctx.tagging.as_ref().filter(|t| t.needs_tags(node)) {
+                            t.tag.add(node.name_any());
+                        }
                     }
                 }
                 Seen::Synced => readiness.set(true),
-                Seen::Deleted(_) => {}
+                Seen::Deleted(node) => {
+                    let provider_id = context::node_ref(node).provider_id;
+                    if let Some(t) = &ctx.tagging
+                        && ctx.leadership.is_leader()
+                        && !provider_id.is_empty()
+                    {
+                        t.untag.add(provider_id);
+                    }
+                }
             },
         )
     });
@@ -95,14 +108,27 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
     if !supported {
         anyhow::bail!("the cloud provider does not support instances");
     }
+    if ctx.tagging.is_some() && !ctx.gateway.provider_info().await?.instance_tags {
+        anyhow::bail!(
+            "--instance-tags needs a cloud provider that tags instances (the gateway's does not)"
+        );
+    }
+    if ctx.tagging.is_some() {
+        // Once for the process: they act only while this replica leads.
+        tokio::spawn(tagging::tag_worker(ctx.clone()));
+        tokio::spawn(tagging::untag_worker(ctx.clone()));
+    }
     // Awaited only once this replica leads, so it may say so first.
     let caches = async {
         tracing::info!("leading; starting node initialisation, address sync and lifecycle checks");
         ctx.store.wait_until_ready().await.context("node cache")
     };
-    lead(&ctx.leadership, &ctx.queue, caches, &shutdown, || {
+    let led = lead(&ctx.leadership, &ctx.queue, caches, &shutdown, || {
         for node in ctx.store.state() {
             ctx.queue.add(node.name_any());
+            if let Some(t) = ctx.tagging.as_ref().filter(|t| t.needs_tags(&node)) {
+                t.tag.add(node.name_any());
+            }
         }
         for _ in 0..ctx.settings.workers {
             tokio::spawn(worker(ctx.clone()));
@@ -118,7 +144,12 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
             |ctx| async move { reconcile::monitor(&ctx).await },
         ));
     })
-    .await
+    .await;
+    if let Some(t) = &ctx.tagging {
+        t.tag.close();
+        t.untag.close();
+    }
+    led
 }
 
 /// Takes a key, and with an uninitialised node a fair share of the other

@@ -33,6 +33,7 @@ pub struct Metrics {
     pub nodes_deleted: Counter,
     pub deletions_held_back: Counter,
     pub shutdown_taints: Family<ActionLabels, Counter>,
+    pub instance_tags: Family<ActionLabels, Counter>,
     pub queue: QueueMetrics,
 }
 
@@ -50,8 +51,14 @@ impl Metrics {
             nodes_deleted: Counter::default(),
             deletions_held_back: Counter::default(),
             shutdown_taints: Family::default(),
+            instance_tags: Family::default(),
             queue: QueueMetrics::register(r),
         };
+        r.register(
+            "instance_tags",
+            "Instances tagged, untagged, not found, not taggable, or failed (the tagging controller)",
+            m.instance_tags.clone(),
+        );
         r.register("reconciles", "Node syncs run", m.reconciles.clone());
         r.register(
             "reconcile_errors",

@@ -825,3 +825,28 @@ fn invalid_flags_exit_non_zero_listing_every_problem() {
         assert!(stderr.contains(key), "{key} missing:\n{stderr}");
     }
 }
+
+/// The tagging controller needs a provider that tags instances: on the
+/// simulated cloud, which does not, the controller stops at start saying
+/// so, before it writes anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_tags_on_a_provider_without_them_stop_the_controller_with_why() {
+    let env = TestEnv::start().await;
+    let mut flags = vec!["node-controller".to_owned()];
+    flags.extend(env.controller_flags(Role::Node));
+    flags.extend(["--instance-tags", "team=ml"].map(String::from));
+    let settings = Settings::from_args(&Args::try_parse_from(flags).unwrap()).unwrap();
+    let stop = CancellationToken::new();
+    let running = node_controller::start(settings, stop.clone())
+        .await
+        .unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(30), running.wait())
+        .await
+        .expect("the controller stops")
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("--instance-tags needs a cloud provider that tags instances"),
+        "{err:#}"
+    );
+    stop.cancel();
+}

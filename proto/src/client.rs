@@ -25,7 +25,8 @@ use crate::v1::{
     EnsureLoadBalancerResponse, GetInstancesRequest, GetLoadBalancerRequest,
     GetLoadBalancerResponse, GetProviderInfoRequest, GetProviderInfoResponse, Host, InstanceResult,
     ListLoadBalancersRequest, ListRoutesRequest, LoadBalancer, LoadBalancerSpec,
-    LoadBalancerStatus, LookupPurpose, NodeRef, Route, ServiceRef, UpdateLoadBalancerHostsRequest,
+    LoadBalancerStatus, LookupPurpose, NodeRef, Route, ServiceRef, TagInstancesRequest, TagResult,
+    UpdateLoadBalancerHostsRequest,
 };
 
 /// How often a token file is read again, so rotated tokens are picked up.
@@ -381,6 +382,32 @@ impl GatewayClient {
             })
             .await?;
         Ok(resp.results)
+    }
+
+    /// Adds `tags` to the instances behind `nodes` (each by provider ID),
+    /// or with `remove` takes them away; one result per node in order.
+    pub async fn tag_instances(
+        &self,
+        nodes: Vec<NodeRef>,
+        tags: std::collections::HashMap<String, String>,
+        remove: bool,
+    ) -> Result<Vec<TagResult>> {
+        let req = TagInstancesRequest {
+            cluster_name: self.cluster_name.clone(),
+            nodes,
+            tags,
+            remove,
+        };
+        let resp = self
+            .call(rpc!("TagInstances"), req, |ch, r| async move {
+                InstancesClient::new(ch).tag_instances(r).await
+            })
+            .await?;
+        Ok(resp
+            .results
+            .into_iter()
+            .map(|r| TagResult::try_from(r).unwrap_or(TagResult::Unspecified))
+            .collect())
     }
 
     /// Whether the Service's load balancer exists, and its status.

@@ -807,6 +807,88 @@ mod scenarios {
         finish(sandbox, kubelets).await;
     }
 
+    /// The tagging controller through the real node controller: each
+    /// Node's instance gets the tags and the Node upstream's label; a Node
+    /// deleted takes the tags off its instance.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_aws_the_tagging_controller_tags_each_nodes_instance() {
+        let args = std::collections::BTreeMap::from([(
+            "node-controller".to_owned(),
+            vec!["--instance-tags=team=ml,cost-center=42".to_owned()],
+        )]);
+        let (sandbox, kubelets, _dir) = start_with(CloudKind::Aws, 2, 0, args).await;
+        let aws = sandbox.aws.as_ref().expect("the AWS account");
+        let nodes: Api<Node> = Api::all(sandbox.client().await.unwrap());
+        let tags_of = |id: String| {
+            let ec2 = aws.ec2.clone();
+            async move {
+                let answer = ec2
+                    .describe_instances()
+                    .instance_ids(id)
+                    .send()
+                    .await
+                    .unwrap();
+                let mut tags: Vec<String> = answer.reservations()[0].instances()[0]
+                    .tags()
+                    .iter()
+                    .map(|t| {
+                        format!(
+                            "{}={}",
+                            t.key().unwrap_or_default(),
+                            t.value().unwrap_or_default()
+                        )
+                    })
+                    .collect();
+                tags.sort();
+                tags
+            }
+        };
+        for instance in &aws.seeded.instances {
+            until_true("the instance tagged and its Node labelled", async || {
+                let tags = tags_of(instance.id.clone()).await;
+                let labelled = nodes
+                    .get(&instance.name)
+                    .await
+                    .ok()
+                    .and_then(|n| n.metadata.labels)
+                    .and_then(|l| l.get("k8s.io/cloud-provider-aws").cloned());
+                tags.contains(&"team=ml".to_owned())
+                    && tags.contains(&"cost-center=42".to_owned())
+                    && labelled.is_some()
+            })
+            .await;
+        }
+        // md5("cost-center=42,team=ml"): upstream's checksum of the tags.
+        let labels = nodes
+            .get(&aws.seeded.instances[0].name)
+            .await
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap();
+        assert_eq!(
+            labels["k8s.io/cloud-provider-aws"],
+            "b34667e1bd6e920c3a33bbbae36f8328"
+        );
+
+        // The Node goes (its instance still runs): the tags go with it.
+        let gone = &aws.seeded.instances[1];
+        nodes.delete(&gone.name, &Default::default()).await.unwrap();
+        until_true("the deleted Node's instance untagged", async || {
+            !tags_of(gone.id.clone())
+                .await
+                .iter()
+                .any(|t| t == "team=ml")
+        })
+        .await;
+        assert!(
+            tags_of(aws.seeded.instances[0].id.clone())
+                .await
+                .contains(&"team=ml".to_owned())
+        );
+        finish(sandbox, kubelets).await;
+    }
+
     /// A kops-style cluster ID (dots, capitals, an underscore) whose
     /// resources carry only the legacy `KubernetesCluster` tag, as clusters
     /// made before Kubernetes 1.6: the real controllers converge on it as

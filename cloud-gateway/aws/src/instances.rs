@@ -12,19 +12,19 @@
 //! answers with the instances that exist, so exactly the missing ones are
 //! "not found" and every other node still gets its answer.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
 
 use async_trait::async_trait;
 use aws_sdk_ec2::types::{
     AttachmentStatus, Instance as Ec2Instance, InstanceStateName, NetworkInterface,
-    NetworkInterfaceStatus,
+    NetworkInterfaceStatus, Tag,
 };
 use ccm_provider::{
-    AddressType, CloudError, Instance, Instances, Lookup, NodeAddress, NodeRef, Result,
+    AddressType, CloudError, Instance, Instances, Lookup, NodeAddress, NodeRef, Result, TagOutcome,
 };
 
-use super::tags::FILTER_VALUES;
+use super::tags::{FILTER_VALUES, LEGACY_CLUSTER_TAG};
 use super::{AwsCloud, NAME};
 use crate::settings::IpFamily;
 
@@ -516,6 +516,82 @@ impl Instances for AwsCloud {
 
     fn accepts_bare_provider_id(&self, provider_id: &str) -> bool {
         is_instance_id(provider_id)
+    }
+
+    fn tags_instances(&self) -> bool {
+        true
+    }
+
+    /// Tags the EC2 instances behind `nodes`, as upstream's tagging
+    /// controller does: those that exist, found first (a tag request
+    /// naming a missing instance fails as a whole), then one `CreateTags`
+    /// or `DeleteTags` per 200. A Fargate node carries no tags. The
+    /// cluster's own tags are never given or taken away here.
+    async fn tag_instances(
+        &self,
+        nodes: &[NodeRef],
+        tags: &BTreeMap<String, String>,
+        remove: bool,
+    ) -> Result<Vec<TagOutcome>> {
+        if let Some(key) = tags
+            .keys()
+            .find(|k| k.starts_with(super::tags::CLUSTER_TAG_PREFIX) || *k == LEGACY_CLUSTER_TAG)
+        {
+            return Err(CloudError::invalid(
+                "tags",
+                format!(
+                    "{key} says which cluster an instance is in: it is not a tag to set on nodes"
+                ),
+            ));
+        }
+        let ids: Vec<Option<String>> = nodes
+            .iter()
+            .map(|n| parse_provider_id(&n.provider_id).ok())
+            .collect();
+        let keys: Vec<Key> = ids.iter().flatten().cloned().map(Key::Id).collect();
+        let found = self.find(&keys).await?;
+        let live: BTreeSet<&str> = keys
+            .iter()
+            .filter_map(|k| found.get(k))
+            .filter(|i| is_alive(i))
+            .filter_map(|i| i.instance_id())
+            .collect();
+        let live: Vec<&str> = live.into_iter().collect();
+        let tags: Vec<Tag> = tags
+            .iter()
+            .map(|(k, v)| Tag::builder().key(k).value(v).build())
+            .collect();
+        for chunk in live.chunks(FILTER_VALUES) {
+            let resources: Vec<String> = chunk.iter().map(|s| s.to_string()).collect();
+            let sent = if remove {
+                self.ec2
+                    .delete_tags()
+                    .set_resources(Some(resources))
+                    .set_tags(Some(tags.clone()))
+                    .send()
+                    .await
+                    .map(drop)
+                    .map_err(|e| super::errors::cloud_error("DeleteTags", e))
+            } else {
+                self.ec2
+                    .create_tags()
+                    .set_resources(Some(resources))
+                    .set_tags(Some(tags.clone()))
+                    .send()
+                    .await
+                    .map(drop)
+                    .map_err(|e| super::errors::cloud_error("CreateTags", e))
+            };
+            sent?;
+        }
+        Ok(ids
+            .iter()
+            .map(|id| match id {
+                None => TagOutcome::NotTaggable,
+                Some(id) if live.contains(&id.as_str()) => TagOutcome::Done,
+                Some(_) => TagOutcome::NotFound,
+            })
+            .collect())
     }
 }
 

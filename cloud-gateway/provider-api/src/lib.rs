@@ -25,7 +25,7 @@ pub use operation::Operation;
 pub use types::{
     AddressType, Host, Ingress, Instance, IpFamily, LoadBalancer, LoadBalancerSpec,
     LoadBalancerStatus, Lookup, NodeAddress, NodeRef, PortStatus, Protocol, Route, ServicePort,
-    ServiceRef, SessionAffinity, TrafficPolicy, load_balancer_name,
+    ServiceRef, SessionAffinity, TagOutcome, TrafficPolicy, load_balancer_name,
 };
 pub use values::{parse_duration, quote};
 
@@ -71,6 +71,24 @@ pub trait Instances: Send + Sync {
     /// None by default: an ID without the scheme is another cloud's.
     fn accepts_bare_provider_id(&self, _provider_id: &str) -> bool {
         false
+    }
+
+    /// Whether [`Self::tag_instances`] is served.
+    fn tags_instances(&self) -> bool {
+        false
+    }
+
+    /// Adds `tags` to the instances of `nodes` (each by provider ID, checked
+    /// before), or with `remove` takes away each tag that still has its
+    /// value; one answer per node, in order. `NotFound` only on a definite
+    /// answer.
+    async fn tag_instances(
+        &self,
+        _nodes: &[NodeRef],
+        _tags: &std::collections::BTreeMap<String, String>,
+        _remove: bool,
+    ) -> Result<Vec<TagOutcome>> {
+        Err(CloudError::NotImplemented("instance tags"))
     }
 }
 

@@ -9,6 +9,8 @@ use std::str::FromStr;
 pub enum Operation {
     /// A batch of instance lookups.
     GetInstances,
+    /// Tag or untag a batch of instances.
+    TagInstances,
     /// Read one load balancer.
     GetLoadBalancer,
     /// Create or update a load balancer.
@@ -31,8 +33,9 @@ pub enum Operation {
 
 impl Operation {
     /// Every operation, for listing accepted values.
-    pub const ALL: [Operation; 10] = [
+    pub const ALL: [Operation; 11] = [
         Self::GetInstances,
+        Self::TagInstances,
         Self::GetLoadBalancer,
         Self::EnsureLoadBalancer,
         Self::UpdateLoadBalancerHosts,
@@ -48,6 +51,7 @@ impl Operation {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::GetInstances => "get_instances",
+            Self::TagInstances => "tag_instances",
             Self::GetLoadBalancer => "get_load_balancer",
             Self::EnsureLoadBalancer => "ensure_load_balancer",
             Self::UpdateLoadBalancerHosts => "update_load_balancer_hosts",
@@ -64,7 +68,8 @@ impl Operation {
     pub fn is_mutating(self) -> bool {
         matches!(
             self,
-            Self::EnsureLoadBalancer
+            Self::TagInstances
+                | Self::EnsureLoadBalancer
                 | Self::UpdateLoadBalancerHosts
                 | Self::DeleteLoadBalancer
                 | Self::CreateRoute

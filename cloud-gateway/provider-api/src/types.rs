@@ -87,6 +87,17 @@ pub struct Instance {
     pub additional_labels: HashMap<String, String>,
 }
 
+/// What became of one node's instance when tagged or untagged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TagOutcome {
+    /// The instance has the tags (or, removing, no longer has them).
+    Done,
+    /// The cloud confirmed there is no such instance.
+    NotFound,
+    /// The node is no instance that can carry tags.
+    NotTaggable,
+}
+
 /// What the cloud says about one looked-up node.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Lookup {

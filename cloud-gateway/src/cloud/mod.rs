@@ -60,6 +60,10 @@ impl Cloud {
             instances: self.provider.instances().is_some(),
             load_balancers: self.provider.load_balancers().is_some(),
             routes: self.provider.routes().is_some(),
+            instance_tags: self
+                .provider
+                .instances()
+                .is_some_and(|i| i.tags_instances()),
             host_label_annotations: self
                 .provider
                 .load_balancers()
@@ -230,6 +234,8 @@ pub struct Offers {
     pub load_balancers: bool,
     /// Routes.
     pub routes: bool,
+    /// Instance tags.
+    pub instance_tags: bool,
     /// Service annotations that select hosts by Node label.
     pub host_label_annotations: &'static [&'static str],
 }

@@ -5,17 +5,19 @@ use std::sync::Arc;
 use ccm_proto::v1::instances_server::Instances;
 use ccm_proto::v1::{
     GetInstancesRequest, GetInstancesResponse, InstanceResult, InstanceState, LookupPurpose,
+    TagInstancesRequest, TagInstancesResponse, TagResult,
 };
-use ccm_provider::Lookup;
+use ccm_provider::{Lookup, Operation, TagOutcome};
 use tonic::{Request, Response, Status};
 
 use super::status::answer;
 
 use super::convert;
 use super::validate::{ProviderIds, Violations};
-use crate::cloud::Cloud;
 use crate::cloud::budget::Priority;
 use crate::cloud::instance_lookups::InstanceLookups;
+use crate::cloud::{Audit, Cloud};
+use crate::identity::Caller;
 
 /// The Instances service.
 pub struct InstancesService {
@@ -76,6 +78,59 @@ impl Instances for InstancesService {
                 })
                 .collect();
             Ok(Response::new(GetInstancesResponse { results }))
+        })
+        .await
+    }
+
+    #[tracing::instrument(target = "ccm_calls", skip_all, fields(nodes = request.get_ref().nodes.len(), remove = request.get_ref().remove))]
+    async fn tag_instances(
+        &self,
+        request: Request<TagInstancesRequest>,
+    ) -> Result<Response<TagInstancesResponse>, Status> {
+        answer(async move {
+            let caller = Caller::name_of(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            v.tagged_nodes(&req.nodes, &ProviderIds::of(&self.cloud));
+            v.tags(&req.tags);
+            v.finish()?;
+            let nodes: Vec<_> = req.nodes.into_iter().map(convert::node).collect();
+            let tags: std::collections::BTreeMap<String, String> = req.tags.into_iter().collect();
+            let resource = format!("instances/{} nodes", nodes.len());
+            let outcomes = self
+                .cloud
+                .instances()?
+                .call(
+                    Operation::TagInstances,
+                    Priority::Low,
+                    Some(Audit {
+                        caller: &caller,
+                        cluster: &req.cluster_name,
+                        resource: &resource,
+                    }),
+                    |instances| instances.tag_instances(&nodes, &tags, req.remove),
+                )
+                .await?;
+            if outcomes.len() != nodes.len() {
+                return Err(ccm_provider::CloudError::Unavailable(format!(
+                    "the provider answered for {} of {} nodes",
+                    outcomes.len(),
+                    nodes.len()
+                )));
+            }
+            let results = outcomes
+                .into_iter()
+                .map(|o| {
+                    let result = match o {
+                        TagOutcome::Done => TagResult::Done,
+                        TagOutcome::NotFound => TagResult::NotFound,
+                        TagOutcome::NotTaggable => TagResult::NotTaggable,
+                    };
+                    result as i32
+                })
+                .collect();
+            Ok(Response::new(TagInstancesResponse { results }))
         })
         .await
     }

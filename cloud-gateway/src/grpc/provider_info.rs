@@ -35,6 +35,7 @@ impl Provider for ProviderService {
                 instances: offers.instances,
                 load_balancers: offers.load_balancers,
                 routes: offers.routes,
+                instance_tags: offers.instance_tags,
                 host_label_annotations: offers
                     .host_label_annotations
                     .iter()

@@ -182,6 +182,53 @@ impl Violations {
         }
     }
 
+    /// The nodes of a TagInstances call: each by provider ID.
+    pub fn tagged_nodes(&mut self, nodes: &[NodeRef], provider: &ProviderIds<'_>) {
+        self.nodes(nodes, provider);
+        let unnamed = nodes.iter().position(|n| n.provider_id.is_empty());
+        if let Some(i) = unnamed.filter(|_| nodes.len() <= MAX_NODES) {
+            self.add(format!("nodes[{i}].provider_id"), "is required to tag");
+        }
+    }
+
+    /// The tags of a TagInstances call: 1 to [`MAX_TAGS`], keys of 1 to 128
+    /// characters not starting with `aws:`, values of up to 256.
+    pub fn tags(&mut self, tags: &std::collections::HashMap<String, String>) {
+        if tags.is_empty() || tags.len() > MAX_TAGS {
+            self.add(
+                "tags",
+                format!("must hold 1 to {MAX_TAGS} tags, not {}", tags.len()),
+            );
+            return;
+        }
+        let mut keys: Vec<&String> = tags.keys().collect();
+        keys.sort();
+        for key in keys {
+            let value = &tags[key];
+            let len = key.chars().count();
+            if !(1..=MAX_TAG_KEY).contains(&len) {
+                self.add(
+                    "tags",
+                    format!("key {} is not 1 to {MAX_TAG_KEY} characters", quote(key)),
+                );
+            } else if key.to_ascii_lowercase().starts_with("aws:") {
+                self.add(
+                    "tags",
+                    format!(
+                        "key {} starts with aws:, which AWS keeps for itself",
+                        quote(key)
+                    ),
+                );
+            }
+            if value.chars().count() > MAX_TAG_VALUE {
+                self.add(
+                    format!("tags[{}]", quote(key)),
+                    format!("is longer than {MAX_TAG_VALUE} characters"),
+                );
+            }
+        }
+    }
+
     /// A Service reference.
     pub fn service(&mut self, field: &str, service: Option<&ServiceRef>) {
         let Some(s) = service else {

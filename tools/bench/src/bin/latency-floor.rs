@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use ccm_proto::v1::instances_server::{Instances, InstancesServer};
 use ccm_proto::v1::{
     GetInstancesRequest, GetInstancesResponse, Instance, InstanceResult, InstanceState,
-    NodeAddress, NodeAddressType,
+    NodeAddress, NodeAddressType, TagInstancesRequest, TagInstancesResponse,
 };
 use clap::Parser;
 use tonic::{Request, Response, Status};
@@ -61,6 +61,13 @@ impl Instances for Fixed {
             })
             .collect();
         Ok(Response::new(GetInstancesResponse { results }))
+    }
+
+    async fn tag_instances(
+        &self,
+        _request: Request<TagInstancesRequest>,
+    ) -> Result<Response<TagInstancesResponse>, Status> {
+        Err(Status::unimplemented("the latency floor only looks up"))
     }
 }
 

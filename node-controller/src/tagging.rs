@@ -1,0 +1,221 @@
+//! The tagging controller, as cloud-provider-aws runs it (off by default):
+//! with `--instance-tags`, the instance behind every Node carries those
+//! tags. A Node whose instance is tagged carries the label
+//! `k8s.io/cloud-provider-aws` with a checksum of the tags, upstream's
+//! label and checksum, so the Nodes upstream tagged are not tagged again
+//! after a switch and a change of the tags tags every instance again. When
+//! a Node goes, its instance's tags go too (each only while it still has
+//! the value given). Instances are tagged in batches through the gateway,
+//! at its low priority; only the leader tags.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ccm_proto::v1::{NodeRef, TagResult};
+use ccm_runtime::queue::{Backoff, WorkQueue};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use md5::{Digest, Md5};
+
+use crate::context::{Context, node_ref};
+use crate::metrics::ActionLabels;
+
+/// The label of a Node whose instance has the tags: their checksum.
+pub const LABEL: &str = "k8s.io/cloud-provider-aws";
+
+/// How long a new Node's instance may be missing (EC2 is eventually
+/// consistent) before it is given up on, as upstream waits.
+const NEW_NODE_GRACE: Duration = Duration::from_secs(300);
+
+/// Failed batches retry after 1 s, doubling up to 5 minutes.
+const BACKOFF: Backoff = Backoff {
+    base: Duration::from_secs(1),
+    max: Duration::from_secs(300),
+};
+
+/// The tags to give, their checksum, and the work waiting.
+pub struct Tagging {
+    pub tags: BTreeMap<String, String>,
+    pub checksum: String,
+    /// Nodes (by name) whose instance needs the tags.
+    pub tag: WorkQueue<String>,
+    /// Provider IDs of deleted Nodes whose instance loses them.
+    pub untag: WorkQueue<String>,
+}
+
+impl Tagging {
+    /// Tagging with `tags`; `None` when there are none (the default: off).
+    pub fn new(tags: &BTreeMap<String, String>) -> Option<Self> {
+        (!tags.is_empty()).then(|| Self {
+            tags: tags.clone(),
+            checksum: checksum(tags),
+            tag: WorkQueue::new(BACKOFF),
+            untag: WorkQueue::new(BACKOFF),
+        })
+    }
+
+    /// Whether `node`'s instance is still to be tagged.
+    pub fn needs_tags(&self, node: &Node) -> bool {
+        !node_ref(node).provider_id.is_empty() && node.labels().get(LABEL) != Some(&self.checksum)
+    }
+}
+
+/// Upstream's checksum of the tags: the MD5 of the sorted `key=value`
+/// strings joined by commas, in hex.
+pub fn checksum(tags: &BTreeMap<String, String>) -> String {
+    let mut pairs: Vec<String> = tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.sort();
+    Md5::digest(pairs.join(",").as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Tags the instances of queued Nodes, a batch at a time, while leading.
+pub async fn tag_worker(ctx: Arc<Context>) {
+    let Some(t) = &ctx.tagging else { return };
+    while let Some(first) = t.tag.next().await {
+        let mut names = vec![first];
+        names.extend(
+            t.tag
+                .take(ctx.settings.batch_size.saturating_sub(1), |_| true),
+        );
+        let nodes: Vec<Arc<Node>> = names
+            .iter()
+            .filter_map(|n| ctx.store.get(&ObjectRef::new(n)))
+            .filter(|n| t.needs_tags(n))
+            .collect();
+        if !nodes.is_empty() && ctx.leadership.is_leader() {
+            tag(&ctx, t, &nodes).await;
+        }
+        for name in &names {
+            t.tag.done(name);
+        }
+    }
+}
+
+async fn tag(ctx: &Context, t: &Tagging, nodes: &[Arc<Node>]) {
+    let refs: Vec<NodeRef> = nodes.iter().map(|n| node_ref(n)).collect();
+    let tags = t.tags.clone().into_iter().collect();
+    let results = match ctx.gateway.tag_instances(refs, tags, false).await {
+        Ok(results) => results,
+        Err(e) => {
+            for node in nodes {
+                let retry_in = t.tag.add_failed(node.name_any());
+                tracing::warn!(node = %node.name_any(), error = %e, ?retry_in, "instance tags not set");
+            }
+            count(ctx, "failed", nodes.len());
+            return;
+        }
+    };
+    for (node, result) in nodes.iter().zip(results) {
+        let name = node.name_any();
+        match result {
+            TagResult::Done => match label(ctx, &name, &t.checksum).await {
+                Ok(()) => {
+                    t.tag.forget(&name);
+                    count(ctx, "tagged", 1);
+                    tracing::info!(node = %name, tags = ?t.tags, "instance tagged");
+                }
+                Err(e) => {
+                    let retry_in = t.tag.add_failed(name.clone());
+                    tracing::warn!(node = %name, error = %e, ?retry_in, "tagged, but the Node's label not written");
+                }
+            },
+            TagResult::NotFound if is_new(node) => {
+                t.tag.add_failed(name);
+            }
+            TagResult::NotFound => {
+                count(ctx, "not_found", 1);
+                tracing::info!(node = %name, "no instance to tag");
+            }
+            _ => count(ctx, "not_taggable", 1),
+        }
+    }
+}
+
+/// Takes the tags off the instances of deleted Nodes, a batch at a time.
+pub async fn untag_worker(ctx: Arc<Context>) {
+    let Some(t) = &ctx.tagging else { return };
+    while let Some(first) = t.untag.next().await {
+        let mut ids = vec![first];
+        ids.extend(
+            t.untag
+                .take(ctx.settings.batch_size.saturating_sub(1), |_| true),
+        );
+        if ctx.leadership.is_leader() {
+            let refs = ids
+                .iter()
+                .map(|id| NodeRef {
+                    name: String::new(),
+                    provider_id: id.clone(),
+                })
+                .collect();
+            let tags = t.tags.clone().into_iter().collect();
+            match ctx.gateway.tag_instances(refs, tags, true).await {
+                Ok(_) => {
+                    for id in &ids {
+                        t.untag.forget(id);
+                    }
+                    count(&ctx, "untagged", ids.len());
+                }
+                Err(e) => {
+                    for id in &ids {
+                        let retry_in = t.untag.add_failed(id.clone());
+                        tracing::warn!(provider_id = %id, error = %e, ?retry_in, "instance tags not removed");
+                    }
+                    count(&ctx, "failed", ids.len());
+                }
+            }
+        }
+        for id in &ids {
+            t.untag.done(id);
+        }
+    }
+}
+
+/// Labels the Node with the tags' checksum.
+async fn label(ctx: &Context, name: &str, checksum: &str) -> crate::error::Result<()> {
+    ctx.ensure_leader()?;
+    let patch = serde_json::json!({"metadata": {"labels": {LABEL: checksum}}});
+    ctx.nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+fn is_new(node: &Node) -> bool {
+    node.creation_timestamp().is_none_or(|created| {
+        let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+        age.as_secs() < NEW_NODE_GRACE.as_secs() as i64
+    })
+}
+
+fn count(ctx: &Context, action: &'static str, n: usize) {
+    ctx.metrics
+        .instance_tags
+        .get_or_create(&ActionLabels { action })
+        .inc_by(n as u64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checksum_is_upstreams() {
+        // Upstream sorts the "key=value" strings, not the keys: "a.b=2"
+        // comes before "a=1".
+        let tags: BTreeMap<String, String> = [("a", "1"), ("a.b", "2"), ("team", "")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let want = Md5::digest(b"a.b=2,a=1,team=");
+        let want: String = want.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(checksum(&tags), want);
+        assert_eq!(checksum(&tags).len(), 32);
+    }
+}
