@@ -283,9 +283,10 @@ def check() -> int:
     gw = next(ctr for d, ctr in containers(aws) if d["metadata"]["name"] == "ccm-gateway")
     c.expect(not any(a.startswith(("--aws-disable", "--aws-cluster-health", "--aws-endpoints="))
                      for a in gw["args"]), f"the knobs' defaults add no flags: {gw['args']}")
-    tagged = render({**aws_values, "nodeController": {"instanceTags": {"team": "ml", "cost": "42"}}})
+    tagged = render({**aws_values, "nodeController": {"instanceTags": {"team": "ml", "cost": "42", "note": "a: b"}}})
     node = next(ctr for d, ctr in containers(tagged) if d["metadata"]["name"] == "ccm-node-controller")
-    c.expect("--instance-tags=cost=42,team=ml" in node["args"], f"instance tags reach the node controller: {node['args']}")
+    c.expect("--instance-tags=cost=42,note=a: b,team=ml" in node["args"],
+             f"instance tags reach the node controller as one argument: {node['args']}")
     node = next(ctr for d, ctr in containers(aws) if d["metadata"]["name"] == "ccm-node-controller")
     c.expect(not any(a.startswith("--instance-tags") for a in node["args"]), "no tagging unless asked")
     routed = render({**aws_values, "routeController": {"enabled": True}})

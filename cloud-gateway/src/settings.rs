@@ -242,7 +242,7 @@ pub struct Args {
     /// kube-proxy's health path for --aws-cluster-health-probe shared (/healthz when not given).
     #[arg(long, env = "CLOUD_GATEWAY_AWS_SHARED_HEALTH_PROBE_PATH")]
     pub aws_shared_health_probe_path: Option<String>,
-    /// Endpoints for single AWS APIs, ahead of --aws-endpoint-url: service=URL pairs, comma-separated, for ec2, elasticloadbalancing and sts (upstream's ServiceOverride).
+    /// Endpoints for single AWS APIs, ahead of --aws-endpoint-url: service=URL pairs, comma-separated, for ec2, elasticloadbalancing and sts (for assuming --aws-role-arn; upstream's ServiceOverride).
     #[arg(long, env = "CLOUD_GATEWAY_AWS_ENDPOINTS")]
     pub aws_endpoints: Option<String>,
 }

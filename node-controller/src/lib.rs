@@ -85,11 +85,11 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
                 Seen::Synced => readiness.set(true),
                 Seen::Deleted(node) => {
                     let provider_id = context::node_ref(node).provider_id;
-                    if let Some(t) = &ctx.tagging
-                        && ctx.leadership.is_leader()
-                        && !provider_id.is_empty()
-                    {
-                        t.untag.add(provider_id);
+                    if let Some(t) = &ctx.tagging {
+                        t.forget(&node.name_any());
+                        if ctx.leadership.is_leader() && !provider_id.is_empty() {
+                            t.untag.add(provider_id);
+                        }
                     }
                 }
             },

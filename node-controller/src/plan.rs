@@ -351,6 +351,29 @@ pub fn shutdown_taint() -> Taint {
     }
 }
 
+/// Whether a Node's instance is still to be tagged: it has a provider ID,
+/// its tagging label is not `checksum`, and it was not found untaggable
+/// under this provider ID (`settled`).
+pub fn needs_tags(
+    provider_id: &str,
+    label: Option<&String>,
+    checksum: &str,
+    settled: Option<&String>,
+) -> bool {
+    !provider_id.is_empty()
+        && label.is_none_or(|l| l != checksum)
+        && settled.is_none_or(|s| s != provider_id)
+}
+
+/// The text upstream's tagging checksum is taken of: the `key=value`
+/// strings sorted (not the keys: `a.b=2` comes before `a=1`), joined by
+/// commas.
+pub fn tags_text(tags: &BTreeMap<String, String>) -> String {
+    let mut pairs: Vec<String> = tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    pairs.sort();
+    pairs.join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use ccm_proto::v1::{InstanceState, NodeAddress as CloudAddress};
@@ -646,5 +669,33 @@ mod tests {
         assert!(hold_deletions(6, 10, 0.5, 3));
         assert!(!hold_deletions(2, 2, 0.5, 3), "tiny clusters are exempt");
         assert!(hold_deletions(3, 3, 0.5, 3));
+    }
+
+    #[test]
+    fn a_node_is_tagged_once_per_set_of_tags_and_never_when_untaggable() {
+        let sum = "b34667e1bd6e920c3a33bbbae36f8328".to_owned();
+        let other = "0".repeat(32);
+        let id = "aws:///z/i-1".to_owned();
+        // (provider ID, label, settled under) -> needs tags
+        let cases = [
+            ("", None, None, false),
+            (id.as_str(), None, None, true),
+            (id.as_str(), Some(&sum), None, false),
+            (id.as_str(), Some(&other), None, true),
+            (id.as_str(), None, Some(&id), false),
+            (id.as_str(), None, Some(&"aws:///z/i-2".to_owned()), true),
+        ];
+        for (provider_id, label, settled, want) in cases {
+            assert_eq!(
+                needs_tags(provider_id, label, &sum, settled),
+                want,
+                "{provider_id:?} {label:?} {settled:?}"
+            );
+        }
+        let tags: BTreeMap<String, String> = [("a", "1"), ("a.b", "2"), ("team", "")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(tags_text(&tags), "a.b=2,a=1,team=");
     }
 }

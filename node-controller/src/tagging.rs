@@ -5,11 +5,12 @@
 //! label and checksum, so the Nodes upstream tagged are not tagged again
 //! after a switch and a change of the tags tags every instance again. When
 //! a Node goes, its instance's tags go too (each only while it still has
-//! the value given). Instances are tagged in batches through the gateway,
-//! at its low priority; only the leader tags.
+//! the value given), unless a Node registered again on it. Instances are
+//! tagged in batches through the gateway, at its low priority; only the
+//! leader tags. The decisions are `plan`'s (`needs_tags`, `tags_text`).
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ccm_proto::v1::{NodeRef, TagResult};
@@ -22,17 +23,18 @@ use md5::{Digest, Md5};
 
 use crate::context::{Context, node_ref};
 use crate::metrics::ActionLabels;
+use crate::plan;
 
 /// The label of a Node whose instance has the tags: their checksum.
-pub const LABEL: &str = "k8s.io/cloud-provider-aws";
+pub use ccm_runtime::names::LABEL_INSTANCE_TAGS as LABEL;
 
 /// How long a new Node's instance may be missing (EC2 is eventually
 /// consistent) before it is given up on, as upstream waits.
 const NEW_NODE_GRACE: Duration = Duration::from_secs(300);
 
-/// Failed batches retry after 1 s, doubling up to 5 minutes.
+/// Failed batches retry after 5 s, doubling up to 5 minutes, as upstream's.
 const BACKOFF: Backoff = Backoff {
-    base: Duration::from_secs(1),
+    base: Duration::from_secs(5),
     max: Duration::from_secs(300),
 };
 
@@ -44,6 +46,10 @@ pub struct Tagging {
     pub tag: WorkQueue<String>,
     /// Provider IDs of deleted Nodes whose instance loses them.
     pub untag: WorkQueue<String>,
+    /// Nodes (name to provider ID) whose instance cannot carry the tags
+    /// (none, or not taggable): not asked about again while they keep that
+    /// provider ID, however often the Node is written.
+    settled: Mutex<HashMap<String, String>>,
 }
 
 impl Tagging {
@@ -54,21 +60,40 @@ impl Tagging {
             checksum: checksum(tags),
             tag: WorkQueue::new(BACKOFF),
             untag: WorkQueue::new(BACKOFF),
+            settled: Mutex::default(),
         })
     }
 
     /// Whether `node`'s instance is still to be tagged.
     pub fn needs_tags(&self, node: &Node) -> bool {
-        !node_ref(node).provider_id.is_empty() && node.labels().get(LABEL) != Some(&self.checksum)
+        let settled = self.settled.lock().unwrap_or_else(|e| e.into_inner());
+        plan::needs_tags(
+            &node_ref(node).provider_id,
+            node.labels().get(LABEL),
+            &self.checksum,
+            settled.get(&node.name_any()),
+        )
+    }
+
+    /// Remembers that `node`'s instance cannot carry the tags.
+    fn settle(&self, node: &Node) {
+        let mut settled = self.settled.lock().unwrap_or_else(|e| e.into_inner());
+        settled.insert(node.name_any(), node_ref(node).provider_id);
+    }
+
+    /// Forgets the Node `name`, which went.
+    pub fn forget(&self, name: &str) {
+        self.settled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        self.tag.forget(&name.to_owned());
     }
 }
 
-/// Upstream's checksum of the tags: the MD5 of the sorted `key=value`
-/// strings joined by commas, in hex.
+/// Upstream's checksum of the tags: the MD5 of [`plan::tags_text`], in hex.
 pub fn checksum(tags: &BTreeMap<String, String>) -> String {
-    let mut pairs: Vec<String> = tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    pairs.sort();
-    Md5::digest(pairs.join(",").as_bytes())
+    Md5::digest(plan::tags_text(tags).as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
@@ -79,10 +104,8 @@ pub async fn tag_worker(ctx: Arc<Context>) {
     let Some(t) = &ctx.tagging else { return };
     while let Some(first) = t.tag.next().await {
         let mut names = vec![first];
-        names.extend(
-            t.tag
-                .take(ctx.settings.batch_size.saturating_sub(1), |_| true),
-        );
+        let more = ctx.settings.batch_size.saturating_sub(1);
+        names.extend(t.tag.take(more, |_| true));
         let nodes: Vec<Arc<Node>> = names
             .iter()
             .filter_map(|n| ctx.store.get(&ObjectRef::new(n)))
@@ -129,10 +152,16 @@ async fn tag(ctx: &Context, t: &Tagging, nodes: &[Arc<Node>]) {
                 t.tag.add_failed(name);
             }
             TagResult::NotFound => {
+                t.settle(node);
+                t.tag.forget(&name);
                 count(ctx, "not_found", 1);
                 tracing::info!(node = %name, "no instance to tag");
             }
-            _ => count(ctx, "not_taggable", 1),
+            _ => {
+                t.settle(node);
+                t.tag.forget(&name);
+                count(ctx, "not_taggable", 1);
+            }
         }
     }
 }
@@ -142,37 +171,52 @@ pub async fn untag_worker(ctx: Arc<Context>) {
     let Some(t) = &ctx.tagging else { return };
     while let Some(first) = t.untag.next().await {
         let mut ids = vec![first];
-        ids.extend(
-            t.untag
-                .take(ctx.settings.batch_size.saturating_sub(1), |_| true),
-        );
-        if ctx.leadership.is_leader() {
-            let refs = ids
-                .iter()
-                .map(|id| NodeRef {
-                    name: String::new(),
-                    provider_id: id.clone(),
-                })
-                .collect();
-            let tags = t.tags.clone().into_iter().collect();
-            match ctx.gateway.tag_instances(refs, tags, true).await {
-                Ok(_) => {
-                    for id in &ids {
-                        t.untag.forget(id);
-                    }
-                    count(&ctx, "untagged", ids.len());
-                }
-                Err(e) => {
-                    for id in &ids {
-                        let retry_in = t.untag.add_failed(id.clone());
-                        tracing::warn!(provider_id = %id, error = %e, ?retry_in, "instance tags not removed");
-                    }
-                    count(&ctx, "failed", ids.len());
-                }
-            }
+        let more = ctx.settings.batch_size.saturating_sub(1);
+        ids.extend(t.untag.take(more, |_| true));
+        // A Node deleted and registered again on the same instance keeps
+        // its tags: only instances no Node has any more lose them.
+        let held: HashSet<String> = ctx
+            .store
+            .state()
+            .iter()
+            .map(|n| node_ref(n).provider_id)
+            .collect();
+        let gone: Vec<String> = ids
+            .iter()
+            .filter(|id| !held.contains(*id))
+            .cloned()
+            .collect();
+        if !gone.is_empty() && ctx.leadership.is_leader() {
+            untag(&ctx, t, &gone).await;
         }
         for id in &ids {
             t.untag.done(id);
+        }
+    }
+}
+
+async fn untag(ctx: &Context, t: &Tagging, ids: &[String]) {
+    let refs = ids
+        .iter()
+        .map(|id| NodeRef {
+            name: String::new(),
+            provider_id: id.clone(),
+        })
+        .collect();
+    let tags = t.tags.clone().into_iter().collect();
+    match ctx.gateway.tag_instances(refs, tags, true).await {
+        Ok(_) => {
+            for id in ids {
+                t.untag.forget(id);
+            }
+            count(ctx, "untagged", ids.len());
+        }
+        Err(e) => {
+            for id in ids {
+                let retry_in = t.untag.add_failed(id.clone());
+                tracing::warn!(provider_id = %id, error = %e, ?retry_in, "instance tags not removed");
+            }
+            count(ctx, "failed", ids.len());
         }
     }
 }
@@ -181,8 +225,9 @@ pub async fn untag_worker(ctx: Arc<Context>) {
 async fn label(ctx: &Context, name: &str, checksum: &str) -> crate::error::Result<()> {
     ctx.ensure_leader()?;
     let patch = serde_json::json!({"metadata": {"labels": {LABEL: checksum}}});
+    let manager = ccm_runtime::names::MANAGER_NODE_CONTROLLER;
     ctx.nodes
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(name, &PatchParams::apply(manager), &Patch::Merge(&patch))
         .await?;
     Ok(())
 }
@@ -207,15 +252,11 @@ mod tests {
 
     #[test]
     fn the_checksum_is_upstreams() {
-        // Upstream sorts the "key=value" strings, not the keys: "a.b=2"
-        // comes before "a=1".
-        let tags: BTreeMap<String, String> = [("a", "1"), ("a.b", "2"), ("team", "")]
+        let tags: BTreeMap<String, String> = [("cost-center", "42"), ("team", "ml")]
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let want = Md5::digest(b"a.b=2,a=1,team=");
-        let want: String = want.iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(checksum(&tags), want);
-        assert_eq!(checksum(&tags).len(), 32);
+        // md5 -s "cost-center=42,team=ml"
+        assert_eq!(checksum(&tags), "b34667e1bd6e920c3a33bbbae36f8328");
     }
 }

@@ -19,6 +19,11 @@ pub const ANNOTATION_PROVIDED_NODE_IP: &str = "alpha.kubernetes.io/provided-node
 pub const ANNOTATION_LB_SOURCE_RANGES: &str =
     "service.beta.kubernetes.io/load-balancer-source-ranges";
 
+/// Label cloud-provider-aws's tagging controller puts on a Node whose
+/// instance has the tags, their checksum as value. Never change: Nodes
+/// upstream tagged carry it.
+pub const LABEL_INSTANCE_TAGS: &str = "k8s.io/cloud-provider-aws";
+
 /// Label: the node's zone. Never change.
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 /// Label: the node's region. Never change.

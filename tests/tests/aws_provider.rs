@@ -444,27 +444,8 @@ async fn fargate_nodes_are_their_pods_network_interfaces() {
     assert_eq!(results[0].state, NotFound as i32);
 }
 
-/// The tags of instance `id`, as `key=value`, sorted.
 async fn instance_tags(ec2: &aws_sdk_ec2::Client, id: &str) -> Vec<String> {
-    let answer = ec2
-        .describe_instances()
-        .instance_ids(id)
-        .send()
-        .await
-        .unwrap();
-    let mut tags: Vec<String> = answer.reservations()[0].instances()[0]
-        .tags()
-        .iter()
-        .map(|t| {
-            format!(
-                "{}={}",
-                t.key().unwrap_or_default(),
-                t.value().unwrap_or_default()
-            )
-        })
-        .collect();
-    tags.sort();
-    tags
+    aws::instance_tags(ec2, id).await.unwrap()
 }
 
 #[tokio::test]
@@ -484,19 +465,53 @@ async fn the_tagging_controllers_tags_reach_exactly_the_nodes_instances() {
         ("team".to_owned(), "ml".to_owned()),
         ("cost-center".to_owned(), String::new()),
     ]);
+    // An instance that is not the cluster's (no cluster tag).
+    let (_, subnet) = &env.seeded.subnets[0];
+    let stranger = env
+        .ec2
+        .run_instances()
+        .image_id("ami-12c6146b")
+        .subnet_id(subnet)
+        .min_count(1)
+        .max_count(1)
+        .send()
+        .await
+        .unwrap()
+        .instances()[0]
+        .instance_id()
+        .unwrap()
+        .to_owned();
     let nodes = vec![
         by_id(&a.provider_id()),
         by_id(&b.provider_id()),
         by_id(&gone.provider_id()),
         by_id("aws:///eu-west-1a/i-0123456789abcdef0"),
         by_id(&format!("aws:///{}/x/fargate-10.0.1.9", a.zone)),
+        by_id(&format!("aws:///{}/{stranger}", a.zone)),
+        by_id("eks-hybrid:///eu-west-1/c/mi-0123"),
     ];
     env.proxy.take_actions();
     let results = timed(node.tag_instances(nodes.clone(), tags.clone(), false))
         .await
         .unwrap();
     use ccm_proto::v1::TagResult::{Done, NotFound, NotTaggable};
-    assert_eq!(results, [Done, Done, NotFound, NotFound, NotTaggable]);
+    assert_eq!(
+        results,
+        [
+            Done,
+            Done,
+            NotFound,
+            NotFound,
+            NotTaggable,
+            NotTaggable,
+            NotTaggable
+        ]
+    );
+    assert!(
+        !instance_tags(&env.ec2, &stranger)
+            .await
+            .contains(&"team=ml".to_owned())
+    );
     let actions = env.proxy.take_actions();
     assert_eq!(
         actions.get("CreateTags"),
@@ -2345,10 +2360,14 @@ async fn the_knobs_upstream_users_set_reach_aws_as_upstream_applies_them() {
         .delete_load_balancer(service("aaaaaaaa"))
         .await
         .unwrap();
-    while let Err(Error::RetryAfter { .. }) = client.delete_load_balancer(service("bbbbbbbb")).await
-    {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    timed(async {
+        while let Err(Error::RetryAfter { .. }) =
+            client.delete_load_balancer(service("bbbbbbbb")).await
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
     assert!(group_named(&env.ec2, "shared-elb").await.is_some());
     assert_eq!(ingress(&env.ec2, &nodes).await, nodes_before);
 }

@@ -821,27 +821,7 @@ mod scenarios {
         let nodes: Api<Node> = Api::all(sandbox.client().await.unwrap());
         let tags_of = |id: String| {
             let ec2 = aws.ec2.clone();
-            async move {
-                let answer = ec2
-                    .describe_instances()
-                    .instance_ids(id)
-                    .send()
-                    .await
-                    .unwrap();
-                let mut tags: Vec<String> = answer.reservations()[0].instances()[0]
-                    .tags()
-                    .iter()
-                    .map(|t| {
-                        format!(
-                            "{}={}",
-                            t.key().unwrap_or_default(),
-                            t.value().unwrap_or_default()
-                        )
-                    })
-                    .collect();
-                tags.sort();
-                tags
-            }
+            async move { ccm_sandbox::aws::instance_tags(&ec2, &id).await.unwrap() }
         };
         for instance in &aws.seeded.instances {
             until_true("the instance tagged and its Node labelled", async || {

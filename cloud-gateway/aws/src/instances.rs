@@ -168,8 +168,9 @@ fn is_shut_down(instance: &Ec2Instance) -> bool {
 pub(super) struct Found {
     by_id: HashMap<String, Ec2Instance>,
     by_name: HashMap<String, Ec2Instance>,
-    /// Fargate nodes' attached network interfaces by private address.
-    fargate: HashMap<Ipv4Addr, NetworkInterface>,
+    /// Fargate nodes' attached network interfaces by private address
+    /// (several where VPCs overlap and no VPC was named).
+    fargate: HashMap<Ipv4Addr, Vec<NetworkInterface>>,
 }
 
 impl Found {
@@ -257,8 +258,8 @@ impl AwsCloud {
     async fn fargate_interfaces(
         &self,
         addresses: &BTreeSet<Ipv4Addr>,
-    ) -> Result<HashMap<Ipv4Addr, NetworkInterface>> {
-        let mut out: HashMap<Ipv4Addr, NetworkInterface> = HashMap::new();
+    ) -> Result<HashMap<Ipv4Addr, Vec<NetworkInterface>>> {
+        let mut out: HashMap<Ipv4Addr, Vec<NetworkInterface>> = HashMap::new();
         let addresses: Vec<String> = addresses.iter().map(Ipv4Addr::to_string).collect();
         for chunk in addresses.chunks(FILTER_VALUES) {
             let mut filters = vec![super::tags::filter(
@@ -279,14 +280,7 @@ impl AwsCloud {
                 else {
                     continue;
                 };
-                if let Some(other) = out.get(&address) {
-                    return Err(CloudError::NotConfigured(format!(
-                        "two network interfaces ({} and {}) have the private address {address}; set --aws-vpc-id to the cluster's VPC",
-                        other.network_interface_id().unwrap_or_default(),
-                        interface.network_interface_id().unwrap_or_default()
-                    )));
-                }
-                out.insert(address, interface);
+                out.entry(address).or_default().push(interface);
             }
         }
         Ok(out)
@@ -297,9 +291,8 @@ impl AwsCloud {
         &self,
         filters: Vec<aws_sdk_ec2::types::Filter>,
     ) -> Result<Vec<NetworkInterface>> {
-        let mut out = Vec::new();
-        let mut token = None;
-        loop {
+        let filters = &filters;
+        super::every_page(|token| async move {
             let page = self
                 .ec2
                 .describe_network_interfaces()
@@ -309,35 +302,55 @@ impl AwsCloud {
                 .send()
                 .await
                 .map_err(|e| super::errors::cloud_error("DescribeNetworkInterfaces", e))?;
-            out.extend(page.network_interfaces().iter().cloned());
-            token = page
-                .next_token()
-                .filter(|t| !t.is_empty())
-                .map(str::to_owned);
-            if token.is_none() {
-                return Ok(out);
-            }
-        }
+            let interfaces = page.network_interfaces().to_vec();
+            Ok((interfaces, page.next_token().map(str::to_owned)))
+        })
+        .await
     }
 
     /// What the cloud says about a Fargate node: running while its
-    /// network interface is attached, gone once it is not.
+    /// network interface is attached, gone once it is not. Where VPCs
+    /// overlap (no `--aws-vpc-id`), the interface whose private DNS name is
+    /// in the node's name decides, as upstream compares them; one that
+    /// cannot be told apart is an error, never a guess.
     fn fargate_lookup(
         &self,
         address: &Ipv4Addr,
         id: &FargateId,
         found: &Found,
         zone_ids: &HashMap<String, String>,
-    ) -> Lookup {
-        let Some(interface) = found.fargate.get(address) else {
-            return Lookup::NotFound;
+    ) -> Result<Lookup> {
+        let candidates = found.fargate.get(address).map(Vec::as_slice);
+        let interface = match candidates.unwrap_or_default() {
+            [] => return Ok(Lookup::NotFound),
+            [one] => one,
+            several => {
+                let name = match id {
+                    FargateId::Given(given) => given.rsplit('/').next().unwrap_or_default(),
+                    FargateId::Name(name) => name.as_str(),
+                };
+                let dns = name.strip_prefix(FARGATE_PREFIX).unwrap_or(name);
+                let named: Vec<&NetworkInterface> = several
+                    .iter()
+                    .filter(|i| i.private_dns_name() == Some(dns))
+                    .collect();
+                match named.as_slice() {
+                    [one] => *one,
+                    _ => {
+                        return Err(CloudError::NotConfigured(format!(
+                            "{} network interfaces in different VPCs have the private address {address}; set --aws-vpc-id to the cluster's VPC",
+                            several.len()
+                        )));
+                    }
+                }
+            }
         };
         let zone = interface.availability_zone().unwrap_or_default();
         let mut labels = HashMap::new();
         if let Some(zone_id) = zone_ids.get(zone) {
             labels.insert(LABEL_ZONE_ID.to_owned(), zone_id.clone());
         }
-        Lookup::Running(Instance {
+        Ok(Lookup::Running(Instance {
             provider_id: match id {
                 FargateId::Given(given) => given.clone(),
                 FargateId::Name(name) => provider_id(zone, name),
@@ -348,7 +361,7 @@ impl AwsCloud {
             region: self.region.clone(),
             addresses: fargate_addresses(interface, &self.settings.node_ip_families),
             additional_labels: labels,
-        })
+        }))
     }
 
     /// What the cloud says about `instance`.
@@ -489,7 +502,13 @@ impl Instances for AwsCloud {
             .iter()
             .filter_map(|k| found.get(k))
             .filter_map(|i| i.placement().and_then(|p| p.availability_zone()))
-            .chain(found.fargate.values().filter_map(|i| i.availability_zone()))
+            .chain(
+                found
+                    .fargate
+                    .values()
+                    .flatten()
+                    .filter_map(|i| i.availability_zone()),
+            )
             .collect();
         let zone_ids = self.zone_ids(&zones).await;
         let alive: Vec<&Ec2Instance> = keys
@@ -498,13 +517,12 @@ impl Instances for AwsCloud {
             .filter(|i| is_alive(i))
             .collect();
         self.learn_topologies(&alive).await?;
-        Ok(keys
-            .iter()
+        keys.iter()
             .map(|key| match key {
                 Key::Fargate { address, id } => self.fargate_lookup(address, id, &found, &zone_ids),
-                _ => self.lookup(found.get(key), &zone_ids),
+                _ => Ok(self.lookup(found.get(key), &zone_ids)),
             })
-            .collect())
+            .collect()
     }
 
     fn check_provider_id(&self, provider_id: &str) -> std::result::Result<(), String> {
@@ -523,16 +541,28 @@ impl Instances for AwsCloud {
     }
 
     /// Tags the EC2 instances behind `nodes`, as upstream's tagging
-    /// controller does: those that exist, found first (a tag request
-    /// naming a missing instance fails as a whole), then one `CreateTags`
-    /// or `DeleteTags` per 200. A Fargate node carries no tags. The
-    /// cluster's own tags are never given or taken away here.
+    /// controller does: those that exist and carry the cluster's tag (either
+    /// form), found first (a tag request naming a missing instance fails
+    /// as a whole), then one `CreateTags` or `DeleteTags` per 200. A
+    /// Fargate node, another cluster's instance or a provider ID of another
+    /// form is not taggable. The cluster's own tags and AWS's (`aws:`) are
+    /// never given or taken away here.
     async fn tag_instances(
         &self,
+        cluster: &str,
         nodes: &[NodeRef],
         tags: &BTreeMap<String, String>,
         remove: bool,
     ) -> Result<Vec<TagOutcome>> {
+        if let Some(key) = tags
+            .keys()
+            .find(|k| k.to_ascii_lowercase().starts_with("aws:"))
+        {
+            return Err(CloudError::invalid(
+                "tags",
+                format!("{key} starts with aws:, which AWS keeps for itself"),
+            ));
+        }
         if let Some(key) = tags
             .keys()
             .find(|k| k.starts_with(super::tags::CLUSTER_TAG_PREFIX) || *k == LEGACY_CLUSTER_TAG)
@@ -556,12 +586,20 @@ impl Instances for AwsCloud {
             .filter(|i| is_alive(i))
             .filter_map(|i| i.instance_id())
             .collect();
-        let live: Vec<&str> = live.into_iter().collect();
+        // Only the cluster's: another's is not ours to tag (nor, by the
+        // IAM policy, allowed), and one refusal would fail the whole request.
+        let ours: BTreeSet<&str> = keys
+            .iter()
+            .filter_map(|k| found.get(k))
+            .filter(|i| super::tags::belongs_to(i.tags(), cluster))
+            .filter_map(|i| i.instance_id())
+            .collect();
+        let taggable: Vec<&str> = live.intersection(&ours).copied().collect();
         let tags: Vec<Tag> = tags
             .iter()
             .map(|(k, v)| Tag::builder().key(k).value(v).build())
             .collect();
-        for chunk in live.chunks(FILTER_VALUES) {
+        for chunk in taggable.chunks(FILTER_VALUES) {
             let resources: Vec<String> = chunk.iter().map(|s| s.to_string()).collect();
             let sent = if remove {
                 self.ec2
@@ -588,8 +626,9 @@ impl Instances for AwsCloud {
             .iter()
             .map(|id| match id {
                 None => TagOutcome::NotTaggable,
-                Some(id) if live.contains(&id.as_str()) => TagOutcome::Done,
-                Some(_) => TagOutcome::NotFound,
+                Some(id) if !live.contains(id.as_str()) => TagOutcome::NotFound,
+                Some(id) if ours.contains(id.as_str()) => TagOutcome::Done,
+                Some(_) => TagOutcome::NotTaggable,
             })
             .collect())
     }

@@ -47,6 +47,26 @@ struct Zones {
     read_at: Option<Instant>,
 }
 
+/// Every item of a paginated read: `page` asks for the page after the
+/// token it is given and answers its items and the next token (none, or
+/// an empty one, after the last page).
+async fn every_page<T, E, F, Fut>(mut page: F) -> std::result::Result<Vec<T>, E>
+where
+    F: FnMut(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<(Vec<T>, Option<String>), E>>,
+{
+    let mut out = Vec::new();
+    let mut token = None;
+    loop {
+        let (items, next) = page(token).await?;
+        out.extend(items);
+        token = next.filter(|t| !t.is_empty());
+        if token.is_none() {
+            return Ok(out);
+        }
+    }
+}
+
 /// The AWS cloud.
 pub struct AwsCloud {
     ec2: aws_sdk_ec2::Client,
@@ -102,9 +122,8 @@ impl AwsCloud {
 
     /// Every instance matching `filters`, every page.
     async fn describe_instances(&self, filters: Vec<Filter>) -> Result<Vec<Ec2Instance>> {
-        let mut out = Vec::new();
-        let mut token = None;
-        loop {
+        let filters = &filters;
+        every_page(|token| async move {
             let page = self
                 .ec2
                 .describe_instances()
@@ -114,19 +133,14 @@ impl AwsCloud {
                 .send()
                 .await
                 .map_err(|e| errors::cloud_error("DescribeInstances", e))?;
-            out.extend(
-                page.reservations()
-                    .iter()
-                    .flat_map(|r| r.instances().iter().cloned()),
-            );
-            token = page
-                .next_token()
-                .filter(|t| !t.is_empty())
-                .map(str::to_owned);
-            if token.is_none() {
-                return Ok(out);
-            }
-        }
+            let instances = page
+                .reservations()
+                .iter()
+                .flat_map(|r| r.instances().iter().cloned())
+                .collect();
+            Ok((instances, page.next_token().map(str::to_owned)))
+        })
+        .await
     }
 
     /// Reads the region's zones and their IDs.

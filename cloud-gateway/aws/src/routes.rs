@@ -206,9 +206,8 @@ impl AwsCloud {
         cluster: Option<&str>,
         filters: Vec<Filter>,
     ) -> Result<Vec<RouteTable>> {
-        let mut tables = Vec::new();
-        let mut token = None;
-        loop {
+        let filters = &filters;
+        super::every_page(|token| async move {
             let page = self
                 .ec2
                 .describe_route_tables()
@@ -217,20 +216,15 @@ impl AwsCloud {
                 .send()
                 .await
                 .map_err(|e| errors::cloud_error("DescribeRouteTables", e))?;
-            tables.extend(
-                page.route_tables()
-                    .iter()
-                    .filter(|t| cluster.is_none_or(|c| tags::belongs_to(t.tags(), c)))
-                    .cloned(),
-            );
-            token = page
-                .next_token()
-                .filter(|t| !t.is_empty())
-                .map(str::to_owned);
-            if token.is_none() {
-                return Ok(tables);
-            }
-        }
+            let tables = page
+                .route_tables()
+                .iter()
+                .filter(|t| cluster.is_none_or(|c| tags::belongs_to(t.tags(), c)))
+                .cloned()
+                .collect();
+            Ok((tables, page.next_token().map(str::to_owned)))
+        })
+        .await
     }
 
     /// The instance a route is to go to: by provider ID when given, else by

@@ -8,11 +8,15 @@
 //! have no topology; here one request asks for up to 100 instances of a
 //! lookup batch, and every answer is kept a day: an instance's layers, a
 //! type without topology, a region without the API (or credentials
-//! without the permission). A type upstream expects an answer for (its
-//! `SupportedTopologyInstanceTypePattern`) fails its batch when AWS could
-//! not answer, as it fails upstream's initialisation, so its Node never
-//! starts without its labels; any other type goes without them and is
-//! asked again a few minutes later.
+//! without the permission). An instance of a type upstream expects an
+//! answer for (its `SupportedTopologyInstanceTypePattern`) that was never
+//! answered fails its batch when AWS could not answer (throttled, down),
+//! as it fails upstream's initialisation, so a transient failure never
+//! lets its Node start without its labels; once answered, a failed renewal
+//! keeps the last layers. Any other type goes without them and is asked
+//! again a few minutes later. Labels are left off, as upstream leaves
+//! them, where AWS answers that an instance has none, in regions without
+//! the API, and without the permission.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -31,6 +35,9 @@ const KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// How long a type waits after AWS could not answer for it.
 const RETRY: Duration = Duration::from_secs(300);
+
+/// How long an instance's last layers stand in when renewing them fails.
+const STALE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The most instance IDs one request takes.
 const MAX_IDS: usize = 100;
@@ -91,6 +98,20 @@ impl Known {
             .is_some_and(|until| *until > Instant::now())
     }
 
+    /// Whether instance `id` was ever answered (and not too long ago).
+    fn answered(&self, id: &str) -> bool {
+        self.layers
+            .get(id)
+            .is_some_and(|(until, _)| *until + STALE > Instant::now())
+    }
+
+    /// Drops what lapsed, so the maps stay as large as the cluster.
+    fn prune(&mut self) {
+        let now = Instant::now();
+        self.none.retain(|_, until| *until > now);
+        self.layers.retain(|_, (until, _)| *until + STALE > now);
+    }
+
     /// Whether `instance` is still to be asked about in `region`.
     fn unknown(&self, region: &str, id: &str, instance_type: &str) -> bool {
         !instance_type.is_empty()
@@ -100,11 +121,16 @@ impl Known {
 }
 
 impl Topologies {
-    /// The labels of instance `id`, as far as known.
+    /// The labels of instance `id`, as last answered.
     pub(super) fn labels(&self, id: &str) -> BTreeMap<String, String> {
         let known = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        Known::fresh(known.layers.get(id))
-            .map(|nodes| {
+        if !known.answered(id) {
+            return BTreeMap::new();
+        }
+        known
+            .layers
+            .get(id)
+            .map(|(_, nodes)| {
                 nodes
                     .iter()
                     .enumerate()
@@ -119,10 +145,7 @@ impl Topologies {
         known
             .none
             .insert(key.to_owned(), Instant::now() + for_how_long);
-        // Lapsed answers go, so the maps stay as large as the cluster.
-        let now = Instant::now();
-        known.none.retain(|_, until| *until > now);
-        known.layers.retain(|_, (until, _)| *until > now);
+        known.prune();
     }
 }
 
@@ -156,10 +179,20 @@ impl AwsCloud {
                     return Ok(());
                 }
                 Err(Unanswered::Failed(e)) => {
-                    let kinds: BTreeSet<&String> = chunk.iter().map(|id| &asked[*id]).collect();
-                    if kinds.iter().any(|k| requires_answer(k)) {
+                    let never_answered = {
+                        let known = self
+                            .topologies
+                            .inner
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner());
+                        chunk
+                            .iter()
+                            .any(|id| requires_answer(&asked[*id]) && !known.answered(id))
+                    };
+                    if never_answered {
                         return Err(e);
                     }
+                    let kinds: BTreeSet<&String> = chunk.iter().map(|id| &asked[*id]).collect();
                     tracing::warn!(error = %e, "network topology unread; asked again in a few minutes");
                     for kind in kinds {
                         self.topologies.note_none(kind, RETRY);
@@ -187,6 +220,7 @@ impl AwsCloud {
                     known
                         .layers
                         .insert((*id).clone(), (Instant::now() + KEEP, nodes));
+                    known.prune();
                 }
                 // A type expected to have one may yet for another
                 // instance; any other type has none.
@@ -201,13 +235,13 @@ impl AwsCloud {
         &self,
         ids: &[&String],
     ) -> std::result::Result<HashMap<String, Vec<String>>, Unanswered> {
-        let mut out = HashMap::new();
-        let mut token = None;
-        loop {
+        let ids: Vec<String> = ids.iter().map(|s| (*s).clone()).collect();
+        let ids = &ids;
+        let found = crate::every_page(|token| async move {
             let page = self
                 .ec2
                 .describe_instance_topology()
-                .set_instance_ids(Some(ids.iter().map(|s| (*s).clone()).collect()))
+                .set_instance_ids(Some(ids.clone()))
                 .set_next_token(token)
                 .send()
                 .await
@@ -217,19 +251,15 @@ impl AwsCloud {
                     }
                     _ => Unanswered::Failed(errors::cloud_error("DescribeInstanceTopology", e)),
                 })?;
-            for t in page.instances() {
-                if let Some(id) = t.instance_id() {
-                    out.insert(id.to_owned(), t.network_nodes().to_vec());
-                }
-            }
-            token = page
-                .next_token()
-                .filter(|t| !t.is_empty())
-                .map(str::to_owned);
-            if token.is_none() {
-                return Ok(out);
-            }
-        }
+            let found: Vec<(String, Vec<String>)> = page
+                .instances()
+                .iter()
+                .filter_map(|t| Some((t.instance_id()?.to_owned(), t.network_nodes().to_vec())))
+                .collect();
+            Ok((found, page.next_token().map(str::to_owned)))
+        })
+        .await?;
+        Ok(found.into_iter().collect())
     }
 }
 
@@ -288,12 +318,30 @@ mod tests {
         let labels = t.labels("i-1");
         assert_eq!(labels["topology.k8s.aws/network-node-layer-1"], "nn-a");
         assert_eq!(labels["topology.k8s.aws/network-node-layer-2"], "nn-b");
-        assert!(t.labels("i-2").is_empty(), "lapsed");
+        assert_eq!(
+            t.labels("i-2").len(),
+            1,
+            "lapsed: asked again, the last layers stand in"
+        );
+        // (A machine up for less than a week has no instant that old.)
+        let too_old = Instant::now().checked_sub(STALE + Duration::from_secs(1));
+        if let Some(at) = too_old {
+            let old = (at, vec!["nn-z".to_owned()]);
+            t.inner.lock().unwrap().layers.insert("i-9".into(), old);
+            assert!(t.labels("i-9").is_empty(), "too old to stand in");
+        }
         t.note_none("m5.large", KEEP);
         let known = t.inner.lock().unwrap();
         assert!(!known.unknown("eu-west-1", "i-3", "m5.large"));
         assert!(known.unknown("eu-west-1", "i-3", "p5.48xlarge"));
         assert!(!known.unknown("eu-west-1", "i-1", "p5.48xlarge"), "known");
-        assert!(!known.layers.contains_key("i-2"), "lapsed entries go");
+        assert!(
+            known.unknown("eu-west-1", "i-2", "p5.48xlarge"),
+            "lapsed: asked again"
+        );
+        assert!(
+            too_old.is_none() || !known.layers.contains_key("i-9"),
+            "entries too old go"
+        );
     }
 }

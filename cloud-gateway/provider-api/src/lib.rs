@@ -78,12 +78,14 @@ pub trait Instances: Send + Sync {
         false
     }
 
-    /// Adds `tags` to the instances of `nodes` (each by provider ID, checked
-    /// before), or with `remove` takes away each tag that still has its
-    /// value; one answer per node, in order. `NotFound` only on a definite
-    /// answer.
+    /// Adds `tags` to `cluster`'s instances behind `nodes` (each by
+    /// provider ID, not checked before: one this provider cannot tag is
+    /// `NotTaggable`), or with `remove` takes away each tag that still has
+    /// its value; one answer per node, in order. `NotFound` only on a
+    /// definite answer.
     async fn tag_instances(
         &self,
+        _cluster: &str,
         _nodes: &[NodeRef],
         _tags: &std::collections::BTreeMap<String, String>,
         _remove: bool,

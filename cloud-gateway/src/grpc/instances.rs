@@ -92,7 +92,7 @@ impl Instances for InstancesService {
             let req = request.into_inner();
             let mut v = Violations::default();
             v.cluster_name(&req.cluster_name);
-            v.tagged_nodes(&req.nodes, &ProviderIds::of(&self.cloud));
+            v.tagged_nodes(&req.nodes);
             v.tags(&req.tags);
             v.finish()?;
             let nodes: Vec<_> = req.nodes.into_iter().map(convert::node).collect();
@@ -109,7 +109,9 @@ impl Instances for InstancesService {
                         cluster: &req.cluster_name,
                         resource: &resource,
                     }),
-                    |instances| instances.tag_instances(&nodes, &tags, req.remove),
+                    |instances| {
+                        instances.tag_instances(&req.cluster_name, &nodes, &tags, req.remove)
+                    },
                 )
                 .await?;
             if outcomes.len() != nodes.len() {

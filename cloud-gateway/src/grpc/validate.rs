@@ -182,17 +182,31 @@ impl Violations {
         }
     }
 
-    /// The nodes of a TagInstances call: each by provider ID.
-    pub fn tagged_nodes(&mut self, nodes: &[NodeRef], provider: &ProviderIds<'_>) {
-        self.nodes(nodes, provider);
-        let unnamed = nodes.iter().position(|n| n.provider_id.is_empty());
-        if let Some(i) = unnamed.filter(|_| nodes.len() <= MAX_NODES) {
-            self.add(format!("nodes[{i}].provider_id"), "is required to tag");
+    /// The nodes of a TagInstances call: 1 to [`MAX_NODES`], each by a
+    /// provider ID of at most [`MAX_PROVIDER_ID`] bytes. Its form is the
+    /// provider's to judge, node by node: one it cannot tag is answered
+    /// `NOT_TAGGABLE` and never fails the others.
+    pub fn tagged_nodes(&mut self, nodes: &[NodeRef]) {
+        if nodes.is_empty() || nodes.len() > MAX_NODES {
+            self.add(
+                "nodes",
+                format!("must name 1 to {MAX_NODES} nodes, not {}", nodes.len()),
+            );
+            return;
+        }
+        for (i, node) in nodes.iter().enumerate() {
+            if node.provider_id.is_empty() || node.provider_id.len() > MAX_PROVIDER_ID {
+                self.add(
+                    format!("nodes[{i}].provider_id"),
+                    format!("must be 1 to {MAX_PROVIDER_ID} bytes to tag"),
+                );
+            }
         }
     }
 
-    /// The tags of a TagInstances call: 1 to [`MAX_TAGS`], keys of 1 to 128
-    /// characters not starting with `aws:`, values of up to 256.
+    /// The tags of a TagInstances call: 1 to [`MAX_TAGS`], keys of 1 to
+    /// [`MAX_TAG_KEY`] characters, values of up to [`MAX_TAG_VALUE`]. What
+    /// a cloud reserves (AWS's `aws:`) is the provider's to refuse.
     pub fn tags(&mut self, tags: &std::collections::HashMap<String, String>) {
         if tags.is_empty() || tags.len() > MAX_TAGS {
             self.add(
@@ -210,14 +224,6 @@ impl Violations {
                 self.add(
                     "tags",
                     format!("key {} is not 1 to {MAX_TAG_KEY} characters", quote(key)),
-                );
-            } else if key.to_ascii_lowercase().starts_with("aws:") {
-                self.add(
-                    "tags",
-                    format!(
-                        "key {} starts with aws:, which AWS keeps for itself",
-                        quote(key)
-                    ),
                 );
             }
             if value.chars().count() > MAX_TAG_VALUE {

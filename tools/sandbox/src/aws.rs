@@ -409,6 +409,29 @@ async fn tagged_route_table(
         .to_owned())
 }
 
+/// The tags of instance `id`, as `key=value`, sorted.
+pub async fn instance_tags(ec2: &aws_sdk_ec2::Client, id: &str) -> anyhow::Result<Vec<String>> {
+    let answer = ec2.describe_instances().instance_ids(id).send().await?;
+    let instance = answer
+        .reservations()
+        .first()
+        .and_then(|r| r.instances().first())
+        .context("no such instance")?;
+    let mut tags: Vec<String> = instance
+        .tags()
+        .iter()
+        .map(|t| {
+            format!(
+                "{}={}",
+                t.key().unwrap_or_default(),
+                t.value().unwrap_or_default()
+            )
+        })
+        .collect();
+    tags.sort();
+    Ok(tags)
+}
+
 /// Launches one more instance of `cluster`, in the zone `index` picks.
 pub async fn run_instance(
     ec2: &aws_sdk_ec2::Client,

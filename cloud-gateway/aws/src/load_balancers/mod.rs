@@ -209,9 +209,14 @@ fn not_ours<T>(e: CloudError) -> Result<Option<T>> {
 }
 
 /// The group a Classic ELB's traffic to the nodes comes from: the first
-/// the Service names, else the first that is not an extra one (its own).
-fn classic_source_group<'a>(elb: &'a Elb, o: &'a LbOptions) -> Option<&'a str> {
-    o.security_groups.first().map(String::as_str).or_else(|| {
+/// of `named` (the Service's groups, or the gateway's shared one), else
+/// the first that is not an extra one (its own).
+fn classic_source_group<'a>(
+    elb: &'a Elb,
+    named: &'a [String],
+    o: &'a LbOptions,
+) -> Option<&'a str> {
+    named.first().map(String::as_str).or_else(|| {
         elb.security_groups()
             .iter()
             .find(|g| !o.classic.extra_security_groups.contains(g))
@@ -708,7 +713,8 @@ impl AwsCloud {
             return Err(CloudError::NotFound(format!("load balancer {lb_name}")));
         };
         let targets = self.target_instances(hosts, o).await?;
-        if let Some(source) = classic_source_group(&elb, o) {
+        let named = self.classic_named_groups(o);
+        if let Some(source) = classic_source_group(&elb, &named, o) {
             self.open_nodes_to_classic(cluster, source, &targets)
                 .await?;
         }

@@ -78,8 +78,10 @@ fn is_public(tables: &[RouteTable], id: &str) -> bool {
 /// subnets tagged for `cluster` or for no cluster at all (and, for an
 /// internet-facing load balancer, public by `tables`), the one with the
 /// role tag, then the one tagged for the cluster, then the lowest ID.
-/// `tables` is `None` for an internal load balancer, which takes private
-/// and public subnets alike.
+/// Stricter than upstream: a subnet whose legacy tag names another cluster
+/// is that cluster's, and Outpost subnets are left out. `tables` is `None`
+/// for an internal load balancer, which takes private and public subnets
+/// alike.
 fn one_per_zone(
     candidates: Vec<Subnet>,
     tables: Option<&[RouteTable]>,
@@ -96,14 +98,20 @@ fn one_per_zone(
     for s in candidates {
         let tags = s.tags();
         let ours = tags::belongs_to(tags, cluster);
+        // No cluster's: upstream reads only the current tag here; a legacy
+        // tag naming another cluster makes the subnet that cluster's too.
         let untagged = !tags.iter().any(|t| {
-            t.key()
-                .is_some_and(|k| k.starts_with(tags::CLUSTER_TAG_PREFIX))
+            t.key().is_some_and(|k| {
+                k.starts_with(tags::CLUSTER_TAG_PREFIX) || k == tags::LEGACY_CLUSTER_TAG
+            })
         });
         let (Some(zone), Some(id)) = (s.availability_zone(), s.subnet_id()) else {
             continue;
         };
-        if !(ours || untagged) || tables.is_some_and(|t| !is_public(t, id)) {
+        // An Outpost's subnet is in its parent zone, but no NLB or Classic
+        // ELB runs there.
+        let on_outpost = s.outpost_arn().is_some_and(|a| !a.is_empty());
+        if !(ours || untagged) || on_outpost || tables.is_some_and(|t| !is_public(t, id)) {
             continue;
         }
         let has_role = tags.iter().any(|t| t.key() == Some(role));
@@ -301,11 +309,18 @@ mod tests {
                 "z3",
                 &[(ROLE_PUBLIC, "1"), ("kubernetes.io/cluster/other", "owned")],
             ),
-            // The legacy tag naming this cluster counts as its tag.
+            // The legacy tag naming this cluster counts as its tag; one
+            // naming another cluster makes the subnet that cluster's.
             subnet("subnet-h", "z4", &[]),
             subnet("subnet-g", "z4", &[("KubernetesCluster", "c")]),
+            subnet("subnet-0", "z4", &[("KubernetesCluster", "other")]),
         ];
         let all = table(&[], true, true);
+        // An Outpost's subnet is never taken, whatever its tags.
+        let mut candidates = candidates;
+        let mut outpost = subnet("subnet-00", "z1", &[(ROLE_PUBLIC, "1")]);
+        outpost.outpost_arn = Some("arn:aws:outposts:eu-west-1:1:outpost/op-1".into());
+        candidates.push(outpost);
         let picked = one_per_zone(candidates.clone(), Some(&[all]), "c");
         assert_eq!(
             chosen(picked),
@@ -349,7 +364,7 @@ mod tests {
     }
 
     #[test]
-    fn local_wavelength_and_outpost_zones_are_skipped() {
+    fn local_and_wavelength_zones_are_skipped() {
         let by_zone: BTreeMap<String, Subnet> = ["z1", "z1-lax-1a", "z1-wl1", "z9"]
             .iter()
             .enumerate()

@@ -459,7 +459,15 @@ impl AwsCloud {
                 h.unhealthy_threshold()
             ));
         }
-        if o.security_groups.is_empty() {
+        let named = self.classic_named_groups(o);
+        if !named.is_empty() && elb.security_groups().first() != named.first() {
+            changes.push(format!(
+                "its security groups become {} in place of {}",
+                named.join(", "),
+                elb.security_groups().join(", ")
+            ));
+        }
+        if named.is_empty() {
             let own = security_group_name(elb.load_balancer_name().unwrap_or_default());
             for id in elb.security_groups() {
                 if let Some(group) = self.owned_group(cluster, id).await?
