@@ -7,6 +7,7 @@
 
 pub mod args;
 pub mod context;
+pub mod csr;
 pub mod error;
 pub mod metrics;
 pub mod plan;

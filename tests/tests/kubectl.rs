@@ -572,3 +572,36 @@ async fn the_verbs_users_try_work_with_the_oldest_and_newest_kubectl() {
         .await;
     }
 }
+
+/// Kubelet serving CSRs as kubectl makes and approves them: created as a
+/// node (`--as`, `--as-group`), the requester fields come from that
+/// identity whatever the body says; `get csr` shows kube-apiserver's
+/// columns; `certificate approve` and `deny` set the condition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_creates_csrs_as_a_node_and_approves_or_denies_them() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    let request = data_encoding::BASE64
+        .encode(include_str!("../../node-controller/src/testdata/rsa-serving-csr.pem").as_bytes());
+    blocking(move || {
+        let node = "system:node:ip-10-0-1-5.ec2.internal";
+        for name in ["csr-a", "csr-b"] {
+            let csr = format!(
+                "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata: {{name: {name}}}\nspec:\n  signerName: kubernetes.io/kubelet-serving\n  usages: [digital signature, key encipherment, server auth]\n  username: system:admin\n  groups: [system:masters]\n  request: {request}\n"
+            );
+            k.run(&["create", "--as", node, "--as-group", "system:nodes", "-f", "-"], Some(&csr));
+        }
+        let a = k.json(&["get", "csr", "csr-a"]);
+        assert_eq!(a["spec"]["username"], node, "from the caller, not the body");
+        assert_eq!(a["spec"]["groups"], serde_json::json!(["system:nodes", "system:authenticated"]));
+        let table = k.run(&["get", "csr"], None);
+        assert!(table.contains("SIGNERNAME") && table.contains("REQUESTOR") && table.contains("Pending"), "{table}");
+        k.run(&["certificate", "approve", "csr-a"], None);
+        k.run(&["certificate", "deny", "csr-b"], None);
+        let conditions = k.run(&["get", "csr", "-o", "jsonpath={.items[*].status.conditions[0].type}"], None);
+        assert_eq!(conditions, "Approved Denied");
+        let table = k.run(&["get", "csr"], None);
+        assert!(table.contains("Approved") && table.contains("Denied"), "{table}");
+    })
+    .await;
+}

@@ -256,7 +256,7 @@ async fn dispatch(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let q = query(uri);
-    let t = authorized_target(shared, group, version, segs, &method, &q, headers)?;
+    let (t, user) = authorized_target(shared, group, version, segs, &method, &q, headers)?;
     let resource = t.resource;
     let ns = t.namespace.clone().unwrap_or_default();
     let status = t.sub.is_some();
@@ -293,12 +293,31 @@ async fn dispatch(
             Ok(json_response(200, &obj))
         }
         (Method::POST, None) => {
-            let obj = parse_object(headers, &body)?;
+            let mut obj = parse_object(headers, &body)?;
             check_kind(resource, &obj)?;
+            if resource.plural == "certificatesigningrequests" {
+                requested_by(&mut obj, user.as_ref());
+            }
             let obj = checked(resource, obj, mode, &mut warnings)?;
             let created = store.create(resource, &ns, obj)?;
             mirror_event(store, resource, &ns, &created);
             Ok(with_warnings(json_response(201, &created), &warnings))
+        }
+        (Method::PUT, Some(name)) if t.sub.as_deref() == Some("approval") => {
+            let obj = parse_object(headers, &body)?;
+            check_kind(resource, &obj)?;
+            let obj = checked(resource, obj, mode, &mut warnings)?;
+            let conditions = approval_conditions(&obj)?;
+            let updated = store.update(resource, &ns, &name, true, |old| {
+                let mut new = old.clone();
+                new["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"].clone();
+                if !new["status"].is_object() {
+                    new["status"] = json!({});
+                }
+                new["status"]["conditions"] = conditions;
+                Ok(new)
+            })?;
+            Ok(with_warnings(json_response(200, &updated), &warnings))
         }
         (Method::PUT, Some(name)) => {
             let obj = parse_object(headers, &body)?;
@@ -359,6 +378,53 @@ async fn dispatch(
     }
 }
 
+/// Sets a CSR's requester fields from the caller, as kube-apiserver does:
+/// whatever the body says of them is replaced. Without authentication the
+/// caller is the sandbox's administrator.
+fn requested_by(obj: &mut Value, user: Option<&rbac::User>) {
+    let (username, groups) = match user {
+        Some(u) => (u.username.clone(), u.groups.clone()),
+        None => (
+            "system:admin".to_owned(),
+            vec![
+                "system:masters".to_owned(),
+                "system:authenticated".to_owned(),
+            ],
+        ),
+    };
+    if !obj["spec"].is_object() {
+        obj["spec"] = json!({});
+    }
+    let spec = obj["spec"].as_object_mut().expect("an object");
+    spec.insert("username".into(), json!(username));
+    spec.insert("groups".into(), json!(groups));
+    spec.remove("uid");
+    spec.remove("extra");
+}
+
+/// The approval conditions of a CSR sent to `approval`: `Approved` or
+/// `Denied` (never both), each `True`; the rest of the body is ignored.
+fn approval_conditions(obj: &Value) -> Result<Value, ApiError> {
+    let conditions = obj["status"]["conditions"].clone();
+    let list = conditions.as_array().cloned().unwrap_or_default();
+    let has = |kind: &str| list.iter().any(|c| c["type"] == kind);
+    if has("Approved") && has("Denied") {
+        return Err(ApiError::new(
+            422,
+            "Invalid",
+            "status.conditions: Approved and Denied conditions are mutually exclusive",
+        ));
+    }
+    if let Some(c) = list.iter().find(|c| c["status"] != "True") {
+        return Err(ApiError::new(
+            422,
+            "Invalid",
+            format!("status.conditions: {} must be True", c["type"]),
+        ));
+    }
+    Ok(Value::Array(list))
+}
+
 /// The resource a request addresses, once its caller may act on it.
 fn authorized_target(
     shared: &Arc<Shared>,
@@ -368,7 +434,7 @@ fn authorized_target(
     method: &Method,
     q: &HashMap<String, String>,
     headers: &HeaderMap,
-) -> Result<Target, ApiError> {
+) -> Result<(Target, Option<rbac::User>), ApiError> {
     let t = target(group, version, segs).ok_or_else(|| {
         ApiError::new(
             404,
@@ -377,11 +443,11 @@ fn authorized_target(
         )
     })?;
     let resource = t.resource;
-    if let Some(sub) = t
-        .sub
-        .as_ref()
-        .filter(|s| !(*s == "status" && resource.has_status))
-    {
+    if let Some(sub) = t.sub.as_ref().filter(|s| {
+        let served =
+            (*s == "status" && resource.has_status) || resource.subresources.contains(&s.as_str());
+        !served
+    }) {
         return Err(ApiError::new(
             404,
             "NotFound",
@@ -395,7 +461,7 @@ fn authorized_target(
             "namespaced resources are addressed in a namespace",
         ));
     }
-    let user = shared.authenticate(headers)?;
+    let user = shared.caller(headers)?;
     shared.authorize(
         user.as_ref(),
         &rbac::Attributes {
@@ -409,7 +475,7 @@ fn authorized_target(
             name: t.name.clone(),
         },
     )?;
-    Ok(t)
+    Ok((t, user))
 }
 
 /// A list, a Table of it, or a watch.

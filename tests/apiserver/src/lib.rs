@@ -167,6 +167,49 @@ impl Shared {
     }
 
     /// Checks `a` for `user` against the loaded policy (403 if refused).
+    /// Who a request acts as: the authenticated user, or whom it
+    /// impersonates (`Impersonate-User`, `Impersonate-Group`: kubectl's
+    /// `--as`, `--as-group`) when that user may impersonate them, as on a
+    /// real server. Without RBAC any request may impersonate anyone.
+    pub fn caller(&self, headers: &axum::http::HeaderMap) -> Result<Option<rbac::User>, ApiError> {
+        let real = self.authenticate(headers)?;
+        let Some(name) = headers
+            .get("impersonate-user")
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+        else {
+            return Ok(real);
+        };
+        let groups: Vec<String> = headers
+            .get_all("impersonate-group")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .collect();
+        let may = |resource: &str, target: &str| {
+            self.authorize(
+                real.as_ref(),
+                &rbac::Attributes {
+                    verb: "impersonate".into(),
+                    group: String::new(),
+                    resource: resource.into(),
+                    namespace: None,
+                    name: Some(target.into()),
+                },
+            )
+        };
+        may("users", name)?;
+        for group in &groups {
+            may("groups", group)?;
+        }
+        let mut groups = groups;
+        groups.push("system:authenticated".into());
+        Ok(Some(rbac::User {
+            username: name.to_owned(),
+            groups,
+        }))
+    }
+
     pub fn authorize(
         &self,
         user: Option<&rbac::User>,

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_pb::api::certificates::v1 as certificates;
 use k8s_pb::api::core::v1 as core;
 use k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_pb::apimachinery::pkg::runtime::Unknown;
@@ -52,6 +53,10 @@ pub fn decode(body: &[u8]) -> Result<Value, Refused> {
     let mut object = match (api_version.as_str(), kind.as_str()) {
         ("v1", "Namespace") => namespace(core::Namespace::decode(raw.as_slice()).map_err(bad)?),
         ("v1", "Service") => service(core::Service::decode(raw.as_slice()).map_err(bad)?),
+        // `kubectl certificate approve/deny` sends these.
+        ("certificates.k8s.io/v1", "CertificateSigningRequest") => {
+            csr(certificates::CertificateSigningRequest::decode(raw.as_slice()).map_err(bad)?)
+        }
         _ => {
             return Err(Refused::Unsupported(format!(
                 "{api_version} {kind} cannot be sent as protobuf here; send it as JSON or YAML"
@@ -108,6 +113,53 @@ impl Obj {
     fn value(self) -> Option<Value> {
         (!self.0.is_empty()).then_some(Value::Object(self.0))
     }
+}
+
+fn csr(c: certificates::CertificateSigningRequest) -> Map<String, Value> {
+    let b64 = |bytes: Option<Vec<u8>>| {
+        bytes
+            .filter(|b| !b.is_empty())
+            .map(|b| data_encoding::BASE64.encode(&b))
+    };
+    let time = |t: Option<k8s_pb::apimachinery::pkg::apis::meta::v1::Time>| {
+        t.and_then(|t| t.seconds)
+            .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
+            .map(|t| t.to_string())
+    };
+    let spec = c.spec.unwrap_or_default();
+    let status = c.status.unwrap_or_default();
+    let conditions: Vec<Value> = status
+        .conditions
+        .into_iter()
+        .filter_map(|cond| {
+            Obj::default()
+                .string("type", cond.r#type)
+                .string("status", cond.status)
+                .string("reason", cond.reason)
+                .string("message", cond.message)
+                .string("lastUpdateTime", time(cond.last_update_time))
+                .string("lastTransitionTime", time(cond.last_transition_time))
+                .value()
+        })
+        .collect();
+    let spec = Obj::default()
+        .string("request", b64(spec.request))
+        .string("signerName", spec.signer_name)
+        .int("expirationSeconds", spec.expiration_seconds)
+        .list("usages", spec.usages)
+        .string("username", spec.username)
+        .string("uid", spec.uid)
+        .list("groups", spec.groups)
+        .value();
+    let status = Obj::default()
+        .list("conditions", conditions)
+        .string("certificate", b64(status.certificate))
+        .value();
+    Obj::default()
+        .put("metadata", metadata(c.metadata))
+        .put("spec", spec)
+        .put("status", status)
+        .0
 }
 
 fn metadata(meta: Option<ObjectMeta>) -> Option<Value> {

@@ -27,6 +27,8 @@ pub struct Resource {
     pub short_names: &'static [&'static str],
     /// Only `create` is served (reviews).
     pub create_only: bool,
+    /// Subresources besides `status` (a CSR's `approval`).
+    pub subresources: &'static [&'static str],
 }
 
 impl Resource {
@@ -68,6 +70,7 @@ const fn resource(
         has_status,
         short_names,
         create_only: false,
+        subresources: &[],
     }
 }
 
@@ -106,6 +109,20 @@ pub static RESOURCES: &[Resource] = &[
         false,
         &[],
     ),
+    // Kubelet serving certificates: the requester fields come from the
+    // caller, and `approval` sets only the approval conditions.
+    Resource {
+        subresources: &["approval"],
+        ..resource(
+            "certificates.k8s.io",
+            "certificatesigningrequests",
+            "certificatesigningrequest",
+            "CertificateSigningRequest",
+            false,
+            true,
+            &["csr"],
+        )
+    },
     Resource {
         create_only: true,
         ..resource(

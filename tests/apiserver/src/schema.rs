@@ -19,7 +19,7 @@ fn round_trip<T: DeserializeOwned + Serialize>(obj: &Value) -> Result<Value, Str
 
 /// Decodes `obj` as its kind; the typed form re-encoded, or the error.
 fn typed(kind: &str, group: &str, obj: &Value) -> Result<Option<Value>, String> {
-    use k8s_openapi::api::{coordination, core, events};
+    use k8s_openapi::api::{certificates, coordination, core, events};
     Ok(Some(match (group, kind) {
         ("", "Node") => round_trip::<core::v1::Node>(obj)?,
         ("", "Service") => round_trip::<core::v1::Service>(obj)?,
@@ -28,6 +28,9 @@ fn typed(kind: &str, group: &str, obj: &Value) -> Result<Option<Value>, String> 
         ("", "Pod") => round_trip::<core::v1::Pod>(obj)?,
         ("events.k8s.io", "Event") => round_trip::<events::v1::Event>(obj)?,
         ("coordination.k8s.io", "Lease") => round_trip::<coordination::v1::Lease>(obj)?,
+        ("certificates.k8s.io", "CertificateSigningRequest") => {
+            round_trip::<certificates::v1::CertificateSigningRequest>(obj)?
+        }
         _ => return Ok(None),
     }))
 }

@@ -1,6 +1,7 @@
 //! Server-side printing: the `meta.k8s.io/v1` Table kubectl asks for
 //! (`Accept: application/json;as=Table;...`), with the columns a real API
-//! server shows for nodes and services, and name and age for the rest.
+//! server shows for nodes, services, events and certificate signing
+//! requests, and name and age for the rest.
 
 use serde_json::{Value, json};
 
@@ -147,6 +148,33 @@ fn event_row(o: &Value) -> Vec<Value> {
     ]
 }
 
+fn csr_row(o: &Value) -> Vec<Value> {
+    let conditions: Vec<String> = o["status"]["conditions"]
+        .as_array()
+        .map(|c| c.iter().map(|c| text(&c["type"])).collect())
+        .unwrap_or_default();
+    let mut condition = if conditions.is_empty() {
+        "Pending".to_owned()
+    } else {
+        conditions.join(",")
+    };
+    if o["status"]["certificate"].is_string() {
+        condition.push_str(",Issued");
+    }
+    let duration = o["spec"]["expirationSeconds"]
+        .as_i64()
+        .map(|s| format!("{}m", s / 60))
+        .unwrap_or_else(|| "<none>".into());
+    vec![
+        o["metadata"]["name"].clone(),
+        json!(age(&text(&o["metadata"]["creationTimestamp"]))),
+        o["spec"]["signerName"].clone(),
+        o["spec"]["username"].clone(),
+        json!(duration),
+        json!(condition),
+    ]
+}
+
 /// Turns an object into its row's cells.
 type Row = fn(&Value) -> Vec<Value>;
 
@@ -186,6 +214,17 @@ pub fn table(resource: &Resource, items: &[Value], resource_version: &str) -> Va
                 column("Message", "string", 0),
             ],
             event_row,
+        ),
+        ("certificates.k8s.io", "CertificateSigningRequest") => (
+            vec![
+                column("Name", "string", 0),
+                column("Age", "string", 0),
+                column("SignerName", "string", 0),
+                column("Requestor", "string", 0),
+                column("RequestedDuration", "string", 0),
+                column("Condition", "string", 0),
+            ],
+            csr_row,
         ),
         _ => (
             vec![column("Name", "string", 0), column("Age", "string", 0)],
