@@ -289,6 +289,16 @@ def check() -> int:
              f"instance tags reach the node controller as one argument: {node['args']}")
     node = next(ctr for d, ctr in containers(aws) if d["metadata"]["name"] == "ccm-node-controller")
     c.expect(not any(a.startswith("--instance-tags") for a in node["args"]), "no tagging unless asked")
+    approving = render({"nodeController": {"approveKubeletServingCSRs": True}})
+    node = next(ctr for d, ctr in containers(approving) if d["metadata"]["name"] == "ccm-node-controller")
+    c.expect("--approve-kubelet-serving-csrs=true" in node["args"], f"the approver is asked for: {node['args']}")
+    role = next(d for d in approving if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "ccm-node-controller")
+    signers = [r for r in role["rules"] if r["resources"] == ["signers"]]
+    c.expect(signers == [{"apiGroups": ["certificates.k8s.io"], "resources": ["signers"],
+                          "resourceNames": ["kubernetes.io/kubelet-serving"], "verbs": ["approve"]}],
+             f"approve on the kubelet-serving signer only: {signers}")
+    plain = next(d for d in render({}) if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "ccm-node-controller")
+    c.expect(not any("certificates.k8s.io" in r["apiGroups"] for r in plain["rules"]), "no CSR rights unless asked")
     routed = render({**aws_values, "routeController": {"enabled": True}})
     c.expect("ccm-route-controller" in names(routed, "Deployment"),
              "routeController.enabled=true runs it on AWS")

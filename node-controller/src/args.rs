@@ -43,6 +43,9 @@ pub struct Args {
     /// Tags for the instance behind every Node, as key=value pairs separated by commas (a key alone or key= gives an empty value): cloud-provider-aws's tagging controller (its --tags). Empty (the default): off.
     #[arg(long, default_value = "")]
     pub instance_tags: String,
+    /// Approve or deny kubelet serving certificate requests (signer kubernetes.io/kubelet-serving) by the cloud's word on each node's instance: true or false.
+    #[arg(long, default_value = "false")]
+    pub approve_kubelet_serving_csrs: String,
 }
 
 /// Reads `key=value` pairs separated by commas, as upstream's `--tags`:
@@ -98,6 +101,8 @@ pub struct Settings {
     pub deletion_min_nodes: usize,
     /// The tagging controller's tags; empty: off.
     pub instance_tags: BTreeMap<String, String>,
+    /// Whether kubelet serving CSRs are judged.
+    pub approve_serving_csrs: bool,
 }
 
 impl Settings {
@@ -146,6 +151,11 @@ impl Settings {
             number_within(0usize, 1_000_000),
         );
         let tags = p.parse("instance-tags", &args.instance_tags, instance_tags);
+        let csrs = p.parse(
+            "approve-kubelet-serving-csrs",
+            &args.approve_kubelet_serving_csrs,
+            |s| s.trim().parse::<bool>().map_err(|_| "use true or false"),
+        );
         p.finish(|| {
             let workers = workers.expect("checked");
             Settings {
@@ -161,6 +171,7 @@ impl Settings {
                 deletion_max_share: share.expect("checked"),
                 deletion_min_nodes: min_nodes.expect("checked"),
                 instance_tags: tags.expect("checked"),
+                approve_serving_csrs: csrs.expect("checked"),
             }
         })
     }

@@ -25,6 +25,8 @@ pub struct Context {
     pub queue: WorkQueue<String>,
     /// The tagging controller, when `--instance-tags` names tags.
     pub tagging: Option<crate::tagging::Tagging>,
+    /// The serving CSR approver, when `--approve-kubelet-serving-csrs`.
+    pub csrs: Option<crate::serving_csrs::ServingCsrs>,
 }
 
 /// How a node is named to the gateway.

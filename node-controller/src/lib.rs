@@ -12,6 +12,7 @@ pub mod error;
 pub mod metrics;
 pub mod plan;
 pub mod reconcile;
+pub mod serving_csrs;
 pub mod tagging;
 
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use ccm_runtime::controller::{Base, lead, settle};
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
 use ccm_runtime::watch::{Seen, cached_nodes, follow};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -55,6 +57,15 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     // The cache runs on every replica, so a standby is warm when it takes
     // over; only a leader acts on what it sees.
     let (store, stream) = cached_nodes(nodes.clone());
+    let csrs = settings.approve_serving_csrs.then(|| {
+        let api: Api<CertificateSigningRequest> = Api::all(base.client.clone());
+        let (csr_store, csr_stream) = ccm_runtime::watch::cached(api.clone());
+        (serving_csrs::ServingCsrs::new(api, csr_store), csr_stream)
+    });
+    let (csrs, csr_stream) = match csrs {
+        Some((c, stream)) => (Some(c), Some(stream)),
+        None => (None, None),
+    };
     let ctx = Arc::new(Context {
         nodes: nodes.clone(),
         store,
@@ -63,6 +74,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         metrics: base.metrics.clone(),
         leadership: base.leadership.clone(),
         tagging: tagging::Tagging::new(&settings.instance_tags),
+        csrs,
         settings,
         queue: WorkQueue::new(BACKOFF).with_metrics(base.metrics.queue.clone()),
     });
@@ -97,6 +109,25 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         )
     });
 
+    if let Some(stream) = csr_stream {
+        let ctx = ctx.clone();
+        tokio::spawn(follow(
+            "certificatesigningrequest",
+            stream,
+            shutdown.clone(),
+            |_| (),
+            move |seen| {
+                if let Seen::Changed(c) | Seen::Unchanged(c) = seen
+                    && let Some(csrs) = &ctx.csrs
+                    && ctx.leadership.is_leader()
+                    && serving_csrs::is_pending(c)
+                {
+                    csrs.queue.add(c.name_any());
+                }
+            },
+        ));
+    }
+
     let task = tokio::spawn(run(ctx, shutdown));
     Ok(base.running(task))
 }
@@ -119,6 +150,9 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
         tokio::spawn(tagging::tag_worker(ctx.clone()));
         tokio::spawn(tagging::untag_worker(ctx.clone()));
     }
+    if ctx.csrs.is_some() {
+        tokio::spawn(serving_csrs::worker(ctx.clone()));
+    }
     // Awaited only once this replica leads, so it may say so first.
     let caches = async {
         tracing::info!("leading; starting node initialisation, address sync and lifecycle checks");
@@ -129,6 +163,16 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
             ctx.queue.add(node.name_any());
             if let Some(t) = ctx.tagging.as_ref().filter(|t| t.needs_tags(&node)) {
                 t.tag.add(node.name_any());
+            }
+        }
+        if let Some(c) = &ctx.csrs {
+            for csr in c
+                .store
+                .state()
+                .iter()
+                .filter(|c| serving_csrs::is_pending(c))
+            {
+                c.queue.add(csr.name_any());
             }
         }
         for _ in 0..ctx.settings.workers {
@@ -149,6 +193,9 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
     if let Some(t) = &ctx.tagging {
         t.tag.close();
         t.untag.close();
+    }
+    if let Some(c) = &ctx.csrs {
+        c.queue.close();
     }
     led
 }

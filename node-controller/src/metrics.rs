@@ -22,6 +22,13 @@ pub struct ActionLabels {
 }
 
 /// Every metric of the node controller.
+/// A kubelet serving CSR's decision and its reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CsrLabels {
+    pub decision: &'static str,
+    pub reason: &'static str,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub reconciles: Counter,
@@ -34,6 +41,7 @@ pub struct Metrics {
     pub deletions_held_back: Counter,
     pub shutdown_taints: Family<ActionLabels, Counter>,
     pub instance_tags: Family<ActionLabels, Counter>,
+    pub serving_csrs: Family<CsrLabels, Counter>,
     pub queue: QueueMetrics,
 }
 
@@ -52,8 +60,14 @@ impl Metrics {
             deletions_held_back: Counter::default(),
             shutdown_taints: Family::default(),
             instance_tags: Family::default(),
+            serving_csrs: Family::default(),
             queue: QueueMetrics::register(r),
         };
+        r.register(
+            "serving_csr_decisions",
+            "Kubelet serving CSRs approved, denied (by reason) or left waiting",
+            m.serving_csrs.clone(),
+        );
         r.register(
             "instance_tags",
             "Instances tagged, untagged, not found, not taggable, or failed (the tagging controller)",

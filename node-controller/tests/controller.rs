@@ -850,3 +850,146 @@ async fn instance_tags_on_a_provider_without_them_stop_the_controller_with_why()
     );
     stop.cancel();
 }
+
+/// A kube client acting as the kubelet of `node` (impersonation).
+async fn kubelet_client(env: &TestEnv, node: &str) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&env.kubeconfig).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(format!("system:node:{node}"));
+    config.auth_info.impersonate_groups = Some(vec!["system:nodes".into()]);
+    kube::Client::try_from(config).unwrap()
+}
+
+/// A serving CSR as a kubelet makes it, for `node` with these SANs.
+fn serving_csr(
+    name: &str,
+    signer: &str,
+    node: &str,
+    ips: &[&str],
+    dns: &[&str],
+) -> serde_json::Value {
+    use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
+    let mut p = CertificateParams::default();
+    p.distinguished_name = DistinguishedName::new();
+    p.distinguished_name
+        .push(DnType::CommonName, format!("system:node:{node}"));
+    p.distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
+    p.subject_alt_names = ips
+        .iter()
+        .map(|ip| SanType::IpAddress(ip.parse().unwrap()))
+        .chain(
+            dns.iter()
+                .map(|d| SanType::DnsName((*d).try_into().unwrap())),
+        )
+        .collect();
+    let pem = p
+        .serialize_request(&KeyPair::generate().unwrap())
+        .unwrap()
+        .pem()
+        .unwrap();
+    json!({
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"name": name},
+        "spec": {
+            "signerName": signer,
+            "usages": ["digital signature", "server auth"],
+            "request": data_encoding::BASE64.encode(pem.as_bytes()),
+        }
+    })
+}
+
+/// Kubelet serving CSRs through the real controller: the honest one is
+/// approved, one naming another node's address is denied with why, one of
+/// another signer is never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serving_csrs_are_approved_on_the_clouds_word_and_dishonest_ones_denied() {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    let env = TestEnv::start().await;
+    env.create_instance("node-a").await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let c = start_controller(
+        &env,
+        Role::Node,
+        &["--approve-kubelet-serving-csrs", "true"],
+    )
+    .await;
+    create(
+        &nodes,
+        node("node-a")
+            .uninitialized()
+            .taint(names::TAINT_UNINITIALIZED, None, "NoSchedule")
+            .address("Hostname", "node-a"),
+    )
+    .await;
+    initialised(&nodes, "node-a").await;
+    let as_kubelet: Api<CertificateSigningRequest> = Api::all(kubelet_client(&env, "node-a").await);
+    let serving = "kubernetes.io/kubelet-serving";
+    for csr in [
+        serving_csr("honest", serving, "node-a", &["10.240.0.1"], &["node-a"]),
+        serving_csr(
+            "foreign",
+            serving,
+            "node-a",
+            &["10.240.0.1", "10.240.0.99"],
+            &["node-a"],
+        ),
+        serving_csr(
+            "other-signer",
+            "example.com/serving",
+            "node-a",
+            &["10.240.0.99"],
+            &[],
+        ),
+    ] {
+        let csr: CertificateSigningRequest = serde_json::from_value(csr).unwrap();
+        as_kubelet
+            .create(&PostParams::default(), &csr)
+            .await
+            .unwrap();
+    }
+    let csrs: Api<CertificateSigningRequest> = Api::all(env.client().await);
+    let condition = |name: &'static str| {
+        let csrs = csrs.clone();
+        async move {
+            let c = csrs.get(name).await.ok()?;
+            let cond = c.status?.conditions?.into_iter().next()?;
+            Some((
+                cond.type_,
+                cond.reason.unwrap_or_default(),
+                cond.message.unwrap_or_default(),
+            ))
+        }
+    };
+    let honest = eventually("the honest CSR decided", || condition("honest")).await;
+    assert_eq!(
+        (honest.0.as_str(), honest.1.as_str()),
+        ("Approved", "CloudVerified"),
+        "{honest:?}"
+    );
+    let foreign = eventually("the foreign CSR decided", || condition("foreign")).await;
+    assert_eq!(
+        (foreign.0.as_str(), foreign.1.as_str()),
+        ("Denied", "ForeignAddress"),
+        "{foreign:?}"
+    );
+    assert!(foreign.2.contains("10.240.0.99"), "{foreign:?}");
+    assert_eq!(
+        condition("other-signer").await,
+        None,
+        "another signer's CSR is never touched"
+    );
+    assert_eq!(
+        c.metric(r#"node_controller_serving_csr_decisions_total{decision="approved",reason="CloudVerified"}"#)
+            .await,
+        1.0
+    );
+    assert_eq!(
+        c.metric(r#"node_controller_serving_csr_decisions_total{decision="denied",reason="ForeignAddress"}"#)
+            .await,
+        1.0
+    );
+}

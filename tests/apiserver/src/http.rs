@@ -308,6 +308,11 @@ async fn dispatch(
             check_kind(resource, &obj)?;
             let obj = checked(resource, obj, mode, &mut warnings)?;
             let conditions = approval_conditions(&obj)?;
+            let signer = store.get(resource, &ns, &name)?["spec"]["signerName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            may_approve(shared, user.as_ref(), &signer)?;
             let updated = store.update(resource, &ns, &name, true, |old| {
                 let mut new = old.clone();
                 new["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"].clone();
@@ -400,6 +405,35 @@ fn requested_by(obj: &mut Value, user: Option<&rbac::User>) {
     spec.insert("groups".into(), json!(groups));
     spec.remove("uid");
     spec.remove("extra");
+}
+
+/// Whether `user` may approve (or deny) for `signer`, as kube-apiserver
+/// asks: the verb `approve` on `signers` named the signer or its domain's
+/// wildcard (`kubernetes.io/*`).
+fn may_approve(
+    shared: &Arc<Shared>,
+    user: Option<&rbac::User>,
+    signer: &str,
+) -> Result<(), ApiError> {
+    let ask = |name: String| {
+        shared.authorize(
+            user,
+            &rbac::Attributes {
+                verb: "approve".into(),
+                group: "certificates.k8s.io".into(),
+                resource: "signers".into(),
+                namespace: None,
+                name: Some(name),
+            },
+        )
+    };
+    let wildcard = signer
+        .split_once('/')
+        .map(|(domain, _)| format!("{domain}/*"));
+    match ask(signer.to_owned()) {
+        Ok(()) => Ok(()),
+        Err(e) => wildcard.map_or(Err(e), ask),
+    }
 }
 
 /// The approval conditions of a CSR sent to `approval`: `Approved` or

@@ -1,0 +1,257 @@
+//! Kubelet serving certificates approved on the cloud's word (off unless
+//! `--approve-kubelet-serving-csrs`): each pending CSR of the signer
+//! `kubernetes.io/kubelet-serving` is judged by `csr` (the request on its
+//! own, then its addresses and names against a fresh gateway lookup of the
+//! node's instance, batched with the other CSRs waiting) and approved or
+//! denied through its `approval` subresource, with an event and a metric.
+//! A CSR of any other signer is never touched; one whose node or cloud
+//! cannot answer yet stays pending and is asked about again later. Only
+//! the leader decides.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ccm_proto::v1::{InstanceState, LookupPurpose, NodeRef};
+use ccm_runtime::queue::{Backoff, WorkQueue};
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestCondition,
+};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::PostParams;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Resource, ResourceExt};
+
+use crate::context::{Context, node_ref};
+use crate::csr::{self, Denial, Request};
+use crate::metrics::CsrLabels;
+
+/// Undecided CSRs are asked about again after 5 s, doubling up to 5
+/// minutes.
+const BACKOFF: Backoff = Backoff {
+    base: Duration::from_secs(5),
+    max: Duration::from_secs(300),
+};
+
+/// The CSRs, their cache and the work waiting.
+pub struct ServingCsrs {
+    pub api: Api<CertificateSigningRequest>,
+    pub store: Store<CertificateSigningRequest>,
+    pub queue: WorkQueue<String>,
+}
+
+impl ServingCsrs {
+    pub fn new(
+        api: Api<CertificateSigningRequest>,
+        store: Store<CertificateSigningRequest>,
+    ) -> Self {
+        Self {
+            api,
+            store,
+            queue: WorkQueue::new(BACKOFF),
+        }
+    }
+}
+
+/// Whether `c` is a kubelet serving CSR still waiting for a decision.
+pub fn is_pending(c: &CertificateSigningRequest) -> bool {
+    let decided = c.status.as_ref().is_some_and(|s| {
+        s.certificate.is_some()
+            || s.conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Approved" || c.type_ == "Denied" || c.type_ == "Failed")
+    });
+    c.spec.signer_name == csr::SIGNER && !decided
+}
+
+/// Decides the queued CSRs, a batch at a time, while leading.
+pub async fn worker(ctx: Arc<Context>) {
+    let Some(c) = &ctx.csrs else { return };
+    while let Some(first) = c.queue.next().await {
+        let mut names = vec![first];
+        let more = ctx.settings.batch_size.saturating_sub(1);
+        names.extend(c.queue.take(more, |_| true));
+        if ctx.leadership.is_leader() {
+            let pending: Vec<Arc<CertificateSigningRequest>> = names
+                .iter()
+                .filter_map(|n| c.store.get(&ObjectRef::new(n)))
+                .filter(|csr| is_pending(csr))
+                .collect();
+            decide(&ctx, c, &pending).await;
+        }
+        for name in &names {
+            c.queue.done(name);
+        }
+    }
+}
+
+/// What became of one CSR.
+enum Outcome {
+    Approve(String),
+    Deny(Denial),
+    Wait(String),
+}
+
+async fn decide(ctx: &Context, c: &ServingCsrs, pending: &[Arc<CertificateSigningRequest>]) {
+    // Each on its own first; those that pass need their node's instance.
+    let mut outcomes: BTreeMap<String, Outcome> = BTreeMap::new();
+    let mut asking: Vec<(String, Request, Arc<Node>)> = Vec::new();
+    for req in pending {
+        let name = req.name_any();
+        let spec = &req.spec;
+        let groups = spec.groups.clone().unwrap_or_default();
+        let usages = spec.usages.clone().unwrap_or_default();
+        let examined = csr::examine(csr::Spec {
+            username: spec.username.as_deref().unwrap_or_default(),
+            groups: &groups,
+            usages: &usages,
+            request: &spec.request.0,
+        });
+        match examined {
+            Err(denial) => {
+                outcomes.insert(name, Outcome::Deny(denial));
+            }
+            Ok(request) => match ctx.store.get(&ObjectRef::new(&request.node)) {
+                Some(node) => asking.push((name, request, node)),
+                None => {
+                    let why = format!("node {} is not registered (yet)", request.node);
+                    outcomes.insert(name, Outcome::Wait(why));
+                }
+            },
+        }
+    }
+    if !asking.is_empty() {
+        let refs: Vec<NodeRef> = asking.iter().map(|(_, _, n)| node_ref(n)).collect();
+        // A fresh answer: the cache must never approve a certificate.
+        match ctx.lookup(refs, LookupPurpose::Initialize, true).await {
+            Ok(results) => {
+                for ((name, request, node), result) in asking.into_iter().zip(results) {
+                    let state =
+                        InstanceState::try_from(result.state).unwrap_or(InstanceState::Unspecified);
+                    let provider_id = node_ref(&node).provider_id;
+                    let outcome = match state {
+                        InstanceState::Unspecified => {
+                            Outcome::Wait("the cloud gave no state".into())
+                        }
+                        _ => match csr::against_instance(
+                            &request,
+                            &provider_id,
+                            state,
+                            result.instance.as_ref(),
+                        ) {
+                            Ok(()) => Outcome::Approve(format!(
+                                "node {}'s instance {provider_id} has every address and name asked for",
+                                request.node
+                            )),
+                            Err(denial) => Outcome::Deny(denial),
+                        },
+                    };
+                    outcomes.insert(name, outcome);
+                }
+            }
+            Err(e) => {
+                for (name, _, _) in asking {
+                    outcomes.insert(
+                        name,
+                        Outcome::Wait(format!("the cloud did not answer: {e}")),
+                    );
+                }
+            }
+        }
+    }
+    for req in pending {
+        let name = req.name_any();
+        let Some(outcome) = outcomes.remove(&name) else {
+            continue;
+        };
+        settle(ctx, c, req, outcome).await;
+    }
+}
+
+async fn settle(ctx: &Context, c: &ServingCsrs, req: &CertificateSigningRequest, outcome: Outcome) {
+    let name = req.name_any();
+    let (kind, reason, message) = match &outcome {
+        Outcome::Wait(why) => {
+            let retry_in = c.queue.add_failed(name.clone());
+            count(ctx, "waiting", "Waiting");
+            tracing::info!(csr = %name, ?retry_in, "kubelet serving CSR waits: {why}");
+            return;
+        }
+        Outcome::Approve(why) => ("Approved", "CloudVerified", why.clone()),
+        Outcome::Deny(d) => ("Denied", d.reason, d.message.clone()),
+    };
+    match write_decision(ctx, c, req, kind, reason, &message).await {
+        Ok(()) => {
+            c.queue.forget(&name);
+            let decision = if kind == "Approved" {
+                "approved"
+            } else {
+                "denied"
+            };
+            count(ctx, decision, reason);
+            tracing::info!(csr = %name, decision, reason, "kubelet serving CSR {decision}: {message}");
+            let event = Event {
+                type_: if kind == "Approved" {
+                    EventType::Normal
+                } else {
+                    EventType::Warning
+                },
+                reason: format!("CertificateSigningRequest{kind}"),
+                note: Some(message),
+                action: kind.to_owned(),
+                secondary: None,
+            };
+            let _ = ctx.recorder.publish(&event, &req.object_ref(&())).await;
+        }
+        Err(e) => {
+            let retry_in = c.queue.add_failed(name.clone());
+            tracing::warn!(csr = %name, error = %e, ?retry_in, "kubelet serving CSR decision not written");
+        }
+    }
+}
+
+/// Writes the decision through the `approval` subresource, against the
+/// version read (a CSR changed meanwhile is judged again).
+async fn write_decision(
+    ctx: &Context,
+    c: &ServingCsrs,
+    req: &CertificateSigningRequest,
+    kind: &str,
+    reason: &str,
+    message: &str,
+) -> crate::error::Result<()> {
+    ctx.ensure_leader()?;
+    let mut updated = req.clone();
+    let status = updated.status.get_or_insert_with(Default::default);
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    status
+        .conditions
+        .get_or_insert_with(Vec::new)
+        .push(CertificateSigningRequestCondition {
+            type_: kind.to_owned(),
+            status: "True".to_owned(),
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            last_update_time: Some(now.clone()),
+            last_transition_time: Some(now),
+        });
+    c.api
+        .replace_subresource::<CertificateSigningRequest>(
+            "approval",
+            &req.name_any(),
+            &PostParams::default(),
+            &updated,
+        )
+        .await?;
+    Ok(())
+}
+
+fn count(ctx: &Context, decision: &'static str, reason: &'static str) {
+    ctx.metrics
+        .serving_csrs
+        .get_or_create(&CsrLabels { decision, reason })
+        .inc();
+}
