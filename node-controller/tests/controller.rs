@@ -928,6 +928,43 @@ async fn serving_csrs_are_approved_on_the_clouds_word_and_dishonest_ones_denied(
     initialised(&nodes, "node-a").await;
     let as_kubelet: Api<CertificateSigningRequest> = Api::all(kubelet_client(&env, "node-a").await);
     let serving = "kubernetes.io/kubelet-serving";
+    let csrs: Api<CertificateSigningRequest> = Api::all(env.client().await);
+    let condition = |name: &'static str| {
+        let csrs = csrs.clone();
+        async move {
+            let c = csrs.get(name).await.ok()?;
+            let cond = c.status?.conditions?.into_iter().next()?;
+            Some((
+                cond.type_,
+                cond.reason.unwrap_or_default(),
+                cond.message.unwrap_or_default(),
+            ))
+        }
+    };
+
+    // While the cloud cannot answer, an honest CSR waits: no decision.
+    let failing = Faults {
+        error_rate: 1.0,
+        ..Default::default()
+    };
+    env.sim_admin().set_faults(failing).await.unwrap();
+    let early = serving_csr("early", serving, "node-a", &["10.240.0.1"], &["node-a"]);
+    let early: CertificateSigningRequest = serde_json::from_value(early).unwrap();
+    as_kubelet
+        .create(&PostParams::default(), &early)
+        .await
+        .unwrap();
+    let waiting =
+        r#"node_controller_serving_csr_decisions_total{decision="waiting",reason="Waiting"}"#;
+    eventually("the early CSR waiting", || async {
+        (c.metric(waiting).await >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(condition("early").await, None, "never decided on a guess");
+    env.sim_admin().set_faults(Faults::default()).await.unwrap();
+    let early = eventually("the early CSR decided", || condition("early")).await;
+    assert_eq!(early.0, "Approved", "{early:?}");
+
     for csr in [
         serving_csr("honest", serving, "node-a", &["10.240.0.1"], &["node-a"]),
         serving_csr(
@@ -951,19 +988,6 @@ async fn serving_csrs_are_approved_on_the_clouds_word_and_dishonest_ones_denied(
             .await
             .unwrap();
     }
-    let csrs: Api<CertificateSigningRequest> = Api::all(env.client().await);
-    let condition = |name: &'static str| {
-        let csrs = csrs.clone();
-        async move {
-            let c = csrs.get(name).await.ok()?;
-            let cond = c.status?.conditions?.into_iter().next()?;
-            Some((
-                cond.type_,
-                cond.reason.unwrap_or_default(),
-                cond.message.unwrap_or_default(),
-            ))
-        }
-    };
     let honest = eventually("the honest CSR decided", || condition("honest")).await;
     assert_eq!(
         (honest.0.as_str(), honest.1.as_str()),
@@ -985,7 +1009,7 @@ async fn serving_csrs_are_approved_on_the_clouds_word_and_dishonest_ones_denied(
     assert_eq!(
         c.metric(r#"node_controller_serving_csr_decisions_total{decision="approved",reason="CloudVerified"}"#)
             .await,
-        1.0
+        2.0
     );
     assert_eq!(
         c.metric(r#"node_controller_serving_csr_decisions_total{decision="denied",reason="ForeignAddress"}"#)

@@ -123,7 +123,9 @@ mod scenarios {
         // Every scenario runs under the chart's RBAC: each process has its
         // ServiceAccount's identity and may do only what the chart grants.
         let policy = dir.path().join("chart.yaml");
-        ccm_testkit::chart::render_to(&policy, &[]).unwrap();
+        // The sandbox's kubelets ask for serving certificates.
+        ccm_testkit::chart::render_to(&policy, &["nodeController.approveKubeletServingCSRs=true"])
+            .unwrap();
         let options = Options {
             cloud,
             nodes,
@@ -869,6 +871,59 @@ mod scenarios {
         finish(sandbox, kubelets).await;
     }
 
+    /// Kubelet serving certificates through the real processes: every
+    /// simulated kubelet's request is approved on the cloud's word, and one
+    /// naming another node's address is denied with why, under the chart's
+    /// RBAC (approve on the kubelet-serving signer only).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kubelet_serving_certificates_are_approved_on_the_clouds_word() {
+        use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+        let (sandbox, kubelets, _dir) = start(3, 0).await;
+        let h = sandbox.handle();
+        until(&h, "every kubelet's serving certificate approved", |p| {
+            p.initialised == 3 && p.serving_approved == 3
+        })
+        .await;
+        // node-0's kubelet asks for node-1's address too.
+        let client = sandbox.client().await.unwrap();
+        let node_1: Node = Api::all(client.clone()).get("node-1").await.unwrap();
+        let foreign = node_1
+            .status
+            .and_then(|s| s.addresses)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|a| a.type_ == "InternalIP")
+            .unwrap()
+            .address;
+        let node_0: Node = Api::all(client.clone()).get("node-0").await.unwrap();
+        let mut addresses = node_0.status.and_then(|s| s.addresses).unwrap_or_default();
+        addresses.push(k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".into(),
+            address: foreign.clone(),
+        });
+        let csr = ccm_sandbox::serving_csr("greedy", "node-0", &addresses).unwrap();
+        let kubelet = h.kubelet_client("node-0").await.unwrap();
+        Api::<CertificateSigningRequest>::all(kubelet)
+            .create(&PostParams::default(), &csr)
+            .await
+            .unwrap();
+        let csrs: Api<CertificateSigningRequest> = Api::all(client);
+        until_true("the greedy CSR denied", async || {
+            let c = csrs.get("greedy").await.unwrap();
+            c.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| {
+                    c.type_ == "Denied"
+                        && c.reason.as_deref() == Some("ForeignAddress")
+                        && c.message.as_deref().is_some_and(|m| m.contains(&foreign))
+                })
+        })
+        .await;
+        finish(sandbox, kubelets).await;
+    }
+
     /// A kops-style cluster ID (dots, capitals, an underscore) whose
     /// resources carry only the legacy `KubernetesCluster` tag, as clusters
     /// made before Kubernetes 1.6: the real controllers converge on it as
@@ -952,6 +1007,12 @@ mod scenarios {
         let (sandbox, kubelets, _dir) = start_on(CloudKind::Aws, 3, 2).await;
         let h = sandbox.handle();
         until(&h, "convergence on AWS", |p| p.converged(&sandbox.options)).await;
+        // Each kubelet's serving certificate (its private IP and DNS name)
+        // is approved on EC2's word.
+        until(&h, "serving certificates approved on AWS", |p| {
+            p.serving_approved == 3
+        })
+        .await;
         let aws = sandbox.aws.as_ref().expect("the AWS account");
         let client = sandbox.client().await.unwrap();
         let nodes: Api<Node> = Api::all(client);

@@ -24,6 +24,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use ccm_proto::v1::{CreateInstanceRequest, InstanceState, ListInstancesRequest};
 use ccm_proto::{ClientConfig, GatewayClient, TokenSource};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -423,6 +424,10 @@ impl Sandbox {
                     "--cluster-name".into(),
                     sandbox.options.cluster.clone(),
                 ];
+                if binary == "node-controller" {
+                    // The kubelets below ask for serving certificates.
+                    args.extend(["--approve-kubelet-serving-csrs".into(), "true".into()]);
+                }
                 args.extend(extra.iter().cloned());
                 args.extend(sandbox.extra_args(binary));
                 sandbox.spawn(&name, binary, &args, &[])?;
@@ -749,7 +754,8 @@ impl Handle {
                 .map(|i| (i.name, i.state == InstanceState::Running as i32))
                 .collect(),
         };
-        for n in nodes.list(&Default::default()).await?.items {
+        let all = nodes.list(&Default::default()).await?.items;
+        for n in &all {
             let name = n.metadata.name.clone().unwrap_or_default();
             let status = if running.get(&name).copied().unwrap_or(false) {
                 "True"
@@ -761,7 +767,56 @@ impl Handle {
                 .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
                 .await;
         }
+        self.request_serving_certificates(&all).await
+    }
+
+    /// As kubelets with `serverTLSBootstrap` do once their node is
+    /// initialised: each asks (as itself) for a serving certificate for its
+    /// addresses and hostname, with an ECDSA key; once per node.
+    async fn request_serving_certificates(&self, nodes: &[Node]) -> anyhow::Result<()> {
+        let admin = ccm_runtime::kube::client(Some(&self.kubeconfig)).await?;
+        let csrs: Api<CertificateSigningRequest> = Api::all(admin);
+        let asked: std::collections::BTreeSet<String> = csrs
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .collect();
+        for node in nodes {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let csr_name = format!("serving-{name}");
+            let initialised = !node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == fixtures::UNINITIALIZED));
+            if !initialised || asked.contains(&csr_name) {
+                continue;
+            }
+            let addresses = node
+                .status
+                .as_ref()
+                .and_then(|s| s.addresses.clone())
+                .unwrap_or_default();
+            let csr = serving_csr(&csr_name, &name, &addresses)?;
+            let as_kubelet: Api<CertificateSigningRequest> =
+                Api::all(self.kubelet_client(&name).await?);
+            if let Err(e) = as_kubelet.create(&Default::default(), &csr).await {
+                tracing::debug!(node = %name, error = %e, "serving CSR not created");
+            }
+        }
         Ok(())
+    }
+
+    /// A kube client acting as the kubelet of `node` (impersonation).
+    pub async fn kubelet_client(&self, node: &str) -> anyhow::Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
+        let mut config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        config.auth_info.impersonate = Some(format!("system:node:{node}"));
+        config.auth_info.impersonate_groups = Some(vec!["system:nodes".into()]);
+        Ok(kube::Client::try_from(config)?)
     }
 
     /// What a person wants to see: nodes initialised, load balancer addresses,
@@ -778,6 +833,18 @@ impl Handle {
                 .and_then(|s| s.taints.as_ref())
                 .is_some_and(|t| t.iter().any(|t| t.key == fixtures::UNINITIALIZED))
         });
+        let serving_approved = Api::<CertificateSigningRequest>::all(client.clone())
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .filter(|c| {
+                c.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Approved"))
+            })
+            .count();
         let services = Api::<Service>::all(client)
             .list(&Default::default())
             .await?
@@ -807,8 +874,45 @@ impl Handle {
             services: services.len(),
             ips,
             routes,
+            serving_approved,
         })
     }
+}
+
+/// A kubelet serving CSR for `node`: its IP addresses and names as SANs,
+/// subject `system:node:<node>` in `system:nodes`, an ECDSA P-256 key.
+pub fn serving_csr(
+    name: &str,
+    node: &str,
+    addresses: &[k8s_openapi::api::core::v1::NodeAddress],
+) -> anyhow::Result<CertificateSigningRequest> {
+    use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
+    let mut p = CertificateParams::default();
+    p.distinguished_name = DistinguishedName::new();
+    p.distinguished_name
+        .push(DnType::CommonName, format!("system:node:{node}"));
+    p.distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
+    for a in addresses {
+        let san = match a.type_.as_str() {
+            "InternalIP" | "ExternalIP" => a.address.parse().ok().map(SanType::IpAddress),
+            _ => a.address.as_str().try_into().ok().map(SanType::DnsName),
+        };
+        if let Some(san) = san.filter(|s| !p.subject_alt_names.contains(s)) {
+            p.subject_alt_names.push(san);
+        }
+    }
+    let pem = p.serialize_request(&KeyPair::generate()?)?.pem()?;
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"name": name},
+        "spec": {
+            "signerName": "kubernetes.io/kubelet-serving",
+            "usages": ["digital signature", "server auth"],
+            "request": data_encoding::BASE64.encode(pem.as_bytes()),
+        }
+    }))?)
 }
 
 /// The sandbox's state as a person sees it.
@@ -820,6 +924,8 @@ pub struct Progress {
     /// Each Service's load balancer address: an IP, or a DNS name (AWS).
     pub ips: Vec<String>,
     pub routes: usize,
+    /// Kubelet serving certificate requests approved.
+    pub serving_approved: usize,
 }
 
 impl Progress {
@@ -835,13 +941,14 @@ impl std::fmt::Display for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "nodes initialised: {}/{}   load balancer addresses: {}/{} [{}]   routes: {}",
+            "nodes initialised: {}/{}   load balancer addresses: {}/{} [{}]   routes: {}   serving certificates approved: {}",
             self.initialised,
             self.nodes,
             self.ips.len(),
             self.services,
             self.ips.join(", "),
-            self.routes
+            self.routes,
+            self.serving_approved
         )
     }
 }
