@@ -1017,3 +1017,202 @@ async fn serving_csrs_are_approved_on_the_clouds_word_and_dishonest_ones_denied(
         1.0
     );
 }
+
+/// A kube client acting as `user` in `groups` (impersonation).
+async fn client_as(env: &TestEnv, user: &str, groups: &[&str]) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&env.kubeconfig).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(user.to_owned());
+    config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+    kube::Client::try_from(config).unwrap()
+}
+
+/// A kubelet serving CSR's PEM for `node` with `params` changed by `change`.
+fn csr_pem(node: &str, change: impl FnOnce(&mut rcgen::CertificateParams)) -> String {
+    use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
+    let mut p = CertificateParams::default();
+    p.distinguished_name = DistinguishedName::new();
+    p.distinguished_name
+        .push(DnType::CommonName, format!("system:node:{node}"));
+    p.distinguished_name
+        .push(DnType::OrganizationName, "system:nodes");
+    p.subject_alt_names = vec![
+        SanType::IpAddress("10.240.0.1".parse().unwrap()),
+        SanType::DnsName(node.try_into().unwrap()),
+    ];
+    change(&mut p);
+    p.serialize_request(&KeyPair::generate().unwrap())
+        .unwrap()
+        .pem()
+        .unwrap()
+}
+
+/// Every dishonest serving CSR, each breaking one rule, through the real
+/// controller: denied with its reason, never approved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dishonest_serving_csr_is_denied_with_its_reason() {
+    use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+    use rcgen::{DnType, SanType};
+    let env = TestEnv::start().await;
+    env.create_instance("node-a").await;
+    env.create_instance("node-s").await;
+    let nodes: Api<Node> = Api::all(env.client().await);
+    let _c = start_controller(
+        &env,
+        Role::Node,
+        &["--approve-kubelet-serving-csrs", "true"],
+    )
+    .await;
+    for name in ["node-a", "node-s"] {
+        create(
+            &nodes,
+            node(name)
+                .uninitialized()
+                .taint(names::TAINT_UNINITIALIZED, None, "NoSchedule")
+                .address("Hostname", name),
+        )
+        .await;
+        initialised(&nodes, name).await;
+    }
+    // node-s's instance is stopped: it exists but does not run.
+    env.sim_admin()
+        .stop_instance(InstanceId {
+            id: "node-s".into(),
+        })
+        .await
+        .unwrap();
+
+    let honest = || csr_pem("node-a", |_| {});
+    let tampered = {
+        let pem = honest();
+        let block = pem
+            .lines()
+            .filter(|l| !l.starts_with("-----"))
+            .collect::<String>();
+        let mut der = data_encoding::BASE64.decode(block.as_bytes()).unwrap();
+        *der.last_mut().unwrap() ^= 0x01;
+        format!(
+            "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
+            data_encoding::BASE64.encode(&der)
+        )
+    };
+    let node_a = ("system:node:node-a", vec!["system:nodes"]);
+    let usages = vec!["digital signature", "server auth"];
+    // (name, requester, usages, request, reason)
+    let cases: Vec<(&str, (&str, Vec<&str>), Vec<&str>, String, &str)> = vec![
+        (
+            "serviceaccount",
+            (
+                "system:serviceaccount:kube-system:x",
+                vec!["system:serviceaccounts"],
+            ),
+            usages.clone(),
+            honest(),
+            "RequesterNotANode",
+        ),
+        (
+            "client-auth",
+            node_a.clone(),
+            vec!["digital signature", "server auth", "client auth"],
+            honest(),
+            "WrongUsages",
+        ),
+        (
+            "two-blocks",
+            node_a.clone(),
+            usages.clone(),
+            format!("{}{}", honest(), honest()),
+            "Unreadable",
+        ),
+        (
+            "bad-signature",
+            node_a.clone(),
+            usages.clone(),
+            tampered,
+            "BadSignature",
+        ),
+        (
+            "other-subject",
+            node_a.clone(),
+            usages.clone(),
+            csr_pem("node-s", |_| {}),
+            "WrongSubject",
+        ),
+        (
+            "extra-subject",
+            node_a.clone(),
+            usages.clone(),
+            csr_pem("node-a", |p| {
+                p.distinguished_name
+                    .push(DnType::OrganizationalUnitName, "x")
+            }),
+            "WrongSubject",
+        ),
+        (
+            "email",
+            node_a.clone(),
+            usages.clone(),
+            csr_pem("node-a", |p| {
+                p.subject_alt_names
+                    .push(SanType::Rfc822Name("a@b.example".try_into().unwrap()))
+            }),
+            "ForbiddenName",
+        ),
+        (
+            "uri",
+            node_a.clone(),
+            usages.clone(),
+            csr_pem("node-a", |p| {
+                p.subject_alt_names
+                    .push(SanType::URI("spiffe://cluster/node-a".try_into().unwrap()))
+            }),
+            "ForbiddenName",
+        ),
+        (
+            "other-name",
+            node_a.clone(),
+            usages.clone(),
+            csr_pem("node-a", |p| {
+                p.subject_alt_names
+                    .push(SanType::DnsName("node-s".try_into().unwrap()))
+            }),
+            "ForeignName",
+        ),
+        (
+            "stopped",
+            ("system:node:node-s", vec!["system:nodes"]),
+            usages.clone(),
+            csr_pem("node-s", |p| {
+                p.subject_alt_names = vec![SanType::DnsName("node-s".try_into().unwrap())]
+            }),
+            "InstanceNotRunning",
+        ),
+    ];
+    for (name, (user, groups), usages, request, _) in &cases {
+        let api: Api<CertificateSigningRequest> = Api::all(client_as(&env, user, groups).await);
+        let csr = json!({
+            "apiVersion": "certificates.k8s.io/v1",
+            "kind": "CertificateSigningRequest",
+            "metadata": {"name": name},
+            "spec": {
+                "signerName": "kubernetes.io/kubelet-serving",
+                "usages": usages,
+                "request": data_encoding::BASE64.encode(request.as_bytes()),
+            }
+        });
+        let csr: CertificateSigningRequest = serde_json::from_value(csr).unwrap();
+        api.create(&PostParams::default(), &csr).await.unwrap();
+    }
+    let csrs: Api<CertificateSigningRequest> = Api::all(env.client().await);
+    for (name, _, _, _, reason) in &cases {
+        let (kind, got) = eventually(&format!("{name} decided"), || async {
+            let c = csrs.get(name).await.ok()?;
+            let cond = c.status?.conditions?.into_iter().next()?;
+            Some((cond.type_, cond.reason.unwrap_or_default()))
+        })
+        .await;
+        assert_eq!((kind.as_str(), got.as_str()), ("Denied", *reason), "{name}");
+    }
+}
