@@ -1100,8 +1100,15 @@ async fn every_dishonest_serving_csr_is_denied_with_its_reason() {
     };
     let node_a = ("system:node:node-a", vec!["system:nodes"]);
     let usages = vec!["digital signature", "server auth"];
-    // (name, requester, usages, request, reason)
-    let cases: Vec<(&str, (&str, Vec<&str>), Vec<&str>, String, &str)> = vec![
+    // (name, requester and groups, usages, request, reason)
+    type Case<'a> = (
+        &'a str,
+        (&'a str, Vec<&'a str>),
+        Vec<&'a str>,
+        String,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
         (
             "serviceaccount",
             (
