@@ -70,10 +70,7 @@ pub fn is_pending(c: &CertificateSigningRequest) -> bool {
 /// Decides the queued CSRs, a batch at a time, while leading.
 pub async fn worker(ctx: Arc<Context>) {
     let Some(c) = &ctx.csrs else { return };
-    while let Some(first) = c.queue.next().await {
-        let mut names = vec![first];
-        let more = ctx.settings.batch_size.saturating_sub(1);
-        names.extend(c.queue.take(more, |_| true));
+    while let Some(names) = c.queue.next_batch(ctx.settings.batch_size).await {
         if ctx.leadership.is_leader() {
             let pending: Vec<Arc<CertificateSigningRequest>> = names
                 .iter()

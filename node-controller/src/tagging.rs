@@ -102,10 +102,7 @@ pub fn checksum(tags: &BTreeMap<String, String>) -> String {
 /// Tags the instances of queued Nodes, a batch at a time, while leading.
 pub async fn tag_worker(ctx: Arc<Context>) {
     let Some(t) = &ctx.tagging else { return };
-    while let Some(first) = t.tag.next().await {
-        let mut names = vec![first];
-        let more = ctx.settings.batch_size.saturating_sub(1);
-        names.extend(t.tag.take(more, |_| true));
+    while let Some(names) = t.tag.next_batch(ctx.settings.batch_size).await {
         let nodes: Vec<Arc<Node>> = names
             .iter()
             .filter_map(|n| ctx.store.get(&ObjectRef::new(n)))
@@ -169,10 +166,7 @@ async fn tag(ctx: &Context, t: &Tagging, nodes: &[Arc<Node>]) {
 /// Takes the tags off the instances of deleted Nodes, a batch at a time.
 pub async fn untag_worker(ctx: Arc<Context>) {
     let Some(t) = &ctx.tagging else { return };
-    while let Some(first) = t.untag.next().await {
-        let mut ids = vec![first];
-        let more = ctx.settings.batch_size.saturating_sub(1);
-        ids.extend(t.untag.take(more, |_| true));
+    while let Some(ids) = t.untag.next_batch(ctx.settings.batch_size).await {
         // A Node deleted and registered again on the same instance keeps
         // its tags: only instances no Node has any more lose them.
         let held: HashSet<String> = ctx

@@ -853,13 +853,7 @@ async fn instance_tags_on_a_provider_without_them_stop_the_controller_with_why()
 
 /// A kube client acting as the kubelet of `node` (impersonation).
 async fn kubelet_client(env: &TestEnv, node: &str) -> kube::Client {
-    let kubeconfig = kube::config::Kubeconfig::read_from(&env.kubeconfig).unwrap();
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .unwrap();
-    config.auth_info.impersonate = Some(format!("system:node:{node}"));
-    config.auth_info.impersonate_groups = Some(vec!["system:nodes".into()]);
-    kube::Client::try_from(config).unwrap()
+    client_as(env, &format!("system:node:{node}"), &["system:nodes"]).await
 }
 
 /// A serving CSR as a kubelet makes it, for `node` with these SANs.
@@ -870,26 +864,17 @@ fn serving_csr(
     ips: &[&str],
     dns: &[&str],
 ) -> serde_json::Value {
-    use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair, SanType};
-    let mut p = CertificateParams::default();
-    p.distinguished_name = DistinguishedName::new();
-    p.distinguished_name
-        .push(DnType::CommonName, format!("system:node:{node}"));
-    p.distinguished_name
-        .push(DnType::OrganizationName, "system:nodes");
-    p.subject_alt_names = ips
-        .iter()
-        .map(|ip| SanType::IpAddress(ip.parse().unwrap()))
-        .chain(
-            dns.iter()
-                .map(|d| SanType::DnsName((*d).try_into().unwrap())),
-        )
-        .collect();
-    let pem = p
-        .serialize_request(&KeyPair::generate().unwrap())
-        .unwrap()
-        .pem()
-        .unwrap();
+    use rcgen::SanType;
+    let pem = csr_pem(node, |p| {
+        p.subject_alt_names = ips
+            .iter()
+            .map(|ip| SanType::IpAddress(ip.parse().unwrap()))
+            .chain(
+                dns.iter()
+                    .map(|d| SanType::DnsName((*d).try_into().unwrap())),
+            )
+            .collect();
+    });
     json!({
         "apiVersion": "certificates.k8s.io/v1",
         "kind": "CertificateSigningRequest",

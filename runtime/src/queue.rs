@@ -211,6 +211,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         }
     }
 
+    /// The next key and, without waiting, up to `max - 1` more behind it:
+    /// a batch for a worker that handles several keys in one go; `None`
+    /// once the queue is closed. The caller must call [`Self::done`] with
+    /// every one.
+    pub async fn next_batch(&self, max: usize) -> Option<Vec<K>> {
+        let first = self.next().await?;
+        let mut batch = vec![first];
+        batch.extend(self.take(max.saturating_sub(1), |_| true));
+        Some(batch)
+    }
+
     /// Takes, without waiting, up to `max` more waiting keys that `want`
     /// (oldest first), for a worker that handles several keys in one go.
     /// Each is held as if [`Self::next`] had handed it out: the caller must

@@ -153,13 +153,21 @@ impl Violations {
         }
     }
 
-    /// The nodes of a GetInstances call.
-    pub fn nodes(&mut self, nodes: &[NodeRef], provider: &ProviderIds<'_>) {
-        if nodes.is_empty() || nodes.len() > MAX_NODES {
+    /// Whether a call names 1 to [`MAX_NODES`] nodes; says so if not.
+    fn node_count(&mut self, nodes: &[NodeRef]) -> bool {
+        let ok = (1..=MAX_NODES).contains(&nodes.len());
+        if !ok {
             self.add(
                 "nodes",
                 format!("must name 1 to {MAX_NODES} nodes, not {}", nodes.len()),
             );
+        }
+        ok
+    }
+
+    /// The nodes of a GetInstances call.
+    pub fn nodes(&mut self, nodes: &[NodeRef], provider: &ProviderIds<'_>) {
+        if !self.node_count(nodes) {
             return;
         }
         for (i, node) in nodes.iter().enumerate() {
@@ -187,11 +195,7 @@ impl Violations {
     /// provider's to judge, node by node: one it cannot tag is answered
     /// `NOT_TAGGABLE` and never fails the others.
     pub fn tagged_nodes(&mut self, nodes: &[NodeRef]) {
-        if nodes.is_empty() || nodes.len() > MAX_NODES {
-            self.add(
-                "nodes",
-                format!("must name 1 to {MAX_NODES} nodes, not {}", nodes.len()),
-            );
+        if !self.node_count(nodes) {
             return;
         }
         for (i, node) in nodes.iter().enumerate() {

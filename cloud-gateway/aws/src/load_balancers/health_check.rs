@@ -143,19 +143,12 @@ pub(super) fn shared_probe_overrides(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ccm_provider::{Protocol, ServicePort};
+    use crate::load_balancers::test_support::{port, spec};
+    use ccm_provider::Protocol;
 
     #[test]
     fn local_traffic_checks_healthz_on_the_health_check_node_port_with_upstreams_defaults() {
-        let mut s = LoadBalancerSpec {
-            ports: vec![ServicePort {
-                name: String::new(),
-                protocol: Protocol::Tcp,
-                port: 80,
-                node_port: 30080,
-            }],
-            ..Default::default()
-        };
+        let mut s = spec(vec![port("", Protocol::Tcp, 80, 30080)]);
         s.external_traffic_policy = TrafficPolicy::Local;
         s.health_check_node_port = 32000;
         let nlb = LbOptions {
@@ -199,15 +192,7 @@ mod tests {
             port: 10256,
             path: "/healthz".into(),
         };
-        let mut s = LoadBalancerSpec {
-            ports: vec![ServicePort {
-                name: String::new(),
-                protocol: Protocol::Tcp,
-                port: 80,
-                node_port: 30080,
-            }],
-            ..Default::default()
-        };
+        let mut s = spec(vec![port("", Protocol::Tcp, 80, 30080)]);
         let mut nlb = LbOptions {
             kind: LbKind::Nlb,
             ..Default::default()
