@@ -151,6 +151,28 @@ def check() -> int:
     c.expect("ServiceMonitor" not in k, "no ServiceMonitor unless asked")
     c.expect("Secret" not in k, "no Secret without credentials")
 
+    # kubectl ccm's viewer roles: there by default, bound only to whom the
+    # values name, pods/proxy only in the release's namespace, services/proxy
+    # only to the gateway, which serves its admin port for it.
+    c.expect("ccm-viewer" in k.get("ClusterRole", []) and "ccm-viewer" in k.get("Role", []),
+             "the viewer roles exist by default")
+    c.expect("ccm-viewer" not in k.get("ClusterRoleBinding", []) + k.get("RoleBinding", []),
+             "nobody is bound to the viewer roles unless named")
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in defaults}
+    cluster_viewer = by_name[("ClusterRole", "ccm-viewer")]["rules"]
+    c.expect(not any("proxy" in r for rule in cluster_viewer for r in rule["resources"]),
+             "no proxy grant cluster-wide")
+    viewer = {r: rule for rule in by_name[("Role", "ccm-viewer")]["rules"] for r in rule["resources"]}
+    c.expect(viewer.get("services/proxy", {}).get("resourceNames") == ["ccm-gateway:admin"],
+             "services/proxy only to the gateway")
+    gateway_ports = {p["name"] for p in by_name[("Service", "ccm-gateway")]["spec"]["ports"]}
+    c.expect(gateway_ports == {"grpc", "admin"}, f"the gateway Service serves grpc and admin: {gateway_ports}")
+    bound = kinds(render({"viewer": {"subjects": [{"kind": "Group", "name": "sre"}]}}))
+    c.expect("ccm-viewer" in bound.get("ClusterRoleBinding", []) and "ccm-viewer" in bound.get("RoleBinding", []),
+             "viewer.subjects binds both roles")
+    c.expect("ccm-viewer" not in kinds(render({"viewer": {"create": False}})).get("Role", []),
+             "viewer.create=false leaves the roles out")
+
     # Bootstrap and hardening, in every pod.
     for d, ctr in containers(defaults):
         pod = d["spec"]["template"]["spec"]

@@ -39,6 +39,7 @@
 pub mod cloud;
 pub mod grpc;
 pub mod identity;
+pub mod inspect;
 pub mod layers;
 pub mod limits;
 pub mod metrics;
@@ -156,10 +157,15 @@ impl Gateway {
             .await
             .with_context(|| format!("bind admin address {}", settings.admin_listen))?;
         let admin_addr = admin.local_addr()?;
+        let inspection = ccm_runtime::inspect::Inspection::new();
+        inspection.set(Arc::new(inspect::GatewayInspector {
+            cloud: cloud.clone(),
+            readiness: readiness.clone(),
+        }));
         let admin = tokio::spawn({
             let (registry, readiness) = (Arc::new(registry), readiness.clone());
             async move {
-                if let Err(e) = admin.serve(registry, readiness).await {
+                if let Err(e) = admin.serve(registry, readiness, inspection).await {
                     tracing::error!(error = %e, "admin server failed");
                 }
             }

@@ -27,6 +27,20 @@ pub struct Context {
     pub tagging: Option<crate::tagging::Tagging>,
     /// The serving CSR approver, when `--approve-kubelet-serving-csrs`.
     pub csrs: Option<crate::serving_csrs::ServingCsrs>,
+    /// The deletions the mass-deletion safeguard held back in the last
+    /// lifecycle pass, if it held any.
+    pub held_back: std::sync::Mutex<Option<HeldBack>>,
+}
+
+/// Node deletions the mass-deletion safeguard held back.
+#[derive(Clone, Debug)]
+pub struct HeldBack {
+    /// The Nodes whose instances look gone.
+    pub nodes: Vec<String>,
+    /// Of how many Nodes.
+    pub total: usize,
+    /// When the pass held them back.
+    pub at: std::time::SystemTime,
 }
 
 /// How a node is named to the gateway.
@@ -49,6 +63,51 @@ impl Context {
         } else {
             Err(Error::NotLeader)
         }
+    }
+
+    /// Notes what the last lifecycle pass held back (`None`: nothing).
+    pub fn hold_back(&self, held: Option<HeldBack>) {
+        *self.held_back.lock().unwrap_or_else(|e| e.into_inner()) = held;
+    }
+
+    /// What `/debug/status` tells of this controller beyond what every
+    /// controller tells: the deletions held back, the optional parts on.
+    pub fn inspect(&self) -> serde_json::Value {
+        use ccm_runtime::inspect::{MAX_LISTED, ago_s, rfc3339};
+        let held = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
+        let uninitialized = self
+            .store
+            .state()
+            .iter()
+            .filter(|n| crate::plan::is_uninitialized(n))
+            .count();
+        serde_json::json!({
+            "nodes": self.store.state().len(),
+            "uninitialized": uninitialized,
+            "held_back_deletions": held.as_ref().map(|h| serde_json::json!({
+                "nodes": h.nodes.iter().take(MAX_LISTED).collect::<Vec<_>>(),
+                "count": h.nodes.len(),
+                "of": h.total,
+                "max_share": self.settings.deletion_max_share,
+                "at": rfc3339(h.at),
+                "ago_s": ago_s(h.at),
+            })),
+            "tagging": self.tagging.is_some(),
+            "approves_serving_csrs": self.csrs.is_some(),
+        })
+    }
+
+    /// What `/debug/object` tells of one Node beyond its queue state.
+    pub fn inspect_node(&self, name: &str) -> serde_json::Value {
+        let node = self
+            .store
+            .get(&kube::runtime::reflector::ObjectRef::new(name));
+        let held = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
+        serde_json::json!({
+            "known": node.is_some(),
+            "uninitialized": node.as_ref().is_some_and(|n| crate::plan::is_uninitialized(n)),
+            "deletion_held_back": held.as_ref().is_some_and(|h| h.nodes.iter().any(|n| n == name)),
+        })
     }
 
     /// Looks up instances through the gateway, counting the call.

@@ -77,7 +77,25 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         csrs,
         settings,
         queue: WorkQueue::new(BACKOFF).with_metrics(base.metrics.queue.clone()),
+        held_back: std::sync::Mutex::new(None),
     });
+    base.inspect(
+        CONTROLLER_NAME,
+        &ctx.queue,
+        (ccm_runtime::inspect::cluster_key, String::clone),
+        Box::new({
+            let ctx = Arc::downgrade(&ctx);
+            move || ctx.upgrade().map(|ctx| ctx.inspect()).unwrap_or_default()
+        }),
+        Box::new({
+            let ctx = Arc::downgrade(&ctx);
+            move |name| {
+                ctx.upgrade()
+                    .map(|ctx| ctx.inspect_node(name))
+                    .unwrap_or_default()
+            }
+        }),
+    );
     tokio::spawn({
         let (ctx, readiness) = (ctx.clone(), readiness.clone());
         // Every write may need a sync (labels, taints), so no fingerprint.

@@ -352,6 +352,7 @@ pub async fn monitor(ctx: &Context) {
         }
     }
     if confirmed.is_empty() {
+        ctx.hold_back(None);
         return;
     }
     if plan::hold_deletions(
@@ -361,6 +362,11 @@ pub async fn monitor(ctx: &Context) {
         ctx.settings.deletion_min_nodes,
     ) {
         ctx.metrics.deletions_held_back.inc();
+        ctx.hold_back(Some(crate::context::HeldBack {
+            nodes: confirmed.iter().map(|n| n.name_any()).collect(),
+            total,
+            at: std::time::SystemTime::now(),
+        }));
         tracing::error!(
             would_delete = confirmed.len(),
             nodes = total,
@@ -387,6 +393,7 @@ pub async fn monitor(ctx: &Context) {
         }
         return;
     }
+    ctx.hold_back(None);
     for node in confirmed {
         delete_node(ctx, &node).await;
     }

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
@@ -229,6 +229,36 @@ macro_rules! rpc {
     };
 }
 
+/// Whether the gateway answers this client: when it last answered (any
+/// status the gateway itself sent counts), and the last attempt it did
+/// not answer (no connection, or no answer within the deadline).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reach {
+    /// When the gateway last answered.
+    pub last_answer: Option<SystemTime>,
+    /// When an attempt last got no answer, and why.
+    pub last_no_answer: Option<(SystemTime, String)>,
+}
+
+impl Reach {
+    /// Whether the last attempt got no answer.
+    pub fn unreachable(&self) -> bool {
+        match (&self.last_no_answer, self.last_answer) {
+            (Some((failed, _)), Some(answered)) => *failed > answered,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+
+    fn note(&mut self, answered: std::result::Result<(), String>) {
+        let now = SystemTime::now();
+        match answered {
+            Ok(()) => self.last_answer = Some(now),
+            Err(why) => self.last_no_answer = Some((now, why)),
+        }
+    }
+}
+
 /// A typed, cheaply cloneable client of every gateway service.
 #[derive(Clone, Debug)]
 pub struct GatewayClient {
@@ -237,6 +267,7 @@ pub struct GatewayClient {
     token: Arc<Token>,
     timeout: Duration,
     retry: RetryPolicy,
+    reach: Arc<Mutex<Reach>>,
 }
 
 impl GatewayClient {
@@ -267,7 +298,20 @@ impl GatewayClient {
             token: Arc::new(Token::new(config.token)?),
             timeout: config.timeout,
             retry: config.retry,
+            reach: Arc::default(),
         })
+    }
+
+    /// Whether the gateway has been answering this client.
+    pub fn reach(&self) -> Reach {
+        self.reach.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn note_reach(&self, answered: std::result::Result<(), String>) {
+        self.reach
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .note(answered);
     }
 
     /// The cluster this client names on every call.
@@ -322,9 +366,14 @@ impl GatewayClient {
             let started = Instant::now();
             // The deadline is enforced here as well as sent: a gateway that
             // stops answering must not hang the caller.
-            let err = match tokio::time::timeout(self.timeout, rpc(self.channel.clone(), request))
-                .await
-            {
+            let outcome =
+                tokio::time::timeout(self.timeout, rpc(self.channel.clone(), request)).await;
+            self.note_reach(match &outcome {
+                Ok(Err(status)) if no_answer(status) => Err(status.message().to_owned()),
+                Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+                Ok(_) => Ok(()),
+            });
+            let err = match outcome {
                 Ok(Ok(response)) => return Ok(response.into_inner()),
                 // A tonic server answers an expired grpc-timeout with
                 // CANCELLED (ours says DEADLINE_EXCEEDED; a vendor's may
@@ -575,6 +624,17 @@ impl opentelemetry::propagation::Injector for MetadataInjector<'_> {
             self.0.insert(key, value);
         }
     }
+}
+
+/// Whether `status` is tonic's own word that no answer came (no
+/// connection, a broken one), not one the gateway sent: the gateway's
+/// statuses always carry details in its domain.
+fn no_answer(status: &Status) -> bool {
+    use tonic_types::StatusExt as _;
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown
+    ) && status.get_error_details().error_info().is_none()
 }
 
 fn deadline_exceeded(timeout: Duration) -> Error {

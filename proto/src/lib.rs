@@ -10,7 +10,7 @@ pub mod reason;
 mod spans;
 pub mod v1;
 
-pub use client::{AuthorizedChannel, ClientConfig, GatewayClient, RetryPolicy, TokenSource};
+pub use client::{AuthorizedChannel, ClientConfig, GatewayClient, Reach, RetryPolicy, TokenSource};
 pub use error::{Error, FieldViolation, Result};
 pub use spans::CALL_SPANS;
 

@@ -38,6 +38,21 @@ impl Context {
         }
     }
 
+    /// What `/debug/status` tells of this controller beyond what every
+    /// controller tells: pod CIDRs still without their route.
+    pub fn inspect(&self) -> serde_json::Value {
+        let missing = self.missing_since.lock().unwrap_or_else(|e| e.into_inner());
+        let oldest = missing
+            .values()
+            .min()
+            .map(|t| t.elapsed().as_secs_f64().round());
+        serde_json::json!({
+            "enabled": self.settings.enabled,
+            "pod_cidrs_without_route": missing.len(),
+            "oldest_without_route_s": oldest,
+        })
+    }
+
     /// Fails unless this replica leads now. Every write checks it first.
     pub fn ensure_leader(&self) -> Result<()> {
         if self.leadership.is_leader() {

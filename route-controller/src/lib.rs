@@ -71,6 +71,17 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         queue: WorkQueue::new(BACKOFF).with_metrics(base.metrics.queue.clone()),
         missing_since: Default::default(),
     });
+    // One key: the whole route table; any object names it.
+    base.inspect(
+        CONTROLLER_NAME,
+        &ctx.queue,
+        (|_| Ok(()), |_| "routes".to_owned()),
+        Box::new({
+            let ctx = Arc::downgrade(&ctx);
+            move || ctx.upgrade().map(|ctx| ctx.inspect()).unwrap_or_default()
+        }),
+        Box::new(|_| serde_json::Value::Null),
+    );
     tokio::spawn({
         let (ctx, readiness) = (ctx.clone(), readiness.clone());
         follow(

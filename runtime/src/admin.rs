@@ -1,19 +1,23 @@
 //! The admin HTTP server every process runs: `/livez` answers 200 while the
 //! process runs, `/readyz` 200 only once the process is ready (caches
-//! synced, or for the gateway: the provider answers) and not draining, and
-//! `/metrics` the process's Prometheus registry in text format.
+//! synced, or for the gateway: the provider answers) and not draining,
+//! `/metrics` the process's Prometheus registry in text format, and
+//! `/debug/status` and `/debug/object?key=...` what the process tells of
+//! its work ([`crate::inspect`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+
+use crate::inspect::Inspection;
 
 /// A shared readiness flag; clones see the same value.
 #[derive(Clone, Debug, Default)]
@@ -40,6 +44,7 @@ impl Readiness {
 struct AdminState {
     registry: Arc<Registry>,
     readiness: Readiness,
+    inspection: Inspection,
 }
 
 /// A bound admin server, not yet serving.
@@ -63,14 +68,22 @@ impl AdminServer {
     /// Serves until the task is dropped. It keeps answering while the
     /// process drains, so probes see `/readyz` fail rather than a refused
     /// connection.
-    pub async fn serve(self, registry: Arc<Registry>, readiness: Readiness) -> std::io::Result<()> {
+    pub async fn serve(
+        self,
+        registry: Arc<Registry>,
+        readiness: Readiness,
+        inspection: Inspection,
+    ) -> std::io::Result<()> {
         let app = Router::new()
             .route("/livez", get(|| async { "ok\n" }))
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
+            .route("/debug/status", get(debug_status))
+            .route("/debug/object", get(debug_object))
             .with_state(AdminState {
                 registry,
                 readiness,
+                inspection,
             });
         axum::serve(self.listener, app).await
     }
@@ -82,12 +95,13 @@ pub async fn spawn(
     addr: SocketAddr,
     registry: Registry,
     readiness: Readiness,
+    inspection: Inspection,
 ) -> std::io::Result<SocketAddr> {
     let server = AdminServer::bind(addr).await?;
     let bound = server.local_addr()?;
     let registry = Arc::new(registry);
     tokio::spawn(async move {
-        if let Err(e) = server.serve(registry, readiness).await {
+        if let Err(e) = server.serve(registry, readiness, inspection).await {
             tracing::error!(error = %e, "admin server failed");
         }
     });
@@ -115,5 +129,89 @@ async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
         )
             .into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+fn not_yet() -> axum::response::Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the process is still starting\n",
+    )
+        .into_response()
+}
+
+fn json(value: &serde_json::Value) -> axum::response::Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+/// The `key` parameter of a query string, percent-decoded.
+fn key_param(query: &str) -> Option<String> {
+    let raw = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("key="))?
+        .replace('+', " ");
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+async fn debug_status(State(state): State<AdminState>) -> axum::response::Response {
+    match state.inspection.get() {
+        Some(inspect) => json(&inspect.status()),
+        None => not_yet(),
+    }
+}
+
+async fn debug_object(
+    State(state): State<AdminState>,
+    RawQuery(query): RawQuery,
+) -> axum::response::Response {
+    let Some(inspect) = state.inspection.get() else {
+        return not_yet();
+    };
+    let Some(key) = query.as_deref().and_then(key_param) else {
+        return (StatusCode::BAD_REQUEST, "name the object: ?key=...\n").into_response();
+    };
+    match inspect.object(&key) {
+        Ok(object) => json(&object),
+        Err(why) => (StatusCode::BAD_REQUEST, format!("{why}\n")).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_parameter_is_found_and_decoded() {
+        assert_eq!(
+            key_param("key=default%2Fweb").as_deref(),
+            Some("default/web")
+        );
+        assert_eq!(key_param("x=1&key=a/b").as_deref(), Some("a/b"));
+        assert_eq!(key_param("key=%zz").as_deref(), Some("%zz"));
+        assert_eq!(key_param("other=1"), None);
     }
 }

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::Readiness;
 use crate::common_args::Common;
+use crate::inspect::{ControllerInspector, Extra, Inspection, Keys, ObjectExtra};
 use crate::leader::Leadership;
 use crate::metrics::{ErrorCounts, LeaderGauge};
 use crate::queue::WorkQueue;
@@ -37,6 +38,11 @@ pub struct Base<M> {
     pub leadership: Leadership,
     /// Events reported as `controller`, instance = this replica's identity.
     pub recorder: Recorder,
+    /// What the admin server's `/debug/` answers from, once the controller
+    /// sets it.
+    pub inspection: Inspection,
+    /// The lease this controller leads by.
+    pub lease: String,
 }
 
 impl<M> Base<M> {
@@ -67,9 +73,15 @@ impl<M> Base<M> {
                 LeaderGauge(leadership.clone()),
             );
         let readiness = Readiness::new();
-        let admin_addr = crate::admin::spawn(common.admin_listen, registry, readiness.clone())
-            .await
-            .with_context(|| format!("bind admin address {}", common.admin_listen))?;
+        let inspection = Inspection::new();
+        let admin_addr = crate::admin::spawn(
+            common.admin_listen,
+            registry,
+            readiness.clone(),
+            inspection.clone(),
+        )
+        .await
+        .with_context(|| format!("bind admin address {}", common.admin_listen))?;
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -85,7 +97,33 @@ impl<M> Base<M> {
             admin_addr,
             leadership,
             recorder,
+            inspection,
+            lease: common.lease.name.clone(),
         })
+    }
+
+    /// Serves `/debug/` for a controller working `queue`: what every
+    /// controller tells, and its own `extra` fields.
+    pub fn inspect<K: Clone + Eq + Hash + Send + Sync + 'static>(
+        &self,
+        controller: &'static str,
+        queue: &WorkQueue<K>,
+        keys: Keys<K>,
+        extra: Extra,
+        object_extra: ObjectExtra<K>,
+    ) {
+        self.inspection
+            .set(std::sync::Arc::new(ControllerInspector {
+                controller,
+                lease: self.lease.clone(),
+                leadership: self.leadership.clone(),
+                gateway: self.gateway.clone(),
+                queue: queue.clone(),
+                parse: keys.0,
+                show: keys.1,
+                extra,
+                object_extra,
+            }));
     }
 
     /// The handle of the controller whose work is `task`.
@@ -215,7 +253,7 @@ where
         }
         Err(SyncError::NotLeader) => None,
         Err(e) => {
-            let delay = queue.retry_failed(key.clone(), errors, e.metric_label());
+            let delay = queue.retry_failed(key.clone(), errors, e.metric_label(), e.to_string());
             Some((e, delay))
         }
     }

@@ -13,6 +13,7 @@ pub mod common_args;
 pub mod config_checks;
 pub mod controller;
 pub mod gateway;
+pub mod inspect;
 pub mod kube;
 pub mod layered_config;
 pub mod leader;

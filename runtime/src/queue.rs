@@ -1,12 +1,14 @@
 //! A work queue of object keys, as controllers use: a key is queued at most
 //! once; a key added while a worker holds it is processed again once that
 //! worker is done (never by two workers at once); failures back off
-//! exponentially per key; and keys can come back after a delay.
+//! exponentially per key; and keys can come back after a delay. It
+//! remembers, for each key that failed or waits, what went wrong and when
+//! it is tried next, for an operator who asks ([`WorkQueue::status`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -60,13 +62,55 @@ impl Backoff {
     }
 }
 
+/// Why a key is not done: it failed, or the cloud asked to come back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Trouble {
+    /// Failures in a row (0 while it only waits).
+    pub failures: u32,
+    /// The last failure's metric label, or what it waits for (e.g.
+    /// `provisioning`); empty when not said.
+    pub kind: String,
+    /// The last failure's message, or the cloud's word on the wait.
+    pub message: String,
+    /// When this trouble began (the first failure in a row, or the
+    /// first wait of this kind).
+    pub since: Option<SystemTime>,
+    /// When the key is tried next.
+    pub next_try: Option<SystemTime>,
+}
+
+/// A key's state, as the work queue knows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyStatus {
+    /// Waiting for a worker.
+    pub queued: bool,
+    /// A worker holds it now.
+    pub in_flight: bool,
+    /// What failed or what it waits for; `None` after a success.
+    pub trouble: Option<Trouble>,
+}
+
+/// The whole queue at a glance.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Keys waiting for a worker.
+    pub depth: usize,
+    /// Keys workers hold.
+    pub in_flight: usize,
+    /// Keys whose last sync failed.
+    pub failing: usize,
+    /// Keys waiting for the cloud, not failing.
+    pub waiting: usize,
+}
+
 struct Inner<K> {
     /// Keys in order, each with when it was queued.
     queue: VecDeque<(K, Instant)>,
     queued: HashSet<K>,
     processing: HashSet<K>,
     dirty: HashSet<K>,
-    failures: HashMap<K, u32>,
+    /// Keys that failed or wait, until a success forgets them.
+    troubles: HashMap<K, Trouble>,
     closed: bool,
 }
 
@@ -98,7 +142,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 queued: HashSet::new(),
                 processing: HashSet::new(),
                 dirty: HashSet::new(),
-                failures: HashMap::new(),
+                troubles: HashMap::new(),
                 closed: false,
             })),
             ready: Arc::new(Notify::new()),
@@ -148,37 +192,106 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         });
     }
 
-    /// A failed sync of `key`: counts it in `errors` under `kind` and
-    /// queues it after its backoff; returns the delay.
+    /// A failed sync of `key`: counts it in `errors` under `kind`,
+    /// remembers `message`, and queues it after its backoff; returns the
+    /// delay.
     pub fn retry_failed(
         &self,
         key: K,
         errors: &crate::metrics::ErrorCounts,
         kind: &'static str,
+        message: String,
     ) -> Duration {
         errors
             .get_or_create(&crate::metrics::ErrorLabels { error: kind })
             .inc();
-        self.add_failed(key)
+        self.fail(key, kind, message)
     }
 
     /// Counts a failure of `key` and queues it after its backoff; returns
     /// the delay.
     pub fn add_failed(&self, key: K) -> Duration {
-        let failures = {
+        self.fail(key, "", String::new())
+    }
+
+    fn fail(&self, key: K, kind: &str, message: String) -> Duration {
+        let now = SystemTime::now();
+        let delay = {
             let mut inner = self.lock();
-            let n = inner.failures.entry(key.clone()).or_default();
-            *n += 1;
-            *n
+            let trouble = inner.troubles.entry(key.clone()).or_default();
+            if trouble.failures == 0 {
+                trouble.since = Some(now);
+            }
+            trouble.failures += 1;
+            let delay = self.backoff.delay(trouble.failures);
+            trouble.kind = kind.to_owned();
+            trouble.message = message;
+            trouble.next_try = Some(now + delay);
+            delay
         };
-        let delay = self.backoff.delay(failures);
         self.add_after(key, delay);
         delay
     }
 
-    /// Forgets the failures of `key` (after a success).
+    /// `key` waits for the cloud (`kind`, e.g. `provisioning`, with the
+    /// cloud's `message`): it is queued after `delay`, not counted as a
+    /// failure; a wait of the same kind keeps its start.
+    pub fn wait(&self, key: K, kind: &str, message: String, delay: Duration) {
+        let now = SystemTime::now();
+        {
+            let mut inner = self.lock();
+            let trouble = inner.troubles.entry(key.clone()).or_default();
+            if trouble.failures > 0 || trouble.kind != kind {
+                trouble.since = Some(now);
+            }
+            trouble.failures = 0;
+            trouble.kind = kind.to_owned();
+            trouble.message = message;
+            trouble.next_try = Some(now + delay);
+        }
+        self.add_after(key, delay);
+    }
+
+    /// Forgets the failures and waits of `key` (after a success).
     pub fn forget(&self, key: &K) {
-        self.lock().failures.remove(key);
+        self.lock().troubles.remove(key);
+    }
+
+    /// What the queue knows of `key`.
+    pub fn status(&self, key: &K) -> KeyStatus {
+        let inner = self.lock();
+        KeyStatus {
+            queued: inner.queued.contains(key),
+            in_flight: inner.processing.contains(key),
+            trouble: inner.troubles.get(key).cloned(),
+        }
+    }
+
+    /// Up to `max` keys that fail or wait, those in trouble longest first,
+    /// and how many there are in all.
+    pub fn troubled(&self, max: usize) -> (Vec<(K, Trouble)>, usize) {
+        let inner = self.lock();
+        let mut all: Vec<_> = inner
+            .troubles
+            .iter()
+            .map(|(k, t)| (k.clone(), t.clone()))
+            .collect();
+        let total = all.len();
+        all.sort_by_key(|(_, t)| t.since);
+        all.truncate(max);
+        (all, total)
+    }
+
+    /// Depth, keys in flight, and keys failing or waiting.
+    pub fn stats(&self) -> QueueStats {
+        let inner = self.lock();
+        let failing = inner.troubles.values().filter(|t| t.failures > 0).count();
+        QueueStats {
+            depth: inner.queue.len(),
+            in_flight: inner.processing.len(),
+            failing,
+            waiting: inner.troubles.len() - failing,
+        }
     }
 
     /// The next key to work on; `None` once the queue is closed. The
@@ -325,6 +438,59 @@ mod tests {
         assert_eq!(ms, [5, 10, 20, 40, 40]);
         q.forget(&"a");
         assert_eq!(q.add_failed("a"), Duration::from_millis(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_in_trouble_says_why_and_when_it_is_tried_next_until_a_success() {
+        let q = queue();
+        let errors = crate::metrics::ErrorCounts::default();
+        q.retry_failed("a", &errors, "unavailable", "the cloud is down".into());
+        q.retry_failed("a", &errors, "unavailable", "still down".into());
+        let trouble = q.status(&"a").trouble.unwrap();
+        assert_eq!(
+            (
+                trouble.failures,
+                trouble.kind.as_str(),
+                trouble.message.as_str()
+            ),
+            (2, "unavailable", "still down")
+        );
+        let next = trouble
+            .next_try
+            .unwrap()
+            .duration_since(trouble.since.unwrap())
+            .unwrap();
+        assert!(next >= Duration::from_millis(10), "{next:?}");
+        q.wait(
+            "b",
+            "provisioning",
+            "ready in 30s".into(),
+            Duration::from_secs(1),
+        );
+        let (listed, total) = q.troubled(1);
+        assert_eq!((listed.len(), total), (1, 2));
+        assert_eq!(
+            q.stats(),
+            QueueStats {
+                depth: 0,
+                in_flight: 0,
+                failing: 1,
+                waiting: 1
+            }
+        );
+        // A wait after failures is a new trouble, not a failure.
+        q.wait(
+            "a",
+            "provisioning",
+            "ready soon".into(),
+            Duration::from_secs(1),
+        );
+        assert_eq!(q.status(&"a").trouble.unwrap().failures, 0);
+        q.forget(&"a");
+        assert_eq!(q.status(&"a").trouble, None);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let status = q.status(&"b");
+        assert!(status.queued && !status.in_flight);
     }
 
     #[tokio::test(start_paused = true)]

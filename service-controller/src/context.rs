@@ -44,6 +44,19 @@ pub struct Context {
     /// Since when each Service has had a change (its creation included)
     /// that no ensure has carried to its load balancer yet.
     pub changed_since: Mutex<HashMap<Key, std::time::Instant>>,
+    /// The load balancers the last orphan check found without a Service.
+    pub orphaned: Mutex<Vec<Orphan>>,
+}
+
+/// A load balancer of this cluster whose Service is gone.
+#[derive(Clone, Debug)]
+pub struct Orphan {
+    /// The load balancer's name in the cloud.
+    pub load_balancer: String,
+    /// The Service it was made for, `namespace/name`.
+    pub service: String,
+    /// When it was first seen orphaned.
+    pub since: std::time::SystemTime,
 }
 
 impl Context {
@@ -162,6 +175,45 @@ impl Context {
             .unwrap_or_else(|e| e.into_inner())
             .entry(key.clone())
             .or_insert_with(std::time::Instant::now);
+    }
+
+    /// What `/debug/status` tells of this controller beyond what every
+    /// controller tells: the classes it serves and the orphans it found.
+    pub fn inspect(&self) -> serde_json::Value {
+        use ccm_runtime::inspect::{MAX_LISTED, ago_s, rfc3339};
+        let classes = &self.settings.classes;
+        let orphaned = self.orphaned.lock().unwrap_or_else(|e| e.into_inner());
+        serde_json::json!({
+            "classes": {"default": classes.default, "named": classes.named},
+            "provisioning": self.provisioning.lock().unwrap_or_else(|e| e.into_inner()).len(),
+            "orphaned_total": orphaned.len(),
+            "orphaned": orphaned.iter().take(MAX_LISTED).map(|o| serde_json::json!({
+                "load_balancer": o.load_balancer,
+                "service": o.service,
+                "since": rfc3339(o.since),
+                "since_ago_s": ago_s(o.since),
+            })).collect::<Vec<_>>(),
+            "deletes_orphans": self.settings.delete_orphans,
+        })
+    }
+
+    /// What `/debug/object` tells of one Service beyond its queue state.
+    pub fn inspect_service(&self, key: &Key) -> serde_json::Value {
+        let svc = self
+            .services
+            .get(&kube::runtime::reflector::ObjectRef::new(&key.1).within(&key.0));
+        let waiting = self
+            .changed_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .map(|seen| (seen.elapsed().as_secs_f64() * 10.0).round() / 10.0);
+        serde_json::json!({
+            "known": svc.is_some(),
+            "served": svc.as_ref().is_some_and(|s| crate::plan::wants_load_balancer(s, &self.settings.classes)),
+            "provisioning": self.provisioning.lock().unwrap_or_else(|e| e.into_inner()).contains_key(key),
+            "change_waiting_s": waiting,
+        })
     }
 
     /// Takes when the oldest change of `key` not yet carried was seen.

@@ -14,15 +14,20 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// What can go wrong with a Service in this controller alone.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    /// The cloud asks to come back after a delay (e.g. provisioning).
-    #[error("retry after {0:?}")]
-    RetryAfter(Duration),
+    /// The cloud asks to come back after `delay`: `reason` is the
+    /// gateway's (e.g. `PROVISIONING`), `message` its words.
+    #[error("retry after {delay:?}: {message}")]
+    RetryAfter {
+        delay: Duration,
+        reason: String,
+        message: String,
+    },
 }
 
 impl OwnError for ServiceError {
     fn metric_label(&self) -> &'static str {
         match self {
-            ServiceError::RetryAfter(_) => "retry_after",
+            ServiceError::RetryAfter { .. } => "retry_after",
         }
     }
 }

@@ -72,7 +72,27 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         provisioning: Mutex::new(HashMap::new()),
         hosts_changed_at: Mutex::new(None),
         changed_since: Mutex::new(HashMap::new()),
+        orphaned: Mutex::new(Vec::new()),
     });
+    base.inspect(
+        CONTROLLER_NAME,
+        &ctx.queue,
+        (ccm_runtime::inspect::namespaced_key, |(ns, name)| {
+            format!("{ns}/{name}")
+        }),
+        Box::new({
+            let ctx = Arc::downgrade(&ctx);
+            move || ctx.upgrade().map(|ctx| ctx.inspect()).unwrap_or_default()
+        }),
+        Box::new({
+            let ctx = Arc::downgrade(&ctx);
+            move |key| {
+                ctx.upgrade()
+                    .map(|ctx| ctx.inspect_service(key))
+                    .unwrap_or_default()
+            }
+        }),
+    );
     let nodes_changed = Arc::new(Notify::new());
 
     // Services: a sync when what matters changed, or cleanup is due.
@@ -222,9 +242,13 @@ async fn worker(ctx: Arc<Context>) {
         ctx.metrics.syncs.inc();
         match reconcile::sync_service(&ctx, &key).await {
             // The cloud said when: come back exactly then.
-            Err(Error::Own(ServiceError::RetryAfter(delay))) => {
-                ctx.queue.add_after(key.clone(), delay)
-            }
+            Err(Error::Own(ServiceError::RetryAfter {
+                delay,
+                reason,
+                message,
+            })) => ctx
+                .queue
+                .wait(key.clone(), &reason.to_lowercase(), message, delay),
             result => {
                 let errors = &ctx.metrics.sync_errors;
                 if let Some((e, retry_in)) = settle(&ctx.queue, &key, result, errors) {

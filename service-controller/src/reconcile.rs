@@ -262,7 +262,14 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         Poll::Unknown
     };
     let result = match poll {
-        Poll::Pending => return Err(ServiceError::RetryAfter(PROVISIONING_POLL).into()),
+        Poll::Pending => {
+            return Err(ServiceError::RetryAfter {
+                delay: PROVISIONING_POLL,
+                reason: ccm_proto::reason::PROVISIONING.into(),
+                message: "the cloud is still provisioning the load balancer".into(),
+            }
+            .into());
+        }
         Poll::Ready(status) => Ok((status, String::new(), Vec::new())),
         Poll::Unknown => ctx
             .gateway
@@ -349,7 +356,11 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
                 message: detail,
             }))
         }
-        Err(GatewayError::RetryAfter { delay, message, .. }) => {
+        Err(GatewayError::RetryAfter {
+            delay,
+            reason,
+            message,
+        }) => {
             publish(
                 ctx,
                 svc,
@@ -358,7 +369,12 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
                 format!("Error syncing load balancer: {message}"),
             )
             .await;
-            Err(ServiceError::RetryAfter(delay).into())
+            Err(ServiceError::RetryAfter {
+                delay,
+                reason,
+                message,
+            }
+            .into())
         }
         Err(e) => {
             publish(
@@ -489,7 +505,7 @@ fn is_orphan(
 /// Tracks load balancers of this cluster whose Service is gone.
 #[derive(Default)]
 pub struct Orphans {
-    first_seen: HashMap<String, Instant>,
+    first_seen: HashMap<String, (Instant, std::time::SystemTime)>,
 }
 
 /// One orphan check: reports orphans, and deletes those orphaned longer
@@ -531,8 +547,24 @@ pub async fn check_orphans(ctx: &Context, orphans: &mut Orphans) {
     orphans
         .first_seen
         .retain(|name, _| orphaned.iter().any(|lb| &lb.name == name));
+    let report = orphaned
+        .iter()
+        .map(|lb| {
+            let (_, since) = *orphans
+                .first_seen
+                .entry(lb.name.clone())
+                .or_insert((now, std::time::SystemTime::now()));
+            let service = lb.service.clone().unwrap_or_default();
+            crate::context::Orphan {
+                load_balancer: lb.name.clone(),
+                service: format!("{}/{}", service.namespace, service.name),
+                since,
+            }
+        })
+        .collect();
+    *ctx.orphaned.lock().unwrap_or_else(|e| e.into_inner()) = report;
     for lb in orphaned {
-        let since = *orphans.first_seen.entry(lb.name.clone()).or_insert(now);
+        let (since, _) = orphans.first_seen[&lb.name];
         let service = lb.service.clone().unwrap_or_default();
         tracing::warn!(load_balancer = %lb.name, service = %format!("{}/{}", service.namespace, service.name), "orphaned load balancer: its Service is gone");
         // Without its UID it cannot be named to the gateway: reported only.

@@ -26,3 +26,40 @@ pub fn bin_dir() -> PathBuf {
     };
     dir.to_path_buf()
 }
+
+/// What `kubectl ccm` answered: its exit code, stdout and stderr.
+#[derive(Debug)]
+pub struct PluginAnswer {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl PluginAnswer {
+    /// The `-o json` answer.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+}
+
+/// Runs `kubectl ccm <args>` as an operator would: kubectl from `PATH`
+/// finds the plugin (`kubectl-ccm`, built beside the tests) on `PATH`;
+/// `--kubeconfig` names the cluster.
+pub fn kubectl_ccm(kubeconfig: &std::path::Path, args: &[&str]) -> PluginAnswer {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![bin_dir()];
+    dirs.extend(std::env::split_paths(&path));
+    let out = std::process::Command::new("kubectl")
+        .arg("ccm")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env("PATH", std::env::join_paths(dirs).expect("a PATH"))
+        .output()
+        .expect("run kubectl (it is on PATH on a machine set up by .ci/run)");
+    PluginAnswer {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}

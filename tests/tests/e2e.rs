@@ -124,8 +124,12 @@ mod scenarios {
         // ServiceAccount's identity and may do only what the chart grants.
         let policy = dir.path().join("chart.yaml");
         // The sandbox's kubelets ask for serving certificates.
-        ccm_testkit::chart::render_to(&policy, &["nodeController.approveKubeletServingCSRs=true"])
-            .unwrap();
+        // An operator bound to the viewer roles runs kubectl ccm.
+        let sets = [
+            "nodeController.approveKubeletServingCSRs=true",
+            "viewer.subjects=[{kind: User, name: operator}]",
+        ];
+        ccm_testkit::chart::render_to(&policy, &sets).unwrap();
         let options = Options {
             cloud,
             nodes,
@@ -663,6 +667,22 @@ mod scenarios {
             nodes.get_opt("node-1").await.unwrap().is_none()
         })
         .await;
+
+        // An operator asks kubectl ccm, under the viewer roles only.
+        for args in [
+            &["why", "service/demo"][..],
+            &["why", "node/node-0"],
+            &["status"],
+        ] {
+            let kubeconfig = sandbox.kubeconfig.clone();
+            let mut args: Vec<&'static str> = args.to_vec();
+            args.extend(["--as", "operator"]);
+            let answer =
+                tokio::task::spawn_blocking(move || ccm_testkit::kubectl_ccm(&kubeconfig, &args))
+                    .await
+                    .unwrap();
+            assert!(matches!(answer.code, Some(0 | 1)), "{answer:?}");
+        }
 
         // A deleted Service: load balancer, status and finalizer go.
         Api::<Service>::namespaced(client.clone(), "default")

@@ -354,6 +354,76 @@ type: Normal
     .await;
 }
 
+/// Answers every HTTP request on a loopback port with `body`; returns the
+/// port.
+async fn http_answering(body: &'static str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf).await;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.write_all(answer.as_bytes()).await;
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_raw_reaches_a_pod_and_a_service_through_the_proxy() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    let port = http_answering("# TYPE up gauge\nup 1\n").await;
+    blocking(move || {
+        k.run(
+            &["create", "-f", "-"],
+            Some(&format!(
+                r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: gateway-0, namespace: kube-system}}
+spec: {{containers: [{{name: gateway, image: x, ports: [{{name: admin, containerPort: {port}}}]}}]}}
+status: {{phase: Running, podIP: 127.0.0.1}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: gateway, namespace: kube-system}}
+spec: {{ports: [{{name: admin, port: {port}}}]}}
+---
+apiVersion: v1
+kind: Endpoints
+metadata: {{name: gateway, namespace: kube-system}}
+subsets: [{{addresses: [{{ip: 127.0.0.1}}], ports: [{{name: admin, port: {port}}}]}}]
+"#
+            )),
+        );
+        for path in [
+            "/api/v1/namespaces/kube-system/pods/gateway-0/proxy/metrics".to_owned(),
+            format!("/api/v1/namespaces/kube-system/pods/gateway-0:{port}/proxy/metrics"),
+            "/api/v1/namespaces/kube-system/services/gateway:admin/proxy/metrics".to_owned(),
+        ] {
+            let out = k.run(&["get", "--raw", &path], None);
+            assert_eq!(out, "# TYPE up gauge\nup 1\n", "{path}");
+        }
+        let (code, _, err) = k.try_run(
+            &[
+                "get",
+                "--raw",
+                "/api/v1/namespaces/kube-system/services/nothing:admin/proxy/",
+            ],
+            None,
+        );
+        assert_ne!(code, 0);
+        assert!(err.contains("not found"), "{err}");
+    })
+    .await;
+}
+
 #[test]
 fn the_server_binary_writes_a_kubeconfig_kubectl_can_use() {
     let dir = tempfile::tempdir().unwrap();

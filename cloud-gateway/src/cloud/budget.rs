@@ -73,6 +73,26 @@ struct State {
     last: Instant,
     paused_until: Option<Instant>,
     queues: [VecDeque<oneshot::Sender<()>>; 3],
+    last_throttled: Option<std::time::SystemTime>,
+}
+
+/// The budget at a glance, for an operator.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Snapshot {
+    /// The configured rate, calls per second.
+    pub rate: f64,
+    /// The rate now (lower for a while after throttling).
+    pub rate_now: f64,
+    pub burst: f64,
+    /// Tokens in the bucket (negative after charges).
+    pub tokens: f64,
+    /// How long the bucket stays paused after throttling.
+    pub paused_for: Duration,
+    /// Calls waiting, by priority: high, normal, low.
+    pub waiting: [usize; 3],
+    pub max_wait: Duration,
+    /// When the cloud last throttled.
+    pub last_throttled: Option<std::time::SystemTime>,
 }
 
 impl State {
@@ -121,6 +141,7 @@ impl Budget {
                 last: Instant::now(),
                 paused_until: None,
                 queues: Default::default(),
+                last_throttled: None,
             }),
             config,
             wake: Notify::new(),
@@ -131,6 +152,26 @@ impl Budget {
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The budget now.
+    pub fn snapshot(&self) -> Snapshot {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.refill(&self.config, now);
+        Snapshot {
+            rate: self.config.rate,
+            rate_now: state.rate,
+            burst: self.config.burst,
+            tokens: state.tokens,
+            paused_for: state
+                .paused_until
+                .map(|u| u.saturating_duration_since(now))
+                .unwrap_or_default(),
+            waiting: [0, 1, 2].map(|i| state.queues[i].len()),
+            max_wait: self.config.max_wait,
+            last_throttled: state.last_throttled,
+        }
     }
 
     /// Waits for a token at `priority`; returns how long it waited.
@@ -184,6 +225,7 @@ impl Budget {
         state.paused_until = Some(state.paused_until.map_or(until, |p| p.max(until)));
         state.rate = (state.rate / 2.0).max(self.config.rate * 0.05);
         state.tokens = state.tokens.min(0.0);
+        state.last_throttled = Some(std::time::SystemTime::now());
         drop(state);
         self.wake.notify_one();
     }

@@ -15,6 +15,7 @@ use ccm_provider::{
 };
 
 pub mod budget;
+pub mod calls;
 pub mod instance_lookups;
 pub mod load_balancer_reads;
 
@@ -37,6 +38,7 @@ pub struct Cloud {
     provider: Arc<dyn Provider>,
     budget: Arc<Budget>,
     metrics: Metrics,
+    calls: calls::CallLog,
 }
 
 impl Cloud {
@@ -46,7 +48,13 @@ impl Cloud {
             provider,
             budget,
             metrics,
+            calls: calls::CallLog::default(),
         }
+    }
+
+    /// Recent calls per object and the provider's last errors.
+    pub fn calls(&self) -> &calls::CallLog {
+        &self.calls
     }
 
     /// The provider's name, the scheme of its provider IDs.
@@ -191,6 +199,14 @@ impl Cloud {
             Ok(_) => "ok",
             Err(e) => e.metric_label(),
         };
+        if let Err(e) = &result {
+            self.calls.provider_error(calls::ProviderError {
+                at: std::time::SystemTime::now(),
+                operation: op.as_str(),
+                outcome,
+                message: e.to_string(),
+            });
+        }
         tracing::Span::current().record("outcome", outcome);
         self.metrics
             .cloud_calls

@@ -10,7 +10,7 @@ use ccm_proto::v1::{
 use ccm_provider::{Lookup, Operation, TagOutcome};
 use tonic::{Request, Response, Status};
 
-use super::status::answer;
+use super::status::{answer, answer_for};
 
 use super::convert;
 use super::validate::{ProviderIds, Violations};
@@ -46,7 +46,15 @@ impl Instances for InstancesService {
         &self,
         request: Request<GetInstancesRequest>,
     ) -> Result<Response<GetInstancesResponse>, Status> {
-        answer(async move {
+        let objects: Vec<String> = request
+            .get_ref()
+            .nodes
+            .iter()
+            .map(|n| format!("node/{}", n.name))
+            .collect();
+        let priority = priority(request.get_ref().purpose);
+        let log = self.cloud.calls();
+        answer_for(log, "GetInstances", priority, &objects, async move {
             let req = request.into_inner();
             let mut v = Violations::default();
             v.cluster_name(&req.cluster_name);
@@ -56,10 +64,7 @@ impl Instances for InstancesService {
             }
             v.finish()?;
             let nodes: Vec<_> = req.nodes.into_iter().map(convert::node).collect();
-            let answers = self
-                .lookups
-                .lookup(&nodes, req.fresh, priority(req.purpose))
-                .await?;
+            let answers = self.lookups.lookup(&nodes, req.fresh, priority).await?;
             let results = nodes
                 .into_iter()
                 .zip(answers)

@@ -11,7 +11,7 @@ use ccm_proto::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::status::answer;
+use super::status::{answer, answer_for, service_object};
 
 use super::convert;
 use super::validate::Violations;
@@ -60,19 +60,27 @@ impl LoadBalancers for LoadBalancersService {
         &self,
         request: Request<GetLoadBalancerRequest>,
     ) -> Result<Response<GetLoadBalancerResponse>, Status> {
-        answer(async move {
-            let req = request.into_inner();
-            let mut v = Violations::default();
-            v.cluster_name(&req.cluster_name);
-            v.service("service", req.service.as_ref());
-            v.finish()?;
-            let service = convert::service(req.service);
-            let status = self.reads.get(&req.cluster_name, service).await?;
-            Ok(Response::new(GetLoadBalancerResponse {
-                exists: status.is_some(),
-                status: status.map(convert::status_to_wire),
-            }))
-        })
+        let objects = service_object(request.get_ref().service.as_ref());
+        let log = self.cloud.calls();
+        answer_for(
+            log,
+            "GetLoadBalancer",
+            Priority::Low,
+            &objects,
+            async move {
+                let req = request.into_inner();
+                let mut v = Violations::default();
+                v.cluster_name(&req.cluster_name);
+                v.service("service", req.service.as_ref());
+                v.finish()?;
+                let service = convert::service(req.service);
+                let status = self.reads.get(&req.cluster_name, service).await?;
+                Ok(Response::new(GetLoadBalancerResponse {
+                    exists: status.is_some(),
+                    status: status.map(convert::status_to_wire),
+                }))
+            },
+        )
         .await
     }
 
@@ -81,33 +89,42 @@ impl LoadBalancers for LoadBalancersService {
         &self,
         request: Request<EnsureLoadBalancerRequest>,
     ) -> Result<Response<EnsureLoadBalancerResponse>, Status> {
-        answer(async move {
-            let caller = Caller::name_of(&request);
-            let req = request.into_inner();
-            let (spec, hosts) = checked(&req.cluster_name, req.spec, req.hosts)?;
-            let resource = resource(&spec.service.uid);
-            let status = self
-                .cloud
-                .load_balancers()?
-                .call(
-                    Operation::EnsureLoadBalancer,
-                    Priority::High,
-                    Some(Audit {
-                        caller: &caller,
-                        cluster: &req.cluster_name,
-                        resource: &resource,
-                    }),
-                    |lbs| lbs.ensure(&req.cluster_name, &spec, &hosts),
-                )
-                .await?;
-            let adopted = status.adopted.clone().unwrap_or_default();
-            let no_effect = status.no_effect.clone();
-            Ok(Response::new(EnsureLoadBalancerResponse {
-                status: Some(convert::status_to_wire(status)),
-                adopted,
-                no_effect,
-            }))
-        })
+        let spec = request.get_ref().spec.as_ref();
+        let objects = service_object(spec.and_then(|s| s.service.as_ref()));
+        let log = self.cloud.calls();
+        answer_for(
+            log,
+            "EnsureLoadBalancer",
+            Priority::High,
+            &objects,
+            async move {
+                let caller = Caller::name_of(&request);
+                let req = request.into_inner();
+                let (spec, hosts) = checked(&req.cluster_name, req.spec, req.hosts)?;
+                let resource = resource(&spec.service.uid);
+                let status = self
+                    .cloud
+                    .load_balancers()?
+                    .call(
+                        Operation::EnsureLoadBalancer,
+                        Priority::High,
+                        Some(Audit {
+                            caller: &caller,
+                            cluster: &req.cluster_name,
+                            resource: &resource,
+                        }),
+                        |lbs| lbs.ensure(&req.cluster_name, &spec, &hosts),
+                    )
+                    .await?;
+                let adopted = status.adopted.clone().unwrap_or_default();
+                let no_effect = status.no_effect.clone();
+                Ok(Response::new(EnsureLoadBalancerResponse {
+                    status: Some(convert::status_to_wire(status)),
+                    adopted,
+                    no_effect,
+                }))
+            },
+        )
         .await
     }
 
@@ -115,7 +132,11 @@ impl LoadBalancers for LoadBalancersService {
         &self,
         request: Request<UpdateLoadBalancerHostsRequest>,
     ) -> Result<Response<UpdateLoadBalancerHostsResponse>, Status> {
-        answer(async move {
+        let spec = request.get_ref().spec.as_ref();
+        let objects = service_object(spec.and_then(|s| s.service.as_ref()));
+        let log = self.cloud.calls();
+        let method = "UpdateLoadBalancerHosts";
+        answer_for(log, method, Priority::Normal, &objects, async move {
             let caller = Caller::name_of(&request);
             let req = request.into_inner();
             let (spec, hosts) = checked(&req.cluster_name, req.spec, req.hosts)?;
@@ -142,30 +163,38 @@ impl LoadBalancers for LoadBalancersService {
         &self,
         request: Request<DeleteLoadBalancerRequest>,
     ) -> Result<Response<DeleteLoadBalancerResponse>, Status> {
-        answer(async move {
-            let caller = Caller::name_of(&request);
-            let req = request.into_inner();
-            let mut v = Violations::default();
-            v.cluster_name(&req.cluster_name);
-            v.service("service", req.service.as_ref());
-            v.finish()?;
-            let service = convert::service(req.service);
-            let resource = resource(&service.uid);
-            self.cloud
-                .load_balancers()?
-                .call(
-                    Operation::DeleteLoadBalancer,
-                    Priority::High,
-                    Some(Audit {
-                        caller: &caller,
-                        cluster: &req.cluster_name,
-                        resource: &resource,
-                    }),
-                    |lbs| lbs.delete(&req.cluster_name, &service),
-                )
-                .await?;
-            Ok(Response::new(DeleteLoadBalancerResponse {}))
-        })
+        let objects = service_object(request.get_ref().service.as_ref());
+        let log = self.cloud.calls();
+        answer_for(
+            log,
+            "DeleteLoadBalancer",
+            Priority::High,
+            &objects,
+            async move {
+                let caller = Caller::name_of(&request);
+                let req = request.into_inner();
+                let mut v = Violations::default();
+                v.cluster_name(&req.cluster_name);
+                v.service("service", req.service.as_ref());
+                v.finish()?;
+                let service = convert::service(req.service);
+                let resource = resource(&service.uid);
+                self.cloud
+                    .load_balancers()?
+                    .call(
+                        Operation::DeleteLoadBalancer,
+                        Priority::High,
+                        Some(Audit {
+                            caller: &caller,
+                            cluster: &req.cluster_name,
+                            resource: &resource,
+                        }),
+                        |lbs| lbs.delete(&req.cluster_name, &service),
+                    )
+                    .await?;
+                Ok(Response::new(DeleteLoadBalancerResponse {}))
+            },
+        )
         .await
     }
 

@@ -11,9 +11,62 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use ccm_provider::CloudError;
 
+use crate::cloud::budget::Priority;
+use crate::cloud::calls::{Call, CallLog};
+
 /// Runs one RPC's work and answers its error as a status.
 pub async fn answer<T>(work: impl Future<Output = Result<T, CloudError>>) -> Result<T, Status> {
     work.await.map_err(status)
+}
+
+/// Runs one RPC's work for `objects` (`service/<ns>/<name>`,
+/// `node/<name>`), remembers its outcome for each in `log`, and answers its
+/// error as a status.
+pub async fn answer_for<T>(
+    log: &CallLog,
+    method: &'static str,
+    priority: Priority,
+    objects: &[String],
+    work: impl Future<Output = Result<T, CloudError>>,
+) -> Result<T, Status> {
+    let started = std::time::Instant::now();
+    let result = work.await.map_err(status);
+    let (outcome, reason, message, retry_after) = match &result {
+        Ok(_) => ("Ok".to_owned(), String::new(), String::new(), None),
+        Err(s) => {
+            let details = s.get_error_details();
+            (
+                format!("{:?}", s.code()),
+                details
+                    .error_info()
+                    .map(|i| i.reason.clone())
+                    .unwrap_or_default(),
+                s.message().to_owned(),
+                details.retry_info().and_then(|r| r.retry_delay),
+            )
+        }
+    };
+    log.record(
+        objects.iter().map(String::as_str),
+        Call {
+            at: std::time::SystemTime::now(),
+            method,
+            priority: priority.as_str(),
+            outcome,
+            reason,
+            message,
+            retry_after,
+            latency: started.elapsed(),
+        },
+    );
+    result
+}
+
+/// How the call log names a Service.
+pub fn service_object(service: Option<&ccm_proto::v1::ServiceRef>) -> Vec<String> {
+    service
+        .map(|s| vec![format!("service/{}/{}", s.namespace, s.name)])
+        .unwrap_or_default()
 }
 
 /// The status for `err`.

@@ -1,5 +1,5 @@
 //! The HTTP face of the test server: discovery, the resource verbs, the
-//! four patch types, watches, and TokenReview.
+//! four patch types, watches, TokenReview, and `proxy` (see `proxy`).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use super::Shared;
 use super::patch::strategic_merge;
 use super::protobuf;
+use super::proxy;
 use super::rbac;
 use super::resources::{self, RESOURCES, Resource};
 use super::schema::{self, FieldValidation};
@@ -75,27 +76,31 @@ fn query(uri: &Uri) -> HashMap<String, String> {
 struct Target {
     resource: &'static Resource,
     namespace: Option<String>,
+    /// The name as the path spells it: for `proxy`, with the scheme and
+    /// port it may carry (`http:NAME:PORT`), as kube-apiserver authorizes.
     name: Option<String>,
     sub: Option<String>,
+    /// The segments after the subresource: the path `proxy` forwards.
+    rest: Vec<String>,
 }
 
 fn target(group: &str, version: &str, segs: &[&str]) -> Option<Target> {
     let namespaced = segs.len() >= 3
         && segs[0] == "namespaces"
         && resources::find(group, version, segs[2]).is_some_and(|r| r.namespaced);
-    if namespaced {
-        return Some(Target {
-            resource: resources::find(group, version, segs[2])?,
-            namespace: Some(segs[1].to_owned()),
-            name: segs.get(3).map(|s| s.to_string()),
-            sub: segs.get(4).map(|s| s.to_string()),
-        });
-    }
+    // `object`: the name, the subresource and what follows.
+    let (namespace, plural, object) = match segs {
+        [_, ns, plural, object @ ..] if namespaced => (Some(ns.to_string()), *plural, object),
+        [plural, object @ ..] => (None, *plural, object),
+        [] => return None,
+    };
+    let resource = resources::find(group, version, plural)?;
     Some(Target {
-        resource: resources::find(group, version, segs.first()?)?,
-        namespace: None,
-        name: segs.get(1).map(|s| s.to_string()),
-        sub: segs.get(2).map(|s| s.to_string()),
+        resource,
+        namespace,
+        name: object.first().map(|s| s.to_string()),
+        sub: object.get(1).map(|s| s.to_string()),
+        rest: object.iter().skip(2).map(|s| s.to_string()).collect(),
     })
 }
 
@@ -189,10 +194,16 @@ fn resource_list(group: &str, version: &str) -> Value {
             "kind": r.kind, "verbs": if r.create_only { json!(["create"]) } else { verbs.clone() },
             "shortNames": r.short_names,
         }));
+        let mut subresources: Vec<&str> = r.subresources.to_vec();
         if r.has_status {
+            subresources.push("status");
+        }
+        subresources.sort_unstable();
+        for sub in subresources {
+            let (kind, verbs) = r.subresource_discovery(sub);
             out.push(json!({
-                "name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced,
-                "kind": r.kind, "verbs": ["get", "patch", "update"],
+                "name": format!("{}/{sub}", r.plural), "singularName": "", "namespaced": r.namespaced,
+                "kind": kind, "verbs": verbs,
             }));
         }
     }
@@ -259,6 +270,15 @@ async fn dispatch(
     let (t, user) = authorized_target(shared, group, version, segs, &method, &q, headers)?;
     let resource = t.resource;
     let ns = t.namespace.clone().unwrap_or_default();
+    if let (Some("proxy"), Some(id)) = (t.sub.as_deref(), t.name.as_deref()) {
+        let to = proxy::Destination {
+            plural: resource.plural,
+            namespace: &ns,
+            id,
+            rest: &t.rest,
+        };
+        return proxy::forward(&shared.store, &to, &method, uri, headers, body).await;
+    }
     let status = t.sub.is_some();
     let mode = FieldValidation::parse(q.get("fieldValidation").map(String::as_str));
     let accept = headers
@@ -488,6 +508,13 @@ fn authorized_target(
             format!("{} has no subresource {sub}", resource.plural),
         ));
     }
+    if !t.rest.is_empty() && t.sub.as_deref() != Some("proxy") {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ));
+    }
     if resource.namespaced && t.name.is_some() && t.namespace.is_none() {
         return Err(ApiError::new(
             404,
@@ -499,7 +526,11 @@ fn authorized_target(
     shared.authorize(
         user.as_ref(),
         &rbac::Attributes {
-            verb: verb(method, t.name.is_some(), q).to_owned(),
+            verb: match t.sub.as_deref() {
+                Some("proxy") => proxy::verb(method),
+                _ => verb(method, t.name.is_some(), q),
+            }
+            .to_owned(),
             group: group.to_owned(),
             resource: match &t.sub {
                 Some(sub) => format!("{}/{sub}", resource.plural),

@@ -2,13 +2,16 @@
 //! what the controllers and kubectl use (see `resources` for what is
 //! served), keeps everything in memory, and runs in-process on loopback or
 //! as the `kube-test-apiserver` binary. [`fixtures`] builds the Nodes and
-//! Services that tests and the sandbox put in it.
+//! Services that tests and the sandbox put in it. `pods/proxy` and
+//! `services/proxy` reach HTTP servers on loopback through the Pods and
+//! Endpoints a test creates (see the `proxy` module).
 
 mod events;
 pub mod fixtures;
 mod http;
 pub mod patch;
 pub mod protobuf;
+mod proxy;
 pub mod rbac;
 pub mod resources;
 pub mod schema;

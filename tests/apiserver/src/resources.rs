@@ -27,7 +27,8 @@ pub struct Resource {
     pub short_names: &'static [&'static str],
     /// Only `create` is served (reviews).
     pub create_only: bool,
-    /// Subresources besides `status` (a CSR's `approval`).
+    /// Subresources besides `status` (a CSR's `approval`, a pod's
+    /// `proxy`).
     pub subresources: &'static [&'static str],
 }
 
@@ -47,6 +48,18 @@ impl Resource {
             self.plural.to_owned()
         } else {
             format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// What discovery says of the subresource `sub`: its kind and verbs,
+    /// as kube-apiserver lists them.
+    pub fn subresource_discovery(&self, sub: &str) -> (String, &'static [&'static str]) {
+        match sub {
+            "proxy" => (
+                format!("{}ProxyOptions", self.kind),
+                &["create", "delete", "get", "patch", "update"],
+            ),
+            _ => (self.kind.to_owned(), &["get", "patch", "update"]),
         }
     }
 }
@@ -77,11 +90,29 @@ const fn resource(
 /// Every served resource.
 pub static RESOURCES: &[Resource] = &[
     resource("", "nodes", "node", "Node", false, true, &["no"]),
-    resource("", "services", "service", "Service", true, true, &["svc"]),
+    // Services and pods forward HTTP to their backends through `proxy`
+    // (see `proxy`).
+    Resource {
+        subresources: &["proxy"],
+        ..resource("", "services", "service", "Service", true, true, &["svc"])
+    },
     resource("", "events", "event", "Event", true, false, &["ev"]),
     // Pods: empty unless a test creates some; `kubectl describe node`
     // lists them.
-    resource("", "pods", "pod", "Pod", true, true, &["po"]),
+    Resource {
+        subresources: &["proxy"],
+        ..resource("", "pods", "pod", "Pod", true, true, &["po"])
+    },
+    // Where `services/proxy` finds a Service's backends.
+    resource(
+        "",
+        "endpoints",
+        "endpoints",
+        "Endpoints",
+        true,
+        false,
+        &["ep"],
+    ),
     resource(
         "",
         "namespaces",

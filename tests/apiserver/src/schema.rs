@@ -26,6 +26,7 @@ fn typed(kind: &str, group: &str, obj: &Value) -> Result<Option<Value>, String> 
         ("", "Event") => round_trip::<core::v1::Event>(obj)?,
         ("", "Namespace") => round_trip::<core::v1::Namespace>(obj)?,
         ("", "Pod") => round_trip::<core::v1::Pod>(obj)?,
+        ("", "Endpoints") => round_trip::<core::v1::Endpoints>(obj)?,
         ("events.k8s.io", "Event") => round_trip::<events::v1::Event>(obj)?,
         ("coordination.k8s.io", "Lease") => round_trip::<coordination::v1::Lease>(obj)?,
         ("certificates.k8s.io", "CertificateSigningRequest") => {

@@ -126,6 +126,15 @@ pub fn service_account(binary: &str) -> String {
     format!("{RELEASE}-{component}")
 }
 
+/// The labels the chart gives a component's objects.
+fn chart_labels(component: &str) -> serde_json::Value {
+    json!({
+        "app.kubernetes.io/name": "cloud-controller-manager",
+        "app.kubernetes.io/instance": RELEASE,
+        "app.kubernetes.io/component": component,
+    })
+}
+
 fn random_token() -> String {
     format!(
         "{}{}",
@@ -328,6 +337,9 @@ impl Sandbox {
         sandbox.spawn("kube-test-apiserver", "kube-test-apiserver", &api_args, &[])?;
         let (grpc, admin) = (free_port()?, free_port()?);
         let gateway_dir = state.join("gateway");
+        // Each process as the chart's Pod: name, component, admin and gRPC
+        // ports.
+        let mut pods: Vec<(String, &str, u16, Option<u16>)> = Vec::new();
         let roles: Vec<String> = COMPONENTS[1..]
             .iter()
             .map(|(binary, role)| format!("{NAMESPACE}/{}={role}", service_account(binary)))
@@ -371,6 +383,7 @@ impl Sandbox {
             sandbox
                 .endpoints
                 .insert("gateway_admin".into(), format!("http://{}", addr(admin)));
+            pods.push(("cloud-gateway".to_owned(), "gateway", admin, Some(grpc)));
         }
         sandbox.gateway = format!("http://{}", addr(grpc));
         sandbox
@@ -434,13 +447,87 @@ impl Sandbox {
                 sandbox
                     .endpoints
                     .insert(format!("{name}_admin"), format!("http://{}", addr(admin)));
+                pods.push((name, binary, admin, None));
             }
         }
+        sandbox.register_pods(&pods).await?;
         std::fs::write(
             state.join("endpoints.json"),
             serde_json::to_string_pretty(&sandbox.endpoints)?,
         )?;
         Ok(sandbox)
+    }
+
+    /// Registers each process as the chart's Pod would be (in the chart's
+    /// namespace, with its labels, named ports and the loopback address as
+    /// its IP), and the gateway as its Service with endpoints, so what
+    /// reaches them through the API server (`pods/proxy`,
+    /// `services/proxy`, `kubectl ccm`) works as in a cluster. A Lease
+    /// holder's identity starts with its Pod's name.
+    async fn register_pods(&self, pods: &[(String, &str, u16, Option<u16>)]) -> anyhow::Result<()> {
+        let client = self.client().await?;
+        let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        for (name, component, admin, grpc) in pods {
+            let component = component.trim_start_matches("cloud-");
+            let mut ports =
+                vec![json!({"name": "admin", "containerPort": admin, "protocol": "TCP"})];
+            if let Some(grpc) = grpc {
+                ports.push(json!({"name": "grpc", "containerPort": grpc, "protocol": "TCP"}));
+            }
+            let pod = json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": NAMESPACE, "labels": chart_labels(component)},
+                "spec": {
+                    "serviceAccountName": service_account(if component == "gateway" { "cloud-gateway" } else { component }),
+                    "containers": [{"name": component, "image": "cloud-controller-manager:sandbox", "ports": ports}],
+                },
+            });
+            api.create(&PostParams::default(), &serde_json::from_value(pod)?)
+                .await
+                .with_context(|| format!("register pod {name}"))?;
+            let status = json!({"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}});
+            api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .with_context(|| format!("set the status of pod {name}"))?;
+        }
+        let Some((_, _, admin, Some(grpc))) = pods.iter().find(|p| p.1 == "gateway") else {
+            return Ok(());
+        };
+        let gateway = format!("{RELEASE}-gateway");
+        let service = json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": gateway, "namespace": NAMESPACE, "labels": chart_labels("gateway")},
+            "spec": {
+                "selector": chart_labels("gateway"),
+                "ports": [
+                    {"name": "grpc", "port": grpc, "targetPort": "grpc", "protocol": "TCP"},
+                    {"name": "admin", "port": admin, "targetPort": "admin", "protocol": "TCP"},
+                ],
+            },
+        });
+        Api::<Service>::namespaced(client.clone(), NAMESPACE)
+            .create(&PostParams::default(), &serde_json::from_value(service)?)
+            .await
+            .context("register the gateway's Service")?;
+        let endpoints = json!({
+            "apiVersion": "v1",
+            "kind": "Endpoints",
+            "metadata": {"name": gateway, "namespace": NAMESPACE, "labels": chart_labels("gateway")},
+            "subsets": [{
+                "addresses": [{"ip": "127.0.0.1", "targetRef": {"kind": "Pod", "namespace": NAMESPACE, "name": "cloud-gateway"}}],
+                "ports": [
+                    {"name": "grpc", "port": grpc, "protocol": "TCP"},
+                    {"name": "admin", "port": admin, "protocol": "TCP"},
+                ],
+            }],
+        });
+        Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client, NAMESPACE)
+            .create(&PostParams::default(), &serde_json::from_value(endpoints)?)
+            .await
+            .context("register the gateway's endpoints")?;
+        Ok(())
     }
 
     /// Sets up the cloud: nothing for the sim; for AWS, moto with a

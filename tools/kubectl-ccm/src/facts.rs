@@ -1,0 +1,310 @@
+//! Reading what a verdict needs, through the Kubernetes API server only,
+//! as the person running the plugin: the object, its controller's Lease,
+//! the leader's admin server through `pods/proxy`, the gateway's through
+//! `services/proxy`, and the object's events.
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, Node, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use serde_json::Value;
+
+use crate::verdict::{Answer, Condition, EventLine, Leader, NodeFacts, ServiceFacts};
+
+/// The most events shown.
+const EVENTS: usize = 5;
+/// The service controller's condition type.
+const CONDITION: &str = "LoadBalancerSynced";
+const TAINT_UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+const TAINT_SHUTDOWN: &str = "node.cloudprovider.kubernetes.io/shutdown";
+
+/// Where the cloud controller manager runs: its namespace and release.
+#[derive(Clone, Debug)]
+pub struct Install {
+    pub namespace: String,
+    pub release: String,
+}
+
+impl Install {
+    fn lease(&self, controller: &str) -> String {
+        format!("{}-{controller}", self.release)
+    }
+
+    fn gateway_service(&self) -> String {
+        format!("{}-gateway", self.release)
+    }
+}
+
+/// Why a request failed, as a person reads it.
+pub fn explain(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => format!(
+            "forbidden: {} (bind the ccm-viewer roles to this user: see the chart's viewer.subjects)",
+            s.message
+        ),
+        kube::Error::Api(s) => format!("{} {}: {}", s.code, s.reason, s.message),
+        other => other.to_string(),
+    }
+}
+
+fn secs_since(t: Timestamp) -> f64 {
+    let d = Timestamp::now().duration_since(t);
+    (d.as_secs_f64() * 10.0).round() / 10.0
+}
+
+/// Who holds `controller`'s Lease.
+pub async fn leader(
+    client: &kube::Client,
+    install: &Install,
+    controller: &str,
+) -> Result<Leader, String> {
+    let name = install.lease(controller);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &install.namespace);
+    let mut leader = Leader {
+        controller: controller.into(),
+        lease: format!("{}/{name}", install.namespace),
+        ..Leader::default()
+    };
+    let Some(lease) = leases.get_opt(&name).await.map_err(|e| explain(&e))? else {
+        return Ok(leader);
+    };
+    leader.found = true;
+    let spec = lease.spec.unwrap_or_default();
+    let holder = spec.holder_identity.filter(|h| !h.is_empty());
+    let renewed = spec.renew_time.map(|t| t.0);
+    let duration = f64::from(spec.lease_duration_seconds.unwrap_or(15));
+    leader.renewed = renewed.map(|t| t.to_string());
+    leader.renewed_ago_s = renewed.map(secs_since);
+    leader.held_for_s = spec.acquire_time.map(|t| secs_since(t.0));
+    leader.valid = holder.is_some() && leader.renewed_ago_s.is_some_and(|ago| ago <= duration);
+    leader.pod = holder
+        .as_deref()
+        .map(|h| h.rsplit_once('_').map_or(h, |(pod, _)| pod).to_owned());
+    leader.holder = holder;
+    Ok(leader)
+}
+
+/// `GET path` through the API server, as JSON.
+async fn get_json(client: &kube::Client, path: &str) -> Answer {
+    let request = http::Request::get(path)
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    let text = client
+        .request_text(request)
+        .await
+        .map_err(|e| explain(&e))?;
+    serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "not JSON ({e}): {}",
+            text.chars().take(200).collect::<String>()
+        )
+    })
+}
+
+fn encode(key: &str) -> String {
+    key.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The leader pod's admin server at `path`, through `pods/proxy`. No port
+/// is named: kube-apiserver takes the pod's first container port, and a
+/// controller's only one is its admin port (a name would not be looked up).
+pub async fn from_leader(
+    client: &kube::Client,
+    install: &Install,
+    leader: &Leader,
+    path: &str,
+) -> Answer {
+    let pod = match (&leader.pod, leader.valid) {
+        (Some(pod), true) => pod,
+        _ => return Err("no leader to ask".into()),
+    };
+    get_json(
+        client,
+        &format!(
+            "/api/v1/namespaces/{}/pods/{pod}/proxy{path}",
+            install.namespace
+        ),
+    )
+    .await
+}
+
+/// The gateway's admin server at `path`, through `services/proxy`.
+pub async fn from_gateway(client: &kube::Client, install: &Install, path: &str) -> Answer {
+    get_json(
+        client,
+        &format!(
+            "/api/v1/namespaces/{}/services/{}:admin/proxy{path}",
+            install.namespace,
+            install.gateway_service()
+        ),
+    )
+    .await
+}
+
+/// The leader's view of the object `key`.
+async fn leader_object(
+    client: &kube::Client,
+    install: &Install,
+    leader: &Leader,
+    key: &str,
+) -> Answer {
+    from_leader(
+        client,
+        install,
+        leader,
+        &format!("/debug/object?key={}", encode(key)),
+    )
+    .await
+}
+
+/// The gateway's last calls for `object`.
+async fn gateway_calls(client: &kube::Client, install: &Install, object: &str) -> Answer {
+    from_gateway(
+        client,
+        install,
+        &format!("/debug/object?key={}", encode(object)),
+    )
+    .await
+}
+
+/// The newest events of the object `kind`/`name` in `namespace`.
+async fn events(client: &kube::Client, namespace: &str, kind: &str, name: &str) -> Vec<EventLine> {
+    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let Ok(list) = api.list(&Default::default()).await else {
+        return Vec::new();
+    };
+    let mut mine: Vec<_> = list
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.kind.as_deref() == Some(kind)
+                && e.involved_object.name.as_deref() == Some(name)
+        })
+        .map(|e| {
+            let at = e
+                .last_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .or(e.event_time.as_ref().map(|t| t.0))
+                .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0));
+            (at, e)
+        })
+        .collect();
+    mine.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
+    mine.into_iter()
+        .take(EVENTS)
+        .map(|(at, e)| EventLine {
+            age_s: at.map(secs_since),
+            type_: e.type_.unwrap_or_default(),
+            reason: e.reason.unwrap_or_default(),
+            message: e.message.unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// Everything `why service/NAME` reads.
+pub async fn service(
+    client: &kube::Client,
+    install: &Install,
+    namespace: &str,
+    name: &str,
+) -> Result<ServiceFacts, String> {
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let svc = services.get(name).await.map_err(|e| explain(&e))?;
+    let spec = svc.spec.clone().unwrap_or_default();
+    let status = svc.status.clone().unwrap_or_default();
+    let key = format!("{namespace}/{name}");
+    let leader = leader(client, install, "service-controller").await?;
+    let object = format!("service/{namespace}/{name}");
+    let (controller, queue, gateway, calls, events) = tokio::join!(
+        from_leader(client, install, &leader, "/debug/status"),
+        leader_object(client, install, &leader, &key),
+        from_gateway(client, install, "/debug/status"),
+        gateway_calls(client, install, &object),
+        events(client, namespace, "Service", name),
+    );
+    Ok(ServiceFacts {
+        service: key,
+        type_: spec.type_.unwrap_or_else(|| "ClusterIP".into()),
+        load_balancer_class: spec.load_balancer_class,
+        ingress: status
+            .load_balancer
+            .and_then(|lb| lb.ingress)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|i| i.ip.or(i.hostname))
+            .collect(),
+        deleting: svc.metadata.deletion_timestamp.is_some(),
+        condition: status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == CONDITION)
+            .map(|c| Condition {
+                status: c.status,
+                reason: c.reason,
+                message: c.message,
+            }),
+        leader,
+        controller,
+        queue,
+        gateway,
+        gateway_calls: calls,
+        events,
+    })
+}
+
+/// Everything `why node/NAME` reads.
+pub async fn node(
+    client: &kube::Client,
+    install: &Install,
+    name: &str,
+) -> Result<NodeFacts, String> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = nodes.get(name).await.map_err(|e| explain(&e))?;
+    let spec = node.spec.clone().unwrap_or_default();
+    let taints = spec.taints.unwrap_or_default();
+    let tainted = |key: &str| taints.iter().any(|t| t.key == key);
+    let leader = leader(client, install, "node-controller").await?;
+    let object = format!("node/{name}");
+    let (controller, queue, gateway, calls, events) = tokio::join!(
+        from_leader(client, install, &leader, "/debug/status"),
+        leader_object(client, install, &leader, name),
+        from_gateway(client, install, "/debug/status"),
+        gateway_calls(client, install, &object),
+        events(client, "default", "Node", name),
+    );
+    Ok(NodeFacts {
+        node: name.into(),
+        provider_id: spec.provider_id,
+        uninitialized: tainted(TAINT_UNINITIALIZED),
+        shutdown: tainted(TAINT_SHUTDOWN),
+        leader,
+        controller,
+        queue,
+        gateway,
+        gateway_calls: calls,
+        events,
+    })
+}
+
+/// One controller's state for `status`.
+pub async fn controller(
+    client: &kube::Client,
+    install: &Install,
+    name: &str,
+) -> Result<(Leader, Answer), String> {
+    let leader = leader(client, install, name).await?;
+    let status = from_leader(client, install, &leader, "/debug/status").await;
+    Ok((leader, status))
+}
+
+/// The value at `pointer` in an answer, if it was read.
+pub fn at<'a>(answer: &'a Answer, pointer: &str) -> Option<&'a Value> {
+    answer.as_ref().ok()?.pointer(pointer)
+}
