@@ -338,7 +338,11 @@ pub async fn monitor(ctx: &Context) {
     // Fresh "not found" answers count; cached ones are asked again, fresh.
     let mut confirmed = Vec::new();
     let mut recheck = Vec::new();
-    for (node, result) in lookup_batches(ctx, ask, LookupPurpose::Lifecycle, false).await {
+    let asked = ask.len();
+    let answers = lookup_batches(ctx, ask, LookupPurpose::Lifecycle, false).await;
+    // A pass whose lookups failed says nothing of deletions held back.
+    let answered = answers.len() == asked;
+    for (node, result) in answers {
         match plan::verdict(&node, result.state(), result.cached) {
             Verdict::TaintShutdown => set_shutdown_taint(ctx, &node.name_any(), true).await,
             Verdict::Delete => confirmed.push(node),
@@ -352,7 +356,9 @@ pub async fn monitor(ctx: &Context) {
         }
     }
     if confirmed.is_empty() {
-        ctx.hold_back(None);
+        if answered {
+            ctx.hold_back(None);
+        }
         return;
     }
     if plan::hold_deletions(

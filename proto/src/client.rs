@@ -627,14 +627,15 @@ impl opentelemetry::propagation::Injector for MetadataInjector<'_> {
 }
 
 /// Whether `status` is tonic's own word that no answer came (no
-/// connection, a broken one), not one the gateway sent: the gateway's
-/// statuses always carry details in its domain.
+/// connection, a broken one), not one the gateway sent: tonic makes those
+/// from a transport error, which it keeps as the status's source; a status
+/// the gateway sent has none.
 fn no_answer(status: &Status) -> bool {
-    use tonic_types::StatusExt as _;
+    use std::error::Error as _;
     matches!(
         status.code(),
         tonic::Code::Unavailable | tonic::Code::Unknown
-    ) && status.get_error_details().error_info().is_none()
+    ) && status.source().is_some()
 }
 
 fn deadline_exceeded(timeout: Duration) -> Error {

@@ -149,32 +149,11 @@ fn json(value: &serde_json::Value) -> axum::response::Response {
         .into_response()
 }
 
-/// The `key` parameter of a query string, percent-decoded.
+/// The `key` parameter of a query string, decoded.
 fn key_param(query: &str) -> Option<String> {
-    let raw = query
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("key="))?
-        .replace('+', " ");
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(name, _)| name == "key")
+        .map(|(_, value)| value.into_owned())
 }
 
 async fn debug_status(State(state): State<AdminState>) -> axum::response::Response {
@@ -211,7 +190,7 @@ mod tests {
             Some("default/web")
         );
         assert_eq!(key_param("x=1&key=a/b").as_deref(), Some("a/b"));
-        assert_eq!(key_param("key=%zz").as_deref(), Some("%zz"));
+        assert_eq!(key_param("key=a+b").as_deref(), Some("a b"));
         assert_eq!(key_param("other=1"), None);
     }
 }

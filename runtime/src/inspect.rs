@@ -73,6 +73,7 @@ pub fn ago_s(t: SystemTime) -> f64 {
 pub fn trouble_json(t: &Trouble) -> Value {
     json!({
         "failures": t.failures,
+        "waiting": t.waiting,
         "kind": t.kind,
         "message": t.message,
         "since": t.since.map(rfc3339),
@@ -150,6 +151,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Inspect for ControllerInspect
                 "depth": stats.depth,
                 "in_flight": stats.in_flight,
                 "failing": stats.failing,
+                "failing_repeatedly": stats.failing_repeatedly,
                 "waiting": stats.waiting,
             },
             "troubled": troubled.iter().map(|(k, t)| {
@@ -267,7 +269,7 @@ mod tests {
         );
         let web = i.object("default/web").unwrap();
         assert_eq!(web["queue"]["trouble"]["kind"], "provisioning");
-        assert_eq!(web["queue"]["trouble"]["failures"], 0);
+        assert_eq!(web["queue"]["trouble"]["waiting"], true);
         assert_eq!(web["provisioning"], true);
         assert_eq!(
             i.object("default/other").unwrap()["queue"]["trouble"],

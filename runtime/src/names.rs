@@ -42,6 +42,12 @@ pub const LABEL_EXCLUDE_FROM_LB: &str = "node.kubernetes.io/exclude-from-externa
 /// Finalizer on Services whose load balancer must be cleaned up. Never change.
 pub const FINALIZER_LB_CLEANUP: &str = "service.kubernetes.io/load-balancer-cleanup";
 
+/// The Service condition the service controller writes: whether the load
+/// balancer matches the Service. `kubectl ccm` reads it: never change.
+pub const CONDITION_LB_SYNCED: &str = "LoadBalancerSynced";
+/// Its reason when an annotation (or other Service field) is refused.
+pub const REASON_INVALID_CONFIGURATION: &str = "InvalidConfiguration";
+
 /// Namespace of the leader election leases.
 pub const LEASE_NAMESPACE: &str = "kube-system";
 /// Lease of the node controller. Changing it lets two versions lead at

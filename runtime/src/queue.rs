@@ -65,8 +65,11 @@ impl Backoff {
 /// Why a key is not done: it failed, or the cloud asked to come back.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Trouble {
-    /// Failures in a row (0 while it only waits).
+    /// Failures in a row; a wait neither counts nor resets them.
     pub failures: u32,
+    /// Whether the key waits for the cloud (its last sync was told to come
+    /// back later) rather than failed.
+    pub waiting: bool,
     /// The last failure's metric label, or what it waits for (e.g.
     /// `provisioning`); empty when not said.
     pub kind: String,
@@ -99,9 +102,14 @@ pub struct QueueStats {
     pub in_flight: usize,
     /// Keys whose last sync failed.
     pub failing: usize,
+    /// Of those, keys that failed [`REPEATED`] times or more in a row.
+    pub failing_repeatedly: usize,
     /// Keys waiting for the cloud, not failing.
     pub waiting: usize,
 }
+
+/// Failures in a row after which a key's trouble is no passing one.
+pub const REPEATED: u32 = 3;
 
 struct Inner<K> {
     /// Keys in order, each with when it was queued.
@@ -223,6 +231,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 trouble.since = Some(now);
             }
             trouble.failures += 1;
+            trouble.waiting = false;
             let delay = self.backoff.delay(trouble.failures);
             trouble.kind = kind.to_owned();
             trouble.message = message;
@@ -235,16 +244,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
 
     /// `key` waits for the cloud (`kind`, e.g. `provisioning`, with the
     /// cloud's `message`): it is queued after `delay`, not counted as a
-    /// failure; a wait of the same kind keeps its start.
+    /// failure (nor does it reset the failures' backoff); a wait of the
+    /// same kind keeps its start.
     pub fn wait(&self, key: K, kind: &str, message: String, delay: Duration) {
         let now = SystemTime::now();
         {
             let mut inner = self.lock();
             let trouble = inner.troubles.entry(key.clone()).or_default();
-            if trouble.failures > 0 || trouble.kind != kind {
+            if !trouble.waiting || trouble.kind != kind {
                 trouble.since = Some(now);
             }
-            trouble.failures = 0;
+            trouble.waiting = true;
             trouble.kind = kind.to_owned();
             trouble.message = message;
             trouble.next_try = Some(now + delay);
@@ -285,12 +295,13 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     /// Depth, keys in flight, and keys failing or waiting.
     pub fn stats(&self) -> QueueStats {
         let inner = self.lock();
-        let failing = inner.troubles.values().filter(|t| t.failures > 0).count();
+        let failing = || inner.troubles.values().filter(|t| !t.waiting);
         QueueStats {
             depth: inner.queue.len(),
             in_flight: inner.processing.len(),
-            failing,
-            waiting: inner.troubles.len() - failing,
+            failing: failing().count(),
+            failing_repeatedly: failing().filter(|t| t.failures >= REPEATED).count(),
+            waiting: inner.troubles.values().filter(|t| t.waiting).count(),
         }
     }
 
@@ -475,17 +486,21 @@ mod tests {
                 depth: 0,
                 in_flight: 0,
                 failing: 1,
+                failing_repeatedly: 0,
                 waiting: 1
             }
         );
-        // A wait after failures is a new trouble, not a failure.
+        // A wait after failures is a new trouble that keeps their count
+        // (the next failure backs off further).
         q.wait(
             "a",
             "provisioning",
             "ready soon".into(),
             Duration::from_secs(1),
         );
-        assert_eq!(q.status(&"a").trouble.unwrap().failures, 0);
+        let trouble = q.status(&"a").trouble.unwrap();
+        assert!(trouble.waiting && trouble.failures == 2);
+        assert_eq!(q.add_failed("a"), Duration::from_millis(20));
         q.forget(&"a");
         assert_eq!(q.status(&"a").trouble, None);
         tokio::time::sleep(Duration::from_secs(2)).await;

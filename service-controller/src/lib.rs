@@ -246,9 +246,13 @@ async fn worker(ctx: Arc<Context>) {
                 delay,
                 reason,
                 message,
-            })) => ctx
-                .queue
-                .wait(key.clone(), &reason.to_lowercase(), message, delay),
+            })) => {
+                let kind = match reason.as_str() {
+                    "" => "retry_after".to_owned(),
+                    reason => reason.to_lowercase(),
+                };
+                ctx.queue.wait(key.clone(), &kind, message, delay)
+            }
             result => {
                 let errors = &ctx.metrics.sync_errors;
                 if let Some((e, retry_in)) = settle(&ctx.queue, &key, result, errors) {

@@ -354,7 +354,7 @@ pub fn current_ingress(svc: &Service) -> Vec<LoadBalancerIngress> {
 }
 
 /// The condition type this controller writes on Services.
-pub const CONDITION: &str = "LoadBalancerSynced";
+pub const CONDITION: &str = names::CONDITION_LB_SYNCED;
 
 /// The Service's `LoadBalancerSynced` condition: `(status, reason)`.
 pub fn current_condition(svc: &Service) -> Option<(String, String)> {

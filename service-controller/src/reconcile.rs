@@ -350,7 +350,8 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
                 format!("Error syncing load balancer: {detail}"),
             )
             .await;
-            write_condition(ctx, svc, false, "InvalidConfiguration", &detail).await?;
+            let reason = ccm_runtime::names::REASON_INVALID_CONFIGURATION;
+            write_condition(ctx, svc, false, reason, &detail).await?;
             Err(Error::Gateway(GatewayError::InvalidArgument {
                 violations: Vec::new(),
                 message: detail,

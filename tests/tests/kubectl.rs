@@ -675,3 +675,274 @@ async fn kubectl_creates_csrs_as_a_node_and_approves_or_denies_them() {
     })
     .await;
 }
+
+/// The reasons of `kubectl get events` (a server-side Table) in the
+/// order printed.
+fn reasons(table: &str) -> Vec<String> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+        .collect()
+}
+
+/// `--sort-by` sorts the Table's rows by a field of each row's object,
+/// which kubectl asks the server to include (`includeObject=Object`).
+/// Events written through core/v1 (client-go's recorder, the kubelet)
+/// carry `lastTimestamp`; events written through events.k8s.io/v1
+/// (kube-rs's Recorder) have it `null` in their core/v1 view, as
+/// kube-apiserver converts them, and sort first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_sorts_events_by_last_timestamp() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    blocking(move || {
+        let legacy = |name: &str, reason: &str, last: &str| {
+            format!(
+                "apiVersion: v1\nkind: Event\nmetadata: {{name: {name}, namespace: default}}\ninvolvedObject: {{kind: Node, name: node-1}}\nreason: {reason}\nmessage: {reason} happened\ntype: Normal\nsource: {{component: kubelet, host: node-1}}\nfirstTimestamp: \"2026-01-01T00:00:00Z\"\nlastTimestamp: \"{last}\"\ncount: 2\n---\n"
+            )
+        };
+        // Created, and named, out of time order.
+        let events = [
+            legacy("a-third", "Third", "2026-01-01T00:03:00Z"),
+            legacy("b-first", "First", "2026-01-01T00:01:00Z"),
+            legacy("c-second", "Second", "2026-01-01T00:02:00Z"),
+        ]
+        .concat();
+        k.run(&["create", "-f", "-"], Some(&events));
+        k.run(
+            &["create", "-f", "-"],
+            Some(
+                r#"
+apiVersion: events.k8s.io/v1
+kind: Event
+metadata: {name: d-new, namespace: default}
+eventTime: "2026-01-01T00:04:00.000000Z"
+reportingController: ccm.example.com/node-controller
+reportingInstance: pod-1
+action: Sync
+reason: New
+note: written through events.k8s.io
+type: Normal
+regarding: {kind: Node, name: node-1}
+"#,
+            ),
+        );
+        let listed = k.run(&["get", "events"], None);
+        assert_eq!(reasons(&listed), ["Third", "First", "Second", "New"], "{listed}");
+        let sorted = k.run(&["get", "events", "--sort-by=.lastTimestamp"], None);
+        assert_eq!(reasons(&sorted), ["New", "First", "Second", "Third"], "{sorted}");
+        let wide = k.run(&["get", "events", "--sort-by=.lastTimestamp", "-o", "wide"], None);
+        assert!(
+            wide.contains("kubelet, node-1") && wide.contains("ccm.example.com/node-controller, pod-1"),
+            "the source column: {wide}"
+        );
+        // The core/v1 view of the events.k8s.io event, as kube-apiserver
+        // converts it: no deprecated fields, so no first or last timestamp
+        // and no count.
+        let new = k.json(&["get", "events", "d-new"]);
+        assert_eq!(new["lastTimestamp"], Value::Null, "{new}");
+        assert_eq!(new["firstTimestamp"], Value::Null, "{new}");
+        assert!(new.get("count").is_none(), "{new}");
+        assert_eq!(new["eventTime"], "2026-01-01T00:04:00.000000Z");
+        assert_eq!(new["reportingComponent"], "ccm.example.com/node-controller");
+        assert_eq!(new["source"], serde_json::json!({}));
+        assert_eq!(new["message"], "written through events.k8s.io");
+    })
+    .await;
+}
+
+/// `kubectl explain` reads the OpenAPI v3 schemas of the served kinds,
+/// following their `$ref`s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_explains_services_nodes_and_leases() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    blocking(move || {
+        let spec = k.run(&["explain", "service.spec"], None);
+        for field in [
+            "KIND:       Service",
+            "FIELD: spec <ServiceSpec>",
+            "ports\t<[]ServicePort>",
+            "type\t<string>",
+            "loadBalancerClass\t<string>",
+            "externalTrafficPolicy\t<string>",
+            "allocateLoadBalancerNodePorts\t<boolean>",
+            "selector\t<map[string]string>",
+        ] {
+            assert!(spec.contains(field), "{field}:\n{spec}");
+        }
+        let port = k.run(&["explain", "service.spec.ports"], None);
+        for field in [
+            "port\t<integer> -required-",
+            "nodePort\t<integer>",
+            "targetPort\t<",
+        ] {
+            assert!(port.contains(field), "{field}:\n{port}");
+        }
+        let taints = k.run(&["explain", "node.spec.taints"], None);
+        for field in [
+            "FIELD: taints <[]Taint>",
+            "effect\t<string> -required-",
+            "key\t<string> -required-",
+            "NoSchedule",
+        ] {
+            assert!(taints.contains(field), "{field}:\n{taints}");
+        }
+        let lease = k.run(&["explain", "lease.spec"], None);
+        for field in [
+            "GROUP:      coordination.k8s.io",
+            "holderIdentity\t<string>",
+            "leaseDurationSeconds\t<integer>",
+            "renewTime\t<string>",
+        ] {
+            assert!(lease.contains(field), "{field}:\n{lease}");
+        }
+        let (code, _, err) = k.try_run(&["explain", "service.spec.nothing"], None);
+        assert_ne!(code, 0);
+        assert!(err.contains("field \"nothing\" does not exist"), "{err}");
+    })
+    .await;
+}
+
+/// `kubectl auth can-i` asks with a SelfSubjectAccessReview (protobuf),
+/// `--list` with a SelfSubjectRulesReview; without RBAC everyone may do
+/// anything. kubectl sends no credentials over plain http, so it cannot
+/// be anyone once RBAC is on: the answers under RBAC, and that asking is
+/// not a request in the RBAC report, are tested with a kube client in
+/// kube-test-apiserver's `tests/reviews.rs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_auth_can_i_asks_the_server() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    blocking(move || {
+        assert_eq!(
+            k.run(&["auth", "can-i", "list", "nodes"], None).trim(),
+            "yes"
+        );
+        assert_eq!(
+            k.run(
+                &["auth", "can-i", "delete", "nodes", "--as", "stranger"],
+                None
+            )
+            .trim(),
+            "yes"
+        );
+        assert_eq!(
+            k.run(
+                &[
+                    "auth",
+                    "can-i",
+                    "get",
+                    "services",
+                    "-n",
+                    "kube-system",
+                    "--subresource",
+                    "status"
+                ],
+                None
+            )
+            .trim(),
+            "yes"
+        );
+        let list = k.run(&["auth", "can-i", "--list"], None);
+        assert!(list.lines().any(|l| l.starts_with("*.*")), "{list}");
+        // A SubjectAccessReview, as `kubectl create -f` sends one.
+        let review: Value = serde_json::from_str(&k.run(
+            &["create", "-f", "-", "-o", "json"],
+            Some(
+                "apiVersion: authorization.k8s.io/v1\nkind: SubjectAccessReview\nspec:\n  user: stranger\n  resourceAttributes: {verb: list, resource: nodes}\n",
+            ),
+        ))
+        .unwrap();
+        assert_eq!(review["kind"], "SubjectAccessReview", "{review}");
+        assert_eq!(review["status"]["allowed"], true, "{review}");
+        assert_eq!(review["spec"]["user"], "stranger", "{review}");
+        // The server checks its fields: kubectl asks it to be strict.
+        let (code, _, err) = k.try_run(
+            &["create", "-f", "-"],
+            Some(
+                "apiVersion: authorization.k8s.io/v1\nkind: SubjectAccessReview\nspec:\n  user: stranger\n  verb: list\n",
+            ),
+        );
+        assert_ne!(code, 0);
+        assert!(err.contains("unknown field \"spec.verb\""), "{err}");
+    })
+    .await;
+}
+
+/// `kubectl get all` lists the kinds discovery puts in the `all`
+/// category: of kube-apiserver's, pods and services are served here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_all_lists_pods_and_services() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    blocking(move || {
+        k.run(
+            &["create", "-f", "-"],
+            Some(&format!(
+                "{SERVICE}---\napiVersion: v1\nkind: Pod\nmetadata: {{name: web-0, namespace: default, labels: {{app: web}}}}\nspec: {{containers: [{{name: web, image: web:1}}]}}\n"
+            )),
+        );
+        let all = k.run(&["get", "all"], None);
+        assert!(all.contains("pod/web-0") && all.contains("service/web"), "{all}");
+        let names = k.run(&["get", "all", "-o", "name"], None);
+        assert_eq!(names.lines().collect::<Vec<_>>(), ["pod/web-0", "service/web"], "{names}");
+        let in_all = k.run(&["api-resources", "--categories=all", "-o", "name"], None);
+        assert_eq!(in_all.lines().collect::<Vec<_>>(), ["pods", "services"], "{in_all}");
+    })
+    .await;
+}
+
+/// Leaving LoadBalancer for ClusterIP drops what only the old type used
+/// and the request did not change (kube-apiserver's
+/// `dropTypeDependentFields`): node ports, the health check node port,
+/// the load balancer class, the external traffic policy; the node ports
+/// are free again. A node port set in the same request is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_patch_to_cluster_ip_leaves_no_node_port() {
+    let server = ApiServer::start().await.unwrap();
+    let k = Kubectl::new(&server);
+    blocking(move || {
+        let local = SERVICE.replace(
+            "type: LoadBalancer",
+            "type: LoadBalancer\n  externalTrafficPolicy: Local\n  loadBalancerClass: example.com/lb",
+        );
+        k.run(&["apply", "-f", "-"], Some(&local));
+        let svc = k.json(&["get", "svc", "web"]);
+        let node_port = svc["spec"]["ports"][0]["nodePort"].as_i64().unwrap();
+        assert!(svc["spec"]["healthCheckNodePort"].is_i64(), "{svc}");
+
+        k.run(&["patch", "svc", "web", "-p", r#"{"spec":{"type":"ClusterIP"}}"#], None);
+        let svc = k.json(&["get", "svc", "web"]);
+        let spec = &svc["spec"];
+        assert_eq!(spec["type"], "ClusterIP");
+        assert!(spec["ports"][0].get("nodePort").is_none(), "{spec}");
+        for gone in ["healthCheckNodePort", "loadBalancerClass", "externalTrafficPolicy"] {
+            assert!(spec.get(gone).is_none(), "{gone}: {spec}");
+        }
+        assert_eq!(spec["ports"][0]["port"], 80);
+        assert!(spec["clusterIP"].is_string(), "the cluster IP stays: {spec}");
+        let table = k.run(&["get", "svc", "web"], None);
+        assert!(table.contains("80/TCP") && !table.contains("80:"), "{table}");
+
+        // Back to NodePort: node ports again, the freed one first.
+        k.run(&["patch", "svc", "web", "-p", r#"{"spec":{"type":"NodePort"}}"#], None);
+        let svc = k.json(&["get", "svc", "web"]);
+        assert_eq!(svc["spec"]["ports"][0]["nodePort"], node_port, "{svc}");
+        assert_eq!(svc["spec"]["externalTrafficPolicy"], "Cluster", "{svc}");
+
+        // A node port the request sets is the user's: not dropped, refused.
+        let (code, _, err) = k.try_run(
+            &["patch", "svc", "web", "-p",
+              r#"{"spec":{"type":"ClusterIP","ports":[{"port":80,"nodePort":31999}]}}"#],
+            None,
+        );
+        assert_ne!(code, 0);
+        assert!(
+            err.contains("spec.ports[0].nodePort: Forbidden: may not be used when `type` is 'ClusterIP'"),
+            "{err}"
+        );
+    })
+    .await;
+}

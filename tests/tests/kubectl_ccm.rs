@@ -24,6 +24,18 @@ struct Cluster {
     _dir: tempfile::TempDir,
 }
 
+/// The simulated kubelets: each Node of a running instance Ready, every
+/// other one Unknown (as the node lifecycle would mark it).
+fn kubelets(sandbox: &Sandbox) -> tokio::task::JoinHandle<()> {
+    let handle = sandbox.handle();
+    tokio::spawn(async move {
+        loop {
+            let _ = handle.heartbeat().await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+}
+
 impl Cluster {
     async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
@@ -45,13 +57,7 @@ impl Cluster {
         };
         let sandbox = Sandbox::start(options).await.unwrap();
         sandbox.populate().await.unwrap();
-        let handle = sandbox.handle();
-        let kubelets = tokio::spawn(async move {
-            loop {
-                let _ = handle.heartbeat().await;
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        });
+        let kubelets = kubelets(&sandbox);
         let cluster = Self {
             sandbox,
             kubelets,
@@ -75,12 +81,14 @@ impl Cluster {
         all.extend(["--as", OPERATOR]);
         let kubeconfig = self.sandbox.kubeconfig.clone();
         let all: Vec<String> = all.into_iter().map(String::from).collect();
-        tokio::task::spawn_blocking(move || {
+        let run = tokio::task::spawn_blocking(move || {
             let args: Vec<&str> = all.iter().map(String::as_str).collect();
             kubectl_ccm(&kubeconfig, &args)
-        })
-        .await
-        .unwrap()
+        });
+        tokio::time::timeout(LIMIT, run)
+            .await
+            .expect("kubectl ccm answered in time")
+            .unwrap()
     }
 
     /// The verdict's cause for `object` (`-o json`).
@@ -248,10 +256,28 @@ async fn kubectl_ccm_names_each_cause_of_a_pending_service_or_node() {
         .unwrap();
     c.until_cause("service/busy", "throttling", "cloud throttling: ")
         .await;
+    let (_, answer) = c.cause("service/busy").await;
+    let summary = answer.json()["verdict"]["summary"].to_string();
+    assert!(summary.contains("this one at high priority"), "{summary}");
+
+    // The cloud failing every ensure.
+    sim.set_faults(ccm_proto::v1::Faults {
+        error_rate_by_operation: [("ensure_load_balancer".to_owned(), 1.0)].into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let broken = fixtures::load_balancer("default", "broken").build();
+    services
+        .create(&PostParams::default(), &broken)
+        .await
+        .unwrap();
+    c.until_cause("service/broken", "failing", "failing: ")
+        .await;
     sim.set_faults(ccm_proto::v1::Faults::default())
         .await
         .unwrap();
-    for name in ["bad", "other", "slow", "busy"] {
+    for name in ["bad", "other", "slow", "busy", "broken"] {
         services
             .delete(name, &DeleteParams::default())
             .await
@@ -259,7 +285,9 @@ async fn kubectl_ccm_names_each_cause_of_a_pending_service_or_node() {
     }
 
     // A Node whose instance the cloud does not have, its kubelet up (a
-    // NotReady one would be deleted on the cloud's confirmed answer).
+    // NotReady one would be deleted on the cloud's confirmed answer, so the
+    // simulated kubelets, which would mark it so, pause meanwhile).
+    c.kubelets.abort();
     let nodes: Api<Node> = Api::all(c.sandbox.client().await.unwrap());
     let ghost = fixtures::node("ghost").uninitialized().ready().build();
     let status = ghost.status.clone();
@@ -282,6 +310,29 @@ async fn kubectl_ccm_names_each_cause_of_a_pending_service_or_node() {
         .delete("ghost", &DeleteParams::default())
         .await
         .unwrap();
+    c.kubelets = kubelets(&c.sandbox);
+
+    // The service controller's leader killed: until the standby takes
+    // over, the leader the Lease names does not answer.
+    let leader = c
+        .sandbox
+        .leader("ccm-service-controller")
+        .await
+        .unwrap()
+        .expect("a service-controller leads");
+    c.sandbox.kill(&leader).await.unwrap();
+    let waiting = fixtures::load_balancer("default", "leaderless").build();
+    services
+        .create(&PostParams::default(), &waiting)
+        .await
+        .unwrap();
+    c.until_cause(
+        "service/leaderless",
+        "leader_unreachable",
+        &format!("the service-controller leader {leader} does not answer"),
+    )
+    .await;
+    c.sandbox.restart(&leader).unwrap();
 
     // The gateway stopped: the leader cannot reach it.
     c.sandbox.kill("cloud-gateway").await.unwrap();

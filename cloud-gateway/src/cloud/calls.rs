@@ -16,6 +16,18 @@ pub const MAX_OBJECTS: usize = 4096;
 pub const PER_OBJECT: usize = 8;
 /// The most provider errors remembered.
 pub const MAX_ERRORS: usize = 20;
+/// The longest object name and message kept, in bytes; longer ones are
+/// cut (a call is recorded before its request is validated).
+pub const MAX_TEXT: usize = 1024;
+
+/// `text` cut to [`MAX_TEXT`] bytes, on a character boundary.
+fn bounded(text: &str) -> &str {
+    let mut end = text.len().min(MAX_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
 
 /// One call as its caller saw it.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,7 +37,7 @@ pub struct Call {
     pub method: &'static str,
     /// The budget priority it asked at.
     pub priority: &'static str,
-    /// `OK` or the gRPC code's name.
+    /// `Ok` or the gRPC code, as tonic names them (`ResourceExhausted`).
     pub outcome: String,
     /// The machine-readable reason of a failure, e.g. `CLOUD_THROTTLED`.
     pub reason: String,
@@ -71,11 +83,12 @@ impl CallLog {
     }
 
     /// Remembers `call` for each of `objects`.
-    pub fn record<'a>(&self, objects: impl IntoIterator<Item = &'a str>, call: Call) {
+    pub fn record<'a>(&self, objects: impl IntoIterator<Item = &'a str>, mut call: Call) {
+        call.message.truncate(bounded(&call.message).len());
         let mut inner = self.lock();
         inner.records += 1;
         let seq = inner.records;
-        for object in objects {
+        for object in objects.into_iter().map(bounded) {
             let (last, calls) = inner.by_object.entry(object.to_owned()).or_default();
             *last = seq;
             if calls.len() == PER_OBJECT {
@@ -110,7 +123,8 @@ impl CallLog {
     }
 
     /// Remembers a failed provider call.
-    pub fn provider_error(&self, error: ProviderError) {
+    pub fn provider_error(&self, mut error: ProviderError) {
+        error.message.truncate(bounded(&error.message).len());
         let mut inner = self.lock();
         if inner.errors.len() == MAX_ERRORS {
             inner.errors.pop_front();
@@ -162,11 +176,11 @@ mod tests {
         for i in 0..(PER_OBJECT as u64 + 3) {
             log.record(["service/default/web"], call(i, "OK"));
         }
-        log.record(["node/a", "node/b"], call(100, "UNAVAILABLE"));
+        log.record(["node/a", "node/b"], call(100, "Unavailable"));
         let web = log.calls("service/default/web");
         assert_eq!(web.len(), PER_OBJECT);
         assert_eq!(web[0].at, call(3, "OK").at, "the oldest went first");
-        assert_eq!(log.calls("node/b")[0].outcome, "UNAVAILABLE");
+        assert_eq!(log.calls("node/b")[0].outcome, "Unavailable");
         assert!(log.calls("node/c").is_empty());
     }
 
@@ -184,6 +198,18 @@ mod tests {
         assert!(log.size().0 <= MAX_OBJECTS);
         assert!(log.calls("service/default/old").is_empty());
         assert_eq!(log.calls("service/default/kept").len(), 2);
+    }
+
+    #[test]
+    fn long_names_and_messages_are_cut() {
+        let log = CallLog::default();
+        let name = format!("service/default/{}", "é".repeat(MAX_TEXT));
+        let mut long = call(0, "Unavailable");
+        long.message = "x".repeat(10 * MAX_TEXT);
+        log.record([name.as_str()], long);
+        let kept = log.lock().by_object.keys().next().cloned().unwrap();
+        assert!(kept.len() <= MAX_TEXT && name.starts_with(&kept));
+        assert_eq!(log.calls(&kept)[0].message.len(), MAX_TEXT);
     }
 
     #[test]

@@ -65,7 +65,7 @@ impl LoadBalancers for LoadBalancersService {
         answer_for(
             log,
             "GetLoadBalancer",
-            Priority::Low,
+            Priority::Normal,
             &objects,
             async move {
                 let req = request.into_inner();

@@ -3,6 +3,7 @@
 //! the leader's admin server through `pods/proxy`, the gateway's through
 //! `services/proxy`, and the object's events.
 
+use ccm_runtime::names;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Node, Service};
 use k8s_openapi::jiff::Timestamp;
@@ -13,12 +14,11 @@ use crate::verdict::{Answer, Condition, EventLine, Leader, NodeFacts, ServiceFac
 
 /// The most events shown.
 const EVENTS: usize = 5;
-/// The service controller's condition type.
-const CONDITION: &str = "LoadBalancerSynced";
-const TAINT_UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
-const TAINT_SHUTDOWN: &str = "node.cloudprovider.kubernetes.io/shutdown";
+/// The most events read for them.
+const EVENTS_READ: u32 = 100;
 
-/// Where the cloud controller manager runs: its namespace and release.
+/// Where the cloud controller manager runs: its namespace and the base of
+/// its objects' names (the chart's `fullnameOverride`, else the release).
 #[derive(Clone, Debug)]
 pub struct Install {
     pub namespace: String,
@@ -75,6 +75,14 @@ pub async fn leader(
     let duration = f64::from(spec.lease_duration_seconds.unwrap_or(15));
     leader.renewed = renewed.map(|t| t.to_string());
     leader.renewed_ago_s = renewed.map(secs_since);
+    leader.expired = renewed
+        .and_then(|t| {
+            t.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
+                duration as i64,
+            ))
+            .ok()
+        })
+        .map(|t| t.to_string());
     leader.held_for_s = spec.acquire_time.map(|t| secs_since(t.0));
     leader.valid = holder.is_some() && leader.renewed_ago_s.is_some_and(|ago| ago <= duration);
     leader.pod = holder
@@ -84,7 +92,8 @@ pub async fn leader(
     Ok(leader)
 }
 
-/// `GET path` through the API server, as JSON.
+/// `GET path` through the API server, as JSON. The client's read timeout
+/// bounds a server that takes the connection and never answers.
 async fn get_json(client: &kube::Client, path: &str) -> Answer {
     let request = http::Request::get(path)
         .body(Vec::new())
@@ -119,9 +128,10 @@ pub async fn from_leader(
     leader: &Leader,
     path: &str,
 ) -> Answer {
-    let pod = match (&leader.pod, leader.valid) {
-        (Some(pod), true) => pod,
-        _ => return Err("no leader to ask".into()),
+    // The holder is asked even when its Lease looks expired by this
+    // machine's clock: its own answer says whether it leads.
+    let Some(pod) = &leader.pod else {
+        return Err("no replica holds the Lease".into());
     };
     get_json(
         client,
@@ -172,19 +182,24 @@ async fn gateway_calls(client: &kube::Client, install: &Install, object: &str) -
     .await
 }
 
-/// The newest events of the object `kind`/`name` in `namespace`.
-async fn events(client: &kube::Client, namespace: &str, kind: &str, name: &str) -> Vec<EventLine> {
+/// The newest events of the object `kind`/`name` in `namespace`, or why
+/// they could not be read.
+async fn events(
+    client: &kube::Client,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+) -> Result<Vec<EventLine>, String> {
     let api: Api<Event> = Api::namespaced(client.clone(), namespace);
-    let Ok(list) = api.list(&Default::default()).await else {
-        return Vec::new();
-    };
+    let params = kube::api::ListParams::default()
+        .fields(&format!(
+            "involvedObject.kind={kind},involvedObject.name={name}"
+        ))
+        .limit(EVENTS_READ);
+    let list = api.list(&params).await.map_err(|e| explain(&e))?;
     let mut mine: Vec<_> = list
         .items
         .into_iter()
-        .filter(|e| {
-            e.involved_object.kind.as_deref() == Some(kind)
-                && e.involved_object.name.as_deref() == Some(name)
-        })
         .map(|e| {
             let at = e
                 .last_timestamp
@@ -196,7 +211,8 @@ async fn events(client: &kube::Client, namespace: &str, kind: &str, name: &str) 
         })
         .collect();
     mine.sort_by_key(|(at, _)| std::cmp::Reverse(*at));
-    mine.into_iter()
+    Ok(mine
+        .into_iter()
         .take(EVENTS)
         .map(|(at, e)| EventLine {
             age_s: at.map(secs_since),
@@ -204,7 +220,7 @@ async fn events(client: &kube::Client, namespace: &str, kind: &str, name: &str) 
             reason: e.reason.unwrap_or_default(),
             message: e.message.unwrap_or_default(),
         })
-        .collect()
+        .collect())
 }
 
 /// Everything `why service/NAME` reads.
@@ -244,7 +260,7 @@ pub async fn service(
             .conditions
             .unwrap_or_default()
             .into_iter()
-            .find(|c| c.type_ == CONDITION)
+            .find(|c| c.type_ == names::CONDITION_LB_SYNCED)
             .map(|c| Condition {
                 status: c.status,
                 reason: c.reason,
@@ -282,8 +298,8 @@ pub async fn node(
     Ok(NodeFacts {
         node: name.into(),
         provider_id: spec.provider_id,
-        uninitialized: tainted(TAINT_UNINITIALIZED),
-        shutdown: tainted(TAINT_SHUTDOWN),
+        uninitialized: tainted(names::TAINT_UNINITIALIZED),
+        shutdown: tainted(names::TAINT_SHUTDOWN),
         leader,
         controller,
         queue,

@@ -53,7 +53,8 @@ struct Args {
         default_value = "kube-system"
     )]
     ccm_namespace: String,
-    /// The chart's release name (its objects are named `<release>-<component>`).
+    /// The base of the chart's object names: its `fullnameOverride`, else
+    /// the release name (objects are named `<base>-<component>`).
     #[arg(
         long,
         global = true,
@@ -135,6 +136,10 @@ async fn client(args: &Args) -> anyhow::Result<(kube::Client, String)> {
     // An admin server that does not answer is an answer, not a reason to
     // retry for minutes.
     config.default_retry = false;
+    // A proxied admin server that takes the connection and never answers
+    // must not hang the question: kube-apiserver puts no limit on proxying.
+    config.read_timeout = Some(std::time::Duration::from_secs(10));
+    config.connect_timeout = Some(std::time::Duration::from_secs(10));
     if let Some(user) = &args.as_user {
         config.auth_info.impersonate = Some(user.clone());
     }
@@ -167,8 +172,9 @@ fn leader_line(l: &Leader) -> String {
         ),
         _ if !l.found => format!("none: no Lease {}", l.lease),
         _ => format!(
-            "none: Lease {} last renewed {} ago{}",
+            "none: Lease {} ran out at {} (last renewed {} ago){}",
             l.lease,
+            l.expired.as_deref().unwrap_or("?"),
             l.renewed_ago_s.map(human).unwrap_or_else(|| "?".into()),
             l.holder
                 .as_deref()
@@ -239,7 +245,11 @@ fn calls_lines(calls: &Result<Value, String>) -> Vec<String> {
         .collect()
 }
 
-fn events_lines(events: &[EventLine]) -> Vec<String> {
+fn events_lines(events: &Result<Vec<EventLine>, String>) -> Vec<String> {
+    let events = match events {
+        Ok(events) => events,
+        Err(why) => return vec![format!("not read: {why}")],
+    };
     if events.is_empty() {
         return vec!["none".into()];
     }
@@ -262,7 +272,7 @@ fn print_why(
     leader: &Leader,
     queue: &Result<Value, String>,
     calls: &Result<Value, String>,
-    events: &[EventLine],
+    events: &Result<Vec<EventLine>, String>,
     extra: &[(&str, String)],
 ) {
     println!("{}", verdict.summary);

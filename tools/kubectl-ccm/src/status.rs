@@ -8,7 +8,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::facts::{self, Install, at};
-use crate::verdict::{Answer, Leader, human};
+use crate::verdict::{Answer, Leader, answer_leads, gateway_silent, human};
+
+/// Failures in a row after which an object needs a person.
+const REPEATED: u64 = ccm_runtime::queue::REPEATED as u64;
 use crate::{Args, Output};
 
 /// The controllers, as their Leases name them.
@@ -39,69 +42,7 @@ pub struct Report {
 pub fn judge(controllers: &[ControllerReport], gateway: &Answer) -> (Vec<String>, Vec<String>) {
     let (mut problems, mut notes) = (Vec::new(), Vec::new());
     for c in controllers {
-        let name = c.name;
-        if !c.leader.found {
-            problems.push(format!("{name}: not running (no Lease {})", c.leader.lease));
-            continue;
-        }
-        if !c.leader.valid {
-            let ago = c
-                .leader
-                .renewed_ago_s
-                .map(human)
-                .unwrap_or_else(|| "?".into());
-            problems.push(format!("{name}: no leader (Lease last renewed {ago} ago)"));
-            continue;
-        }
-        let s = match &c.status {
-            Ok(s) => s,
-            Err(why) => {
-                problems.push(format!("{name}: the leader does not answer: {why}"));
-                continue;
-            }
-        };
-        if s["gateway"]["reachable"] == false {
-            let why = s["gateway"]["last_no_answer"]["message"]
-                .as_str()
-                .unwrap_or("no answer");
-            problems.push(format!("{name}: cannot reach the gateway: {why}"));
-        }
-        let failing = s["queue"]["failing"].as_u64().unwrap_or_default();
-        if failing > 0 {
-            let first = s["troubled"]
-                .as_array()
-                .and_then(|t| {
-                    t.iter()
-                        .find(|t| t["failures"].as_u64().unwrap_or_default() > 0)
-                })
-                .map(|t| {
-                    format!(
-                        ", e.g. {}: {}",
-                        t["key"].as_str().unwrap_or_default(),
-                        t["message"].as_str().unwrap_or_default()
-                    )
-                })
-                .unwrap_or_default();
-            problems.push(format!(
-                "{name}: {failing} objects failing{first} (kubectl ccm why <kind>/<name>)"
-            ));
-        }
-        let waiting = s["queue"]["waiting"].as_u64().unwrap_or_default();
-        if waiting > 0 {
-            notes.push(format!("{name}: {waiting} objects waiting for the cloud"));
-        }
-        if let Some(h) = s.get("held_back_deletions").filter(|h| h.is_object()) {
-            problems.push(format!(
-                "{name}: node deletions held back by the mass-deletion safeguard: {} of {} nodes look gone",
-                h["count"], h["of"]
-            ));
-        }
-        let orphans = s["orphaned_total"].as_u64().unwrap_or_default();
-        if orphans > 0 {
-            problems.push(format!(
-                "{name}: {orphans} orphaned load balancers (their Services are gone)"
-            ));
-        }
+        judge_controller(c, &mut problems, &mut notes);
     }
     match gateway {
         Err(why) => problems.push(format!("gateway: does not answer: {why}")),
@@ -125,6 +66,113 @@ pub fn judge(controllers: &[ControllerReport], gateway: &Answer) -> (Vec<String>
         }
     }
     (problems, notes)
+}
+
+/// One controller's problems and notes. A leader's own answer wins over
+/// this machine's clock; a failure or two is a note, failures again and
+/// again a problem; orphans the controller deletes itself a note.
+fn judge_controller(c: &ControllerReport, problems: &mut Vec<String>, notes: &mut Vec<String>) {
+    let name = c.name;
+    if !c.leader.found {
+        problems.push(format!("{name}: not running (no Lease {})", c.leader.lease));
+        return;
+    }
+    let leads = c.status.as_ref().is_ok_and(|s| answer_leads(&c.leader, s));
+    if !c.leader.valid && !leads {
+        let ago = c
+            .leader
+            .renewed_ago_s
+            .map(human)
+            .unwrap_or_else(|| "?".into());
+        problems.push(format!("{name}: no leader (Lease last renewed {ago} ago)"));
+        return;
+    }
+    let s = match &c.status {
+        Ok(s) => s,
+        Err(why) => {
+            problems.push(format!("{name}: the leader does not answer: {why}"));
+            return;
+        }
+    };
+    if !leads {
+        notes.push(format!(
+            "{name}: the Lease's holder does not lead now; the lease is passing"
+        ));
+        return;
+    }
+    if let Some(why) = gateway_silent(s) {
+        problems.push(format!("{name}: cannot reach the gateway{why}"));
+    }
+    // A refusal (an invalid annotation) never clears on its own.
+    let troubled = s["troubled"].as_array().cloned().unwrap_or_default();
+    let refused: Vec<_> = troubled
+        .iter()
+        .filter(|t| t["kind"] == "invalid_argument")
+        .collect();
+    if !refused.is_empty() {
+        let keys: Vec<_> = refused.iter().filter_map(|t| t["key"].as_str()).collect();
+        problems.push(format!(
+            "{name}: {} objects refused until someone fixes them: {} (kubectl ccm why <kind>/<name>)",
+            refused.len(),
+            keys.join(", ")
+        ));
+    }
+    let refused_early = refused
+        .iter()
+        .filter(|t| t["failures"].as_u64().unwrap_or_default() < REPEATED)
+        .count() as u64;
+    let failing = s["queue"]["failing"]
+        .as_u64()
+        .unwrap_or_default()
+        .saturating_sub(refused_early);
+    let repeatedly = s["queue"]["failing_repeatedly"]
+        .as_u64()
+        .unwrap_or_default();
+    if failing > repeatedly {
+        notes.push(format!(
+            "{name}: {} objects failed once or twice, retrying",
+            failing - repeatedly
+        ));
+    }
+    if repeatedly > 0 {
+        let first = s["troubled"]
+            .as_array()
+            .and_then(|t| {
+                t.iter()
+                    .find(|t| t["failures"].as_u64().unwrap_or_default() >= REPEATED)
+            })
+            .map(|t| {
+                format!(
+                    ", e.g. {}: {}",
+                    t["key"].as_str().unwrap_or_default(),
+                    t["message"].as_str().unwrap_or_default()
+                )
+            })
+            .unwrap_or_default();
+        problems.push(format!(
+            "{name}: {repeatedly} objects failing again and again{first} (kubectl ccm why <kind>/<name>)"
+        ));
+    }
+    let waiting = s["queue"]["waiting"].as_u64().unwrap_or_default();
+    if waiting > 0 {
+        notes.push(format!("{name}: {waiting} objects waiting for the cloud"));
+    }
+    if let Some(h) = s.get("held_back_deletions").filter(|h| h.is_object()) {
+        problems.push(format!(
+            "{name}: node deletions held back by the mass-deletion safeguard: {} of {} nodes look gone",
+            h["count"], h["of"]
+        ));
+    }
+    let orphans = s["orphaned_total"].as_u64().unwrap_or_default();
+    if orphans > 0 && s["deletes_orphans"] == true {
+        notes.push(format!(
+            "{name}: {orphans} orphaned load balancers, deleted once their grace period ends"
+        ));
+    } else if orphans > 0 {
+        problems.push(format!(
+            "{name}: {orphans} orphaned load balancers (their Services are gone: delete them, or turn on the controller's orphan deletion)"
+        ));
+    }
 }
 
 fn controller_row(c: &ControllerReport) -> String {
@@ -211,9 +259,16 @@ pub async fn run(args: &Args) -> anyhow::Result<ExitCode> {
         namespace: args.ccm_namespace.clone(),
         release: args.release.clone(),
     };
+    // All four read at once: each may take up to the client's timeout.
+    let (node, service, route, gateway) = tokio::join!(
+        facts::controller(&client, &install, CONTROLLERS[0]),
+        facts::controller(&client, &install, CONTROLLERS[1]),
+        facts::controller(&client, &install, CONTROLLERS[2]),
+        facts::from_gateway(&client, &install, "/debug/status"),
+    );
     let mut controllers = Vec::new();
-    for name in CONTROLLERS {
-        match facts::controller(&client, &install, name).await {
+    for (name, answer) in CONTROLLERS.into_iter().zip([node, service, route]) {
+        match answer {
             Ok((leader, status)) => controllers.push(ControllerReport {
                 name,
                 leader,
@@ -222,7 +277,6 @@ pub async fn run(args: &Args) -> anyhow::Result<ExitCode> {
             Err(why) => return crate::fail(&why),
         }
     }
-    let gateway = facts::from_gateway(&client, &install, "/debug/status").await;
     let (problems, notes) = judge(&controllers, &gateway);
     let report = Report {
         controllers,
@@ -267,6 +321,17 @@ mod tests {
 
     use super::*;
 
+    /// The leader's answer: `fields` from a replica that leads.
+    fn leads(name: &str, fields: Value) -> Answer {
+        let mut answer = json!({"leading": true, "identity": format!("{name}-0_1"),
+            "gateway": {"reachable": true}, "queue": {"depth": 0, "failing": 0, "waiting": 0}});
+        answer
+            .as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().cloned().unwrap_or_default());
+        Ok(answer)
+    }
+
     fn healthy(name: &'static str) -> ControllerReport {
         ControllerReport {
             name,
@@ -274,11 +339,11 @@ mod tests {
                 controller: name.into(),
                 found: true,
                 valid: true,
+                holder: Some(format!("{name}-0_1")),
                 pod: Some(format!("{name}-0")),
                 ..Leader::default()
             },
-            status: Ok(json!({"gateway": {"reachable": true},
-                "queue": {"depth": 0, "failing": 0, "waiting": 0}})),
+            status: leads(name, json!({})),
         }
     }
 
@@ -297,7 +362,10 @@ mod tests {
         type Change = fn(&mut Vec<ControllerReport>, &mut Answer);
         let cases: Vec<(Change, &str)> = vec![
             (
-                |c, _| c[1].leader.valid = false,
+                |c, _| {
+                    c[1].leader.valid = false;
+                    c[1].status = Err("connection refused".into());
+                },
                 "service-controller: no leader",
             ),
             (
@@ -317,25 +385,49 @@ mod tests {
                 "gateway: not ready",
             ),
             (
-                |c, _| c[1].status = Ok(json!({"gateway": {"reachable": false}, "queue": {}})),
-                "service-controller: cannot reach the gateway",
-            ),
-            (
                 |c, _| {
-                    c[1].status = Ok(json!({"gateway": {}, "queue": {"failing": 2},
-                    "troubled": [{"key": "default/web", "failures": 3, "message": "boom"}]}))
+                    c[1].status = leads(
+                        "service-controller",
+                        json!({"gateway": {"reachable": false,
+                        "last_no_answer": {"ago_s": 3.0, "message": "tcp connect error"}}}),
+                    )
                 },
-                "2 objects failing, e.g. default/web: boom",
+                "service-controller: cannot reach the gateway: tcp connect error",
             ),
             (
                 |c, _| {
-                    c[0].status = Ok(json!({"gateway": {}, "queue": {},
-                    "held_back_deletions": {"count": 6, "of": 10}}))
+                    c[1].status = leads(
+                        "service-controller",
+                        json!({
+                        "queue": {"failing": 2, "failing_repeatedly": 1},
+                        "troubled": [{"key": "default/a", "failures": 1, "message": "once"},
+                            {"key": "default/web", "failures": 3, "message": "boom"}]}),
+                    )
+                },
+                "1 objects failing again and again, e.g. default/web: boom",
+            ),
+            (
+                |c, _| {
+                    c[1].status = leads(
+                        "service-controller",
+                        json!({"queue": {"failing": 1}, "troubled": [
+                            {"key": "default/bad", "failures": 1, "kind": "invalid_argument"}]}),
+                    )
+                },
+                "1 objects refused until someone fixes them: default/bad",
+            ),
+            (
+                |c, _| {
+                    c[0].status = leads(
+                        "node-controller",
+                        json!({
+                        "held_back_deletions": {"count": 6, "of": 10}}),
+                    )
                 },
                 "held back by the mass-deletion safeguard: 6 of 10",
             ),
             (
-                |c, _| c[1].status = Ok(json!({"gateway": {}, "queue": {}, "orphaned_total": 1})),
+                |c, _| c[1].status = leads("service-controller", json!({"orphaned_total": 1})),
                 "1 orphaned load balancers",
             ),
         ];
@@ -352,9 +444,61 @@ mod tests {
     }
 
     #[test]
+    fn what_passes_on_its_own_is_a_note() {
+        type Change = fn(&mut Vec<ControllerReport>);
+        let cases: Vec<(Change, &str)> = vec![
+            (
+                |c| c[1].status = leads("service-controller", json!({"queue": {"failing": 1}})),
+                "1 objects failed once or twice",
+            ),
+            (
+                |c| {
+                    c[1].status = leads(
+                        "service-controller",
+                        json!({"orphaned_total": 2, "deletes_orphans": true}),
+                    )
+                },
+                "2 orphaned load balancers, deleted once",
+            ),
+            (
+                |c| {
+                    c[1].status = leads(
+                        "service-controller",
+                        json!({"gateway": {"reachable": false,
+                        "last_no_answer": {"ago_s": 3600.0}}}),
+                    )
+                },
+                "",
+            ),
+            (
+                |c| {
+                    c[1].status =
+                        Ok(json!({"leading": false, "identity": "service-controller-0_2"}))
+                },
+                "the lease is passing",
+            ),
+            (
+                // Expired by this machine's clock, but the holder says it leads.
+                |c| c[1].leader.valid = false,
+                "",
+            ),
+        ];
+        for (change, words) in cases {
+            let mut controllers: Vec<_> = CONTROLLERS.map(healthy).into();
+            change(&mut controllers);
+            let (problems, notes) = judge(&controllers, &gateway());
+            assert!(problems.is_empty(), "{words}: {problems:?}");
+            assert!(
+                words.is_empty() || notes.iter().any(|n| n.contains(words)),
+                "{words}: {notes:?}"
+            );
+        }
+    }
+
+    #[test]
     fn throttling_and_waits_are_notes_not_problems() {
         let mut controllers: Vec<_> = CONTROLLERS.map(healthy).into();
-        controllers[1].status = Ok(json!({"gateway": {}, "queue": {"waiting": 1}}));
+        controllers[1].status = leads("service-controller", json!({"queue": {"waiting": 1}}));
         let g = Ok(
             json!({"ready": true, "budget": {"last_throttled_ago_s": 3.0,
             "rate": 20.0, "rate_now": 2.5, "waiting_total": 12}}),

@@ -3,6 +3,7 @@
 //! cause an operator should act on, first. Pure: no I/O, tested with
 //! tables.
 
+use ccm_runtime::names;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -23,6 +24,8 @@ pub struct Leader {
     pub valid: bool,
     /// When it was last renewed (RFC 3339), and how long ago.
     pub renewed: Option<String>,
+    /// When it ran out or runs out: renewed plus its duration (RFC 3339).
+    pub expired: Option<String>,
     pub renewed_ago_s: Option<f64>,
     /// How long the holder has held it.
     pub held_for_s: Option<f64>,
@@ -69,7 +72,8 @@ pub struct ServiceFacts {
     pub gateway: Answer,
     /// The gateway's last calls for the Service.
     pub gateway_calls: Answer,
-    pub events: Vec<EventLine>,
+    /// The newest events, or why they could not be read.
+    pub events: Result<Vec<EventLine>, String>,
 }
 
 /// What was read about a Node.
@@ -84,7 +88,8 @@ pub struct NodeFacts {
     pub queue: Answer,
     pub gateway: Answer,
     pub gateway_calls: Answer,
-    pub events: Vec<EventLine>,
+    /// The newest events, or why they could not be read.
+    pub events: Result<Vec<EventLine>, String>,
 }
 
 /// The answer to "why".
@@ -116,23 +121,53 @@ pub fn human(secs: f64) -> String {
     }
 }
 
+/// How long ago a leader's last unanswered gateway call may be for it to
+/// count: a controller with nothing to do calls nobody, and an old failure
+/// says nothing of now.
+const RECENT_S: f64 = 600.0;
+
+/// Whether the leader's answer says it leads under the Lease's holder.
+pub fn answer_leads(leader: &Leader, status: &Value) -> bool {
+    status["leading"] == true && status["identity"].as_str() == leader.holder.as_deref()
+}
+
+/// The gateway's unanswered call, if the leader's last one is recent.
+pub fn gateway_silent(status: &Value) -> Option<String> {
+    let gateway = &status["gateway"];
+    let recent = gateway["last_no_answer"]["ago_s"]
+        .as_f64()
+        .is_some_and(|ago| ago < RECENT_S);
+    (gateway["reachable"] == false && recent).then(|| {
+        let why = gateway["last_no_answer"]["message"]
+            .as_str()
+            .unwrap_or("no answer");
+        let since = gateway["last_answer_ago_s"]
+            .as_f64()
+            .map(|s| format!(", last answer {} ago", human(s)))
+            .unwrap_or_default();
+        format!("{since}: {why}")
+    })
+}
+
 /// The verdicts every object shares, in order: the controller has no
-/// leader, its leader cannot be asked, the leader cannot reach the
-/// gateway.
+/// leader, its leader cannot be asked or no longer leads, the leader cannot
+/// reach the gateway. The leader's own answer wins over this machine's
+/// clock: a holder that answers it leads, leads.
 fn controller_verdict(leader: &Leader, controller: &Answer) -> Option<Verdict> {
     let name = &leader.controller;
     if !leader.found {
         return Some(verdict(
             "no_leader",
             format!(
-                "no {name} is running: its Lease {} does not exist (another release name or namespace? see --release, --ccm-namespace)",
+                "no {name} is running: its Lease {} does not exist (objects named otherwise? see --release, --ccm-namespace)",
                 leader.lease
             ),
             true,
         ));
     }
-    if !leader.valid {
-        let since = match (&leader.renewed, leader.renewed_ago_s) {
+    let leads = controller.as_ref().is_ok_and(|s| answer_leads(leader, s));
+    if !leader.valid && !leads {
+        let since = match (&leader.expired, leader.renewed_ago_s) {
             (Some(at), Some(ago)) => format!(" since {at} (last renewed {} ago)", human(ago)),
             _ => String::new(),
         };
@@ -156,21 +191,22 @@ fn controller_verdict(leader: &Leader, controller: &Answer) -> Option<Verdict> {
             ));
         }
     };
-    if status["gateway"]["reachable"] == false {
-        let why = status["gateway"]["last_no_answer"]["message"]
-            .as_str()
-            .unwrap_or("no answer");
-        let since = status["gateway"]["last_answer_ago_s"]
-            .as_f64()
-            .map(|s| format!(", last answer {} ago", human(s)))
-            .unwrap_or_default();
+    if !leads {
         return Some(verdict(
-            "gateway_unreachable",
-            format!("gateway unreachable from the {name} leader {pod}{since}: {why}"),
-            true,
+            "leader_changing",
+            format!(
+                "the Lease names {pod}, which does not lead now (restarted, or the lease is passing to another replica); ask again in a few seconds"
+            ),
+            false,
         ));
     }
-    None
+    gateway_silent(status).map(|why| {
+        verdict(
+            "gateway_unreachable",
+            format!("gateway unreachable from the {name} leader {pod}{why}"),
+            true,
+        )
+    })
 }
 
 /// The trouble the leader's queue holds for the object, if any.
@@ -233,6 +269,16 @@ fn work_verdict(queue: &Answer, gateway: &Answer, calls: &Answer) -> Option<Verd
                 false,
             ));
         }
+        if t["waiting"] == true {
+            let message = t["message"].as_str().unwrap_or_default();
+            return Some(verdict(
+                "waiting",
+                format!(
+                    "the cloud asked to come back later: {message}; waiting {so_far} so far{next}"
+                ),
+                false,
+            ));
+        }
         let failures = t["failures"].as_u64().unwrap_or_default();
         if failures > 0 {
             let message = t["message"].as_str().unwrap_or_default();
@@ -266,6 +312,39 @@ fn work_verdict(queue: &Answer, gateway: &Answer, calls: &Answer) -> Option<Verd
     None
 }
 
+/// Whether the Service is not the service controller's to serve: the
+/// leader's word on it (`served`), else the classes it serves.
+fn another_controller(f: &ServiceFacts) -> Option<Verdict> {
+    let known = f.queue.as_ref().ok().filter(|q| q["known"] == true);
+    let served = match known {
+        Some(q) => q["served"] == true,
+        None => {
+            let classes = &f.controller.as_ref().ok()?["classes"];
+            match &f.load_balancer_class {
+                Some(class) => classes["named"]
+                    .as_array()
+                    .is_some_and(|named| named.iter().any(|c| c == class.as_str())),
+                None => classes["default"] != false,
+            }
+        }
+    };
+    if served {
+        return None;
+    }
+    Some(match &f.load_balancer_class {
+        Some(class) => verdict(
+            "another_controller",
+            format!("another controller owns it: loadBalancerClass {class} is not one service-controller serves"),
+            false,
+        ),
+        None => verdict(
+            "another_controller",
+            "another controller owns it: service-controller serves no Service without a loadBalancerClass (see its --load-balancer-class)".into(),
+            false,
+        ),
+    })
+}
+
 /// Why a Service has no load balancer address, or that it has one.
 pub fn why_service(f: &ServiceFacts) -> Verdict {
     if f.type_ != "LoadBalancer" && !f.deleting {
@@ -288,29 +367,18 @@ pub fn why_service(f: &ServiceFacts) -> Verdict {
             false,
         );
     }
-    let controller_classes = f.controller.as_ref().ok().map(|s| &s["classes"]);
-    if let (Some(class), Some(classes)) = (&f.load_balancer_class, controller_classes) {
-        let served = classes["named"]
-            .as_array()
-            .is_some_and(|named| named.iter().any(|c| c == class.as_str()));
-        if !served {
-            return verdict(
-                "another_controller",
-                format!(
-                    "another controller owns it: loadBalancerClass {class} is not one service-controller serves"
-                ),
-                false,
-            );
-        }
+    if let Some(v) = another_controller(f) {
+        return v;
     }
     if let Some(v) = controller_verdict(&f.leader, &f.controller) {
         return v;
     }
-    if let Some(c) = f
-        .condition
-        .as_ref()
-        .filter(|c| c.status == "False" && c.reason == "InvalidConfiguration")
-    {
+    // The condition is rewritten only on a change: it counts while the
+    // leader's queue still holds the refusal.
+    let refused_now = trouble(&f.queue).is_some_and(|t| t["kind"] == "invalid_argument");
+    if let Some(c) = f.condition.as_ref().filter(|c| {
+        c.status == "False" && c.reason == names::REASON_INVALID_CONFIGURATION && refused_now
+    }) {
         return verdict("refused", format!("refused: {}", c.message), true);
     }
     if let Some(v) = work_verdict(&f.queue, &f.gateway, &f.gateway_calls) {
@@ -396,19 +464,22 @@ mod tests {
             pod: Some("service-controller-0".into()),
             valid: true,
             renewed: Some("2026-11-25T14:02:00Z".into()),
+            expired: Some("2026-11-25T14:02:15Z".into()),
             renewed_ago_s: Some(1.0),
             held_for_s: Some(100.0),
         }
     }
 
     fn controller() -> Answer {
-        Ok(json!({"gateway": {"reachable": true}, "classes": {"default": true, "named": []}}))
+        Ok(
+            json!({"leading": true, "identity": "service-controller-0_1234",
+            "gateway": {"reachable": true}, "classes": {"default": true, "named": []}}),
+        )
     }
 
     fn object(trouble: Value) -> Answer {
-        Ok(
-            json!({"known": true, "queue": {"queued": false, "in_flight": false, "trouble": trouble}}),
-        )
+        Ok(json!({"known": true, "served": true,
+                "queue": {"queued": false, "in_flight": false, "trouble": trouble}}))
     }
 
     fn service() -> ServiceFacts {
@@ -424,7 +495,7 @@ mod tests {
             queue: object(Value::Null),
             gateway: Ok(json!({"budget": {"waiting_total": 12, "rate_now": 2.5, "rate": 20.0}})),
             gateway_calls: Ok(json!({"calls": []})),
-            events: Vec::new(),
+            events: Ok(Vec::new()),
         }
     }
 
@@ -442,7 +513,7 @@ mod tests {
             queue: object(Value::Null),
             gateway: Err("not asked".into()),
             gateway_calls: Err("not asked".into()),
-            events: Vec::new(),
+            events: Ok(Vec::new()),
         }
     }
 
@@ -464,7 +535,10 @@ mod tests {
             ),
             (
                 "other class",
-                |f| f.load_balancer_class = Some("example.com/lb".into()),
+                |f| {
+                    f.load_balancer_class = Some("example.com/lb".into());
+                    f.queue = Ok(json!({"known": true, "served": false, "queue": {}}));
+                },
                 "another_controller",
                 "loadBalancerClass example.com/lb",
             ),
@@ -476,9 +550,30 @@ mod tests {
             ),
             (
                 "lease expired",
-                |f| f.leader.valid = false,
+                |f| {
+                    f.leader.valid = false;
+                    f.controller = Err("no answer".into());
+                },
                 "no_leader",
-                "no leader for service-controller since 2026-11-25T14:02:00Z",
+                "no leader for service-controller since 2026-11-25T14:02:15Z",
+            ),
+            (
+                "expired by this clock, but the holder leads",
+                |f| {
+                    f.leader.valid = false;
+                    f.queue = object(json!({"kind": "provisioning", "since_ago_s": 1.0}));
+                },
+                "provisioning",
+                "provisioning",
+            ),
+            (
+                "a restarted holder that does not lead",
+                |f| {
+                    f.controller =
+                        Ok(json!({"leading": false, "identity": "service-controller-0_9"}))
+                },
+                "leader_changing",
+                "does not lead now",
             ),
             (
                 "leader silent",
@@ -489,8 +584,11 @@ mod tests {
             (
                 "gateway down",
                 |f| {
-                    f.controller = Ok(json!({"gateway": {"reachable": false,
-                        "last_no_answer": {"message": "tcp connect error"}}}))
+                    f.controller = Ok(
+                        json!({"leading": true, "identity": "service-controller-0_1234",
+                        "gateway": {"reachable": false,
+                        "last_no_answer": {"message": "tcp connect error", "ago_s": 2.0}}}),
+                    )
                 },
                 "gateway_unreachable",
                 "gateway unreachable from the service-controller leader service-controller-0: tcp connect error",
@@ -502,7 +600,8 @@ mod tests {
                         status: "False".into(),
                         reason: "InvalidConfiguration".into(),
                         message: "annotation x: not a number".into(),
-                    })
+                    });
+                    f.queue = object(json!({"kind": "invalid_argument", "failures": 1}));
                 },
                 "refused",
                 "refused: annotation x: not a number",
@@ -515,6 +614,30 @@ mod tests {
                 },
                 "provisioning",
                 "waiting for the cloud to finish provisioning, 40 s so far, next try in 5 s",
+            ),
+            (
+                "a refusal the user fixed since",
+                |f| {
+                    f.condition = Some(Condition {
+                        status: "False".into(),
+                        reason: "InvalidConfiguration".into(),
+                        message: "annotation x: not a number".into(),
+                    });
+                    f.queue = object(json!({"kind": "provisioning", "waiting": true}));
+                },
+                "provisioning",
+                "provisioning",
+            ),
+            (
+                "the cloud asked for time",
+                |f| {
+                    f.queue = object(
+                        json!({"kind": "retry_after", "waiting": true, "failures": 2,
+                        "message": "busy"}),
+                    )
+                },
+                "waiting",
+                "the cloud asked to come back later: busy",
             ),
             (
                 "throttled",
@@ -539,9 +662,8 @@ mod tests {
             (
                 "queued",
                 |f| {
-                    f.queue = Ok(
-                        json!({"known": true, "queue": {"queued": true, "in_flight": false, "trouble": null}}),
-                    )
+                    f.queue = Ok(json!({"known": true, "served": true,
+                        "queue": {"queued": true, "in_flight": false, "trouble": null}}))
                 },
                 "queued",
                 "queued",
@@ -567,12 +689,21 @@ mod tests {
     }
 
     #[test]
-    fn a_class_the_controller_serves_is_not_another_controllers() {
+    fn without_the_leaders_word_the_classes_it_serves_decide() {
         let mut f = service();
+        f.queue = Err("no answer".into());
         f.load_balancer_class = Some("sim/internal".into());
-        f.controller = Ok(json!({"gateway": {"reachable": true},
-            "classes": {"default": true, "named": ["sim/internal"]}}));
-        assert_eq!(why_service(&f).cause, "unknown");
+        f.controller = Ok(
+            json!({"leading": true, "identity": "service-controller-0_1234",
+            "gateway": {}, "classes": {"default": true, "named": ["sim/internal"]}}),
+        );
+        assert_ne!(why_service(&f).cause, "another_controller");
+        f.load_balancer_class = Some("example.com/x".into());
+        assert_eq!(why_service(&f).cause, "another_controller");
+        f.load_balancer_class = None;
+        f.controller = Ok(json!({"classes": {"default": false, "named": []}}));
+        let v = why_service(&f);
+        assert!(v.summary.contains("without a loadBalancerClass"), "{v:?}");
     }
 
     #[test]
@@ -611,7 +742,10 @@ mod tests {
             ),
             (
                 "no leader",
-                |f| f.leader.valid = false,
+                |f| {
+                    f.leader.valid = false;
+                    f.controller = Err("no answer".into());
+                },
                 "no_leader",
                 "no leader for node-controller",
             ),

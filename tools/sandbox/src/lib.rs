@@ -932,10 +932,14 @@ impl Handle {
                     .is_some_and(|c| c.iter().any(|c| c.type_ == "Approved"))
             })
             .count();
-        let services = Api::<Service>::all(client)
+        // Load balancers only: the gateway's own Service is none.
+        let services: Vec<Service> = Api::<Service>::all(client)
             .list(&Default::default())
             .await?
-            .items;
+            .items
+            .into_iter()
+            .filter(|s| s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer"))
+            .collect();
         let ips: Vec<String> = services
             .iter()
             .filter_map(|s| {
