@@ -19,6 +19,7 @@ use super::protobuf;
 use super::proxy;
 use super::rbac;
 use super::resources::{self, RESOURCES, Resource};
+use super::reviews;
 use super::schema::{self, FieldValidation};
 use super::selectors::Selector;
 use super::store::{ApiError, Change, ChangeType, Store};
@@ -189,11 +190,15 @@ fn resource_list(group: &str, version: &str) -> Value {
         .iter()
         .filter(|r| r.group == group && r.version == version)
     {
-        out.push(json!({
+        let mut entry = json!({
             "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
             "kind": r.kind, "verbs": if r.create_only { json!(["create"]) } else { verbs.clone() },
             "shortNames": r.short_names,
-        }));
+        });
+        if !r.categories.is_empty() {
+            entry["categories"] = json!(r.categories);
+        }
+        out.push(entry);
         let mut subresources: Vec<&str> = r.subresources.to_vec();
         if r.has_status {
             subresources.push("status");
@@ -207,6 +212,10 @@ fn resource_list(group: &str, version: &str) -> Value {
             }));
         }
     }
+    // kube-apiserver registers, and lists, its resources sorted by path
+    // (`pods`, `pods/proxy`, `pods/status`, `services`...): `kubectl get
+    // all` lists them in this order.
+    out.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
     let gv = if group.is_empty() {
         version.to_owned()
     } else {
@@ -290,7 +299,14 @@ async fn dispatch(
     if resource.create_only {
         return match (method, t.name) {
             (Method::POST, None) => {
-                Ok(json_response(201, &shared.token_review(parse_body(&body)?)))
+                let review = parse_object(headers, &body)?;
+                check_kind(resource, &review)?;
+                let review = checked(resource, review, mode, &mut warnings)?;
+                let answer = match resource.plural {
+                    "tokenreviews" => shared.token_review(review),
+                    _ => reviews::answer(shared, resource, &ns, user.as_ref(), review)?,
+                };
+                Ok(with_warnings(json_response(201, &answer), &warnings))
             }
             _ => Err(ApiError::new(
                 405,
@@ -308,7 +324,11 @@ async fn dispatch(
                     .as_str()
                     .unwrap_or_default()
                     .to_owned();
-                return Ok(json_response(200, &table::table(resource, &[obj], &rv)));
+                let include = table::Include::parse(q.get("includeObject").map(String::as_str));
+                return Ok(json_response(
+                    200,
+                    &table::table(resource, &[obj], &rv, include),
+                ));
             }
             Ok(json_response(200, &obj))
         }
@@ -444,6 +464,7 @@ fn may_approve(
                 resource: "signers".into(),
                 namespace: None,
                 name: Some(name),
+                path: None,
             },
         )
     };
@@ -538,6 +559,7 @@ fn authorized_target(
             },
             namespace: t.namespace.clone(),
             name: t.name.clone(),
+            path: None,
         },
     )?;
     Ok((t, user))
@@ -565,7 +587,11 @@ fn get_collection(
         let rv = listed["metadata"]["resourceVersion"]
             .as_str()
             .unwrap_or_default();
-        return Ok(json_response(200, &table::table(resource, &items, rv)));
+        let include = table::Include::parse(q.get("includeObject").map(String::as_str));
+        return Ok(json_response(
+            200,
+            &table::table(resource, &items, rv, include),
+        ));
     }
     Ok(json_response(200, &listed))
 }
@@ -585,6 +611,10 @@ fn checked(
         ))
     })?;
     warnings.extend(found);
+    let mut stored = stored;
+    if resource.group.is_empty() && resource.kind == "Event" {
+        super::events::core_shape(&mut stored);
+    }
     Ok(stored)
 }
 

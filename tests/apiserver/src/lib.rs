@@ -9,13 +9,16 @@
 mod events;
 pub mod fixtures;
 mod http;
+mod openapi;
 pub mod patch;
 pub mod protobuf;
 mod proxy;
 pub mod rbac;
 pub mod resources;
+mod reviews;
 pub mod schema;
 pub mod selectors;
+mod services;
 pub mod store;
 pub mod table;
 
@@ -198,6 +201,7 @@ impl Shared {
                     resource: resource.into(),
                     namespace: None,
                     name: Some(target.into()),
+                    path: None,
                 },
             )
         };
@@ -231,6 +235,30 @@ impl Shared {
             "Forbidden",
             rbac::forbidden_message(user, a),
         ))
+    }
+
+    /// What the authorizer in force says of `a` for `user`: whether it is
+    /// allowed, and why. Nothing is recorded: a review asks, it does not
+    /// act, so it is neither a refusal nor a use of a grant in the RBAC
+    /// report. Without RBAC everyone may do anything.
+    pub fn check(&self, user: &rbac::User, a: &rbac::Attributes) -> (bool, String) {
+        match self.rbac.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(policy) => policy.check(user, a),
+            None => (true, String::new()),
+        }
+    }
+
+    /// What `user` may do in `namespace`, as a SelfSubjectRulesReview's
+    /// status says it; everything while RBAC is off. Records nothing.
+    pub fn rules(&self, user: Option<&rbac::User>, namespace: &str) -> Value {
+        let guard = self.rbac.lock().unwrap_or_else(|e| e.into_inner());
+        match (guard.as_ref(), user) {
+            (Some(policy), Some(user)) => policy.rules_for(user, namespace),
+            _ => {
+                let (resource, non_resource) = rbac::everything();
+                json!({"resourceRules": resource, "nonResourceRules": non_resource, "incomplete": false})
+            }
+        }
     }
 
     /// The RBAC report (see [`rbac::Rbac::report`]), if RBAC is on.

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_pb::api::authorization::v1 as authorization;
 use k8s_pb::api::certificates::v1 as certificates;
 use k8s_pb::api::core::v1 as core;
 use k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -56,6 +57,28 @@ pub fn decode(body: &[u8]) -> Result<Value, Refused> {
         // `kubectl certificate approve/deny` sends these.
         ("certificates.k8s.io/v1", "CertificateSigningRequest") => {
             csr(certificates::CertificateSigningRequest::decode(raw.as_slice()).map_err(bad)?)
+        }
+        // `kubectl auth can-i` asks with these.
+        ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => {
+            let r = authorization::SelfSubjectAccessReview::decode(raw.as_slice()).map_err(bad)?;
+            let spec = r.spec.unwrap_or_default();
+            review(
+                r.metadata,
+                access_attributes(spec.resource_attributes, spec.non_resource_attributes),
+            )
+        }
+        ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => {
+            let r = authorization::SelfSubjectRulesReview::decode(raw.as_slice()).map_err(bad)?;
+            let spec = Obj::default().string("namespace", r.spec.and_then(|s| s.namespace));
+            review(r.metadata, spec)
+        }
+        ("authorization.k8s.io/v1", "SubjectAccessReview") => {
+            let r = authorization::SubjectAccessReview::decode(raw.as_slice()).map_err(bad)?;
+            review(r.metadata, subject_access(r.spec.unwrap_or_default()))
+        }
+        ("authorization.k8s.io/v1", "LocalSubjectAccessReview") => {
+            let r = authorization::LocalSubjectAccessReview::decode(raw.as_slice()).map_err(bad)?;
+            review(r.metadata, subject_access(r.spec.unwrap_or_default()))
         }
         _ => {
             return Err(Refused::Unsupported(format!(
@@ -160,6 +183,57 @@ fn csr(c: certificates::CertificateSigningRequest) -> Map<String, Value> {
         .put("spec", spec)
         .put("status", status)
         .0
+}
+
+/// A review: its metadata and spec (a review's status is the server's).
+fn review(meta: Option<ObjectMeta>, spec: Obj) -> Map<String, Value> {
+    Obj::default()
+        .put("metadata", metadata(meta))
+        .put("spec", Some(spec.value().unwrap_or_else(|| json!({}))))
+        .0
+}
+
+/// What an access review asks about.
+fn access_attributes(
+    resource: Option<authorization::ResourceAttributes>,
+    non_resource: Option<authorization::NonResourceAttributes>,
+) -> Obj {
+    let resource = resource.map(|r| {
+        Obj::default()
+            .string("namespace", r.namespace)
+            .string("verb", r.verb)
+            .string("group", r.group)
+            .string("version", r.version)
+            .string("resource", r.resource)
+            .string("subresource", r.subresource)
+            .string("name", r.name)
+            .value()
+            .unwrap_or_else(|| json!({}))
+    });
+    let non_resource = non_resource.map(|n| {
+        Obj::default()
+            .string("path", n.path)
+            .string("verb", n.verb)
+            .value()
+            .unwrap_or_else(|| json!({}))
+    });
+    Obj::default()
+        .put("resourceAttributes", resource)
+        .put("nonResourceAttributes", non_resource)
+}
+
+/// A SubjectAccessReview's spec: what it asks about, and of whom.
+fn subject_access(spec: authorization::SubjectAccessReviewSpec) -> Obj {
+    let extra: BTreeMap<String, Value> = spec
+        .extra
+        .into_iter()
+        .map(|(k, v)| (k, json!(v.items)))
+        .collect();
+    access_attributes(spec.resource_attributes, spec.non_resource_attributes)
+        .string("user", spec.user)
+        .list("groups", spec.groups)
+        .put("extra", (!extra.is_empty()).then(|| json!(extra)))
+        .string("uid", spec.uid)
 }
 
 fn metadata(meta: Option<ObjectMeta>) -> Option<Value> {
@@ -303,6 +377,39 @@ mod tests {
                     "selector": {"app": "web"},
                     "ports": [{"name": "80-8080", "protocol": "TCP", "port": 80, "targetPort": 8080}],
                 },
+            })
+        );
+    }
+
+    #[test]
+    fn a_self_subject_access_review_decodes_as_kubectl_auth_can_i_sends_it() {
+        let r = authorization::SelfSubjectAccessReview {
+            metadata: Some(ObjectMeta::default()),
+            spec: Some(authorization::SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(authorization::ResourceAttributes {
+                    namespace: Some("default".into()),
+                    verb: Some("list".into()),
+                    group: Some(String::new()),
+                    resource: Some("nodes".into()),
+                    subresource: Some(String::new()),
+                    name: Some(String::new()),
+                    ..Default::default()
+                }),
+                non_resource_attributes: None,
+            }),
+            status: None,
+        };
+        let got = decode(&wrap(
+            "authorization.k8s.io/v1",
+            "SelfSubjectAccessReview",
+            r.encode_to_vec(),
+        ))
+        .unwrap();
+        assert_eq!(
+            got,
+            json!({
+                "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": {"namespace": "default", "verb": "list", "resource": "nodes"}},
             })
         );
     }

@@ -28,10 +28,97 @@ impl User {
 /// (the `system:node` and `selfnodeclient` roles). A chart never grants
 /// it, so it is not in the report.
 fn kubelet_bootstrap(user: &User, a: &Attributes) -> bool {
-    user.groups.iter().any(|g| g == "system:nodes")
+    a.path.is_none()
+        && user.groups.iter().any(|g| g == "system:nodes")
         && a.group == "certificates.k8s.io"
         && a.resource == "certificatesigningrequests"
         && matches!(a.verb.as_str(), "create" | "get" | "list" | "watch")
+}
+
+/// The group every authenticated user is in.
+const AUTHENTICATED: &str = "system:authenticated";
+
+/// `system:discovery`'s URLs (kube-apiserver's bootstrap policy, bound to
+/// `system:authenticated`).
+const DISCOVERY_URLS: &[&str] = &[
+    "/livez",
+    "/readyz",
+    "/healthz",
+    "/version",
+    "/version/",
+    "/openapi",
+    "/openapi/*",
+    "/api",
+    "/api/*",
+    "/apis",
+    "/apis/*",
+];
+
+/// `system:public-info-viewer`'s URLs (bound to `system:authenticated`
+/// and `system:unauthenticated`).
+const PUBLIC_INFO_URLS: &[&str] = &["/livez", "/readyz", "/healthz", "/version", "/version/"];
+
+/// The reviews `system:basic-user` lets every authenticated user create
+/// (in `authorization.k8s.io`).
+const BASIC_USER_REVIEWS: &[&str] = &["selfsubjectaccessreviews", "selfsubjectrulesreviews"];
+
+fn url_matches(urls: &[impl AsRef<str>], path: &str) -> bool {
+    urls.iter().map(AsRef::as_ref).any(|u| {
+        u == "*" || u == path || (u.ends_with('*') && path.starts_with(u.trim_end_matches('*')))
+    })
+}
+
+/// What kube-apiserver's bootstrap ClusterRoles and bindings allow that
+/// concerns this server, with the reason its RBAC authorizer gives: the
+/// kubelets' CSRs, `system:basic-user` (an authenticated user may ask
+/// what they may do), `system:discovery` and `system:public-info-viewer`
+/// (`get` on the discovery and health URLs). A chart never grants these,
+/// so they are not in the report.
+fn bootstrap(user: &User, a: &Attributes) -> Option<String> {
+    let authenticated = user.groups.iter().any(|g| g == AUTHENTICATED);
+    let by = |role: &str| {
+        format!(
+            "RBAC: allowed by ClusterRoleBinding {role:?} of ClusterRole {role:?} to Group {AUTHENTICATED:?}"
+        )
+    };
+    if kubelet_bootstrap(user, a) {
+        return Some(String::new());
+    }
+    match &a.path {
+        None if authenticated
+            && a.verb == "create"
+            && a.group == "authorization.k8s.io"
+            && BASIC_USER_REVIEWS.contains(&a.resource.as_str()) =>
+        {
+            Some(by("system:basic-user"))
+        }
+        Some(path) if a.verb == "get" && authenticated && url_matches(DISCOVERY_URLS, path) => {
+            Some(by("system:discovery"))
+        }
+        Some(path) if a.verb == "get" && url_matches(PUBLIC_INFO_URLS, path) => {
+            Some(if authenticated {
+                by("system:public-info-viewer")
+            } else {
+                "RBAC: allowed by ClusterRoleBinding \"system:public-info-viewer\" of ClusterRole \"system:public-info-viewer\" to Group \"system:unauthenticated\"".to_owned()
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The rules [`bootstrap`] stands for, as a rules review lists them:
+/// (resource rules, non-resource rules).
+fn bootstrap_rules(user: &User) -> (Vec<Value>, Vec<Value>) {
+    let (mut resource, mut non_resource) = (Vec::new(), Vec::new());
+    if user.groups.iter().any(|g| g == AUTHENTICATED) {
+        resource.push(json!({"verbs": ["create"], "apiGroups": ["authorization.k8s.io"], "resources": BASIC_USER_REVIEWS}));
+        non_resource.push(json!({"verbs": ["get"], "nonResourceURLs": DISCOVERY_URLS}));
+    }
+    if user.groups.iter().any(|g| g == "system:nodes") {
+        resource.push(json!({"verbs": ["create", "get", "list", "watch"], "apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"]}));
+    }
+    non_resource.push(json!({"verbs": ["get"], "nonResourceURLs": PUBLIC_INFO_URLS}));
+    (resource, non_resource)
 }
 
 /// What a request asks to do.
@@ -43,6 +130,29 @@ pub struct Attributes {
     pub resource: String,
     pub namespace: Option<String>,
     pub name: Option<String>,
+    /// A non-resource request's path (`/healthz`), for which only `verb`
+    /// counts; `None` for a resource.
+    pub path: Option<String>,
+}
+
+impl Attributes {
+    /// A request on a resource.
+    pub fn resource(
+        verb: &str,
+        group: &str,
+        resource: &str,
+        namespace: Option<&str>,
+        name: Option<&str>,
+    ) -> Self {
+        Self {
+            verb: verb.into(),
+            group: group.into(),
+            resource: resource.into(),
+            namespace: namespace.map(Into::into),
+            name: name.map(Into::into),
+            path: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -51,6 +161,7 @@ struct Rule {
     resources: Vec<String>,
     verbs: Vec<String>,
     resource_names: Vec<String>,
+    non_resource_urls: Vec<String>,
 }
 
 fn strings(v: &Value) -> Vec<String> {
@@ -74,13 +185,25 @@ impl Rule {
             resources: strings(&v["resources"]),
             verbs: strings(&v["verbs"]),
             resource_names: strings(&v["resourceNames"]),
+            non_resource_urls: strings(&v["nonResourceURLs"]),
         }
     }
 
+    /// Whether the rule allows `a`, matching as kube-apiserver's RBAC
+    /// does: `*` matches any verb, group or resource, `*/SUB` any
+    /// resource's subresource SUB, and a URL ending in `*` any path it
+    /// begins.
     fn allows(&self, a: &Attributes) -> bool {
+        if let Some(path) = &a.path {
+            return matches(&self.verbs, &a.verb) && url_matches(&self.non_resource_urls, path);
+        }
+        let sub = a.resource.split_once('/').map(|(_, sub)| sub);
+        let resource = self.resources.iter().any(|r| {
+            r == "*" || *r == a.resource || sub.is_some_and(|sub| r.strip_prefix("*/") == Some(sub))
+        });
         matches(&self.api_groups, &a.group)
             && matches(&self.verbs, &a.verb)
-            && matches(&self.resources, &a.resource)
+            && resource
             && (self.resource_names.is_empty()
                 || a.name
                     .as_ref()
@@ -99,6 +222,7 @@ struct Role {
 
 #[derive(Clone, Debug)]
 struct Binding {
+    name: String,
     /// `None` for a ClusterRoleBinding.
     namespace: Option<String>,
     role_kind: String,
@@ -107,15 +231,21 @@ struct Binding {
 }
 
 impl Binding {
-    fn binds(&self, user: &User) -> bool {
-        self.subjects.iter().any(|s| {
+    /// A ServiceAccount subject's namespace: its own, else the binding's.
+    fn subject_namespace<'a>(&'a self, s: &'a Value) -> &'a str {
+        s["namespace"]
+            .as_str()
+            .or(self.namespace.as_deref())
+            .unwrap_or_default()
+    }
+
+    /// The first subject that is `user`, if any.
+    fn subject_for(&self, user: &User) -> Option<&Value> {
+        self.subjects.iter().find(|s| {
             let name = s["name"].as_str().unwrap_or_default();
             match s["kind"].as_str().unwrap_or_default() {
                 "ServiceAccount" => {
-                    let ns = s["namespace"]
-                        .as_str()
-                        .or(self.namespace.as_deref())
-                        .unwrap_or_default();
+                    let ns = self.subject_namespace(s);
                     user.username == format!("system:serviceaccount:{ns}:{name}")
                 }
                 "User" => user.username == name,
@@ -123,6 +253,28 @@ impl Binding {
                 _ => false,
             }
         })
+    }
+
+    /// Why a grant through this binding to `subject` allows a request, as
+    /// kube-apiserver's RBAC authorizer words it.
+    fn reason(&self, subject: &Value) -> String {
+        let kind = subject["kind"].as_str().unwrap_or_default();
+        let name = subject["name"].as_str().unwrap_or_default();
+        let who = match kind {
+            "ServiceAccount" => format!(
+                "{kind} {:?}",
+                format!("{name}/{}", self.subject_namespace(subject))
+            ),
+            _ => format!("{kind} {name:?}"),
+        };
+        let binding = match &self.namespace {
+            None => format!("ClusterRoleBinding {:?}", self.name),
+            Some(ns) => format!("RoleBinding {:?}", format!("{}/{ns}", self.name)),
+        };
+        format!(
+            "RBAC: allowed by {binding} of {} {:?} to {who}",
+            self.role_kind, self.role_name
+        )
     }
 }
 
@@ -168,6 +320,7 @@ impl Rbac {
                         .unwrap_or_default(),
                 }),
                 "RoleBinding" | "ClusterRoleBinding" => rbac.bindings.push(Binding {
+                    name,
                     namespace: (kind == "RoleBinding").then_some(namespace),
                     role_kind: o["roleRef"]["kind"].as_str().unwrap_or_default().to_owned(),
                     role_name: o["roleRef"]["name"].as_str().unwrap_or_default().to_owned(),
@@ -179,41 +332,114 @@ impl Rbac {
         rbac
     }
 
-    /// Whether `user` may do `a`; records the grants used or the refusal.
-    pub fn authorize(&mut self, user: &User, a: &Attributes) -> bool {
-        if user.is_master() || kubelet_bootstrap(user, a) {
-            return true;
-        }
-        let mut grants = Vec::new();
-        for b in self.bindings.iter().filter(|b| b.binds(user)) {
-            // A RoleBinding grants only inside its namespace, whatever the
-            // role it names.
-            if let Some(ns) = &b.namespace
-                && a.namespace.as_ref() != Some(ns)
-            {
-                continue;
-            }
+    /// The bindings that apply to `user` where `namespace` is (every
+    /// ClusterRoleBinding, then the RoleBindings of the namespace, as
+    /// kube-apiserver visits them), each with the subject that is the user
+    /// and the index of the role it names.
+    fn bound<'a>(
+        &'a self,
+        user: &'a User,
+        namespace: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a Binding, &'a Value, usize)> + 'a {
+        let cluster = self.bindings.iter().filter(|b| b.namespace.is_none());
+        // A RoleBinding grants only inside its namespace, whatever the
+        // role it names.
+        let local = self
+            .bindings
+            .iter()
+            .filter(move |b| b.namespace.is_some() && b.namespace.as_deref() == namespace);
+        cluster.chain(local).filter_map(move |b| {
+            let subject = b.subject_for(user)?;
             let role = self.roles.iter().position(|r| {
                 r.kind == b.role_kind
                     && r.name == b.role_name
                     && (r.kind == "ClusterRole" || Some(&r.namespace) == b.namespace.as_ref())
-            });
-            let Some(role) = role else { continue };
+            })?;
+            Some((b, subject, role))
+        })
+    }
+
+    /// Whether `user` may do `a`: the reason kube-apiserver gives and every
+    /// grant that allows it, or `None`. Records nothing.
+    fn decide(&self, user: &User, a: &Attributes) -> Option<(String, Vec<Grant>)> {
+        if user.is_master() {
+            // kube-apiserver's privileged-group authorizer gives no reason.
+            return Some((String::new(), Vec::new()));
+        }
+        if let Some(reason) = bootstrap(user, a) {
+            return Some((reason, Vec::new()));
+        }
+        let mut reason = None;
+        let mut grants = Vec::new();
+        for (binding, subject, role) in self.bound(user, a.namespace.as_deref()) {
             for (i, rule) in self.roles[role].rules.iter().enumerate() {
                 if rule.allows(a) {
+                    reason.get_or_insert_with(|| binding.reason(subject));
                     grants.push((role, i, a.verb.clone(), a.resource.clone()));
                 }
             }
         }
-        if grants.is_empty() {
-            self.denied.push(json!({
-                "user": user.username, "verb": a.verb, "group": a.group,
-                "resource": a.resource, "namespace": a.namespace, "name": a.name,
-            }));
-            return false;
+        reason.map(|r| (r, grants))
+    }
+
+    /// Whether `user` may do `a`, and why, without acting on it: neither a
+    /// refusal nor a use of a grant is recorded. This answers access
+    /// reviews, which are questions, not requests.
+    pub fn check(&self, user: &User, a: &Attributes) -> (bool, String) {
+        match self.decide(user, a) {
+            Some((reason, _)) => (true, reason),
+            None => (false, String::new()),
         }
-        self.used.extend(grants);
-        true
+    }
+
+    /// Whether `user` may do `a`; records the grants used or the refusal.
+    pub fn authorize(&mut self, user: &User, a: &Attributes) -> bool {
+        match self.decide(user, a) {
+            Some((_, grants)) => {
+                self.used.extend(grants);
+                true
+            }
+            None => {
+                self.denied.push(json!({
+                    "user": user.username, "verb": a.verb, "group": a.group,
+                    "resource": a.resource, "namespace": a.namespace, "name": a.name,
+                }));
+                false
+            }
+        }
+    }
+
+    /// What `user` may do in `namespace` (cluster-wide grants included),
+    /// as a SelfSubjectRulesReview's status lists it: the rules of every
+    /// role bound to the user, each split into its resource and
+    /// non-resource parts, after the bootstrap policy's. Records nothing.
+    pub fn rules_for(&self, user: &User, namespace: &str) -> Value {
+        let (mut resource, mut non_resource) = if user.is_master() {
+            everything()
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let (boot_resource, boot_non_resource) = bootstrap_rules(user);
+        resource.extend(boot_resource);
+        non_resource.extend(boot_non_resource);
+        let namespace = (!namespace.is_empty()).then_some(namespace);
+        for (_, _, role) in self.bound(user, namespace) {
+            for rule in &self.roles[role].rules {
+                if !rule.resources.is_empty() {
+                    let mut r = json!({"verbs": rule.verbs, "apiGroups": rule.api_groups, "resources": rule.resources});
+                    if !rule.resource_names.is_empty() {
+                        r["resourceNames"] = json!(rule.resource_names);
+                    }
+                    resource.push(r);
+                }
+                if !rule.non_resource_urls.is_empty() {
+                    non_resource.push(
+                        json!({"verbs": rule.verbs, "nonResourceURLs": rule.non_resource_urls}),
+                    );
+                }
+            }
+        }
+        json!({"resourceRules": resource, "nonResourceRules": non_resource, "incomplete": false})
     }
 
     /// Every refusal so far, and every (rule, verb, resource) grant of the
@@ -238,6 +464,15 @@ impl Rbac {
         }
         json!({"denied": self.denied, "unused": unused, "roles": self.roles.len(), "bindings": self.bindings.len()})
     }
+}
+
+/// Every verb on everything: what a rules review lists for a member of
+/// `system:masters`, or for anyone while RBAC is off.
+pub fn everything() -> (Vec<Value>, Vec<Value>) {
+    (
+        vec![json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]})],
+        vec![json!({"verbs": ["*"], "nonResourceURLs": ["*"]})],
+    )
 }
 
 /// The message a real server gives for a refusal.
@@ -293,13 +528,7 @@ mod tests {
         ns: Option<&str>,
         name: Option<&str>,
     ) -> Attributes {
-        Attributes {
-            verb: verb.into(),
-            group: group.into(),
-            resource: resource.into(),
-            namespace: ns.map(Into::into),
-            name: name.map(Into::into),
-        }
+        Attributes::resource(verb, group, resource, ns, name)
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct Resource {
     /// Subresources besides `status` (a CSR's `approval`, a pod's
     /// `proxy`).
     pub subresources: &'static [&'static str],
+    /// The categories discovery lists it in (`kubectl get all`).
+    pub categories: &'static [&'static str],
 }
 
 impl Resource {
@@ -84,8 +86,29 @@ const fn resource(
         short_names,
         create_only: false,
         subresources: &[],
+        categories: &[],
     }
 }
+
+/// A review: `create` only, answered rather than stored.
+const fn review(
+    group: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+) -> Resource {
+    Resource {
+        create_only: true,
+        ..resource(group, plural, singular, kind, namespaced, false, &[])
+    }
+}
+
+/// kube-apiserver's `all` category: pods, replicationcontrollers,
+/// services, daemonsets, deployments, replicasets, statefulsets,
+/// horizontalpodautoscalers, cronjobs and jobs. Of those this server
+/// serves pods and services.
+const ALL: &[&str] = &["all"];
 
 /// Every served resource.
 pub static RESOURCES: &[Resource] = &[
@@ -94,6 +117,7 @@ pub static RESOURCES: &[Resource] = &[
     // (see `proxy`).
     Resource {
         subresources: &["proxy"],
+        categories: ALL,
         ..resource("", "services", "service", "Service", true, true, &["svc"])
     },
     resource("", "events", "event", "Event", true, false, &["ev"]),
@@ -101,6 +125,7 @@ pub static RESOURCES: &[Resource] = &[
     // lists them.
     Resource {
         subresources: &["proxy"],
+        categories: ALL,
         ..resource("", "pods", "pod", "Pod", true, true, &["po"])
     },
     // Where `services/proxy` finds a Service's backends.
@@ -154,18 +179,42 @@ pub static RESOURCES: &[Resource] = &[
             &["csr"],
         )
     },
-    Resource {
-        create_only: true,
-        ..resource(
-            "authentication.k8s.io",
-            "tokenreviews",
-            "tokenreview",
-            "TokenReview",
-            false,
-            false,
-            &[],
-        )
-    },
+    review(
+        "authentication.k8s.io",
+        "tokenreviews",
+        "tokenreview",
+        "TokenReview",
+        false,
+    ),
+    // Questions to the authorizer (`kubectl auth can-i`): see `reviews`.
+    review(
+        "authorization.k8s.io",
+        "localsubjectaccessreviews",
+        "localsubjectaccessreview",
+        "LocalSubjectAccessReview",
+        true,
+    ),
+    review(
+        "authorization.k8s.io",
+        "selfsubjectaccessreviews",
+        "selfsubjectaccessreview",
+        "SelfSubjectAccessReview",
+        false,
+    ),
+    review(
+        "authorization.k8s.io",
+        "selfsubjectrulesreviews",
+        "selfsubjectrulesreview",
+        "SelfSubjectRulesReview",
+        false,
+    ),
+    review(
+        "authorization.k8s.io",
+        "subjectaccessreviews",
+        "subjectaccessreview",
+        "SubjectAccessReview",
+        false,
+    ),
 ];
 
 /// The resource at `group`/`version`/`plural`.

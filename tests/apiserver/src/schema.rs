@@ -1,39 +1,91 @@
 //! Object validation against the Kubernetes API types (k8s-openapi), and
-//! the small OpenAPI v3 document kubectl reads to learn that this server
-//! validates fields itself (`fieldValidation`).
+//! the OpenAPI v3 documents kubectl reads: to learn that this server
+//! validates fields itself (`fieldValidation`), and to explain a kind's
+//! fields (`kubectl explain`), with schemas read off the same types (see
+//! `openapi`).
 //!
 //! An object is decoded into its typed form: a wrong type is an error. With
 //! `fieldValidation=Strict`, a field the typed form does not keep is an
 //! unknown field and an error; with `Warn` (the default) it is a warning.
 
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::sync::OnceLock;
+
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use super::openapi;
 use super::resources::{RESOURCES, Resource};
 
-fn round_trip<T: DeserializeOwned + Serialize>(obj: &Value) -> Result<Value, String> {
-    let typed: T = serde_json::from_value(obj.clone()).map_err(|e| e.to_string())?;
-    serde_json::to_value(typed).map_err(|e| e.to_string())
+/// Something done with the k8s-openapi type of a kind (see [`for_kind`]).
+trait WithType {
+    type Out;
+    fn with<T: DeserializeOwned + Serialize + k8s_openapi::Resource>(self) -> Self::Out;
+}
+
+/// Does `f` with the k8s-openapi type of `group`'s `kind`; `None` for a
+/// kind without one here.
+fn for_kind<F: WithType>(group: &str, kind: &str, f: F) -> Option<F::Out> {
+    use k8s_openapi::api::{
+        authentication, authorization, certificates, coordination, core, events,
+    };
+    Some(match (group, kind) {
+        ("", "Node") => f.with::<core::v1::Node>(),
+        ("", "Service") => f.with::<core::v1::Service>(),
+        ("", "Event") => f.with::<core::v1::Event>(),
+        ("", "Namespace") => f.with::<core::v1::Namespace>(),
+        ("", "Pod") => f.with::<core::v1::Pod>(),
+        ("", "Endpoints") => f.with::<core::v1::Endpoints>(),
+        ("events.k8s.io", "Event") => f.with::<events::v1::Event>(),
+        ("coordination.k8s.io", "Lease") => f.with::<coordination::v1::Lease>(),
+        ("certificates.k8s.io", "CertificateSigningRequest") => {
+            f.with::<certificates::v1::CertificateSigningRequest>()
+        }
+        ("authentication.k8s.io", "TokenReview") => f.with::<authentication::v1::TokenReview>(),
+        ("authorization.k8s.io", "SubjectAccessReview") => {
+            f.with::<authorization::v1::SubjectAccessReview>()
+        }
+        ("authorization.k8s.io", "LocalSubjectAccessReview") => {
+            f.with::<authorization::v1::LocalSubjectAccessReview>()
+        }
+        ("authorization.k8s.io", "SelfSubjectAccessReview") => {
+            f.with::<authorization::v1::SelfSubjectAccessReview>()
+        }
+        ("authorization.k8s.io", "SelfSubjectRulesReview") => {
+            f.with::<authorization::v1::SelfSubjectRulesReview>()
+        }
+        _ => return None,
+    })
+}
+
+/// Decodes an object into its type and encodes it again.
+struct RoundTrip<'a>(&'a Value);
+
+impl WithType for RoundTrip<'_> {
+    type Out = Result<Value, String>;
+
+    fn with<T: DeserializeOwned + Serialize + k8s_openapi::Resource>(self) -> Self::Out {
+        let typed: T = serde_json::from_value(self.0.clone()).map_err(|e| e.to_string())?;
+        serde_json::to_value(typed).map_err(|e| e.to_string())
+    }
 }
 
 /// Decodes `obj` as its kind; the typed form re-encoded, or the error.
 fn typed(kind: &str, group: &str, obj: &Value) -> Result<Option<Value>, String> {
-    use k8s_openapi::api::{certificates, coordination, core, events};
-    Ok(Some(match (group, kind) {
-        ("", "Node") => round_trip::<core::v1::Node>(obj)?,
-        ("", "Service") => round_trip::<core::v1::Service>(obj)?,
-        ("", "Event") => round_trip::<core::v1::Event>(obj)?,
-        ("", "Namespace") => round_trip::<core::v1::Namespace>(obj)?,
-        ("", "Pod") => round_trip::<core::v1::Pod>(obj)?,
-        ("", "Endpoints") => round_trip::<core::v1::Endpoints>(obj)?,
-        ("events.k8s.io", "Event") => round_trip::<events::v1::Event>(obj)?,
-        ("coordination.k8s.io", "Lease") => round_trip::<coordination::v1::Lease>(obj)?,
-        ("certificates.k8s.io", "CertificateSigningRequest") => {
-            round_trip::<certificates::v1::CertificateSigningRequest>(obj)?
-        }
-        _ => return Ok(None),
-    }))
+    for_kind(group, kind, RoundTrip(obj)).transpose()
+}
+
+/// Reads a type's schemas (see `openapi`).
+struct Trace;
+
+impl WithType for Trace {
+    type Out = Result<openapi::Types, String>;
+
+    fn with<T: DeserializeOwned + Serialize + k8s_openapi::Resource>(self) -> Self::Out {
+        openapi::trace::<T>()
+    }
 }
 
 /// Paths present in `given` but not in `kept`.
@@ -115,54 +167,98 @@ fn gv_path(r: &Resource) -> String {
     }
 }
 
-/// `/openapi/v3`: where each group version's document is.
+/// Every group version's document, by its path (`api/v1`), made once.
+fn documents() -> &'static BTreeMap<String, Value> {
+    static DOCUMENTS: OnceLock<BTreeMap<String, Value>> = OnceLock::new();
+    DOCUMENTS.get_or_init(|| {
+        let paths: std::collections::BTreeSet<String> = RESOURCES.iter().map(gv_path).collect();
+        paths
+            .into_iter()
+            .filter_map(|gv| Some((gv.clone(), document(&gv)?)))
+            .collect()
+    })
+}
+
+/// `/openapi/v3`: where each group version's document is, with a hash of
+/// it, as clients cache them by it.
 pub fn openapi_root() -> Value {
     let mut paths = serde_json::Map::new();
-    for r in RESOURCES {
-        let gv = gv_path(r);
+    for (gv, doc) in documents() {
+        let mut hasher = std::hash::DefaultHasher::new();
+        doc.to_string().hash(&mut hasher);
         paths.insert(
             gv.clone(),
-            json!({"serverRelativeURL": format!("/openapi/v3/{gv}?hash=0")}),
+            json!({"serverRelativeURL": format!("/openapi/v3/{gv}?hash={:016X}", hasher.finish())}),
         );
     }
     json!({"paths": paths})
 }
 
-/// `/openapi/v3/<group version>`: the PATCH operations and their
-/// `fieldValidation` parameter, which is what kubectl looks for.
+/// `/openapi/v3/<group version>`.
 pub fn openapi_group_version(gv: &str) -> Option<Value> {
+    documents().get(gv).cloned()
+}
+
+/// The document of the group version at `gv`: the operations kubectl
+/// looks for, each with the kind it acts on (a PATCH with its
+/// `fieldValidation` parameter, which tells kubectl this server checks
+/// fields itself; a POST for the reviews), and the schemas of the kinds
+/// and everything they hold.
+fn document(gv: &str) -> Option<Value> {
+    let served: Vec<&Resource> = RESOURCES.iter().filter(|r| gv_path(r) == gv).collect();
+    let first = served.first()?;
     let mut paths = serde_json::Map::new();
-    for r in RESOURCES
-        .iter()
-        .filter(|r| gv_path(r) == gv && !r.create_only)
-    {
-        let base = if r.namespaced {
-            format!("/{gv}/namespaces/{{namespace}}/{}/{{name}}", r.plural)
-        } else {
-            format!("/{gv}/{}/{{name}}", r.plural)
-        };
+    let mut traced = Vec::new();
+    for r in &served {
         let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
-        let op = json!({
+        let prefix = if r.namespaced {
+            format!("/{gv}/namespaces/{{namespace}}/{}", r.plural)
+        } else {
+            format!("/{gv}/{}", r.plural)
+        };
+        let parameters = json!([
+            {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
+            {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
+            {"name": "dryRun", "in": "query", "schema": {"type": "string"}},
+        ]);
+        let patch = json!({
             "operationId": format!("patch{}", r.kind),
             "x-kubernetes-action": "patch",
             "x-kubernetes-group-version-kind": gvk,
-            "parameters": [
-                {"name": "fieldValidation", "in": "query", "schema": {"type": "string"}},
-                {"name": "fieldManager", "in": "query", "schema": {"type": "string"}},
-                {"name": "dryRun", "in": "query", "schema": {"type": "string"}},
-            ],
+            "parameters": parameters,
             "responses": {"200": {"description": "OK"}},
         });
-        paths.insert(base, json!({"patch": op}));
+        if r.create_only {
+            paths.insert(
+                prefix.clone(),
+                json!({"post": {
+                    "operationId": format!("create{}", r.kind),
+                    "x-kubernetes-action": "post",
+                    "x-kubernetes-group-version-kind": gvk,
+                    "parameters": parameters,
+                    "responses": {"201": {"description": "Created"}},
+                }}),
+            );
+        }
+        // kubectl learns from a kind's PATCH operation whether the server
+        // checks fields itself; if not, it checks them with OpenAPI v2,
+        // which this server does not serve. So the reviews, which cannot
+        // be patched (405), are listed with one too: `kubectl create -f`
+        // of a review then works, and the server checks its fields.
+        paths.insert(format!("{prefix}/{{name}}"), json!({"patch": patch}));
+        match for_kind(r.group, r.kind, Trace) {
+            Some(Ok(types)) => traced.push((r.kind, types)),
+            Some(Err(e)) => tracing::warn!(kind = r.kind, error = %e, "no schema"),
+            None => {}
+        }
     }
-    if paths.is_empty() {
-        return None;
-    }
+    let kinds: Vec<(&str, &openapi::Types)> = traced.iter().map(|(k, t)| (*k, t)).collect();
+    let schemas = openapi::components(first.group, first.version, &kinds);
     Some(json!({
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": "v1.32.0"},
         "paths": paths,
-        "components": {"schemas": {}},
+        "components": {"schemas": schemas},
     }))
 }
 
@@ -191,6 +287,66 @@ mod tests {
                 .unwrap()
                 .1
                 .is_empty()
+        );
+    }
+
+    #[test]
+    fn each_kind_has_a_schema_kubectl_explain_finds_by_its_group_version_kind() {
+        let doc = openapi_group_version("api/v1").unwrap();
+        let schemas = &doc["components"]["schemas"];
+        let service = &schemas["io.k8s.api.core.v1.Service"];
+        assert_eq!(
+            service["x-kubernetes-group-version-kind"],
+            json!([{"group": "", "kind": "Service", "version": "v1"}])
+        );
+        assert_eq!(
+            service["properties"]["spec"]["allOf"][0]["$ref"],
+            "#/components/schemas/io.k8s.api.core.v1.ServiceSpec"
+        );
+        let spec = &schemas["io.k8s.api.core.v1.ServiceSpec"]["properties"];
+        assert_eq!(spec["type"]["type"], "string");
+        assert_eq!(spec["ports"]["type"], "array");
+        assert_eq!(
+            spec["ports"]["items"]["allOf"][0]["$ref"],
+            "#/components/schemas/io.k8s.api.core.v1.ServicePort"
+        );
+        assert_eq!(spec["loadBalancerClass"]["type"], "string");
+        let taints = &schemas["io.k8s.api.core.v1.NodeSpec"]["properties"]["taints"];
+        assert_eq!(
+            taints["items"]["allOf"][0]["$ref"],
+            "#/components/schemas/io.k8s.api.core.v1.Taint"
+        );
+        assert_eq!(
+            schemas["io.k8s.apimachinery.pkg.apis.meta.v1.Time"]["format"],
+            "date-time"
+        );
+        // Every reference resolves.
+        let text = doc.to_string();
+        for piece in text.split("#/components/schemas/").skip(1) {
+            let name = piece.split('"').next().unwrap();
+            assert!(
+                schemas.get(name).is_some(),
+                "{name} is referenced but missing"
+            );
+        }
+        assert_eq!(
+            doc["paths"]["/api/v1/namespaces/{namespace}/services/{name}"]["patch"]["x-kubernetes-group-version-kind"]
+                ["kind"],
+            "Service"
+        );
+        let lease = openapi_group_version("apis/coordination.k8s.io/v1").unwrap();
+        let spec = &lease["components"]["schemas"]["io.k8s.api.coordination.v1.LeaseSpec"];
+        assert_eq!(spec["properties"]["holderIdentity"]["type"], "string");
+        assert_eq!(
+            spec["properties"]["renewTime"]["allOf"][0]["$ref"],
+            "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.MicroTime"
+        );
+        let root = openapi_root();
+        assert!(
+            root["paths"]["apis/authorization.k8s.io/v1"]["serverRelativeURL"]
+                .as_str()
+                .unwrap()
+                .starts_with("/openapi/v3/apis/authorization.k8s.io/v1?hash=")
         );
     }
 

@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
 use super::resources::Resource;
+use super::services;
 
 /// An API error, returned to clients as a `Status` object.
 #[derive(Clone, Debug, PartialEq)]
@@ -58,6 +59,16 @@ impl ApiError {
                 "Invalid",
                 format!("{} \"{name}\" is invalid: {message}", resource.kind),
             )
+        }
+    }
+
+    /// A 422 without details made an `Invalid` of `resource` `name`, as
+    /// kube-apiserver words them; other errors as they are.
+    fn for_object(self, resource: &Resource, name: &str) -> Self {
+        if self.code == 422 && self.details.is_none() {
+            Self::invalid(resource, name, self.message)
+        } else {
+            self
         }
     }
 
@@ -362,7 +373,8 @@ impl Store {
         }
         if resource.kind == "Service" && resource.group.is_empty() {
             obj["status"] = json!({});
-            allocate_service(&mut inner, &mut obj)?;
+            allocate_service(&mut inner, None, &mut obj)
+                .map_err(|e| e.for_object(resource, &name))?;
         }
         inner.rv += 1;
         let rv = inner.rv;
@@ -468,6 +480,12 @@ impl Store {
         if new.get("status") == Some(&Value::Null) {
             new.as_object_mut().expect("object").remove("status");
         }
+        if resource.kind == "Service" && resource.group.is_empty() && !status {
+            services::prepare_update(&old, &mut new)
+                .map_err(|e| ApiError::invalid(resource, name, e))?;
+            allocate_service(&mut inner, Some(&old), &mut new)
+                .map_err(|e| e.for_object(resource, name))?;
+        }
         new["apiVersion"] = json!(resource.api_version());
         new["kind"] = json!(resource.kind);
         {
@@ -500,6 +518,9 @@ impl Store {
         if deleting && finalizers_empty(&new) {
             // The last finalizer is gone: the object goes.
             inner.objects.remove(&k);
+            if resource.kind == "Service" && resource.group.is_empty() {
+                release_service(&mut inner, &new);
+            }
             inner.rv += 1;
             let rv = inner.rv;
             meta_mut(&mut new).insert("resourceVersion".into(), json!(rv.to_string()));
@@ -618,68 +639,95 @@ fn next_node_port(inner: &mut Inner) -> Result<i64, ApiError> {
     Ok(port)
 }
 
-/// Defaults and allocations the real API server makes for a new Service:
-/// type, cluster IP, node ports, health check node port, IP families.
-fn allocate_service(inner: &mut Inner, obj: &mut Value) -> Result<(), ApiError> {
-    let spec = obj["spec"]
-        .as_object_mut()
-        .ok_or_else(|| ApiError::bad_request("spec is required"))?;
-    let kind = spec
-        .entry("type")
-        .or_insert(json!("ClusterIP"))
-        .as_str()
-        .unwrap_or("ClusterIP")
-        .to_owned();
-    spec.entry("sessionAffinity").or_insert(json!("None"));
-    spec.entry("ipFamilies").or_insert(json!(["IPv4"]));
-    spec.entry("ipFamilyPolicy").or_insert(json!("SingleStack"));
-    spec.entry("internalTrafficPolicy")
-        .or_insert(json!("Cluster"));
-    if !spec.contains_key("clusterIP") {
-        let n = inner.next_cluster_ip;
-        inner.next_cluster_ip += 1;
-        let ip = format!("10.96.{}.{}", n / 250, n % 250 + 1);
-        spec.insert("clusterIP".into(), json!(ip));
-        spec.insert("clusterIPs".into(), json!([ip]));
+/// The defaults and allocations the real API server makes for a Service
+/// it creates, or updates from `old` (after `services::prepare_update`):
+/// the defaults (`services::default`), IP families and a cluster IP
+/// unless it is an ExternalName, node ports for NodePort and
+/// LoadBalancer (unless `allocateLoadBalancerNodePorts` is false) and a
+/// health check node port for a LoadBalancer with
+/// `externalTrafficPolicy: Local`. Node ports the Service asks for that
+/// another holds are refused; those it held and no longer has are
+/// released.
+fn allocate_service(
+    inner: &mut Inner,
+    old: Option<&Value>,
+    obj: &mut Value,
+) -> Result<(), ApiError> {
+    if !obj["spec"].is_object() {
+        return Err(ApiError::bad_request("spec is required"));
     }
-    let external = kind == "NodePort" || kind == "LoadBalancer";
-    if external {
-        spec.entry("externalTrafficPolicy")
-            .or_insert(json!("Cluster"));
+    services::default(obj);
+    services::validate(obj).map_err(|e| ApiError::new(422, "Invalid", e))?;
+    let needs_cluster_ip = services::needs_cluster_ip(obj);
+    let spec = obj["spec"].as_object_mut().expect("an object");
+    if needs_cluster_ip {
+        spec.entry("ipFamilies").or_insert(json!(["IPv4"]));
+        spec.entry("ipFamilyPolicy").or_insert(json!("SingleStack"));
+        let unset = |v: Option<&Value>| v.is_none_or(|v| v.is_null() || v == "" || v == &json!([]));
+        if unset(spec.get("clusterIP")) {
+            let n = inner.next_cluster_ip;
+            inner.next_cluster_ip += 1;
+            let ip = format!("10.96.{}.{}", n / 250, n % 250 + 1);
+            spec.insert("clusterIP".into(), json!(ip));
+            spec.insert("clusterIPs".into(), json!([ip]));
+        } else if unset(spec.get("clusterIPs")) {
+            let ip = spec["clusterIP"].clone();
+            spec.insert("clusterIPs".into(), json!([ip]));
+        }
     }
-    let allocate = external && spec.get("allocateLoadBalancerNodePorts") != Some(&json!(false));
-    if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+    // The node ports this Service holds already, and those it asks for.
+    let held: BTreeSet<i64> = old
+        .map(|o| {
+            services::node_ports(o)
+                .into_iter()
+                .chain(services::hc_node_port(o))
+                .collect()
+        })
+        .unwrap_or_default();
+    let ports = services::node_ports(obj);
+    for (i, np) in ports.iter().enumerate() {
+        if !held.contains(np) && (inner.node_ports.contains(np) || ports[..i].contains(np)) {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                format!(
+                    "spec.ports[{i}].nodePort: Invalid value: {np}: provided port is already allocated"
+                ),
+            ));
+        }
+    }
+    let hc = services::hc_node_port(obj);
+    if let Some(hc) = hc.filter(|hc| !held.contains(hc) && inner.node_ports.contains(hc)) {
+        return Err(ApiError::new(
+            422,
+            "Invalid",
+            format!(
+                "spec.healthCheckNodePort: Invalid value: {hc}: provided port is already allocated"
+            ),
+        ));
+    }
+    inner.node_ports.extend(ports.iter().copied().chain(hc));
+    let allocate = services::needs_node_port(obj)
+        && obj["spec"]["allocateLoadBalancerNodePorts"] != json!(false);
+    if allocate && let Some(ports) = obj["spec"]["ports"].as_array_mut() {
         for port in ports {
             let p = port
                 .as_object_mut()
                 .ok_or_else(|| ApiError::bad_request("ports must be objects"))?;
-            p.entry("protocol").or_insert(json!("TCP"));
-            if let Some(number) = p.get("port").cloned() {
-                p.entry("targetPort").or_insert(number);
-            }
-            match p.get("nodePort").and_then(Value::as_i64) {
-                Some(np) if !inner.node_ports.insert(np) => {
-                    return Err(ApiError::new(
-                        422,
-                        "Invalid",
-                        format!(
-                            "spec.ports.nodePort: Invalid value: {np}: provided port is already allocated"
-                        ),
-                    ));
-                }
-                Some(_) => {}
-                None if allocate => {
-                    p.insert("nodePort".into(), json!(next_node_port(inner)?));
-                }
-                None => {}
+            if p.get("nodePort").and_then(Value::as_i64).unwrap_or(0) == 0 {
+                p.insert("nodePort".into(), json!(next_node_port(inner)?));
             }
         }
     }
-    if kind == "LoadBalancer"
-        && spec.get("externalTrafficPolicy") == Some(&json!("Local"))
-        && !spec.contains_key("healthCheckNodePort")
-    {
-        spec.insert("healthCheckNodePort".into(), json!(next_node_port(inner)?));
+    if services::needs_hc_node_port(obj) && hc.is_none() {
+        obj["spec"]["healthCheckNodePort"] = json!(next_node_port(inner)?);
+    }
+    let now: BTreeSet<i64> = services::node_ports(obj)
+        .into_iter()
+        .chain(services::hc_node_port(obj))
+        .collect();
+    for gone in held.difference(&now) {
+        inner.node_ports.remove(gone);
     }
     Ok(())
 }

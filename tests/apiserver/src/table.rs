@@ -129,22 +129,50 @@ fn service_row(o: &Value) -> Vec<Value> {
     ]
 }
 
+/// An event's row as kube-apiserver prints it: last seen is the series'
+/// last observation, else `lastTimestamp`, else when it was first seen
+/// (`firstTimestamp`, else `eventTime`); the count is the series', else
+/// `count`, else 1 (events.k8s.io events have none); the source is the
+/// legacy `source`, else the reporting controller and instance.
 fn event_row(o: &Value) -> Vec<Value> {
-    let when = o["lastTimestamp"]
-        .as_str()
-        .or_else(|| o["eventTime"].as_str())
-        .unwrap_or_default();
-    let object = format!(
-        "{}/{}",
-        text(&o["involvedObject"]["kind"]).to_lowercase(),
-        text(&o["involvedObject"]["name"])
-    );
+    let since = |v: &Value| v.as_str().map(age);
+    let first = since(&o["firstTimestamp"])
+        .or_else(|| since(&o["eventTime"]))
+        .unwrap_or_else(|| "<unknown>".into());
+    let mut last = since(&o["lastTimestamp"]).unwrap_or_else(|| first.clone());
+    let mut count = o["count"].as_i64().unwrap_or(0);
+    if o["series"].is_object() {
+        last = since(&o["series"]["lastObservedTime"]).unwrap_or_else(|| "<unknown>".into());
+        count = o["series"]["count"].as_i64().unwrap_or(0);
+    } else if count == 0 {
+        count = 1;
+    }
+    let kind = text(&o["involvedObject"]["kind"]).to_lowercase();
+    let name = text(&o["involvedObject"]["name"]);
+    let object = if name.is_empty() {
+        kind
+    } else {
+        format!("{kind}/{name}")
+    };
+    let or = |a: String, b: &Value| if a.is_empty() { text(b) } else { a };
+    let component = or(text(&o["source"]["component"]), &o["reportingComponent"]);
+    let instance = or(text(&o["source"]["host"]), &o["reportingInstance"]);
+    let source = if instance.is_empty() {
+        component
+    } else {
+        format!("{component}, {instance}")
+    };
     vec![
-        json!(age(when)),
+        json!(last),
         o["type"].clone(),
         o["reason"].clone(),
         json!(object),
-        o["message"].clone(),
+        json!(text(&o["involvedObject"]["fieldPath"])),
+        json!(source),
+        json!(text(&o["message"]).trim()),
+        json!(first),
+        json!(count),
+        o["metadata"]["name"].clone(),
     ]
 }
 
@@ -178,8 +206,34 @@ fn csr_row(o: &Value) -> Vec<Value> {
 /// Turns an object into its row's cells.
 type Row = fn(&Value) -> Vec<Value>;
 
+/// What each row carries of its object (`includeObject`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Include {
+    /// Nothing.
+    None,
+    /// Its metadata, as a `PartialObjectMetadata` (the default).
+    Metadata,
+    /// All of it: kubectl asks for this to sort (`--sort-by`).
+    Object,
+}
+
+impl Include {
+    pub fn parse(value: Option<&str>) -> Self {
+        match value {
+            Some("None") => Self::None,
+            Some("Object") => Self::Object,
+            _ => Self::Metadata,
+        }
+    }
+}
+
 /// The Table of `items` of `resource`.
-pub fn table(resource: &Resource, items: &[Value], resource_version: &str) -> Value {
+pub fn table(
+    resource: &Resource,
+    items: &[Value],
+    resource_version: &str,
+    include: Include,
+) -> Value {
     let (columns, row): (Vec<Value>, Row) = match (resource.group, resource.kind) {
         ("", "Node") => (
             vec![
@@ -211,7 +265,12 @@ pub fn table(resource: &Resource, items: &[Value], resource_version: &str) -> Va
                 column("Type", "string", 0),
                 column("Reason", "string", 0),
                 column("Object", "string", 0),
+                column("Subobject", "string", 1),
+                column("Source", "string", 1),
                 column("Message", "string", 0),
+                column("First Seen", "string", 1),
+                column("Count", "string", 1),
+                column("Name", "string", 1),
             ],
             event_row,
         ),
@@ -239,10 +298,15 @@ pub fn table(resource: &Resource, items: &[Value], resource_version: &str) -> Va
     let rows: Vec<Value> = items
         .iter()
         .map(|o| {
-            json!({
-                "cells": row(o),
-                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]},
-            })
+            let mut r = json!({"cells": row(o)});
+            match include {
+                Include::None => {}
+                Include::Metadata => {
+                    r["object"] = json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]});
+                }
+                Include::Object => r["object"] = o.clone(),
+            }
+            r
         })
         .collect();
     json!({
