@@ -171,12 +171,17 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
     if ctx.csrs.is_some() {
         tokio::spawn(serving_csrs::worker(ctx.clone()));
     }
-    // Awaited only once this replica leads, so it may say so first.
-    let caches = async {
-        tracing::info!("leading; starting node initialisation, address sync and lifecycle checks");
-        ctx.store.wait_until_ready().await.context("node cache")
+    // Awaited each time this replica leads, so it may say so first.
+    let caches = || {
+        let ctx = ctx.clone();
+        async move {
+            tracing::info!(
+                "leading; starting node initialisation, address sync and lifecycle checks"
+            );
+            ctx.store.wait_until_ready().await.context("node cache")
+        }
     };
-    let led = lead(&ctx.leadership, &ctx.queue, caches, &shutdown, || {
+    let led = lead(&ctx.leadership, &ctx.queue, caches, &shutdown, |work| {
         for node in ctx.store.state() {
             ctx.queue.add(node.name_any());
             if let Some(t) = ctx.tagging.as_ref().filter(|t| t.needs_tags(&node)) {
@@ -194,14 +199,14 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
             }
         }
         for _ in 0..ctx.settings.workers {
-            tokio::spawn(worker(ctx.clone()));
+            work.worker(worker(ctx.clone()));
         }
-        tokio::spawn(every(
+        work.pass(every(
             ctx.clone(),
             ctx.settings.status_period,
             |ctx| async move { reconcile::sync_addresses(&ctx).await },
         ));
-        tokio::spawn(every(
+        work.pass(every(
             ctx.clone(),
             ctx.settings.monitor_period,
             |ctx| async move { reconcile::monitor(&ctx).await },

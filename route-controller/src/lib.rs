@@ -125,15 +125,18 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
         shutdown.cancelled().await;
         return Ok(());
     }
-    // Awaited only once this replica leads, so it may say so first.
-    let caches = async {
-        tracing::info!(cluster_cidrs = ?ctx.settings.cluster_cidrs, "leading; reconciling routes");
-        ctx.store.wait_until_ready().await.context("node cache")
+    // Awaited each time this replica leads, so it may say so first.
+    let caches = || {
+        let ctx = ctx.clone();
+        async move {
+            tracing::info!(cluster_cidrs = ?ctx.settings.cluster_cidrs, "leading; reconciling routes");
+            ctx.store.wait_until_ready().await.context("node cache")
+        }
     };
-    lead(&ctx.leadership, &ctx.queue, caches, &shutdown, || {
+    lead(&ctx.leadership, &ctx.queue, caches, &shutdown, |work| {
         ctx.queue.add(());
-        tokio::spawn(worker(ctx.clone()));
-        tokio::spawn({
+        work.worker(worker(ctx.clone()));
+        work.pass({
             let ctx = ctx.clone();
             async move {
                 loop {

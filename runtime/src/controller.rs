@@ -156,36 +156,115 @@ impl Running {
     }
 }
 
-/// Runs the leading part of a controller. Once this replica holds the
-/// lease, it awaits `caches` (so that future may first log that this
-/// replica leads), then calls `start`, which queues the first keys and
-/// spawns the workers and passes. They run until the lease is lost (an
-/// error: as upstream, the process exits and restarts as a standby) or
-/// shutdown; either way `queue` is closed then, which ends the workers.
-/// Should shutdown come, or the election end, before `start` is called, it
-/// returns `Ok` and starts nothing.
-pub async fn lead<K: Clone + Eq + Hash + Send + 'static>(
+/// How long a term that ended waits for its workers to finish the keys
+/// they hold (their writes already refuse: this replica no longer leads)
+/// before they are stopped.
+const TERM_GRACE: Duration = Duration::from_secs(30);
+
+/// What one term of leadership runs. Workers end when the term's queue
+/// closes; passes are stopped when the term ends. Nothing of one term
+/// runs into the next.
+pub struct TermWork {
+    /// Which term, and whether it continues this replica's previous one.
+    pub term: crate::leader::Term,
+    ended: CancellationToken,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl TermWork {
+    fn new(term: crate::leader::Term) -> Self {
+        Self {
+            term,
+            ended: CancellationToken::new(),
+            tasks: tokio::task::JoinSet::new(),
+        }
+    }
+
+    /// Runs `worker`, which takes keys from the queue until it closes.
+    pub fn worker(&mut self, worker: impl Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(worker);
+    }
+
+    /// Runs `pass` (a periodic pass, a loop on a trigger) until it returns
+    /// or the term ends.
+    pub fn pass(&mut self, pass: impl Future<Output = ()> + Send + 'static) {
+        let ended = self.ended.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                _ = pass => {}
+                _ = ended.cancelled() => {}
+            }
+        });
+    }
+
+    /// Ends the term: passes stop at once, workers get [`TERM_GRACE`] to
+    /// finish the key in hand.
+    async fn end(mut self) {
+        self.ended.cancel();
+        let finished = tokio::time::timeout(TERM_GRACE, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if finished.is_err() {
+            tracing::warn!(
+                term = self.term.number,
+                "workers still busy {TERM_GRACE:?} after the term ended; stopping them"
+            );
+            self.tasks.shutdown().await;
+        }
+    }
+}
+
+/// Runs the leading part of a controller, one term after another. Each
+/// time this replica takes the lease it awaits `caches()` (so that future
+/// may first log that this replica leads), opens `queue`, and calls
+/// `start`, which queues the first keys and starts the term's workers and
+/// passes. When the term ends (the lease lost, or not renewed within the
+/// deadline) the queue closes, the term's work stops, and the replica
+/// stands by to lead again, caches warm, with no restart. Returns `Ok` at
+/// shutdown (nothing is started after it), an error if the caches fail.
+pub async fn lead<K, C>(
     leadership: &Leadership,
     queue: &WorkQueue<K>,
-    caches: impl Future<Output = anyhow::Result<()>>,
+    caches: impl Fn() -> C,
     shutdown: &CancellationToken,
-    start: impl FnOnce(),
-) -> anyhow::Result<()> {
-    tokio::select! {
-        acquired = leadership.acquired() => if !acquired { return Ok(()) },
-        _ = shutdown.cancelled() => return Ok(()),
+    mut start: impl FnMut(&mut TermWork),
+) -> anyhow::Result<()>
+where
+    K: Clone + Eq + Hash + Send + 'static,
+    C: Future<Output = anyhow::Result<()>>,
+{
+    let mut last = 0;
+    loop {
+        let term = tokio::select! {
+            term = leadership.next_term(last) => match term {
+                Some(term) => term,
+                None => return Ok(()),
+            },
+            _ = shutdown.cancelled() => return Ok(()),
+        };
+        let Some(synced) = or_shutdown(shutdown, caches()).await else {
+            return Ok(());
+        };
+        synced?;
+        last = term.number;
+        queue.reopen();
+        let mut work = TermWork::new(term);
+        start(&mut work);
+        let shutting_down = tokio::select! {
+            _ = leadership.lost(term) => false,
+            _ = shutdown.cancelled() => true,
+        };
+        queue.close();
+        if shutting_down {
+            return Ok(());
+        }
+        tracing::warn!(
+            term = term.number,
+            "no longer leading: work stopped; standing by to lead again"
+        );
+        work.end().await;
     }
-    let Some(synced) = or_shutdown(shutdown, caches).await else {
-        return Ok(());
-    };
-    synced?;
-    start();
-    let result = tokio::select! {
-        _ = leadership.lost() => Err(anyhow::anyhow!("leader election lost")),
-        _ = shutdown.cancelled() => Ok(()),
-    };
-    queue.close();
-    result
 }
 
 /// What can go wrong in a controller's sync: what can in every controller,
@@ -344,12 +423,11 @@ mod tests {
     #[tokio::test]
     async fn a_leader_starts_once_its_caches_are_ready_and_closes_its_queue_at_shutdown() {
         let (q, shutdown, leader) = (queue(), CancellationToken::new(), Leadership::always());
-        let caches = async { anyhow::Ok(()) };
-        let start = || {
+        let start = |_: &mut TermWork| {
             q.add("first");
             shutdown.cancel();
         };
-        let led = lead(&leader, &q, caches, &shutdown, start);
+        let led = lead(&leader, &q, || async { anyhow::Ok(()) }, &shutdown, start);
         tokio::time::timeout(LIMIT, led).await.unwrap().unwrap();
         assert_eq!(q.next().await, Some("first"));
         assert_eq!(q.next().await, None, "closed");
@@ -363,9 +441,9 @@ mod tests {
         let led = lead(
             &leader,
             &q,
-            pending::<anyhow::Result<()>>(),
+            pending::<anyhow::Result<()>>,
             &shutdown,
-            || started = true,
+            |_| started = true,
         );
         tokio::time::timeout(LIMIT, led).await.unwrap().unwrap();
         assert!(!started);
@@ -374,9 +452,89 @@ mod tests {
     #[tokio::test]
     async fn caches_that_fail_fail_the_controller() {
         let (q, shutdown, leader) = (queue(), CancellationToken::new(), Leadership::always());
-        let caches = async { Err(anyhow::anyhow!("node cache")) };
-        let led = lead(&leader, &q, caches, &shutdown, || {});
+        let caches = || async { Err(anyhow::anyhow!("node cache")) };
+        let led = lead(&leader, &q, caches, &shutdown, |_| {});
         let result = tokio::time::timeout(LIMIT, led).await.unwrap();
         assert_eq!(result.unwrap_err().to_string(), "node cache");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_that_loses_its_term_stops_its_work_and_leads_again_when_it_can() {
+        let (leader, control) = Leadership::manual(Duration::from_secs(3600));
+        let (q, shutdown) = (queue(), CancellationToken::new());
+        let passes = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (terms_tx, mut terms) = tokio::sync::mpsc::unbounded_channel();
+        let led = tokio::spawn({
+            let (leader, q, shutdown, passes) =
+                (leader.clone(), q.clone(), shutdown.clone(), passes.clone());
+            async move {
+                lead(
+                    &leader,
+                    &q,
+                    || async { anyhow::Ok(()) },
+                    &shutdown,
+                    |work| {
+                        terms_tx.send(work.term).unwrap();
+                        q.add("key");
+                        let q = q.clone();
+                        work.worker(async move {
+                            while let Some(key) = q.next().await {
+                                q.done(&key);
+                            }
+                        });
+                        let passes = passes.clone();
+                        work.pass(async move {
+                            loop {
+                                passes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                            }
+                        });
+                    },
+                )
+                .await
+            }
+        });
+        control.lead(1, false);
+        let first = tokio::time::timeout(LIMIT, terms.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((first.number, first.continues), (1, false));
+
+        // The term ends: its pass stops, the queue takes nothing.
+        control.stand_by();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let stopped_at = passes.load(std::sync::atomic::Ordering::SeqCst);
+        q.add("while standing by");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            passes.load(std::sync::atomic::Ordering::SeqCst),
+            stopped_at,
+            "the pass of the ended term stopped"
+        );
+
+        // The same process leads again, without a restart.
+        control.lead(2, true);
+        let second = tokio::time::timeout(LIMIT, terms.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((second.number, second.continues), (2, true));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(passes.load(std::sync::atomic::Ordering::SeqCst) > stopped_at);
+        assert!(!led.is_finished(), "still running");
+
+        // A term past its renew deadline ends too, and is not led again.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        let expired_at = passes.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(passes.load(std::sync::atomic::Ordering::SeqCst), expired_at);
+        assert!(terms.try_recv().is_err(), "no term started again");
+        shutdown.cancel();
+        tokio::time::timeout(LIMIT, led)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
     }
 }

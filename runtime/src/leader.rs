@@ -12,8 +12,16 @@
 //!   this module reads the lease again after a short settle delay and leads
 //!   only if it is still the holder.
 //!
-//! A replica that loses the lease reports it through [`Leadership::lost`];
-//! controllers then exit, and Kubernetes restarts them as standbys.
+//! A replica that loses the lease (another took it, or it could not renew
+//! within the deadline, e.g. while the API server is down) ends its term
+//! ([`Leadership::lost`]) and stands by in the same process, its caches
+//! warm, campaigning again: it leads again once the API server answers,
+//! with no restart (upstream exits and waits for Kubernetes to restart it,
+//! which after an outage longer than the renew deadline puts every
+//! replica in crash-loop backoff at once). Each term has a number, and
+//! says whether it [`continues`](Term::continues) this replica's previous
+//! one: no other replica held the lease in between, so what this replica
+//! remembers of the cloud from then is still true.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,12 +36,23 @@ use crate::common_args::LeaseSettings;
 /// What this replica knows of its leadership.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
-    /// Not leading (yet).
+    /// Not leading now; campaigning.
     Standby,
-    /// Leading; the lease was last renewed at the instant.
-    Leading(Instant),
-    /// Was leading and lost the lease; never leads again in this process.
-    Lost,
+    /// Leading in `term`; the lease was last renewed at `renewed`.
+    Leading { term: Term, renewed: Instant },
+    /// The election has ended (shutdown); never leads again.
+    Ended,
+}
+
+/// One term of leadership of this replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Term {
+    /// 1 for the first term of this process, then one more each time.
+    pub number: u64,
+    /// Whether no other replica held the lease since this replica's
+    /// previous term (the lease's transitions and acquire time are as that
+    /// term left them): false for a first term.
+    pub continues: bool,
 }
 
 /// A handle on this replica's leadership; cheap to clone.
@@ -50,7 +69,13 @@ pub struct Leadership {
 impl Leadership {
     /// A replica that always leads (leader election off).
     pub fn always() -> Self {
-        let (tx, rx) = watch::channel(State::Leading(far_future()));
+        let (tx, rx) = watch::channel(State::Leading {
+            term: Term {
+                number: 1,
+                continues: false,
+            },
+            renewed: far_future(),
+        });
         // Keep the sender alive for the life of the process.
         std::mem::forget(tx);
         Self {
@@ -61,10 +86,24 @@ impl Leadership {
         }
     }
 
+    /// A leadership driven by hand through the returned [`Control`], for
+    /// tests of what runs while a replica leads; it starts on standby and
+    /// gives up leading `renew_deadline` after the last [`Control::lead`].
+    pub fn manual(renew_deadline: Duration) -> (Self, Control) {
+        let (tx, rx) = watch::channel(State::Standby);
+        let leadership = Self {
+            state: rx,
+            renew_deadline,
+            identity: "manual".into(),
+            ended: watch::channel(false).1,
+        };
+        (leadership, Control(tx))
+    }
+
     /// Whether this replica may write now.
     pub fn is_leader(&self) -> bool {
         match *self.state.borrow() {
-            State::Leading(renewed) => renewed.elapsed() < self.renew_deadline,
+            State::Leading { renewed, .. } => renewed.elapsed() < self.renew_deadline,
             _ => false,
         }
     }
@@ -82,31 +121,44 @@ impl Leadership {
         &self.identity
     }
 
-    /// Waits until this replica leads. Returns `false` if it never will
-    /// (the election stopped or was lost).
-    pub async fn acquired(&self) -> bool {
+    /// Waits until this replica leads in a term after term number `after`
+    /// (0 for any), within its renew deadline; that term, or `None` if it
+    /// never will (the election ended).
+    pub async fn next_term(&self, after: u64) -> Option<Term> {
         let mut state = self.state.clone();
         loop {
             match *state.borrow_and_update() {
-                State::Leading(_) => return true,
-                State::Lost => return false,
-                State::Standby => {}
+                State::Leading { term, renewed }
+                    if term.number > after && renewed.elapsed() < self.renew_deadline =>
+                {
+                    return Some(term);
+                }
+                State::Ended => return None,
+                _ => {}
             }
             if state.changed().await.is_err() {
-                return false;
+                return None;
             }
         }
     }
 
-    /// Resolves once a replica that led has lost the lease (or has gone
-    /// past its renew deadline without renewing).
-    pub async fn lost(&self) {
+    /// Waits until this replica leads; its term, or `None` if it never
+    /// will.
+    pub async fn acquired(&self) -> Option<Term> {
+        self.next_term(0).await
+    }
+
+    /// Resolves once `term` is over: the lease was lost, or the renew
+    /// deadline passed without a renewal, or the election ended. At once
+    /// if this replica is not leading in `term` now.
+    pub async fn lost(&self, term: Term) {
         let mut state = self.state.clone();
         loop {
             let deadline = match *state.borrow_and_update() {
-                State::Lost => return,
-                State::Leading(renewed) => renewed.checked_add(self.renew_deadline),
-                State::Standby => None,
+                State::Leading { term: now, renewed } if now == term => {
+                    renewed.checked_add(self.renew_deadline)
+                }
+                _ => return,
             };
             match deadline {
                 Some(deadline) => {
@@ -122,6 +174,24 @@ impl Leadership {
                 }
             }
         }
+    }
+}
+
+/// Drives a [`Leadership::manual`].
+pub struct Control(watch::Sender<State>);
+
+impl Control {
+    /// Leads from now in term `number`.
+    pub fn lead(&self, number: u64, continues: bool) {
+        self.0.send_replace(State::Leading {
+            term: Term { number, continues },
+            renewed: Instant::now(),
+        });
+    }
+
+    /// Stops leading and stands by.
+    pub fn stand_by(&self) {
+        self.0.send_replace(State::Standby);
     }
 }
 
@@ -149,6 +219,14 @@ pub fn default_identity() -> String {
 
 fn holder(lease: &Lease) -> Option<&str> {
     lease.spec.as_ref()?.holder_identity.as_deref()
+}
+
+/// What changes whenever a replica takes the lease rather than renews
+/// it: its transitions and acquire time.
+fn tenure(lease: &Lease) -> Option<(Option<i32>, String)> {
+    let spec = lease.spec.as_ref()?;
+    let acquired = spec.acquire_time.as_ref()?;
+    Some((spec.lease_transitions, format!("{:?}", acquired.0)))
 }
 
 /// Starts electing; the returned handle tracks leadership until
@@ -196,25 +274,49 @@ pub fn start(
         let settle = (settings.retry_period / 2).min(Duration::from_secs(1));
         let mut ticker = tokio::time::interval(settings.retry_period);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The last term, and the lease's tenure at its last renewal: a
+        // term continues the last one only if it is unchanged.
+        let mut terms = 0u64;
+        let mut last_tenure = None;
         loop {
             tokio::select! {
                 _ = ticker.tick() => {}
                 _ = shutdown.cancelled() => break,
             }
-            let leading = matches!(*tx.borrow(), State::Leading(_));
+            let current = *tx.borrow();
+            let leading = match current {
+                State::Leading { term, .. } => Some(term),
+                _ => None,
+            };
             let attempt =
                 tokio::time::timeout(settings.retry_period, lock.try_acquire_or_renew()).await;
             match attempt {
-                Ok(Ok(LeaseLockResult::Acquired(_))) if leading => {
-                    tx.send_replace(State::Leading(Instant::now()));
+                Ok(Ok(LeaseLockResult::Acquired(lease))) if leading.is_some() => {
+                    last_tenure = tenure(&lease);
+                    if let Some(term) = leading {
+                        tx.send_replace(State::Leading {
+                            term,
+                            renewed: Instant::now(),
+                        });
+                    }
                 }
                 Ok(Ok(LeaseLockResult::Acquired(_))) => {
                     let acquired_at = Instant::now();
                     tokio::time::sleep(settle).await;
                     match leases.get(&settings.name).await {
                         Ok(lease) if holder(&lease) == Some(identity.as_str()) => {
-                            tracing::info!(lease = %settings.name, %identity, "became leader");
-                            tx.send_replace(State::Leading(acquired_at));
+                            terms += 1;
+                            let now = tenure(&lease);
+                            let continues = last_tenure.is_some() && now == last_tenure;
+                            last_tenure = now;
+                            tracing::info!(lease = %settings.name, %identity, term = terms, continues, "became leader");
+                            tx.send_replace(State::Leading {
+                                term: Term {
+                                    number: terms,
+                                    continues,
+                                },
+                                renewed: acquired_at,
+                            });
                         }
                         Ok(lease) => tracing::info!(
                             lease = %settings.name,
@@ -227,10 +329,9 @@ pub fn start(
                     }
                 }
                 Ok(Ok(LeaseLockResult::NotAcquired(lease))) => {
-                    if leading {
-                        tracing::error!(lease = %settings.name, holder = holder(&lease).unwrap_or_default(), "leader lease lost to another replica");
-                        tx.send_replace(State::Lost);
-                        return;
+                    if leading.is_some() {
+                        tracing::error!(lease = %settings.name, holder = holder(&lease).unwrap_or_default(), "leader lease lost to another replica; standing by");
+                        tx.send_replace(State::Standby);
                     }
                 }
                 Ok(Err(e)) => note(e.to_string()),
@@ -238,19 +339,17 @@ pub fn start(
             }
             // Copy the state out: a borrow held across send_replace deadlocks.
             let state = *tx.borrow();
-            if let State::Leading(renewed) = state
+            if let State::Leading { renewed, .. } = state
                 && renewed.elapsed() >= settings.renew_deadline
             {
-                tracing::error!(lease = %settings.name, "could not renew the lease within the renew deadline; stopping");
-                tx.send_replace(State::Lost);
-                return;
+                tracing::error!(lease = %settings.name, "could not renew the lease within the renew deadline; stopping work and standing by");
+                tx.send_replace(State::Standby);
             }
         }
         // Shutting down: hand the lease over at once rather than letting
         // standbys wait for it to expire.
-        let state = *tx.borrow();
-        if matches!(state, State::Leading(_)) {
-            tx.send_replace(State::Lost);
+        let state = tx.send_replace(State::Ended);
+        if matches!(state, State::Leading { .. }) {
             match lock.step_down().await {
                 Ok(()) => tracing::info!(lease = %settings.name, "released the lease"),
                 Err(e) => tracing::warn!(error = %e, "could not release the lease"),

@@ -401,6 +401,12 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         self.len() == 0
     }
 
+    /// Takes keys again after [`Self::close`], for a new term of
+    /// leadership; what was queued or remembered stays.
+    pub fn reopen(&self) {
+        self.lock().closed = false;
+    }
+
     /// Stops handing out keys; workers' `next` returns `None`.
     pub fn close(&self) {
         self.lock().closed = true;

@@ -128,7 +128,66 @@ where
                 obj.managed_fields_mut().clear();
                 slim(obj);
             })
-            .default_backoff(),
+            .backoff(watch_backoff()),
     );
     (store, stream)
+}
+
+/// How a failed watch or list is retried: after 0.5 s, doubling to 5 s
+/// (each delay jittered down by up to a half), from 0.5 s again after a
+/// success. client-go's reflector (and kube-rs's default) waits up to 30 s,
+/// so after an API server outage of a minute a controller stays blind for
+/// up to another half minute once it is back; a controller's few watches
+/// retried every 5 s cost an API server nothing.
+fn watch_backoff() -> WatchBackoff {
+    WatchBackoff {
+        next: WATCH_RETRY_MIN,
+    }
+}
+
+const WATCH_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(500);
+const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+struct WatchBackoff {
+    next: std::time::Duration,
+}
+
+impl Iterator for WatchBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        use std::hash::{BuildHasher, Hasher};
+        let delay = self.next;
+        self.next = (self.next * 2).min(WATCH_RETRY_MAX);
+        // A random share in [0.5, 1.0) from the standard library's seeded
+        // hasher, so replicas that failed together retry apart.
+        let random = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let share = 0.5 + (random % 1000) as f64 / 2000.0;
+        Some(delay.mul_f64(share))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = WATCH_RETRY_MIN;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_retries_double_to_five_seconds_and_start_over_after_a_success() {
+        use kube::runtime::utils::Backoff;
+        let mut b = watch_backoff();
+        let delays: Vec<f64> = (0..6).map(|_| b.next().unwrap().as_secs_f64()).collect();
+        for (delay, full) in delays.iter().zip([0.5, 1.0, 2.0, 4.0, 5.0, 5.0]) {
+            assert!((full / 2.0..full).contains(delay), "{delays:?}");
+        }
+        b.reset();
+        assert!(b.next().unwrap() < WATCH_RETRY_MIN);
+    }
 }

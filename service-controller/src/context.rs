@@ -46,6 +46,23 @@ pub struct Context {
     pub changed_since: Mutex<HashMap<Key, std::time::Instant>>,
     /// The load balancers the last orphan check found without a Service.
     pub orphaned: Mutex<Vec<Orphan>>,
+    /// What this replica's ensures made of each load balancer: the
+    /// fingerprint asked for and the status the cloud answered. Kept across
+    /// terms that continue each other (no other replica led in between);
+    /// a Service whose ensure would ask for the same again only gets its
+    /// own status written, with no cloud call: a status write the API
+    /// server refused, or a term regained after an API server outage,
+    /// costs the cloud nothing.
+    pub applied: Mutex<HashMap<Key, Applied>>,
+}
+
+/// What an ensure made of one load balancer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    /// The fingerprint of the spec and hosts asked for.
+    pub fingerprint: u64,
+    /// The status the cloud answered.
+    pub status: ccm_proto::v1::LoadBalancerStatus,
 }
 
 /// A load balancer of this cluster whose Service is gone.
@@ -153,9 +170,51 @@ impl Context {
             == Some(&fingerprint)
     }
 
-    /// Forgets what is remembered of `key` (hosts sent, provisioning, a
-    /// change waiting).
+    /// Starts a term of leadership: unless it continues this replica's
+    /// previous one, another replica may have changed any load balancer
+    /// since, so what this one remembers of them is forgotten.
+    pub fn begin_term(&self, term: ccm_runtime::leader::Term) {
+        if !term.continues {
+            self.applied
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+            self.last_hosts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+        }
+    }
+
+    /// The status `key`'s load balancer got from an ensure asking for
+    /// exactly `fingerprint`, if this replica made it so.
+    pub fn applied(
+        &self,
+        key: &Key,
+        fingerprint: u64,
+    ) -> Option<ccm_proto::v1::LoadBalancerStatus> {
+        self.applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .filter(|a| a.fingerprint == fingerprint)
+            .map(|a| a.status.clone())
+    }
+
+    /// Remembers what an ensure made of `key`'s load balancer (`Some`), or
+    /// that it is unknown (`None`: the ensure failed, or it was deleted).
+    pub fn set_applied(&self, key: &Key, applied: Option<Applied>) {
+        let mut map = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        match applied {
+            Some(a) => map.insert(key.clone(), a),
+            None => map.remove(key),
+        };
+    }
+
+    /// Forgets what is remembered of `key` (hosts sent, what an ensure
+    /// made, provisioning, a change waiting).
     pub fn forget(&self, key: &Key) {
+        self.set_applied(key, None);
         self.last_hosts
             .lock()
             .unwrap_or_else(|e| e.into_inner())

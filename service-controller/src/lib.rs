@@ -73,6 +73,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         hosts_changed_at: Mutex::new(None),
         changed_since: Mutex::new(HashMap::new()),
         orphaned: Mutex::new(Vec::new()),
+        applied: Mutex::new(HashMap::new()),
     });
     base.inspect(
         CONTROLLER_NAME,
@@ -189,16 +190,20 @@ async fn run(
         shutdown.cancelled().await;
         return Ok(());
     }
-    // Awaited only once this replica leads, so it may say so first.
-    let caches = async {
-        tracing::info!(classes = ?ctx.settings.classes, "leading; syncing load balancers");
-        ctx.services
-            .wait_until_ready()
-            .await
-            .context("service cache")?;
-        ctx.nodes.wait_until_ready().await.context("node cache")
+    // Awaited each time this replica leads, so it may say so first.
+    let caches = || {
+        let ctx = ctx.clone();
+        async move {
+            tracing::info!(classes = ?ctx.settings.classes, "leading; syncing load balancers");
+            ctx.services
+                .wait_until_ready()
+                .await
+                .context("service cache")?;
+            ctx.nodes.wait_until_ready().await.context("node cache")
+        }
     };
-    lead(&ctx.leadership, &ctx.queue, caches, &shutdown, || {
+    lead(&ctx.leadership, &ctx.queue, caches, &shutdown, |work| {
+        ctx.begin_term(work.term);
         for svc in ctx.services.state() {
             if plan::wants_load_balancer(&svc, &ctx.settings.classes) || plan::has_finalizer(&svc) {
                 ctx.queue
@@ -206,10 +211,10 @@ async fn run(
             }
         }
         for _ in 0..ctx.settings.workers {
-            tokio::spawn(worker(ctx.clone()));
+            work.worker(worker(ctx.clone()));
         }
-        tokio::spawn({
-            let ctx = ctx.clone();
+        work.pass({
+            let (ctx, nodes_changed) = (ctx.clone(), nodes_changed.clone());
             async move {
                 loop {
                     nodes_changed.notified().await;
@@ -222,7 +227,7 @@ async fn run(
                 }
             }
         });
-        tokio::spawn({
+        work.pass({
             let ctx = ctx.clone();
             async move {
                 let mut orphans = reconcile::Orphans::default();

@@ -13,7 +13,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::context::{Context, Key};
+use crate::context::{Applied, Context, Key};
 use crate::error::{Error, Result, ServiceError};
 use crate::plan;
 
@@ -227,6 +227,22 @@ async fn poll_provisioning(ctx: &Context, spec: &ccm_proto::v1::LoadBalancerSpec
 
 async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
     ctx.ensure_leader()?;
+    // The finalizer goes on before any cloud call, so a load balancer is
+    // never created that nothing would clean up.
+    if !set_finalizer(ctx, svc, true).await? {
+        tracing::info!("the Service is gone; no load balancer");
+        return Ok(());
+    }
+    let hosts = ctx.hosts_for(svc, &ctx.hosts());
+    let had_ingress = !plan::current_ingress(svc).is_empty();
+    let spec = plan::lb_spec(svc);
+    let fingerprint = fingerprint(&spec, &hosts);
+    if let Some(status) = ctx.applied(key, fingerprint) {
+        // This replica's last ensure asked for exactly this and the cloud
+        // made it: only the Service's own status may be missing.
+        tracing::debug!("the load balancer is as asked; writing the Service's status only");
+        return record_success(ctx, key, svc, had_ingress, &status).await;
+    }
     publish(
         ctx,
         svc,
@@ -235,13 +251,6 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         "Ensuring load balancer".into(),
     )
     .await;
-    // The finalizer goes on before any cloud call, so a load balancer is
-    // never created that nothing would clean up.
-    if !set_finalizer(ctx, svc, true).await? {
-        tracing::info!("the Service is gone; no load balancer");
-        return Ok(());
-    }
-    let hosts = ctx.hosts_for(svc, &ctx.hosts());
     if hosts.is_empty() {
         publish(
             ctx,
@@ -253,9 +262,6 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         .await;
     }
     ctx.remember_hosts(key, hosts.clone());
-    let had_ingress = !plan::current_ingress(svc).is_empty();
-    let spec = plan::lb_spec(svc);
-    let fingerprint = fingerprint(&spec, &hosts);
     let poll = if ctx.is_provisioning(key, fingerprint) {
         poll_provisioning(ctx, &spec).await
     } else {
@@ -284,6 +290,13 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
     } else {
         ctx.set_provisioning(key, None);
     }
+    ctx.set_applied(
+        key,
+        result.as_ref().ok().map(|(status, ..)| Applied {
+            fingerprint,
+            status: status.clone(),
+        }),
+    );
     match result {
         Ok((status, adopted, no_effect)) => {
             if !adopted.is_empty() {
@@ -302,34 +315,7 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
                 "Ensured load balancer".into(),
             )
             .await;
-            let ingress = plan::ingress(&status);
-            if let Some(created) = svc.metadata.creation_timestamp.as_ref()
-                && !had_ingress
-                && !ingress.is_empty()
-            {
-                let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
-                ctx.metrics
-                    .time_to_ingress
-                    .observe(age.as_secs_f64().max(0.0));
-            }
-            let carried = ctx.take_change(key);
-            write_ingress(ctx, svc, ingress).await?;
-            if let Some(seen) = carried {
-                ctx.metrics
-                    .change_to_ingress
-                    .observe(seen.elapsed().as_secs_f64());
-            }
-            if plan::current_condition(svc).is_some() {
-                write_condition(
-                    ctx,
-                    svc,
-                    true,
-                    "Synced",
-                    "The load balancer matches the Service",
-                )
-                .await?;
-            }
-            Ok(())
+            record_success(ctx, key, svc, had_ingress, &status).await
         }
         Err(GatewayError::ImplementedElsewhere { .. }) => Ok(()),
         Err(GatewayError::InvalidArgument {
@@ -389,6 +375,45 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
             Err(e.into())
         }
     }
+}
+
+/// Writes what a load balancer made as the Service asks means for the
+/// Service: its ingress, and its condition back to synced; and times it.
+async fn record_success(
+    ctx: &Context,
+    key: &Key,
+    svc: &Service,
+    had_ingress: bool,
+    status: &ccm_proto::v1::LoadBalancerStatus,
+) -> Result<()> {
+    let ingress = plan::ingress(status);
+    if let Some(created) = svc.metadata.creation_timestamp.as_ref()
+        && !had_ingress
+        && !ingress.is_empty()
+    {
+        let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+        ctx.metrics
+            .time_to_ingress
+            .observe(age.as_secs_f64().max(0.0));
+    }
+    let carried = ctx.take_change(key);
+    write_ingress(ctx, svc, ingress).await?;
+    if let Some(seen) = carried {
+        ctx.metrics
+            .change_to_ingress
+            .observe(seen.elapsed().as_secs_f64());
+    }
+    if plan::current_condition(svc).is_some() {
+        write_condition(
+            ctx,
+            svc,
+            true,
+            "Synced",
+            "The load balancer matches the Service",
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// One host pass: every load balancer whose host set changed gets one

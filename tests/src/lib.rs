@@ -1,14 +1,16 @@
 //! The test kit: what the workspace's tests share beside the Kubernetes API
 //! test server (crate `kube-test-apiserver`) and the sandbox (crate
 //! `ccm-sandbox`): a gateway and a controller in-process ([`env`](mod@env)),
-//! simulated kubelets ([`kubelet`]), a trace collector ([`otlp`]) and the
-//! Helm chart rendered ([`chart`]). The end-to-end tests are this crate's
+//! simulated kubelets ([`kubelet`]), a trace collector ([`otlp`]), the
+//! Helm chart rendered ([`chart`]) and sandboxes driven from a test
+//! ([`scenario`]). The end-to-end tests are this crate's
 //! `tests/`.
 
 pub mod chart;
 pub mod env;
 pub mod kubelet;
 pub mod otlp;
+pub mod scenario;
 
 use std::path::PathBuf;
 

@@ -120,6 +120,9 @@ pub async fn handle(
             .rbac_report()
             .map(|report| json_response(200, &report))
             .ok_or_else(|| ApiError::new(404, "NotFound", "RBAC is not enforced")),
+        ["debug", "faults"] if method == Method::POST => {
+            parse_body(&body).and_then(|faults| apply_faults(&shared, &faults))
+        }
         ["version"] => Ok(json_response(200, &version())),
         ["healthz"] | ["livez"] | ["readyz"] => Ok((StatusCode::OK, "ok").into_response()),
         ["api"] => Ok(json_response(
@@ -152,6 +155,66 @@ pub async fn handle(
         )),
     };
     response.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /debug/faults`: the API server's own failures, made on purpose
+/// for tests and the chaos soak. `{"expireWatches": true}` ends every
+/// watch and forgets the history, so each client's next watch gets 410
+/// Gone and must list again; `{"refuseUpdates": {"resource": "services",
+/// "seconds": 30}}` answers every update of that resource with 409
+/// Conflict for that long (with `"subresource": "status"`, only updates of
+/// its status). Both may come in one request.
+fn apply_faults(shared: &Shared, faults: &Value) -> Result<Response, ApiError> {
+    let refuse = &faults["refuseUpdates"];
+    let refused = if refuse.is_null() {
+        None
+    } else {
+        let resource = refuse["resource"]
+            .as_str()
+            .filter(|r| RESOURCES.iter().any(|known| known.plural == *r))
+            .ok_or_else(|| {
+                ApiError::bad_request("refuseUpdates.resource: a served resource's plural")
+            })?;
+        let seconds = refuse["seconds"]
+            .as_f64()
+            .filter(|s| s.is_finite() && *s >= 0.0 && *s <= 86_400.0)
+            .ok_or_else(|| ApiError::bad_request("refuseUpdates.seconds: 0 to 86400"))?;
+        let status_only = match &refuse["subresource"] {
+            Value::Null => false,
+            v if v == "status" => true,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "refuseUpdates.subresource: status, or none",
+                ));
+            }
+        };
+        Some((resource, status_only, Duration::from_secs_f64(seconds)))
+    };
+    let expire = match &faults["expireWatches"] {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        _ => return Err(ApiError::bad_request("expireWatches: true or false")),
+    };
+    if let Some((resource, status_only, duration)) = refused {
+        shared.store.refuse_updates(resource, status_only, duration);
+        tracing::warn!(
+            resource,
+            status_only,
+            ?duration,
+            "fault: every update refused with 409 Conflict"
+        );
+    }
+    if expire {
+        // Past every version a client has seen, so each one's next watch
+        // is refused, however current it was.
+        shared.store.bump_resource_version(1);
+        shared.disconnect.send_modify(|n| *n += 1);
+        tracing::warn!("fault: every watch ended and the history forgotten");
+    }
+    Ok(json_response(
+        200,
+        &json!({"expireWatches": expire, "refuseUpdates": refuse}),
+    ))
 }
 
 fn version() -> Value {

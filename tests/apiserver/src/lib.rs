@@ -9,6 +9,7 @@
 mod events;
 pub mod fixtures;
 mod http;
+mod journal;
 mod openapi;
 pub mod patch;
 pub mod protobuf;
@@ -113,6 +114,10 @@ pub struct Config {
     pub max_history: usize,
     /// How often watches that asked for bookmarks get one.
     pub bookmark_interval: Duration,
+    /// Where the store keeps its state (see `journal`), so a server
+    /// started again on it has every object it had; in memory only when
+    /// unset.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -121,6 +126,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             max_history: 100_000,
             bookmark_interval: Duration::from_secs(5),
+            state_dir: None,
         }
     }
 }
@@ -345,9 +351,12 @@ impl ApiServer {
     pub async fn start_with(config: Config) -> std::io::Result<Self> {
         let listener = TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
-        let store = Store::new(config.max_history);
+        let (store, loaded) = match &config.state_dir {
+            Some(dir) => Store::open(config.max_history, dir)?,
+            None => (Store::new(config.max_history), false),
+        };
         let namespaces = resources::find("", "v1", "namespaces").expect("namespaces are served");
-        for ns in NAMESPACES {
+        for ns in NAMESPACES.iter().filter(|_| !loaded) {
             store
                 .create(namespaces, "", json!({"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}))
                 .expect("a fresh store takes the namespaces");

@@ -1,5 +1,6 @@
-//! `kube-test-apiserver --listen ADDR --kubeconfig FILE [--tokens FILE] [--rbac FILE]`: a Kubernetes API
-//! server for tests, the sandbox and people, in memory.
+//! `kube-test-apiserver --listen ADDR --kubeconfig FILE [--tokens FILE] [--rbac FILE]
+//! [--state-dir DIR]`: a Kubernetes API server for tests, the sandbox and
+//! people, in memory or on disk.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,6 +29,16 @@ struct Args {
     /// /debug/rbac then reports refusals and unused grants.
     #[arg(long)]
     rbac: Option<PathBuf>,
+    /// Keep the objects in this directory, so that the server started
+    /// again on it (even after kill -9) has them all, as kube-apiserver
+    /// has them in etcd; in memory only when unset.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Start with resourceVersions moved on by this much and every
+    /// earlier one compacted, as after an etcd restore with
+    /// `--bump-revision N --mark-compacted`: every client must list again.
+    #[arg(long, default_value_t = 0)]
+    bump_resource_version: u64,
 }
 
 #[tokio::main]
@@ -39,9 +50,20 @@ async fn main() -> anyhow::Result<()> {
     });
     let server = ApiServer::start_with(Config {
         listen: args.listen,
+        state_dir: args.state_dir.clone(),
         ..Config::default()
     })
-    .await?;
+    .await
+    .with_context(|| format!("serve on {}", args.listen))?;
+    if args.bump_resource_version > 0 {
+        server
+            .store()
+            .bump_resource_version(args.bump_resource_version);
+        tracing::info!(
+            by = args.bump_resource_version,
+            "resourceVersions moved on; every watch must list again"
+        );
+    }
     if let Some(path) = &args.tokens {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;

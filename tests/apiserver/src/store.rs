@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
+use super::journal::{Journal, Loaded};
 use super::resources::Resource;
 use super::services;
 
@@ -160,6 +161,12 @@ struct Inner {
     next_cluster_ip: u32,
     /// Updates of these resources still to be answered with 409 Conflict.
     injected_conflicts: BTreeMap<&'static str, u32>,
+    /// Until when every update of these resources (only of their status,
+    /// when the flag is set) is answered with 409 Conflict.
+    conflicts_until: BTreeMap<String, (std::time::Instant, bool)>,
+    /// Where every change is written, when the store keeps its state on
+    /// disk.
+    journal: Option<Journal>,
 }
 
 /// The store; cheap to clone.
@@ -230,9 +237,68 @@ impl Store {
                 node_ports: BTreeSet::new(),
                 next_cluster_ip: 1,
                 injected_conflicts: BTreeMap::new(),
+                conflicts_until: BTreeMap::new(),
+                journal: None,
             })),
             changes,
         }
+    }
+
+    /// A store that keeps its state in `dir` (see `journal`): what is
+    /// there already is loaded, and every change is written there. Watches
+    /// from any resourceVersion before the load get 410 Gone, as from a
+    /// restarted kube-apiserver's fresh watch cache. Returns whether
+    /// anything was loaded.
+    pub fn open(max_history: usize, dir: &std::path::Path) -> std::io::Result<(Self, bool)> {
+        let (journal, Loaded { rv, objects }) = Journal::open(dir)?;
+        let store = Self::new(max_history);
+        let loaded = !objects.is_empty();
+        {
+            let mut inner = store.lock();
+            inner.rv = inner.rv.max(rv);
+            inner.floor = inner.rv;
+            for obj in objects.values().filter(|o| o["kind"] == "Service") {
+                inner.node_ports.extend(
+                    services::node_ports(obj)
+                        .into_iter()
+                        .chain(services::hc_node_port(obj)),
+                );
+                if let Some(n) = cluster_ip_index(obj) {
+                    inner.next_cluster_ip = inner.next_cluster_ip.max(n + 1);
+                }
+            }
+            inner.objects = objects;
+            inner.journal = Some(journal);
+        }
+        Ok((store, loaded))
+    }
+
+    /// Moves resourceVersions on by `by` and forgets all history, as an
+    /// etcd restored from a backup with `--bump-revision` and
+    /// `--mark-compacted`: objects keep their resourceVersions, every
+    /// watch must list again (410 Gone), and nothing handed out later can
+    /// be mistaken for a version a client saw before.
+    pub fn bump_resource_version(&self, by: u64) {
+        let mut inner = self.lock();
+        inner.rv += by;
+        inner.history.clear();
+        inner.floor = inner.rv;
+        let rv = inner.rv;
+        if let Some(journal) = inner.journal.as_mut()
+            && let Err(e) = journal.resource_version(rv)
+        {
+            tracing::error!(error = %e, "could not write the resourceVersion to the store's journal");
+        }
+    }
+
+    /// Answers every update of `plural` (of its status only, when
+    /// `status_only`) with 409 Conflict for `duration`, as an API server
+    /// with another writer winning every race would.
+    pub fn refuse_updates(&self, plural: &str, status_only: bool, duration: std::time::Duration) {
+        self.lock().conflicts_until.insert(
+            plural.to_owned(),
+            (std::time::Instant::now() + duration, status_only),
+        );
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -259,6 +325,22 @@ impl Store {
     }
 
     fn record(&self, inner: &mut Inner, change: Change) {
+        if let Some(journal) = inner.journal.as_mut() {
+            let name = meta(&change.object)["name"].as_str().unwrap_or_default();
+            let k = key(change.resource, &change.namespace, name);
+            let written = match change.kind {
+                ChangeType::Deleted => journal.delete(change.rv, &k),
+                _ => journal.put(change.rv, &k, &change.object),
+            };
+            if let Err(e) = written {
+                tracing::error!(error = %e, "could not write a change to the store's journal");
+            }
+            if journal.wants_rewrite(inner.objects.len())
+                && let Err(e) = journal.rewrite(inner.rv, &inner.objects)
+            {
+                tracing::error!(error = %e, "could not rewrite the store's journal");
+            }
+        }
         let change = Arc::new(change);
         inner.history.push_back(change.clone());
         while inner.history.len() > inner.max_history {
@@ -433,6 +515,15 @@ impl Store {
             .filter(|n| **n > 0)
         {
             *left -= 1;
+            return Err(ApiError::conflict(resource, name));
+        }
+        if inner
+            .conflicts_until
+            .get(resource.plural)
+            .is_some_and(|(until, status_only)| {
+                std::time::Instant::now() < *until && (status || !status_only)
+            })
+        {
             return Err(ApiError::conflict(resource, name));
         }
         let mut new = mutate(&old)?;
@@ -730,6 +821,15 @@ fn allocate_service(
         inner.node_ports.remove(gone);
     }
     Ok(())
+}
+
+/// The index of the cluster IP `allocate_service` gave `svc`, if it is
+/// one it gives.
+fn cluster_ip_index(svc: &Value) -> Option<u32> {
+    let ip = svc["spec"]["clusterIP"].as_str()?;
+    let (a, b) = ip.strip_prefix("10.96.")?.split_once('.')?;
+    let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
+    Some(a * 250 + b.checked_sub(1)?)
 }
 
 fn release_service(inner: &mut Inner, obj: &Value) {

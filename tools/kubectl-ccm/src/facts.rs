@@ -201,10 +201,15 @@ async fn events(
         .items
         .into_iter()
         .map(|e| {
+            // The last time it happened, as kubectl's LAST SEEN reads it:
+            // a series' last observation, else the core/v1 timestamp,
+            // else when it was first seen.
             let at = e
-                .last_timestamp
+                .series
                 .as_ref()
+                .and_then(|s| s.last_observed_time.as_ref())
                 .map(|t| t.0)
+                .or(e.last_timestamp.as_ref().map(|t| t.0))
                 .or(e.event_time.as_ref().map(|t| t.0))
                 .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0));
             (at, e)

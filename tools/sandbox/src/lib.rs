@@ -256,6 +256,21 @@ impl Sandbox {
         self.children.iter().find(|p| p.name == name)?.child.id()
     }
 
+    /// Whether a process has exited (its status, once it has).
+    pub fn exited(&mut self, name: &str) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        let p = self
+            .children
+            .iter_mut()
+            .find(|p| p.name == name)
+            .context("no such process")?;
+        Ok(p.child.try_wait()?)
+    }
+
+    /// The names of every process, in the order started.
+    pub fn processes(&self) -> Vec<String> {
+        self.children.iter().map(|p| p.name.clone()).collect()
+    }
+
     /// Kills a process at once (SIGKILL), as a crash would.
     pub async fn kill(&mut self, name: &str) -> anyhow::Result<()> {
         let p = self
@@ -269,16 +284,23 @@ impl Sandbox {
 
     /// Starts a killed process again with the same arguments.
     pub fn restart(&mut self, name: &str) -> anyhow::Result<()> {
+        self.restart_with(name, &[])
+    }
+
+    /// Starts a killed process again with the same arguments and, this
+    /// once, `extra` ones after them.
+    pub fn restart_with(&mut self, name: &str, extra: &[String]) -> anyhow::Result<()> {
         let i = self
             .children
             .iter()
             .position(|p| p.name == name)
             .context("no such process")?;
-        let (binary, args, env) = (
+        let (binary, mut args, env) = (
             self.children[i].binary.clone(),
             self.children[i].args.clone(),
             self.children[i].env.clone(),
         );
+        args.extend_from_slice(extra);
         self.children[i].child = self.launch(name, &binary, &args, &env)?;
         Ok(())
     }
@@ -323,6 +345,8 @@ impl Sandbox {
         let api_port = free_port()?;
         let api_url = format!("http://{}", addr(api_port));
         let tokens = sandbox.identities(&api_url)?;
+        // On disk, so the API server killed and started again (the soak,
+        // the outage tests) has every object it had.
         let mut api_args = vec![
             "--listen".into(),
             addr(api_port).to_string(),
@@ -330,6 +354,8 @@ impl Sandbox {
             kubeconfig.display().to_string(),
             "--tokens".into(),
             tokens.display().to_string(),
+            "--state-dir".into(),
+            state.join("apiserver").display().to_string(),
         ];
         if let Some(policy) = &sandbox.options.rbac {
             api_args.extend(["--rbac".into(), policy.display().to_string()]);
