@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
 
+use rusqlite::ErrorCode;
+
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +70,11 @@ pub struct Snapshot {
 /// The database handle.
 pub struct Store {
     db: Connection,
+    path: std::path::PathBuf,
+    /// Set when a write failed in a way a fresh connection may cure (the
+    /// file opened read-only because its directory was, or lost): the next
+    /// write opens the database again first.
+    reopen: bool,
 }
 
 const SCHEMA: &str = "
@@ -88,12 +95,36 @@ CREATE TABLE IF NOT EXISTS routes (
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 ";
 
-fn db_err(e: impl std::fmt::Display) -> CloudError {
+/// A failure of the state database. One the disk causes and the disk's
+/// recovery ends (full, read-only, failing, busy) is UNAVAILABLE, which
+/// callers retry: the write did not happen (SQLite rolled it back, and the
+/// sim changes its memory only after the disk), so retrying it once the
+/// disk takes writes again loses nothing. Anything else is INTERNAL.
+fn db_err(e: rusqlite::Error) -> CloudError {
+    let why = match e.sqlite_error_code() {
+        Some(ErrorCode::DiskFull) => "the disk is full",
+        Some(ErrorCode::ReadOnly) => "its directory is read-only",
+        Some(ErrorCode::SystemIoFailure) => "the disk failed to read or write",
+        Some(ErrorCode::CannotOpen) => "its file cannot be opened",
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => "it is busy",
+        _ => return state_err(e),
+    };
+    unavailable(why, &e)
+}
+
+fn unavailable(why: &str, e: &rusqlite::Error) -> CloudError {
+    CloudError::Unavailable(format!(
+        "sim state database: {why}, so nothing was changed ({e}); retry once it takes writes again"
+    ))
+}
+
+/// Any other failure of the sim's state on disk.
+fn state_err(e: impl std::fmt::Display) -> CloudError {
     CloudError::Internal(format!("sim state database: {e}"))
 }
 
 fn to_json(value: &impl Serialize) -> Result<String> {
-    serde_json::to_string(value).map_err(db_err)
+    serde_json::to_string(value).map_err(state_err)
 }
 
 fn load_all<T: for<'de> Deserialize<'de>>(db: &Connection, table: &str) -> Result<Vec<T>> {
@@ -105,18 +136,64 @@ fn load_all<T: for<'de> Deserialize<'de>>(db: &Connection, table: &str) -> Resul
         .map_err(db_err)?;
     let mut out = Vec::new();
     for body in rows {
-        out.push(serde_json::from_str(&body.map_err(db_err)?).map_err(db_err)?);
+        out.push(serde_json::from_str(&body.map_err(db_err)?).map_err(state_err)?);
     }
     Ok(out)
+}
+
+/// Opens the database at `path`, and whether it could only be opened to
+/// read. A database on a read-only filesystem (a volume that came back
+/// read-only) is opened to read when it was closed cleanly: its write-ahead
+/// log is empty and gone, so the file alone is exact. The sim then answers
+/// from what it holds and refuses every write as UNAVAILABLE until the
+/// directory takes writes again. One with a log left by a crash cannot be
+/// read without writing, and is an error.
+fn open_db(path: &Path) -> Result<(Connection, bool)> {
+    let writable = Connection::open(path).and_then(|db| {
+        db.execute_batch(SCHEMA)?;
+        Ok(db)
+    });
+    let e = match writable {
+        Ok(db) => return Ok((db, false)),
+        Err(e) => e,
+    };
+    let log = |suffix: &str| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        Path::new(&p).exists()
+    };
+    let cannot_write = matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::CannotOpen | ErrorCode::ReadOnly)
+    );
+    if !cannot_write || !path.exists() || log("-wal") || log("-shm") {
+        return Err(db_err(e));
+    }
+    let uri = format!(
+        "file:{}?immutable=1",
+        path.display()
+            .to_string()
+            .replace('%', "%25")
+            .replace('?', "%3f")
+            .replace('#', "%23")
+    );
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_URI;
+    let db = Connection::open_with_flags(uri, flags).map_err(db_err)?;
+    tracing::warn!(
+        path = %path.display(),
+        error = %e,
+        "the sim's state cannot be written: serving what it holds, refusing writes until it can"
+    );
+    Ok((db, true))
 }
 
 impl Store {
     /// Opens (or creates) `state.db` in `dir`.
     pub fn open(dir: &Path) -> Result<(Self, Snapshot)> {
         std::fs::create_dir_all(dir)
-            .map_err(|e| db_err(format!("create {}: {e}", dir.display())))?;
-        let db = Connection::open(dir.join("sim-cloud.db")).map_err(db_err)?;
-        db.execute_batch(SCHEMA).map_err(db_err)?;
+            .map_err(|e| state_err(format!("create {}: {e}", dir.display())))?;
+        let path = dir.join("sim-cloud.db");
+        let (db, read_only) = open_db(&path)?;
         let mut counters = BTreeMap::new();
         {
             let mut stmt = db
@@ -138,7 +215,57 @@ impl Store {
             routes: load_all(&db, "routes")?,
             counters,
         };
-        Ok((Self { db }, snapshot))
+        let store = Self {
+            db,
+            path,
+            reopen: read_only,
+        };
+        Ok((store, snapshot))
+    }
+
+    /// Runs the write `f` in one transaction, opening the database again
+    /// first when an earlier write asked for that.
+    fn write(
+        &mut self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<()>,
+    ) -> Result<()> {
+        if self.reopen {
+            let db = Connection::open(&self.path).and_then(|db| {
+                db.execute_batch(SCHEMA)?;
+                Ok(db)
+            });
+            self.db = db.map_err(|e| self.write_err(e))?;
+            self.reopen = false;
+        }
+        let result = self.db.transaction().and_then(|tx| {
+            f(&tx)?;
+            tx.commit()
+        });
+        result.map_err(|e| {
+            self.reopen = matches!(
+                e.sqlite_error_code(),
+                Some(ErrorCode::ReadOnly | ErrorCode::CannotOpen | ErrorCode::SystemIoFailure)
+            );
+            self.write_err(e)
+        })
+    }
+
+    /// A failed write's error, told more precisely where SQLite says only
+    /// that it cannot open or write the file: the filesystem's own answer
+    /// to opening it for writing (read-only, full, not permitted).
+    fn write_err(&self, e: rusqlite::Error) -> CloudError {
+        let vague = matches!(
+            e.sqlite_error_code(),
+            Some(ErrorCode::ReadOnly | ErrorCode::CannotOpen | ErrorCode::SystemIoFailure)
+        );
+        let probe = std::fs::OpenOptions::new().append(true).open(&self.path);
+        let why = match probe.as_ref().map_err(std::io::Error::kind) {
+            Err(std::io::ErrorKind::ReadOnlyFilesystem) if vague => "its directory is read-only",
+            Err(std::io::ErrorKind::StorageFull) if vague => "the disk is full",
+            Err(std::io::ErrorKind::PermissionDenied) if vague => "its file may not be written",
+            _ => return db_err(e),
+        };
+        unavailable(why, &e)
     }
 
     /// Stores an instance and the counter that named it.
@@ -147,24 +274,22 @@ impl Store {
         record: &InstanceRecord,
         counters: &[(&str, u64)],
     ) -> Result<()> {
-        let tx = self.db.transaction().map_err(db_err)?;
-        tx.execute(
-            "INSERT OR REPLACE INTO instances (id, name, body) VALUES (?1, ?2, ?3)",
-            params![record.id, record.name, to_json(record)?],
-        )
-        .map_err(db_err)?;
-        for (name, value) in counters {
-            put_counter(&tx, name, *value)?;
-        }
-        tx.commit().map_err(db_err)
+        let body = to_json(record)?;
+        self.write(|tx| {
+            tx.execute(
+                "INSERT OR REPLACE INTO instances (id, name, body) VALUES (?1, ?2, ?3)",
+                params![record.id, record.name, body],
+            )?;
+            put_counters(tx, counters)
+        })
     }
 
     /// Removes an instance.
     pub fn delete_instance(&mut self, id: &str) -> Result<()> {
-        self.db
-            .execute("DELETE FROM instances WHERE id = ?1", params![id])
-            .map(drop)
-            .map_err(db_err)
+        self.write(|tx| {
+            tx.execute("DELETE FROM instances WHERE id = ?1", params![id])
+                .map(drop)
+        })
     }
 
     /// Stores a load balancer, its addresses (replacing any it had), and
@@ -174,44 +299,39 @@ impl Store {
         record: &LoadBalancerRecord,
         counters: &[(&str, u64)],
     ) -> Result<()> {
-        let tx = self.db.transaction().map_err(db_err)?;
-        tx.execute(
-            "INSERT OR REPLACE INTO load_balancers (cluster, name, body) VALUES (?1, ?2, ?3)",
-            params![record.cluster, record.name, to_json(record)?],
-        )
-        .map_err(db_err)?;
-        tx.execute(
-            "DELETE FROM lb_addresses WHERE cluster = ?1 AND lb_name = ?2",
-            params![record.cluster, record.name],
-        )
-        .map_err(db_err)?;
-        for address in &record.addresses {
+        let body = to_json(record)?;
+        self.write(|tx| {
             tx.execute(
-                "INSERT INTO lb_addresses (address, cluster, lb_name) VALUES (?1, ?2, ?3)",
-                params![address.to_string(), record.cluster, record.name],
-            )
-            .map_err(db_err)?;
-        }
-        for (name, value) in counters {
-            put_counter(&tx, name, *value)?;
-        }
-        tx.commit().map_err(db_err)
+                "INSERT OR REPLACE INTO load_balancers (cluster, name, body) VALUES (?1, ?2, ?3)",
+                params![record.cluster, record.name, body],
+            )?;
+            tx.execute(
+                "DELETE FROM lb_addresses WHERE cluster = ?1 AND lb_name = ?2",
+                params![record.cluster, record.name],
+            )?;
+            for address in &record.addresses {
+                tx.execute(
+                    "INSERT INTO lb_addresses (address, cluster, lb_name) VALUES (?1, ?2, ?3)",
+                    params![address.to_string(), record.cluster, record.name],
+                )?;
+            }
+            put_counters(tx, counters)
+        })
     }
 
     /// Removes a load balancer and releases its addresses.
     pub fn delete_load_balancer(&mut self, cluster: &str, name: &str) -> Result<()> {
-        let tx = self.db.transaction().map_err(db_err)?;
-        tx.execute(
-            "DELETE FROM load_balancers WHERE cluster = ?1 AND name = ?2",
-            params![cluster, name],
-        )
-        .map_err(db_err)?;
-        tx.execute(
-            "DELETE FROM lb_addresses WHERE cluster = ?1 AND lb_name = ?2",
-            params![cluster, name],
-        )
-        .map_err(db_err)?;
-        tx.commit().map_err(db_err)
+        self.write(|tx| {
+            tx.execute(
+                "DELETE FROM load_balancers WHERE cluster = ?1 AND name = ?2",
+                params![cluster, name],
+            )?;
+            tx.execute(
+                "DELETE FROM lb_addresses WHERE cluster = ?1 AND lb_name = ?2",
+                params![cluster, name],
+            )
+            .map(drop)
+        })
     }
 
     /// Which load balancer holds `address`, per the database.
@@ -228,32 +348,34 @@ impl Store {
 
     /// Stores a route.
     pub fn put_route(&mut self, record: &RouteRecord) -> Result<()> {
-        self.db
-            .execute(
+        let body = to_json(record)?;
+        self.write(|tx| {
+            tx.execute(
                 "INSERT OR REPLACE INTO routes (cluster, name, body) VALUES (?1, ?2, ?3)",
-                params![record.cluster, record.name, to_json(record)?],
+                params![record.cluster, record.name, body],
             )
             .map(drop)
-            .map_err(db_err)
+        })
     }
 
     /// Removes a route.
     pub fn delete_route(&mut self, cluster: &str, name: &str) -> Result<()> {
-        self.db
-            .execute(
+        self.write(|tx| {
+            tx.execute(
                 "DELETE FROM routes WHERE cluster = ?1 AND name = ?2",
                 params![cluster, name],
             )
             .map(drop)
-            .map_err(db_err)
+        })
     }
 }
 
-fn put_counter(tx: &rusqlite::Transaction<'_>, name: &str, value: u64) -> Result<()> {
-    tx.execute(
-        "INSERT OR REPLACE INTO counters (name, value) VALUES (?1, ?2)",
-        params![name, value as i64],
-    )
-    .map(drop)
-    .map_err(db_err)
+fn put_counters(tx: &rusqlite::Transaction<'_>, counters: &[(&str, u64)]) -> rusqlite::Result<()> {
+    for (name, value) in counters {
+        tx.execute(
+            "INSERT OR REPLACE INTO counters (name, value) VALUES (?1, ?2)",
+            params![name, *value as i64],
+        )?;
+    }
+    Ok(())
 }
