@@ -1,7 +1,7 @@
 # The two commands the README promises. Cargo's target directory may be
 # shared between clones through CARGO_TARGET_DIR.
 
-.PHONY: run test bench bench-large
+.PHONY: run test bench bench-large soak
 
 # The whole system on loopback on the simulated cloud (see README).
 run:
@@ -28,3 +28,10 @@ bench:
 bench-large:
 	cargo build --release --bins
 	cargo run --release --bin bench -- --out BENCHMARKS.md --join-nodes 1000,5000 --steady-nodes 1000,10000 --memory 5000x2000,10000x5000
+
+# The chaos soak (BENCHMARKS.md, "Reliability"): an hour of churn, cloud
+# faults and processes killed or frozen at random, invariants checked all
+# along. Debug binaries: it is about what breaks, not how fast.
+soak:
+	cargo build --bins
+	cargo run --bin soak -- --out BENCHMARKS.md

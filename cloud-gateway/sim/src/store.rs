@@ -223,6 +223,23 @@ impl Store {
         Ok((store, snapshot))
     }
 
+    /// What the store in `dir` holds now, read from another process (an
+    /// observer that checks the cloud without asking the gateway): the
+    /// database is opened without creating anything, and only read.
+    pub fn read(dir: &Path) -> Result<Snapshot> {
+        let flags =
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let db = Connection::open_with_flags(dir.join("sim-cloud.db"), flags).map_err(db_err)?;
+        db.busy_timeout(std::time::Duration::from_secs(2))
+            .map_err(db_err)?;
+        Ok(Snapshot {
+            instances: load_all(&db, "instances")?,
+            load_balancers: load_all(&db, "load_balancers")?,
+            routes: load_all(&db, "routes")?,
+            counters: BTreeMap::new(),
+        })
+    }
+
     /// Runs the write `f` in one transaction, opening the database again
     /// first when an earlier write asked for that.
     fn write(

@@ -256,6 +256,16 @@ impl Sandbox {
         self.children.iter().find(|p| p.name == name)?.child.id()
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, `TERM`...) to a running process.
+    pub fn signal(&self, name: &str, signal: &str) -> anyhow::Result<()> {
+        let pid = self.pid(name).context("no such running process")?;
+        let status = std::process::Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -{signal} {pid} failed");
+        Ok(())
+    }
+
     /// Whether a process has exited (its status, once it has).
     pub fn exited(&mut self, name: &str) -> anyhow::Result<Option<std::process::ExitStatus>> {
         let p = self
@@ -719,30 +729,8 @@ impl Sandbox {
     /// `--cloud-provider=external` do, and the demo Services.
     pub async fn populate(&self) -> anyhow::Result<()> {
         let client = self.client().await?;
-        let nodes: Api<Node> = Api::all(client.clone());
         for (i, (name, ip)) in self.instances().await?.into_iter().enumerate() {
-            let n = node(&name)
-                .uninitialized()
-                .pod_cidr(&format!("10.244.{i}.0/24"))
-                .address("Hostname", &name)
-                .address("InternalIP", &ip)
-                .ready()
-                .build();
-            let status = n.status.clone();
-            loop {
-                match nodes.create(&PostParams::default(), &n).await {
-                    Ok(_) => break,
-                    Err(kube::Error::Api(s)) if s.code == 409 => break,
-                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-                }
-            }
-            nodes
-                .patch_status(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"status": status})),
-                )
-                .await?;
+            register_node(&client, &name, &ip, &format!("10.244.{i}.0/24")).await?;
         }
         let services: Api<Service> = Api::namespaced(client, "default");
         for i in 0..self.options.services {
@@ -994,6 +982,41 @@ impl Handle {
             serving_approved,
         })
     }
+}
+
+/// Registers the Node of instance `name` (address `ip`) as its kubelet
+/// would with `--cloud-provider=external`: tainted uninitialised, Ready,
+/// with its hostname, internal IP and pod CIDR.
+pub async fn register_node(
+    client: &kube::Client,
+    name: &str,
+    ip: &str,
+    pod_cidr: &str,
+) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let n = node(name)
+        .uninitialized()
+        .pod_cidr(pod_cidr)
+        .address("Hostname", name)
+        .address("InternalIP", ip)
+        .ready()
+        .build();
+    let status = n.status.clone();
+    loop {
+        match nodes.create(&PostParams::default(), &n).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(s)) if s.code == 409 => break,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    nodes
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await?;
+    Ok(())
 }
 
 /// A kubelet serving CSR for `node`: its IP addresses and names as SANs,

@@ -1,0 +1,355 @@
+//! The cluster changing as clusters do, one action at a time: nodes
+//! joining, stopping (and coming back), terminated; LoadBalancer Services
+//! created, changed, deleted; node labels changed; a kubelet asking for a
+//! certificate naming another node's address, which must never be
+//! approved.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ccm_proto::v1::{CreateInstanceRequest, InstanceId, ListInstancesRequest};
+use ccm_sandbox::Handle;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::core::v1::{Node, NodeAddress, Service};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Counts, Options, count, rng};
+
+/// The name prefix of the certificates no kubelet may get.
+pub const GREEDY: &str = "greedy-";
+
+/// What the churn may do, with its weight. Joins and terminations, and
+/// creates and deletes, are equally likely, and each is skipped past its
+/// bound (half to one and a half times the starting size), so the cluster
+/// wanders around its starting size rather than growing: memory over the
+/// run then says whether anything leaks, not how big the cluster got.
+const ACTIONS: [(&str, u32); 8] = [
+    ("node joins", 2),
+    ("node stops", 1),
+    ("node terminated", 2),
+    ("Service created", 2),
+    ("Service changed", 2),
+    ("Service deleted", 2),
+    ("node label changed", 2),
+    ("greedy certificate asked", 1),
+];
+
+/// One churn action every `churn_every` until `over`.
+pub async fn run(
+    handle: Handle,
+    cloud_dir: PathBuf,
+    options: Options,
+    counts: Arc<Mutex<Counts>>,
+    over: CancellationToken,
+) {
+    let mut churn = Churn {
+        handle,
+        cloud_dir,
+        rng: rng(options.seed, 3),
+        next: 0,
+        min_nodes: options.nodes.div_ceil(2).max(1),
+        max_nodes: (options.nodes * 3).div_ceil(2).max(2),
+        min_services: options.services.div_ceil(2).max(1),
+        max_services: (options.services * 3).div_ceil(2).max(2),
+        counts,
+    };
+    let total: u32 = ACTIONS.iter().map(|(_, w)| w).sum();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(options.churn_every) => {}
+            _ = over.cancelled() => return,
+        }
+        let mut pick = churn.rng.u32(0..total);
+        let action = ACTIONS
+            .iter()
+            .find(|(_, w)| {
+                if pick < *w {
+                    true
+                } else {
+                    pick -= w;
+                    false
+                }
+            })
+            .map_or("node joins", |(a, _)| a);
+        // The API server or the gateway may be down or frozen: an action
+        // that cannot be done is skipped, not counted.
+        match tokio::time::timeout(Duration::from_secs(20), churn.act(action)).await {
+            Ok(Ok(true)) => count(&churn.counts, action),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::debug!(action, error = %e, "churn action not done"),
+            Err(_) => tracing::debug!(action, "churn action timed out"),
+        }
+    }
+}
+
+struct Churn {
+    handle: Handle,
+    cloud_dir: PathBuf,
+    rng: fastrand::Rng,
+    /// The next number for a new node, Service or certificate.
+    next: u64,
+    min_nodes: usize,
+    max_nodes: usize,
+    min_services: usize,
+    max_services: usize,
+    counts: Arc<Mutex<Counts>>,
+}
+
+impl Churn {
+    async fn client(&self) -> anyhow::Result<kube::Client> {
+        ccm_runtime::kube::client(Some(&self.handle.kubeconfig)).await
+    }
+
+    async fn nodes(&self) -> anyhow::Result<Vec<Node>> {
+        Ok(Api::<Node>::all(self.client().await?)
+            .list(&Default::default())
+            .await?
+            .items)
+    }
+
+    async fn load_balancers(&self) -> anyhow::Result<Vec<Service>> {
+        Ok(Api::<Service>::namespaced(self.client().await?, "default")
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|s| s.metadata.deletion_timestamp.is_none())
+            .filter(|s| s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer"))
+            .collect())
+    }
+
+    fn number(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    /// Does `action`; whether it was done.
+    async fn act(&mut self, action: &str) -> anyhow::Result<bool> {
+        match action {
+            "node joins" => self.join().await,
+            "node stops" => self.stop().await,
+            "node terminated" => self.terminate().await,
+            "Service created" => self.create_service().await,
+            "Service changed" => self.change_service().await,
+            "Service deleted" => self.delete_service().await,
+            "node label changed" => self.label_node().await,
+            _ => self.greedy_certificate().await,
+        }
+    }
+
+    async fn join(&mut self) -> anyhow::Result<bool> {
+        let nodes = self.nodes().await?;
+        if nodes.len() >= self.max_nodes {
+            return Ok(false);
+        }
+        let Some(cidr) = free_pod_cidr(&nodes, &self.cloud_dir) else {
+            return Ok(false);
+        };
+        let name = format!("soak-node-{}", self.number());
+        let instance = self
+            .handle
+            .gateway_client("admin")?
+            .sim_admin()?
+            .create_instance(CreateInstanceRequest {
+                name: name.clone(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        let ip = instance
+            .addresses
+            .iter()
+            .find(|a| a.r#type == 2)
+            .map(|a| a.address.clone())
+            .unwrap_or_default();
+        ccm_sandbox::register_node(&self.client().await?, &name, &ip, &cidr).await?;
+        Ok(true)
+    }
+
+    /// A node's instance, chosen at random among the running ones, while
+    /// more than the minimum run.
+    async fn running_victim(&mut self) -> anyhow::Result<Option<String>> {
+        let running: Vec<String> = self
+            .handle
+            .gateway_client("admin")?
+            .sim_admin()?
+            .list_instances(ListInstancesRequest {})
+            .await?
+            .into_inner()
+            .instances
+            .into_iter()
+            .filter(|i| i.state == ccm_proto::v1::InstanceState::Running as i32)
+            .map(|i| i.name)
+            .collect();
+        if running.len() <= self.min_nodes {
+            return Ok(None);
+        }
+        Ok(self.rng.choice(running))
+    }
+
+    /// Stops an instance, and starts it again a minute or so later.
+    async fn stop(&mut self) -> anyhow::Result<bool> {
+        let Some(name) = self.running_victim().await? else {
+            return Ok(false);
+        };
+        let mut admin = self.handle.gateway_client("admin")?.sim_admin()?;
+        admin.stop_instance(InstanceId { id: name.clone() }).await?;
+        let back_in = Duration::from_secs(self.rng.u64(30..=90));
+        let counts = self.counts.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(back_in).await;
+            for _ in 0..30 {
+                match admin.start_instance(InstanceId { id: name.clone() }).await {
+                    Ok(_) => return count(&counts, "node started again"),
+                    // Terminated meanwhile: nothing to start.
+                    Err(e) if e.code() == tonic::Code::NotFound => return,
+                    Err(_) => tokio::time::sleep(Duration::from_secs(2)).await,
+                }
+            }
+        });
+        Ok(true)
+    }
+
+    async fn terminate(&mut self) -> anyhow::Result<bool> {
+        let Some(name) = self.running_victim().await? else {
+            return Ok(false);
+        };
+        self.handle
+            .gateway_client("admin")?
+            .sim_admin()?
+            .terminate_instance(InstanceId { id: name })
+            .await?;
+        Ok(true)
+    }
+
+    async fn create_service(&mut self) -> anyhow::Result<bool> {
+        if self.load_balancers().await?.len() >= self.max_services {
+            return Ok(false);
+        }
+        let name = format!("soak-svc-{}", self.number());
+        Api::<Service>::namespaced(self.client().await?, "default")
+            .create(
+                &PostParams::default(),
+                &kube_test_apiserver::fixtures::load_balancer("default", &name).build(),
+            )
+            .await?;
+        Ok(true)
+    }
+
+    /// Adds a second port to a Service, or takes it away.
+    async fn change_service(&mut self) -> anyhow::Result<bool> {
+        let services = self.load_balancers().await?;
+        let Some(svc) = self.rng.choice(services.iter()) else {
+            return Ok(false);
+        };
+        let name = svc.metadata.name.clone().unwrap_or_default();
+        let mut ports = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.clone())
+            .unwrap_or_default();
+        if ports.len() > 1 {
+            ports.truncate(1);
+        } else {
+            ports.push(k8s_openapi::api::core::v1::ServicePort {
+                name: Some("https".into()),
+                port: 443,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            });
+            if let Some(first) = ports.first_mut()
+                && first.name.is_none()
+            {
+                first.name = Some("http".into());
+            }
+        }
+        let patch = serde_json::json!({"spec": {"ports": ports}});
+        Api::<Service>::namespaced(self.client().await?, "default")
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        Ok(true)
+    }
+
+    async fn delete_service(&mut self) -> anyhow::Result<bool> {
+        let services = self.load_balancers().await?;
+        if services.len() <= self.min_services {
+            return Ok(false);
+        }
+        let Some(name) = self
+            .rng
+            .choice(services.iter())
+            .and_then(|s| s.metadata.name.clone())
+        else {
+            return Ok(false);
+        };
+        Api::<Service>::namespaced(self.client().await?, "default")
+            .delete(&name, &DeleteParams::default())
+            .await?;
+        Ok(true)
+    }
+
+    async fn label_node(&mut self) -> anyhow::Result<bool> {
+        let nodes = self.nodes().await?;
+        let Some(name) = self
+            .rng
+            .choice(nodes.iter())
+            .and_then(|n| n.metadata.name.clone())
+        else {
+            return Ok(false);
+        };
+        let round = self.number().to_string();
+        let patch = serde_json::json!({"metadata": {"labels": {"soak.example.com/round": round}}});
+        Api::<Node>::all(self.client().await?)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        Ok(true)
+    }
+
+    /// As one node's kubelet, asks for a serving certificate that names
+    /// another node's address.
+    async fn greedy_certificate(&mut self) -> anyhow::Result<bool> {
+        let nodes = self.nodes().await?;
+        if nodes.len() < 2 {
+            return Ok(false);
+        }
+        let i = self.rng.usize(0..nodes.len());
+        let j = (i + 1 + self.rng.usize(0..nodes.len() - 1)) % nodes.len();
+        let (asker, other) = (&nodes[i], &nodes[j]);
+        let name = asker.metadata.name.clone().unwrap_or_default();
+        let addresses = |n: &Node| -> Vec<NodeAddress> {
+            n.status
+                .as_ref()
+                .and_then(|s| s.addresses.clone())
+                .unwrap_or_default()
+        };
+        let mut asked = addresses(asker);
+        asked.extend(
+            addresses(other)
+                .into_iter()
+                .filter(|a| a.type_ == "InternalIP"),
+        );
+        let csr_name = format!("{GREEDY}{}", self.number());
+        let csr = ccm_sandbox::serving_csr(&csr_name, &name, &asked)?;
+        Api::<CertificateSigningRequest>::all(self.handle.kubelet_client(&name).await?)
+            .create(&PostParams::default(), &csr)
+            .await?;
+        Ok(true)
+    }
+}
+
+/// A /24 of the cluster CIDR that no Node has and no cloud route points
+/// at, so no route can ever be mistaken for another node's.
+fn free_pod_cidr(nodes: &[Node], cloud_dir: &Path) -> Option<String> {
+    let cloud = ccm_provider_sim::store::Store::read(cloud_dir).ok()?;
+    let taken: BTreeSet<String> = nodes
+        .iter()
+        .filter_map(|n| n.spec.as_ref()?.pod_cidr.clone())
+        .chain(cloud.routes.into_iter().map(|r| r.destination_cidr))
+        .collect();
+    (0..=255)
+        .map(|i| format!("10.244.{i}.0/24"))
+        .find(|c| !taken.contains(c))
+}
