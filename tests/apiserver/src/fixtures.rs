@@ -183,3 +183,80 @@ impl ServiceBuilder {
         self.0
     }
 }
+
+/// A Node as a kubelet reports it (v1.32, containerd, Ubuntu), for
+/// benchmarks that must hold what a real cluster holds: the labels and
+/// annotations kubelets set, four conditions with reasons and messages,
+/// capacity and allocatable, node info, daemon endpoints, and 40 images
+/// (most of a real Node's size). With `uninitialized`, it carries the
+/// taint of `--cloud-provider=external` and no cloud labels yet. About
+/// 9 KB of JSON.
+pub fn kubelet_node(
+    name: &str,
+    ip: &str,
+    pod_cidr: Option<&str>,
+    uninitialized: bool,
+) -> serde_json::Value {
+    use serde_json::json;
+    let at = "2026-01-01T00:00:00Z";
+    let condition = |kind: &str, status: &str, reason: &str, message: &str| {
+        json!({"type": kind, "status": status, "reason": reason, "message": message,
+               "lastHeartbeatTime": at, "lastTransitionTime": at})
+    };
+    let images: Vec<serde_json::Value> = (0..40)
+        .map(|j| {
+            json!({"names": [
+                format!("registry.example.com/team-{j}/service-{j}@sha256:{:064x}", j * 7919),
+                format!("registry.example.com/team-{j}/service-{j}:v1.{j}.0"),
+            ], "sizeBytes": 100_000_000 + j})
+        })
+        .collect();
+    let resources = json!({"cpu": "8", "ephemeral-storage": "101430960Ki", "hugepages-1Gi": "0",
+                           "hugepages-2Mi": "0", "memory": "32601436Ki", "pods": "110"});
+    let mut spec = json!({});
+    if let Some(cidr) = pod_cidr {
+        spec["podCIDR"] = json!(cidr);
+        spec["podCIDRs"] = json!([cidr]);
+    }
+    if uninitialized {
+        spec["taints"] = json!([{"key": UNINITIALIZED, "value": "true", "effect": "NoSchedule"}]);
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "beta.kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "node.kubernetes.io/pool": "general-purpose",
+            },
+            "annotations": {
+                "alpha.kubernetes.io/provided-node-ip": ip,
+                "csi.volume.kubernetes.io/nodeid": format!("{{\"ebs.csi.example.com\":\"{name}\"}}"),
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+            },
+        },
+        "spec": spec,
+        "status": {
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
+            "allocatable": resources,
+            "capacity": resources,
+            "conditions": [
+                condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+                condition("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "images": images,
+            "nodeInfo": {"machineID": "0".repeat(32), "systemUUID": "1".repeat(36), "bootID": "2".repeat(36),
+                "kernelVersion": "6.8.0-45-generic", "osImage": "Ubuntu 24.04.1 LTS", "containerRuntimeVersion": "containerd://1.7.22",
+                "kubeletVersion": "v1.32.0", "kubeProxyVersion": "v1.32.0", "operatingSystem": "linux", "architecture": "amd64"},
+        },
+    })
+}

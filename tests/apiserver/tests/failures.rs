@@ -199,3 +199,104 @@ async fn faults_expire_watches_and_refuse_updates_for_a_while() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_paged_list_keeps_its_first_version_and_an_old_one_is_gone() {
+    let server = ApiServer::start().await.unwrap();
+    let nodes: Api<Node> = Api::all(server.client().await.unwrap());
+    // Many at once, as kubelets registering together, with their status.
+    let items: Vec<serde_json::Value> = (0..1200)
+        .map(|i| {
+            fixtures::kubelet_node(
+                &format!("n{i:04}"),
+                &format!("10.0.{}.{}", i / 250, i % 250 + 1),
+                None,
+                true,
+            )
+        })
+        .collect();
+    for chunk in items.chunks(100) {
+        let answer = fault_like(
+            &server,
+            "/debug/objects",
+            serde_json::json!({"items": chunk}),
+        )
+        .await;
+        assert_eq!(answer["created"], 100, "{answer}");
+    }
+    let first = nodes
+        .list(&kube::api::ListParams::default().limit(500))
+        .await
+        .unwrap();
+    assert_eq!(first.items.len(), 500);
+    let rv = first.metadata.resource_version.clone().unwrap();
+    let status = first.items[0].status.as_ref().unwrap();
+    assert_eq!(
+        status.images.as_ref().map(Vec::len),
+        Some(40),
+        "created with its status"
+    );
+    // A change between pages: later pages keep the first page's version,
+    // so a watch from it replays the change.
+    nodes
+        .patch(
+            "n0000",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"changed": "yes"}}})),
+        )
+        .await
+        .unwrap();
+    let mut token = first.metadata.continue_.clone();
+    let mut names: Vec<String> = first
+        .items
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
+    while let Some(t) = token.filter(|t| !t.is_empty()) {
+        let page = nodes
+            .list(
+                &kube::api::ListParams::default()
+                    .limit(500)
+                    .continue_token(&t),
+            )
+            .await
+            .unwrap();
+        assert_eq!(page.metadata.resource_version.as_deref(), Some(rv.as_str()));
+        names.extend(page.items.iter().filter_map(|n| n.metadata.name.clone()));
+        token = page.metadata.continue_;
+    }
+    assert_eq!(names.len(), 1200);
+    assert!(names.windows(2).all(|w| w[0] < w[1]), "in order, each once");
+    match first_event(&nodes, &rv).await {
+        WatchEvent::Modified(n) => assert_eq!(n.metadata.name.as_deref(), Some("n0000")),
+        other => panic!("the change is replayed: {other:?}"),
+    }
+    // Once the history is gone, so is the list.
+    server.store().compact();
+    let t = first.metadata.continue_.unwrap();
+    match nodes
+        .list(
+            &kube::api::ListParams::default()
+                .limit(500)
+                .continue_token(&t),
+        )
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 410),
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn fault_like(server: &ApiServer, path: &str, body: serde_json::Value) -> serde_json::Value {
+    let request = http::Request::post(path)
+        .body(body.to_string().into_bytes())
+        .unwrap();
+    let text = server
+        .client()
+        .await
+        .unwrap()
+        .request_text(request)
+        .await
+        .unwrap();
+    serde_json::from_str(&text).unwrap()
+}

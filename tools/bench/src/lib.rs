@@ -1427,52 +1427,41 @@ impl Run {
         uninitialized: bool,
         full_status: bool,
     ) -> anyhow::Result<()> {
-        let nodes: Api<Node> = Api::all(self.kube.clone());
-        // What a real kubelet reports besides: ~40 images and node info,
-        // most of a real Node's size.
-        let images: Vec<serde_json::Value> = (0..40)
-            .map(|j| {
-                json!({"names": [
-                    format!("registry.example.com/team-{j}/service-{j}@sha256:{:064x}", j * 7919),
-                    format!("registry.example.com/team-{j}/service-{j}:v1.{j}.0"),
-                ], "sizeBytes": 100_000_000 + j})
-            })
-            .collect();
-        let info = json!({"machineID": "0".repeat(32), "systemUUID": "1".repeat(36), "bootID": "2".repeat(36),
-            "kernelVersion": "6.8.0-45-generic", "osImage": "Ubuntu 24.04.1 LTS", "containerRuntimeVersion": "containerd://1.7.22",
-            "kubeletVersion": "v1.32.0", "kubeProxyVersion": "v1.32.0", "operatingSystem": "linux", "architecture": "amd64"});
-        futures::stream::iter(named.iter())
-            .map(|(name, ip)| {
-                let nodes = nodes.clone();
-                let name = name.clone();
-                let mut b = node(&name)
-                    .address("Hostname", &name)
-                    .address("InternalIP", ip);
-                if uninitialized {
-                    b = b.uninitialized();
-                }
-                let n = b.ready().build();
-                let extra = full_status.then(|| (images.clone(), info.clone()));
-                async move {
-                    let mut status = serde_json::to_value(&n.status)?;
-                    if let Some((images, info)) = extra {
-                        status["images"] = json!(images);
-                        status["nodeInfo"] = info;
+        // In lists of 100 through the test server's bulk create, so that
+        // many Nodes appear at once, as when their kubelets register
+        // together; with `full_status` each is what a real kubelet reports
+        // (images, node info, conditions, capacity), else name, addresses,
+        // Ready and the taint only.
+        for chunk in named.chunks(100) {
+            let items: Vec<serde_json::Value> = chunk
+                .iter()
+                .map(|(name, ip)| {
+                    if full_status {
+                        return fixtures::kubelet_node(name, ip, None, uninitialized);
                     }
-                    nodes.create(&PostParams::default(), &n).await?;
-                    nodes
-                        .patch_status(
-                            &name,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"status": status})),
-                        )
-                        .await?;
-                    Ok::<_, anyhow::Error>(())
-                }
-            })
-            .buffer_unordered(32)
-            .try_collect::<Vec<_>>()
-            .await?;
+                    let mut b = node(name)
+                        .address("Hostname", name)
+                        .address("InternalIP", ip);
+                    if uninitialized {
+                        b = b.uninitialized();
+                    }
+                    let mut n = serde_json::to_value(b.ready().build()).unwrap_or_default();
+                    n["apiVersion"] = json!("v1");
+                    n["kind"] = json!("Node");
+                    n
+                })
+                .collect();
+            let request = http::Request::post("/debug/objects")
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(&json!({"items": items}))?)?;
+            let answer: serde_json::Value =
+                serde_json::from_str(&self.kube.request_text(request).await?)?;
+            anyhow::ensure!(
+                answer["failed"].as_array().is_none_or(Vec::is_empty),
+                "registering Nodes: {}",
+                answer["failed"]
+            );
+        }
         Ok(())
     }
 
