@@ -9,53 +9,20 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ccm_proto::v1::{
-    Faults, GetStatsRequest, Host, InstanceId, InstanceState, LoadBalancerSpec, LookupPurpose,
-    NodeRef, Protocol, Route, ServicePort, ServiceRef,
+    Faults, GetStatsRequest, InstanceId, InstanceState, LookupPurpose, NodeRef, Route,
 };
 use ccm_proto::{Error, RetryPolicy, reason};
 use ccm_provider::{
     self as provider, CloudError, Instances, LoadBalancers, Lookup, Operation, Provider, Routes,
 };
 use cloud_gateway::identity::Role;
-use harness::{TestGateway, timed};
-
-fn service(uid: &str) -> ServiceRef {
-    ServiceRef {
-        namespace: "default".into(),
-        name: format!("svc-{}", &uid[..4]),
-        uid: uid.into(),
-    }
-}
-
-fn spec(uid: &str) -> LoadBalancerSpec {
-    LoadBalancerSpec {
-        service: Some(service(uid)),
-        ports: vec![ServicePort {
-            name: "http".into(),
-            protocol: Protocol::Tcp as i32,
-            port: 80,
-            node_port: 30080,
-        }],
-        ..Default::default()
-    }
-}
-
-fn host(name: &str) -> Host {
-    Host {
-        name: name.into(),
-        ..Default::default()
-    }
-}
+use harness::{TestGateway, host, service, spec, timed, uid};
 
 fn by_name(name: &str) -> NodeRef {
     NodeRef {
         name: name.into(),
         provider_id: String::new(),
     }
-}
-
-fn uid(n: u32) -> String {
-    format!("{n:08x}-1111-2222-3333-444455556666")
 }
 
 fn duration(d: Duration) -> Option<prost_types::Duration> {

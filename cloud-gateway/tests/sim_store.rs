@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ccm_proto::Error as GatewayError;
-use ccm_proto::v1::{Host, LoadBalancerSpec, Protocol, ServicePort, ServiceRef};
+use ccm_proto::v1::{Host, LoadBalancerSpec};
 use ccm_proto::{GatewayClient, RetryPolicy};
 use cloud_gateway::identity::Role;
 use harness::TestGateway;
@@ -92,40 +92,25 @@ fn mount(args: &[&str], dir: &Path) {
 }
 
 fn spec(n: u32) -> LoadBalancerSpec {
-    LoadBalancerSpec {
-        service: Some(ServiceRef {
-            namespace: "default".into(),
-            name: format!("svc-{n}"),
-            uid: format!("{n:08x}-1111-2222-3333-444455556666"),
-        }),
-        ports: vec![ServicePort {
-            name: "http".into(),
-            protocol: Protocol::Tcp as i32,
-            port: 80,
-            node_port: 30080,
-        }],
-        ..Default::default()
-    }
+    harness::spec(&harness::uid(n))
 }
 
 fn host() -> Vec<Host> {
-    vec![Host {
-        name: "node-a".into(),
-        ..Default::default()
-    }]
+    vec![harness::host("node-a")]
 }
 
-/// The load balancers the cloud has, by Service name.
-async fn names(lbs: &GatewayClient) -> Vec<String> {
-    let mut names: Vec<String> = lbs
+/// The load balancers the cloud has, by the number of their Service's
+/// UID (see `spec`).
+async fn numbers(lbs: &GatewayClient) -> Vec<u32> {
+    let mut numbers: Vec<u32> = lbs
         .list_load_balancers()
         .await
         .unwrap()
         .into_iter()
-        .filter_map(|lb| lb.service.map(|s| s.name))
+        .filter_map(|lb| u32::from_str_radix(lb.service?.uid.get(..8)?, 16).ok())
         .collect();
-    names.sort();
-    names
+    numbers.sort();
+    numbers
 }
 
 /// Expects the write refused as UNAVAILABLE naming `why`.
@@ -159,13 +144,13 @@ async fn a_full_or_read_only_disk_refuses_writes_loses_nothing_and_recovers() {
         lbs.update_load_balancer_hosts(spec(1), vec![]).await,
         "the disk is full",
     );
-    assert_eq!(names(&lbs).await, ["svc-1"]);
+    assert_eq!(numbers(&lbs).await, [1]);
 
     // Space again: the same calls succeed.
     std::fs::remove_file(&filler).unwrap();
     let second = lbs.ensure_load_balancer(spec(2), host()).await.unwrap();
     assert_ne!(second.ingress[0].ip, first.ingress[0].ip);
-    assert_eq!(names(&lbs).await, ["svc-1", "svc-2"]);
+    assert_eq!(numbers(&lbs).await, [1, 2]);
 
     // Read-only (the kernel refuses to make a filesystem read-only under
     // a process writing to it, so as a volume that comes back read-only
@@ -175,13 +160,13 @@ async fn a_full_or_read_only_disk_refuses_writes_loses_nothing_and_recovers() {
     disk.remount("ro").await;
     let gw = TestGateway::start_in(dir, |_| {}).await;
     let lbs = gw.client_with(Role::Service, RetryPolicy::none(), "kubernetes");
-    assert_eq!(names(&lbs).await, ["svc-1", "svc-2"]);
+    assert_eq!(numbers(&lbs).await, [1, 2]);
     refused(lbs.ensure_load_balancer(spec(3), host()).await, "read-only");
     refused(
         lbs.delete_load_balancer(spec(1).service.unwrap()).await,
         "read-only",
     );
-    assert_eq!(names(&lbs).await, ["svc-1", "svc-2"]);
+    assert_eq!(numbers(&lbs).await, [1, 2]);
 
     // Writable again, without a restart.
     disk.remount("rw").await;
@@ -189,13 +174,13 @@ async fn a_full_or_read_only_disk_refuses_writes_loses_nothing_and_recovers() {
     lbs.delete_load_balancer(spec(1).service.unwrap())
         .await
         .unwrap();
-    assert_eq!(names(&lbs).await, ["svc-2", "svc-3"]);
+    assert_eq!(numbers(&lbs).await, [2, 3]);
 
     // What was acknowledged is what a restarted gateway finds.
     let dir = gw.stop().await;
     let gw = TestGateway::start_in(dir, |_| {}).await;
     let lbs = gw.client(Role::Service);
-    assert_eq!(names(&lbs).await, ["svc-2", "svc-3"]);
+    assert_eq!(numbers(&lbs).await, [2, 3]);
     let again = lbs.ensure_load_balancer(spec(3), host()).await.unwrap();
     assert_eq!(again.ingress, third.ingress, "its address kept");
     gw.stop().await;

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ccm_proto::v1::sim_admin_client::SimAdminClient;
-use ccm_proto::v1::{CreateInstanceRequest, SimInstance};
+use ccm_proto::v1::{
+    CreateInstanceRequest, Host, LoadBalancerSpec, Protocol, ServicePort, ServiceRef, SimInstance,
+};
 use ccm_proto::{ClientConfig, GatewayClient, RetryPolicy, TokenSource};
 use ccm_provider::Provider;
 use ccm_provider_sim::SimCloud;
@@ -149,4 +151,41 @@ pub async fn timed<F: std::future::Future>(f: F) -> F::Output {
     tokio::time::timeout(TIMEOUT, f)
         .await
         .expect("test step timed out")
+}
+
+/// The Service of `uid` (named after its first characters).
+pub fn service(uid: &str) -> ServiceRef {
+    ServiceRef {
+        namespace: "default".into(),
+        name: format!("svc-{}", &uid[..4]),
+        uid: uid.into(),
+    }
+}
+
+/// A load balancer for the Service of `uid`: one TCP port, 80 to node port
+/// 30080.
+pub fn spec(uid: &str) -> LoadBalancerSpec {
+    LoadBalancerSpec {
+        service: Some(service(uid)),
+        ports: vec![ServicePort {
+            name: "http".into(),
+            protocol: Protocol::Tcp as i32,
+            port: 80,
+            node_port: 30080,
+        }],
+        ..Default::default()
+    }
+}
+
+/// A backend host by node name.
+pub fn host(name: &str) -> Host {
+    Host {
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+/// A Service UID, the `n`th.
+pub fn uid(n: u32) -> String {
+    format!("{n:08x}-1111-2222-3333-444455556666")
 }

@@ -18,11 +18,20 @@ async fn on_disk(dir: &std::path::Path) -> ApiServer {
     .unwrap()
 }
 
-async fn fault(server: &ApiServer, body: serde_json::Value) -> Result<String, kube::Error> {
-    let request = http::Request::post("/debug/faults")
+/// POSTs `body` to the server's `path` as the admin.
+async fn post(
+    server: &ApiServer,
+    path: &str,
+    body: serde_json::Value,
+) -> Result<String, kube::Error> {
+    let request = http::Request::post(path)
         .body(body.to_string().into_bytes())
         .unwrap();
     server.client().await.unwrap().request_text(request).await
+}
+
+async fn fault(server: &ApiServer, body: serde_json::Value) -> Result<String, kube::Error> {
+    post(server, "/debug/faults", body).await
 }
 
 /// The first event of a watch from `rv`.
@@ -216,12 +225,14 @@ async fn a_paged_list_keeps_its_first_version_and_an_old_one_is_gone() {
         })
         .collect();
     for chunk in items.chunks(100) {
-        let answer = fault_like(
+        let answer = post(
             &server,
             "/debug/objects",
             serde_json::json!({"items": chunk}),
         )
-        .await;
+        .await
+        .unwrap();
+        let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
         assert_eq!(answer["created"], 100, "{answer}");
     }
     let first = nodes
@@ -285,18 +296,4 @@ async fn a_paged_list_keeps_its_first_version_and_an_old_one_is_gone() {
         Err(kube::Error::Api(e)) => assert_eq!(e.code, 410),
         other => panic!("{other:?}"),
     }
-}
-
-async fn fault_like(server: &ApiServer, path: &str, body: serde_json::Value) -> serde_json::Value {
-    let request = http::Request::post(path)
-        .body(body.to_string().into_bytes())
-        .unwrap();
-    let text = server
-        .client()
-        .await
-        .unwrap()
-        .request_text(request)
-        .await
-        .unwrap();
-    serde_json::from_str(&text).unwrap()
 }

@@ -1314,19 +1314,7 @@ fn context_switches(pid: u32) -> u64 {
 }
 
 fn rss_mib(pid: u32) -> anyhow::Result<(f64, f64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> anyhow::Result<f64> {
-        let kb: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .context("no such field")?
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()?;
-        Ok(kb / 1024.0)
-    };
-    Ok((field("VmRSS:")?, field("VmHWM:")?))
+    ccm_sandbox::resident_mib(pid).with_context(|| format!("memory of process {pid}"))
 }
 
 impl Run {
@@ -1384,14 +1372,7 @@ impl Run {
                         })
                         .await?
                         .into_inner();
-                    Ok::<_, anyhow::Error>(
-                        instance
-                            .addresses
-                            .iter()
-                            .find(|a| a.r#type == 2)
-                            .map(|a| a.address.clone())
-                            .unwrap_or_default(),
-                    )
+                    Ok::<_, anyhow::Error>(ccm_sandbox::internal_ip(&instance))
                 }
             })
             .buffered(16)
@@ -1587,6 +1568,26 @@ fn line(row: &Row) -> String {
 }
 
 /// The machine, for the report.
+/// The time now, as the reports give it (`2026-01-01 12:00 UTC`).
+pub fn now_utc() -> anyhow::Result<String> {
+    let out = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// This process's command line as a report gives it: binaries under a
+/// cargo target directory as `target/...`, wherever that directory is.
+pub fn command_line() -> Vec<String> {
+    std::env::args()
+        .map(|a| {
+            a.rsplit_once("/target/")
+                .map(|(_, rest)| format!("target/{rest}"))
+                .unwrap_or(a)
+        })
+        .collect()
+}
+
 pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()

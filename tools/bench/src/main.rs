@@ -158,22 +158,8 @@ async fn main() -> anyhow::Result<()> {
     let rows = harness
         .run_all(&args.only, |line| eprintln!("{line}"))
         .await?;
-    let command = std::env::args()
-        .map(|a| {
-            a.rsplit_once("/target/")
-                .map(|(_, rest)| format!("target/{rest}"))
-                .unwrap_or(a)
-        })
-        .collect::<Vec<_>>()
-        .join(" ");
-    let when = String::from_utf8_lossy(
-        &std::process::Command::new("date")
-            .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-            .output()?
-            .stdout,
-    )
-    .trim()
-    .to_owned();
+    let command = ccm_bench::command_line().join(" ");
+    let when = ccm_bench::now_utc()?;
     // Charts go beside the report, in `benchmarks/`.
     const PLOTS: &str = "benchmarks";
     let report = markdown(

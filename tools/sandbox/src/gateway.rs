@@ -153,16 +153,8 @@ impl GatewayProcess {
 
     /// Resident memory now, in bytes (Linux).
     pub fn rss(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
-        let kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))?
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .ok()?;
-        Some(kib * 1024)
+        let (mib, _) = crate::resident_mib(self.pid()?)?;
+        Some((mib * 1024.0 * 1024.0) as u64)
     }
 
     /// Everything the gateway logged so far.

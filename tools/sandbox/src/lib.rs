@@ -714,13 +714,7 @@ impl Sandbox {
                     Err(e) => anyhow::bail!("create instance {name}: {e}"),
                 }
             };
-            let ip = instance
-                .addresses
-                .iter()
-                .find(|a| a.r#type == 2)
-                .map(|a| a.address.clone())
-                .unwrap_or_default();
-            out.push((name, ip));
+            out.push((name, internal_ip(&instance)));
         }
         Ok(out)
     }
@@ -982,6 +976,34 @@ impl Handle {
             serving_approved,
         })
     }
+}
+
+/// A sim instance's internal IP (empty if it has none).
+pub fn internal_ip(instance: &ccm_proto::v1::SimInstance) -> String {
+    instance
+        .addresses
+        .iter()
+        .find(|a| a.r#type == ccm_proto::v1::NodeAddressType::InternalIp as i32)
+        .map(|a| a.address.clone())
+        .unwrap_or_default()
+}
+
+/// A process's resident memory now and at its peak, in MiB (`VmRSS`,
+/// `VmHWM`; Linux).
+pub fn resident_mib(pid: u32) -> Option<(f64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<f64> {
+        let kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kb / 1024.0)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
 /// Registers the Node of instance `name` (address `ip`) as its kubelet

@@ -159,12 +159,7 @@ impl Churn {
             })
             .await?
             .into_inner();
-        let ip = instance
-            .addresses
-            .iter()
-            .find(|a| a.r#type == 2)
-            .map(|a| a.address.clone())
-            .unwrap_or_default();
+        let ip = ccm_sandbox::internal_ip(&instance);
         ccm_sandbox::register_node(&self.client().await?, &name, &ip, &cidr).await?;
         Ok(true)
     }

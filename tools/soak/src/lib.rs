@@ -285,7 +285,7 @@ async fn sample_memory(
         };
         let minutes = started.elapsed().as_secs_f64() / 60.0;
         for (name, pid) in pids {
-            if let Some(mib) = pid.and_then(rss_mib) {
+            if let Some((mib, _)) = pid.and_then(ccm_sandbox::resident_mib) {
                 memory
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -300,18 +300,4 @@ async fn sample_memory(
             _ = done.cancelled() => return,
         }
     }
-}
-
-/// A process's resident memory in MiB.
-fn rss_mib(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
 }

@@ -100,7 +100,6 @@ async fn main() -> anyhow::Result<()> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
     });
-    let command: Vec<String> = std::env::args().collect();
     let options = Options {
         duration: args.duration,
         warm_up: args.warm_up,
@@ -125,23 +124,9 @@ async fn main() -> anyhow::Result<()> {
         options.state_dir.display()
     );
     let outcome = ccm_soak::run(options).await?;
-    let when = String::from_utf8_lossy(
-        &std::process::Command::new("date")
-            .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-            .output()?
-            .stdout,
-    )
-    .trim()
-    .to_owned();
+    let when = ccm_bench::now_utc()?;
     // The command as run, with the seed it drew, so the run can be repeated.
-    let mut command: Vec<String> = command
-        .into_iter()
-        .map(|a| {
-            a.rsplit_once("/target/")
-                .map(|(_, rest)| format!("target/{rest}"))
-                .unwrap_or(a)
-        })
-        .collect();
+    let mut command = ccm_bench::command_line();
     if args.seed.is_none() {
         command.extend(["--seed".into(), seed.to_string()]);
     }
