@@ -3,10 +3,10 @@
 use ccm_proto::GatewayClient;
 use ccm_runtime::leader::Leadership;
 use ccm_runtime::queue::WorkQueue;
+use ccm_runtime::view::Views;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::Store;
 
 use crate::args::Settings;
 use crate::error::{Error, Result};
@@ -15,7 +15,8 @@ use crate::metrics::Metrics;
 /// The shared state of one route controller process.
 pub struct Context {
     pub nodes: Api<Node>,
-    pub store: Store<Node>,
+    /// What the controller keeps of each Node.
+    pub store: Views<crate::plan::NodeInfo>,
     pub gateway: GatewayClient,
     pub recorder: Recorder,
     pub metrics: Metrics,
@@ -30,11 +31,11 @@ pub struct Context {
 impl Context {
     /// Notes when `node`'s pod CIDRs were seen, for the delay to their
     /// routes (the next reconcile forgets those already routed).
-    pub fn note_pod_cidrs(&self, node: &k8s_openapi::api::core::v1::Node) {
+    pub fn note_pod_cidrs(&self, node: &crate::plan::NodeInfo) {
         let now = std::time::Instant::now();
         let mut missing = self.missing_since.lock().unwrap_or_else(|e| e.into_inner());
-        for cidr in crate::plan::NodeInfo::of(node).pod_cidrs {
-            missing.entry(cidr).or_insert(now);
+        for cidr in &node.pod_cidrs {
+            missing.entry(cidr.clone()).or_insert(now);
         }
     }
 

@@ -19,7 +19,7 @@ use anyhow::Context as _;
 use ccm_runtime::controller::{Base, lead, settle};
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use ccm_runtime::watch::{Seen, cached_nodes, follow};
+use ccm_runtime::view::{self, Seen, Views};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use tokio_util::sync::CancellationToken;
@@ -39,12 +39,6 @@ const BACKOFF: Backoff = Backoff {
 
 pub use ccm_runtime::controller::Running;
 
-/// What of a node makes routes change.
-fn fingerprint(node: &Node) -> (Vec<String>, Vec<(String, String)>, String) {
-    let info = plan::NodeInfo::of(node);
-    (info.pod_cidrs, info.addresses, info.provider_id)
-}
-
 /// Starts the controller; it runs until `shutdown`.
 pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<Running> {
     let base = Base::start(
@@ -59,10 +53,10 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let nodes: Api<Node> = Api::all(client.clone());
     // The cache runs on every replica, so a standby is warm when it takes
     // over; only a leader acts on what it sees.
-    let (store, stream) = cached_nodes(nodes.clone());
+    let store = Views::default();
     let ctx = Arc::new(Context {
         nodes: nodes.clone(),
-        store,
+        store: store.clone(),
         gateway: base.gateway.clone(),
         recorder: base.recorder.clone(),
         metrics: base.metrics.clone(),
@@ -84,15 +78,20 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     );
     tokio::spawn({
         let (ctx, readiness) = (ctx.clone(), readiness.clone());
-        follow(
+        view::follow(
             "node",
-            stream,
+            view::watch(nodes.clone()),
+            store,
             shutdown.clone(),
-            fingerprint,
+            plan::NodeInfo::of,
             move |seen| match seen {
-                Seen::Changed(node) => {
-                    ctx.note_pod_cidrs(node);
-                    ctx.queue.add(())
+                // A change of its own NetworkUnavailable condition (the
+                // controller's write) is nothing to route.
+                Seen::Changed { view, before } => {
+                    if before.is_none_or(|b| b.routing() != view.routing()) {
+                        ctx.note_pod_cidrs(view);
+                        ctx.queue.add(())
+                    }
                 }
                 Seen::Deleted(_) => ctx.queue.add(()),
                 Seen::Synced => {

@@ -10,7 +10,8 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt as _;
 
-/// What the planner needs of a node.
+/// What the route controller keeps of a node (its cache holds only this)
+/// and the planner reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeInfo {
     pub name: String,
@@ -21,6 +22,8 @@ pub struct NodeInfo {
     pub pod_cidrs: Vec<String>,
     /// `(type, address)` pairs of `status.addresses`.
     pub addresses: Vec<(String, String)>,
+    /// The `NetworkUnavailable` condition's status and reason, if any.
+    pub network: Option<(String, String)>,
 }
 
 impl NodeInfo {
@@ -46,6 +49,28 @@ impl NodeInfo {
                         .collect()
                 })
                 .unwrap_or_default(),
+            network: node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "NetworkUnavailable"))
+                .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default())),
+        }
+    }
+
+    /// What of a node makes its routes change.
+    pub fn routing(&self) -> (&[String], &[(String, String)], &str) {
+        (&self.pod_cidrs, &self.addresses, &self.provider_id)
+    }
+
+    /// A reference to the Node, for its events.
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.name.clone()),
+            uid: Some(self.uid.clone()),
+            ..Default::default()
         }
     }
 }
@@ -224,6 +249,7 @@ mod tests {
             provider_id: String::new(),
             pod_cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
             addresses: vec![("InternalIP".into(), format!("10.0.0.{}", name.len()))],
+            network: None,
         }
     }
 

@@ -7,10 +7,8 @@ use std::time::Instant;
 
 use ccm_proto::v1::{NodeAddress as CloudAddress, NodeAddressType, Route};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
-use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::context::Context;
@@ -20,28 +18,17 @@ use crate::plan::{self, Create, NodeInfo};
 
 const FIELD_MANAGER: &str = ccm_runtime::names::MANAGER_ROUTE_CONTROLLER;
 
-fn network_condition(node: &Node) -> Option<(&str, &str)> {
-    let c = node
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "NetworkUnavailable")?;
-    Some((c.status.as_str(), c.reason.as_deref().unwrap_or_default()))
-}
-
 /// Reconciles every route of the cluster once.
 #[tracing::instrument(skip(ctx))]
 pub async fn reconcile(ctx: &Context) -> Result<()> {
     let routes = ctx.gateway.list_routes().await?;
-    let nodes: HashMap<String, std::sync::Arc<Node>> = ctx
+    let nodes: HashMap<String, std::sync::Arc<NodeInfo>> = ctx
         .store
         .state()
         .into_iter()
-        .map(|n| (n.name_any(), n))
+        .map(|n| (n.name.clone(), n))
         .collect();
-    let infos: Vec<NodeInfo> = nodes.values().map(|n| NodeInfo::of(n)).collect();
+    let infos: Vec<NodeInfo> = nodes.values().map(|n| NodeInfo::clone(n)).collect();
     let plan = plan::plan(&infos, &routes, &ctx.settings.cluster_cidrs);
     ctx.ensure_leader()?;
     {
@@ -75,7 +62,8 @@ pub async fn reconcile(ctx: &Context) -> Result<()> {
         };
         let failed = failures.iter().filter(|f| *f == name).count();
         let (status, reason, message) = plan::condition(*cidrs, failed);
-        if plan::condition_changed(network_condition(node), (status, reason))
+        let current = node.network.as_ref().map(|(s, r)| (s.as_str(), r.as_str()));
+        if plan::condition_changed(current, (status, reason))
             && let Err(e) = write_condition(ctx, name, status, reason, message).await
         {
             tracing::warn!(node = %name, error = %e, "could not write the NetworkUnavailable condition");
@@ -113,7 +101,7 @@ async fn delete(ctx: &Context, route: Route) {
 /// Creates one route; returns the node's name if it failed.
 async fn create_route(
     ctx: &Context,
-    nodes: &HashMap<String, std::sync::Arc<Node>>,
+    nodes: &HashMap<String, std::sync::Arc<NodeInfo>>,
     create: Create,
 ) -> Option<String> {
     if ctx.ensure_leader().is_err() {
@@ -173,7 +161,7 @@ async fn create_route(
                     action: "CreateRoute".into(),
                     secondary: None,
                 };
-                if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
+                if let Err(e) = ctx.recorder.publish(&event, &node.object_ref()).await {
                     tracing::warn!(error = %e, "could not publish event");
                 }
             }

@@ -5,8 +5,10 @@
 //! the flags every controller shares ([`common_args`]), the start-up,
 //! leading and failure handling every controller shares ([`controller`]),
 //! Kubernetes well-known names ([`names`]), the Kubernetes and gateway
-//! clients ([`kube`], [`gateway`]), and leader election ([`leader`]). It
-//! stays small and boring: nothing here knows what a controller does.
+//! clients ([`kube`], [`gateway`]), leader election ([`leader`]), and the
+//! caches of watched objects, whole ([`watch`]) or as each controller's
+//! compact views ([`view`]). It stays small and boring: nothing here knows
+//! what a controller does.
 
 pub mod admin;
 pub mod common_args;
@@ -23,4 +25,5 @@ pub mod process;
 pub mod queue;
 pub mod shutdown;
 pub mod telemetry;
+pub mod view;
 pub mod watch;

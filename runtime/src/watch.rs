@@ -171,7 +171,7 @@ where
 /// so after an API server outage of a minute a controller stays blind for
 /// up to another half minute once it is back; a controller's few watches
 /// retried every 5 s cost an API server nothing.
-fn watch_backoff() -> WatchBackoff {
+pub(crate) fn watch_backoff() -> WatchBackoff {
     WatchBackoff {
         next: WATCH_RETRY_MIN,
     }
@@ -180,7 +180,7 @@ fn watch_backoff() -> WatchBackoff {
 const WATCH_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(500);
 const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
-struct WatchBackoff {
+pub(crate) struct WatchBackoff {
     next: std::time::Duration,
 }
 

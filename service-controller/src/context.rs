@@ -7,7 +7,8 @@ use ccm_proto::GatewayClient;
 use ccm_proto::v1::Host;
 use ccm_runtime::leader::Leadership;
 use ccm_runtime::queue::WorkQueue;
-use k8s_openapi::api::core::v1::{Node, Service};
+use ccm_runtime::view::Views;
+use k8s_openapi::api::core::v1::Service;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 
@@ -22,7 +23,8 @@ pub type Key = (String, String);
 pub struct Context {
     pub client: kube::Client,
     pub services: Store<Service>,
-    pub nodes: Store<Node>,
+    /// What the controller keeps of each Node.
+    pub nodes: Views<crate::plan::NodeView>,
     pub gateway: GatewayClient,
     pub recorder: Recorder,
     pub metrics: Metrics,

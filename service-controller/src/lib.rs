@@ -21,7 +21,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use ccm_runtime::controller::{Base, lead, settle};
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use ccm_runtime::watch::{Seen, cached_nodes, cached_with, follow};
+use ccm_runtime::view::{self, Views};
+use ccm_runtime::watch::{Seen, cached_with, follow};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{Api, ResourceExt};
 use tokio::sync::Notify;
@@ -56,7 +57,8 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let client = base.client.clone();
 
     let (services, service_stream) = cached_with(Api::<Service>::all(client.clone()), plan::slim);
-    let (nodes, node_stream) = cached_nodes(Api::<Node>::all(client.clone()));
+    let nodes = Views::default();
+    let node_stream = view::watch(Api::<Node>::all(client.clone()));
     let ctx = Arc::new(Context {
         client: client.clone(),
         services,
@@ -144,23 +146,27 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         let nodes_changed = nodes_changed.clone();
         let ctx = ctx.clone();
         let mut synced = Some(synced_once);
-        follow(
+        let strings = ccm_runtime::view::Interner::default();
+        view::follow(
             "node",
             node_stream,
+            ctx.nodes.clone(),
             shutdown.clone(),
-            plan::node_fingerprint,
+            move |node| plan::NodeView::of(node, &strings),
             move |seen| match seen {
-                Seen::Changed(_) | Seen::Deleted(_) => {
+                view::Seen::Changed { view, before }
+                    if before.is_some_and(|b| b.hosting() == view.hosting()) => {}
+                view::Seen::Changed { .. } | view::Seen::Deleted(_) => {
                     ctx.note_node_change();
                     nodes_changed.notify_one()
                 }
-                Seen::Synced => {
+                view::Seen::Synced => {
                     if let Some(mark) = synced.take() {
                         mark();
                     }
                     nodes_changed.notify_one();
                 }
-                Seen::Unchanged(_) => {}
+                view::Seen::Unchanged(_) => {}
             },
         )
     });

@@ -3,6 +3,7 @@
 //! anything changed enough to act.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use ccm_proto::v1::{
     Host, Ingress as CloudIngress, IpFamily, LoadBalancerSpec, LoadBalancerStatus as CloudStatus,
@@ -10,6 +11,7 @@ use ccm_proto::v1::{
     SessionAffinity, TrafficPolicy,
 };
 use ccm_runtime::names;
+use ccm_runtime::view::Interner;
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, Node, PortStatus, Service};
 use kube::ResourceExt;
 use serde_json::{Value, json};
@@ -150,18 +152,64 @@ pub fn backs_load_balancers(node: &Node) -> bool {
             .is_some_and(|t| t.iter().any(|t| t.key == names::TAINT_TO_BE_DELETED))
 }
 
-/// What of a node matters to load balancers: whether it backs them, its
-/// provider ID, and its labels (a Service may select hosts by label), kept
-/// as a digest so the watch does not hold a second copy of every label.
-pub fn node_fingerprint(node: &Node) -> (bool, String, u64) {
-    (
-        backs_load_balancers(node),
-        node.spec
-            .as_ref()
-            .and_then(|s| s.provider_id.clone())
-            .unwrap_or_default(),
-        digest(node.labels()),
-    )
+/// A label, its key and value shared among the nodes that have it.
+pub type Label = (Arc<str>, Arc<str>);
+
+/// What the service controller keeps of a Node (its cache holds only
+/// this): whether it backs load balancers, its provider ID and addresses,
+/// and its labels (a Service may select hosts by any), each string shared
+/// with every other node that has it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeView {
+    pub name: String,
+    pub provider_id: String,
+    /// See [`backs_load_balancers`].
+    pub backs: bool,
+    /// Sorted by key.
+    pub labels: Box<[Label]>,
+    pub addresses: Vec<CloudAddress>,
+}
+
+impl NodeView {
+    /// What load balancers need of `node`, its label strings from
+    /// `strings`.
+    pub fn of(node: &Node, strings: &Interner) -> Self {
+        Self {
+            name: node.name_any(),
+            provider_id: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.provider_id.clone())
+                .unwrap_or_default(),
+            backs: backs_load_balancers(node),
+            labels: node
+                .labels()
+                .iter()
+                .map(|(k, v)| (strings.intern(k), strings.intern(v)))
+                .collect(),
+            addresses: node
+                .status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .map(|a| {
+                    a.iter()
+                        .map(|a| CloudAddress {
+                            r#type: NodeAddressType::from_kubernetes_name(&a.type_) as i32,
+                            address: a.address.clone(),
+                        })
+                        .filter(|a| a.r#type != NodeAddressType::Unspecified as i32)
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    /// What of a node matters to load balancers' host sets: whether it
+    /// backs them, its provider ID and its labels (upstream's change test
+    /// and the label selection; addresses are not part of it).
+    pub fn hosting(&self) -> (bool, &str, &[Label]) {
+        (self.backs, &self.provider_id, &self.labels)
+    }
 }
 
 /// The Node label keys that `svc`'s host-selecting `annotations` (the
@@ -181,39 +229,22 @@ pub fn host_label_keys(svc: &Service, annotations: &[String]) -> BTreeSet<String
 /// The hosts of a load balancer, sorted by name, each with its labels of
 /// `label_keys`.
 pub fn hosts<'a>(
-    nodes: impl IntoIterator<Item = &'a Node>,
+    nodes: impl IntoIterator<Item = &'a NodeView>,
     label_keys: &BTreeSet<String>,
 ) -> Vec<Host> {
     let mut out: Vec<Host> = nodes
         .into_iter()
-        .filter(|n| backs_load_balancers(n))
+        .filter(|n| n.backs)
         .map(|n| Host {
             labels: n
-                .labels()
+                .labels
                 .iter()
-                .filter(|(k, _)| label_keys.contains(*k))
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .filter(|(k, _)| label_keys.contains(&**k))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            name: n.name_any(),
-            provider_id: n
-                .spec
-                .as_ref()
-                .and_then(|s| s.provider_id.clone())
-                .unwrap_or_default(),
-            addresses: n
-                .status
-                .as_ref()
-                .and_then(|s| s.addresses.as_ref())
-                .map(|a| {
-                    a.iter()
-                        .map(|a| CloudAddress {
-                            r#type: NodeAddressType::from_kubernetes_name(&a.type_) as i32,
-                            address: a.address.clone(),
-                        })
-                        .filter(|a| a.r#type != NodeAddressType::Unspecified as i32)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            name: n.name.clone(),
+            provider_id: n.provider_id.clone(),
+            addresses: n.addresses.clone(),
         })
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -551,6 +582,12 @@ mod tests {
                 .taint(names::TAINT_TO_BE_DELETED, None, "NoSchedule")
                 .build()
         ));
+    }
+
+    fn hosts(nodes: &[Node], keys: &BTreeSet<String>) -> Vec<Host> {
+        let strings = Interner::default();
+        let views: Vec<NodeView> = nodes.iter().map(|n| NodeView::of(n, &strings)).collect();
+        super::hosts(&views, keys)
     }
 
     #[test]
