@@ -4,10 +4,10 @@ use ccm_proto::GatewayClient;
 use ccm_proto::v1::{InstanceResult, LookupPurpose, NodeRef};
 use ccm_runtime::leader::Leadership;
 use ccm_runtime::queue::WorkQueue;
+use ccm_runtime::view::Views;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::Store;
 
 use crate::args::Settings;
 use crate::error::{Error, Result};
@@ -16,7 +16,8 @@ use crate::metrics::{GatewayLabels, Metrics};
 /// The shared state of one node controller process.
 pub struct Context {
     pub nodes: Api<Node>,
-    pub store: Store<Node>,
+    /// What the controller keeps of each Node.
+    pub store: Views<crate::plan::NodeView>,
     pub gateway: GatewayClient,
     pub recorder: Recorder,
     pub metrics: Metrics,
@@ -44,14 +45,10 @@ pub struct HeldBack {
 }
 
 /// How a node is named to the gateway.
-pub fn node_ref(node: &Node) -> NodeRef {
+pub fn node_ref(node: &crate::plan::NodeView) -> NodeRef {
     NodeRef {
-        name: node.metadata.name.clone().unwrap_or_default(),
-        provider_id: node
-            .spec
-            .as_ref()
-            .and_then(|s| s.provider_id.clone())
-            .unwrap_or_default(),
+        name: node.name.clone(),
+        provider_id: node.provider_id.clone(),
     }
 }
 
@@ -99,9 +96,7 @@ impl Context {
 
     /// What `/debug/object` tells of one Node beyond its queue state.
     pub fn inspect_node(&self, name: &str) -> serde_json::Value {
-        let node = self
-            .store
-            .get(&kube::runtime::reflector::ObjectRef::new(name));
+        let node = self.store.get(name);
         let held = self.held_back.lock().unwrap_or_else(|e| e.into_inner());
         serde_json::json!({
             "known": node.is_some(),

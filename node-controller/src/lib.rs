@@ -22,7 +22,8 @@ use anyhow::Context as _;
 use ccm_runtime::controller::{Base, lead, settle};
 use ccm_runtime::gateway::Capability;
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use ccm_runtime::watch::{Seen, cached_nodes, follow};
+use ccm_runtime::view::{self, Seen, Views};
+use ccm_runtime::watch::{self, follow};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, ResourceExt};
@@ -56,7 +57,8 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let nodes: Api<Node> = Api::all(base.client.clone());
     // The cache runs on every replica, so a standby is warm when it takes
     // over; only a leader acts on what it sees.
-    let (store, stream) = cached_nodes(nodes.clone());
+    let store = Views::default();
+    let stream = view::watch(nodes.clone());
     let csrs = settings.approve_serving_csrs.then(|| {
         let api: Api<CertificateSigningRequest> = Api::all(base.client.clone());
         let (csr_store, csr_stream) = ccm_runtime::watch::cached(api.clone());
@@ -68,7 +70,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     };
     let ctx = Arc::new(Context {
         nodes: nodes.clone(),
-        store,
+        store: store.clone(),
         gateway: base.gateway.clone(),
         recorder: base.recorder.clone(),
         metrics: base.metrics.clone(),
@@ -98,28 +100,30 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     );
     tokio::spawn({
         let (ctx, readiness) = (ctx.clone(), readiness.clone());
-        // Every write may need a sync (labels, taints), so no fingerprint.
-        follow(
+        let strings = ccm_runtime::view::Interner::default();
+        // Every write may need a sync (labels, taints), so every event
+        // queues its node.
+        view::follow(
             "node",
             stream,
+            store,
             shutdown.clone(),
-            |_| (),
+            move |node| plan::NodeView::of(node, &strings),
             move |seen| match seen {
-                Seen::Changed(node) | Seen::Unchanged(node) => {
+                Seen::Changed { view: node, .. } | Seen::Unchanged(node) => {
                     if ctx.leadership.is_leader() {
-                        ctx.queue.add(node.name_any());
+                        ctx.queue.add(node.name.clone());
                         if let Some(t) = ctx.tagging.as_ref().filter(|t| t.needs_tags(node)) {
-                            t.tag.add(node.name_any());
+                            t.tag.add(node.name.clone());
                         }
                     }
                 }
                 Seen::Synced => readiness.set(true),
                 Seen::Deleted(node) => {
-                    let provider_id = context::node_ref(node).provider_id;
                     if let Some(t) = &ctx.tagging {
-                        t.forget(&node.name_any());
-                        if ctx.leadership.is_leader() && !provider_id.is_empty() {
-                            t.untag.add(provider_id);
+                        t.forget(&node.name);
+                        if ctx.leadership.is_leader() && !node.provider_id.is_empty() {
+                            t.untag.add(node.provider_id.clone());
                         }
                     }
                 }
@@ -135,7 +139,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             shutdown.clone(),
             |_| (),
             move |seen| {
-                if let Seen::Changed(c) | Seen::Unchanged(c) = seen
+                if let watch::Seen::Changed(c) | watch::Seen::Unchanged(c) = seen
                     && let Some(csrs) = &ctx.csrs
                     && ctx.leadership.is_leader()
                     && serving_csrs::is_pending(c)
@@ -183,9 +187,9 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
     };
     let led = lead(&ctx.leadership, &ctx.queue, caches, &shutdown, |work| {
         for node in ctx.store.state() {
-            ctx.queue.add(node.name_any());
+            ctx.queue.add(node.name.clone());
             if let Some(t) = ctx.tagging.as_ref().filter(|t| t.needs_tags(&node)) {
-                t.tag.add(node.name_any());
+                t.tag.add(node.name.clone());
             }
         }
         if let Some(c) = &ctx.csrs {

@@ -7,32 +7,102 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ccm_proto::v1::{Instance, NodeAddressType};
+use std::sync::Arc;
+
 use ccm_runtime::names;
+use ccm_runtime::view::Interner;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, Taint};
 
+/// A taint's key and effect, or a label's key and value, shared among the
+/// nodes that have it.
+pub type Pair = (Arc<str>, Arc<str>);
+
+/// What the node controller keeps of a Node (its cache holds only this)
+/// and its decisions read: its identity, provider ID, labels, the
+/// kubelet's `--node-ip`, taints, addresses and readiness.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeView {
+    pub name: String,
+    pub uid: String,
+    pub provider_id: String,
+    /// Sorted by key.
+    pub labels: Box<[Pair]>,
+    /// `alpha.kubernetes.io/provided-node-ip`, the kubelet's `--node-ip`.
+    pub provided_node_ip: Option<String>,
+    /// Each taint's key and effect.
+    pub taints: Box<[Pair]>,
+    pub addresses: Vec<NodeAddress>,
+    pub readiness: Readiness,
+    pub created: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+impl NodeView {
+    /// What the node controller needs of `node`, its shared strings from
+    /// `strings`.
+    pub fn of(node: &Node, strings: &Interner) -> Self {
+        let spec = node.spec.as_ref();
+        let status = node.status.as_ref();
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+        Self {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            uid: node.metadata.uid.clone().unwrap_or_default(),
+            provider_id: spec.and_then(|s| s.provider_id.clone()).unwrap_or_default(),
+            labels: node
+                .metadata
+                .labels
+                .iter()
+                .flatten()
+                .map(|(k, v)| (strings.intern(k), strings.intern(v)))
+                .collect(),
+            provided_node_ip: node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(names::ANNOTATION_PROVIDED_NODE_IP))
+                .cloned(),
+            taints: spec
+                .and_then(|s| s.taints.as_ref())
+                .iter()
+                .flat_map(|t| t.iter())
+                .map(|t| (strings.intern(&t.key), strings.intern(&t.effect)))
+                .collect(),
+            addresses: status.and_then(|s| s.addresses.clone()).unwrap_or_default(),
+            readiness: match ready.map(|c| c.status.as_str()) {
+                Some("True") => Readiness::Ready,
+                Some("False") => Readiness::NotReady,
+                _ => Readiness::Unknown,
+            },
+            created: node.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        }
+    }
+
+    /// The value of label `key`.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .binary_search_by(|(k, _)| (**k).cmp(key))
+            .ok()
+            .map(|i| &*self.labels[i].1)
+    }
+
+    /// A reference to the Node, for its events.
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.name.clone()),
+            uid: Some(self.uid.clone()),
+            ..Default::default()
+        }
+    }
+}
+
 /// Whether the node still waits for initialisation.
-pub fn is_uninitialized(node: &Node) -> bool {
-    taints(node)
+pub fn is_uninitialized(node: &NodeView) -> bool {
+    node.taints
         .iter()
-        .any(|t| t.key == names::TAINT_UNINITIALIZED)
-}
-
-fn taints(node: &Node) -> &[Taint] {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_deref())
-        .unwrap_or_default()
-}
-
-fn labels(node: &Node) -> BTreeMap<String, String> {
-    node.metadata.labels.clone().unwrap_or_default()
-}
-
-fn provider_id(node: &Node) -> &str {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.provider_id.as_deref())
-        .unwrap_or_default()
+        .any(|(key, _)| &**key == names::TAINT_UNINITIALIZED)
 }
 
 /// The cloud's addresses as Kubernetes writes them.
@@ -128,31 +198,22 @@ pub fn addresses_changed(old: &[NodeAddress], new: &[NodeAddress]) -> bool {
 /// The addresses `node` should have given the cloud's, or `None` when
 /// nothing should be written (no cloud addresses, or no change).
 pub fn desired_addresses(
-    node: &Node,
+    node: &NodeView,
     cloud: &[NodeAddress],
 ) -> Result<Option<Vec<NodeAddress>>, String> {
     if cloud.is_empty() {
         return Ok(None);
     }
-    let current = node
-        .status
-        .as_ref()
-        .and_then(|s| s.addresses.clone())
-        .unwrap_or_default();
+    let current = &node.addresses;
     let mut wanted = cloud.to_vec();
     if !wanted.iter().any(|a| a.type_ == "Hostname") {
         wanted.extend(current.iter().filter(|a| a.type_ == "Hostname").cloned());
     }
-    if let Some(node_ip) = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(names::ANNOTATION_PROVIDED_NODE_IP))
-    {
+    if let Some(node_ip) = &node.provided_node_ip {
         let ips = parse_node_ips(node_ip)?;
         wanted = filter_by_node_ips(&ips, &wanted)?;
     }
-    Ok(addresses_changed(&current, &wanted).then_some(wanted))
+    Ok(addresses_changed(current, &wanted).then_some(wanted))
 }
 
 /// Keys provider labels may not use: the Kubernetes namespaces.
@@ -178,21 +239,21 @@ pub struct Init {
 
 /// Plans the initialisation of `node` from the cloud's `instance`. Errors
 /// keep the node tainted (and are retried).
-pub fn initialize(node: &Node, instance: &Instance) -> Result<Init, String> {
+pub fn initialize(node: &NodeView, instance: &Instance) -> Result<Init, String> {
     let mut init = Init::default();
-    if instance.provider_id.is_empty() && provider_id(node).is_empty() {
+    if instance.provider_id.is_empty() && node.provider_id.is_empty() {
         return Err(format!(
             "cloud provider does not set node provider ID for node {}",
-            node.metadata.name.as_deref().unwrap_or_default()
+            node.name
         ));
     }
-    if provider_id(node).is_empty() {
+    if node.provider_id.is_empty() {
         init.provider_id = Some(instance.provider_id.clone());
     }
     init.addresses = desired_addresses(node, &cloud_addresses(instance)).map_err(|e| {
         format!(
             "provided node ip for node {:?} is not valid: {e}",
-            node.metadata.name.as_deref().unwrap_or_default()
+            node.name
         )
     })?;
     let pairs = [
@@ -214,13 +275,12 @@ pub fn initialize(node: &Node, instance: &Instance) -> Result<Init, String> {
             init.labels.insert(ga.into(), value.clone());
         }
     }
-    let existing = labels(node);
     let mut extra: Vec<_> = instance.additional_labels.iter().collect();
     extra.sort();
     for (key, value) in extra {
         if reserved_label(key) {
             init.discarded_labels.push(key.clone());
-        } else if !existing.contains_key(key) && !init.labels.contains_key(key) {
+        } else if node.label(key).is_none() && !init.labels.contains_key(key) {
             init.labels.insert(key.clone(), value.clone());
         }
     }
@@ -248,8 +308,7 @@ pub fn apply_init(node: &mut Node, init: &Init) {
 /// Labels to set on an initialised node so each GA topology label follows
 /// its beta label (upstream's reconciliation; a node with only GA labels is
 /// left alone).
-pub fn reconcile_labels(node: &Node) -> BTreeMap<String, String> {
-    let labels = labels(node);
+pub fn reconcile_labels(node: &NodeView) -> BTreeMap<String, String> {
     let pairs = [
         (names::LABEL_ZONE_BETA, names::LABEL_ZONE),
         (names::LABEL_REGION_BETA, names::LABEL_REGION),
@@ -258,8 +317,8 @@ pub fn reconcile_labels(node: &Node) -> BTreeMap<String, String> {
     pairs
         .into_iter()
         .filter_map(|(beta, ga)| {
-            let value = labels.get(beta)?;
-            (labels.get(ga) != Some(value)).then(|| (ga.to_owned(), value.clone()))
+            let value = node.label(beta)?;
+            (node.label(ga) != Some(value)).then(|| (ga.to_owned(), value.to_owned()))
         })
         .collect()
 }
@@ -272,24 +331,11 @@ pub enum Readiness {
     Unknown,
 }
 
-pub fn readiness(node: &Node) -> Readiness {
-    let ready = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
-    match ready.map(|c| c.status.as_str()) {
-        Some("True") => Readiness::Ready,
-        Some("False") => Readiness::NotReady,
-        _ => Readiness::Unknown,
-    }
-}
-
 /// Whether the node carries the shutdown taint.
-pub fn has_shutdown_taint(node: &Node) -> bool {
-    taints(node)
+pub fn has_shutdown_taint(node: &NodeView) -> bool {
+    node.taints
         .iter()
-        .any(|t| t.key == names::TAINT_SHUTDOWN && t.effect == "NoSchedule")
+        .any(|(key, effect)| &**key == names::TAINT_SHUTDOWN && &**effect == "NoSchedule")
 }
 
 /// What the lifecycle pass does with a node, before asking the cloud.
@@ -303,8 +349,8 @@ pub enum Triage {
     AskCloud,
 }
 
-pub fn triage(node: &Node) -> Triage {
-    match (readiness(node), has_shutdown_taint(node)) {
+pub fn triage(node: &NodeView) -> Triage {
+    match (node.readiness, has_shutdown_taint(node)) {
         (Readiness::Ready, true) => Triage::RemoveShutdownTaint,
         (Readiness::Ready, false) => Triage::Healthy,
         _ => Triage::AskCloud,
@@ -324,7 +370,7 @@ pub enum Verdict {
 
 /// Decides from a lookup. A "not found" from the cache never deletes: the
 /// caller must ask again with a fresh read.
-pub fn verdict(node: &Node, state: ccm_proto::v1::InstanceState, cached: bool) -> Verdict {
+pub fn verdict(node: &NodeView, state: ccm_proto::v1::InstanceState, cached: bool) -> Verdict {
     use ccm_proto::v1::InstanceState;
     match state {
         InstanceState::NotFound if !cached => Verdict::Delete,
@@ -356,7 +402,7 @@ pub fn shutdown_taint() -> Taint {
 /// under this provider ID (`settled`).
 pub fn needs_tags(
     provider_id: &str,
-    label: Option<&String>,
+    label: Option<&str>,
     checksum: &str,
     settled: Option<&String>,
 ) -> bool {
@@ -380,6 +426,38 @@ mod tests {
     use kube_test_apiserver::fixtures::node;
 
     use super::*;
+
+    // The decisions as the tests give them Nodes: through their views.
+    fn view(node: &Node) -> NodeView {
+        NodeView::of(node, &Interner::default())
+    }
+
+    fn desired_addresses(
+        node: &Node,
+        cloud: &[NodeAddress],
+    ) -> Result<Option<Vec<NodeAddress>>, String> {
+        super::desired_addresses(&view(node), cloud)
+    }
+
+    fn initialize(node: &Node, instance: &Instance) -> Result<Init, String> {
+        super::initialize(&view(node), instance)
+    }
+
+    fn is_uninitialized(node: &Node) -> bool {
+        super::is_uninitialized(&view(node))
+    }
+
+    fn reconcile_labels(node: &Node) -> BTreeMap<String, String> {
+        super::reconcile_labels(&view(node))
+    }
+
+    fn triage(node: &Node) -> Triage {
+        super::triage(&view(node))
+    }
+
+    fn verdict(node: &Node, state: InstanceState, cached: bool) -> Verdict {
+        super::verdict(&view(node), state, cached)
+    }
 
     fn addr(kind: &str, address: &str) -> NodeAddress {
         NodeAddress {
@@ -583,10 +661,11 @@ mod tests {
             .build();
         let init = initialize(&n, &instance()).unwrap();
         apply_init(&mut n, &init);
-        let left: Vec<_> = taints(&n).iter().map(|t| t.key.as_str()).collect();
+        let seen = view(&n);
+        let left: Vec<_> = seen.taints.iter().map(|(key, _)| &**key).collect();
         assert_eq!(left, ["dedicated"]);
         assert!(!is_uninitialized(&n));
-        assert_eq!(provider_id(&n), "sim://i-000001");
+        assert_eq!(seen.provider_id, "sim://i-000001");
     }
 
     #[test]
@@ -687,7 +766,7 @@ mod tests {
         ];
         for (provider_id, label, settled, want) in cases {
             assert_eq!(
-                needs_tags(provider_id, label, &sum, settled),
+                needs_tags(provider_id, label.map(String::as_str), &sum, settled),
                 want,
                 "{provider_id:?} {label:?} {settled:?}"
             );

@@ -6,18 +6,18 @@
 use std::time::Duration;
 
 use ccm_proto::v1::{InstanceResult, InstanceState, LookupPurpose};
+use ccm_runtime::view::Interner;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType};
-use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::Instrument as _;
 
 use crate::context::{Context, node_ref};
 use crate::error::{Error, NodeError, Result};
 use crate::metrics::ActionLabels;
-use crate::plan::{self, Triage, Verdict};
+use crate::plan::{self, NodeView, Triage, Verdict};
 
 const FIELD_MANAGER: &str = ccm_runtime::names::MANAGER_NODE_CONTROLLER;
 
@@ -53,9 +53,14 @@ async fn update_node(
     unreachable!("the last attempt returns")
 }
 
+/// The view of a Node just read from the API, for the decisions.
+fn view(node: &Node) -> NodeView {
+    NodeView::of(node, &Interner::default())
+}
+
 async fn publish(
     ctx: &Context,
-    node: &Node,
+    node: &NodeView,
     kind: EventType,
     reason: &str,
     action: &str,
@@ -68,15 +73,15 @@ async fn publish(
         action: action.into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &node.object_ref(&())).await {
-        tracing::warn!(node = %node.name_any(), error = %e, reason, "could not publish event");
+    if let Err(e) = ctx.recorder.publish(&event, &node.object_ref()).await {
+        tracing::warn!(node = %node.name, error = %e, reason, "could not publish event");
     }
 }
 
 /// Whether the cached node `name` waits for initialisation.
 pub fn waits_for_initialisation(ctx: &Context, name: &str) -> bool {
     ctx.store
-        .get(&kube::runtime::reflector::ObjectRef::new(name))
+        .get(name)
         .is_some_and(|node| plan::is_uninitialized(&node))
 }
 
@@ -89,9 +94,7 @@ pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
     let mut results: Vec<Result<()>> = Vec::with_capacity(names.len());
     let mut waiting = Vec::new();
     for name in names {
-        let node = ctx
-            .store
-            .get(&kube::runtime::reflector::ObjectRef::new(name));
+        let node = ctx.store.get(name);
         results.push(match node {
             None => Ok(()),
             Some(node) if plan::is_uninitialized(&node) => {
@@ -108,7 +111,7 @@ pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
     match ctx.lookup(refs, LookupPurpose::Initialize, false).await {
         Ok(found) if found.len() == waiting.len() => {
             for ((i, node), result) in waiting.into_iter().zip(found) {
-                let span = tracing::info_span!("initialize", node = %node.name_any());
+                let span = tracing::info_span!("initialize", node = %node.name);
                 results[i] = initialize(ctx, &node, result).instrument(span).await;
             }
         }
@@ -132,7 +135,7 @@ pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
 }
 
 /// Puts the topology labels of an initialised node right, if they drifted.
-async fn reconcile_labels(ctx: &Context, node: &Node) -> Result<()> {
+async fn reconcile_labels(ctx: &Context, node: &NodeView) -> Result<()> {
     let labels = plan::reconcile_labels(node);
     if labels.is_empty() {
         return Ok(());
@@ -141,7 +144,7 @@ async fn reconcile_labels(ctx: &Context, node: &Node) -> Result<()> {
     let patch = json!({"metadata": {"labels": labels}});
     ctx.nodes
         .patch(
-            &node.name_any(),
+            &node.name,
             &PatchParams::apply(FIELD_MANAGER),
             &Patch::Merge(patch),
         )
@@ -150,8 +153,8 @@ async fn reconcile_labels(ctx: &Context, node: &Node) -> Result<()> {
 }
 
 /// Initialises `node` with what the gateway answered for it.
-async fn initialize(ctx: &Context, node: &Node, result: InstanceResult) -> Result<()> {
-    let name = node.name_any();
+async fn initialize(ctx: &Context, node: &NodeView, result: InstanceResult) -> Result<()> {
+    let name = node.name.clone();
     let instance = match (result.state(), result.instance) {
         (InstanceState::NotFound, _) => return Err(NodeError::InstanceNotFound(name).into()),
         (_, Some(instance)) => instance,
@@ -168,11 +171,12 @@ async fn initialize(ctx: &Context, node: &Node, result: InstanceResult) -> Resul
         tracing::warn!(label = %key, "discarding provider label in a Kubernetes namespace");
     }
     let updated = update_node(ctx, &name, 20, |fresh| {
-        if !plan::is_uninitialized(fresh) {
+        let seen = view(fresh);
+        if !plan::is_uninitialized(&seen) {
             return false;
         }
         // Re-plan on the fresh copy: labels present now are kept.
-        let init = plan::initialize(fresh, &instance).unwrap_or_else(|_| init.clone());
+        let init = plan::initialize(&seen, &instance).unwrap_or_else(|_| init.clone());
         plan::apply_init(fresh, &init);
         true
     })
@@ -188,6 +192,7 @@ async fn initialize(ctx: &Context, node: &Node, result: InstanceResult) -> Resul
     }
     // Addresses go to status in a second write, as upstream; a failure is
     // logged and the periodic sync mends it.
+    let updated = view(&updated);
     match plan::desired_addresses(&updated, &plan::cloud_addresses(&instance)) {
         Ok(Some(addresses)) => {
             if let Err(e) = write_addresses(ctx, &name, &addresses).await {
@@ -229,7 +234,7 @@ async fn write_addresses(ctx: &Context, name: &str, addresses: &[NodeAddress]) -
 /// Looks `nodes` up in batches of the configured size. A batch whose
 /// lookup fails is left out (and logged): nothing is known about its
 /// nodes, so nothing may be done to them this round.
-async fn lookup_batches<N: std::borrow::Borrow<Node>>(
+async fn lookup_batches<N: std::borrow::Borrow<NodeView>>(
     ctx: &Context,
     nodes: Vec<N>,
     purpose: LookupPurpose,
@@ -266,9 +271,9 @@ pub async fn sync_addresses(ctx: &Context) {
             continue;
         };
         match plan::desired_addresses(&node, &plan::cloud_addresses(&instance)) {
-            Ok(Some(addresses)) => writes.push((node.name_any(), addresses)),
+            Ok(Some(addresses)) => writes.push((node.name.clone(), addresses)),
             Ok(None) => {}
-            Err(e) => tracing::warn!(node = %node.name_any(), error = %e, "address sync skipped"),
+            Err(e) => tracing::warn!(node = %node.name, error = %e, "address sync skipped"),
         }
     }
     futures::stream::iter(writes)
@@ -286,7 +291,7 @@ pub async fn sync_addresses(ctx: &Context) {
 /// Adds or removes the shutdown taint (idempotent), counting changes.
 async fn set_shutdown_taint(ctx: &Context, name: &str, present: bool) {
     let result = update_node(ctx, name, 5, |node| {
-        if plan::has_shutdown_taint(node) == present {
+        if plan::has_shutdown_taint(&view(node)) == present {
             return false;
         }
         let taints = node
@@ -331,7 +336,7 @@ pub async fn monitor(ctx: &Context) {
     for node in nodes {
         match plan::triage(&node) {
             Triage::Healthy => {}
-            Triage::RemoveShutdownTaint => set_shutdown_taint(ctx, &node.name_any(), false).await,
+            Triage::RemoveShutdownTaint => set_shutdown_taint(ctx, &node.name, false).await,
             Triage::AskCloud => ask.push(node),
         }
     }
@@ -344,7 +349,7 @@ pub async fn monitor(ctx: &Context) {
     let answered = answers.len() == asked;
     for (node, result) in answers {
         match plan::verdict(&node, result.state(), result.cached) {
-            Verdict::TaintShutdown => set_shutdown_taint(ctx, &node.name_any(), true).await,
+            Verdict::TaintShutdown => set_shutdown_taint(ctx, &node.name, true).await,
             Verdict::Delete => confirmed.push(node),
             Verdict::Keep if result.state() == InstanceState::NotFound => recheck.push(node),
             Verdict::Keep => {}
@@ -369,7 +374,7 @@ pub async fn monitor(ctx: &Context) {
     ) {
         ctx.metrics.deletions_held_back.inc();
         ctx.hold_back(Some(crate::context::HeldBack {
-            nodes: confirmed.iter().map(|n| n.name_any()).collect(),
+            nodes: confirmed.iter().map(|n| n.name.clone()).collect(),
             total,
             at: std::time::SystemTime::now(),
         }));
@@ -382,7 +387,7 @@ pub async fn monitor(ctx: &Context) {
         for node in &confirmed {
             let note = format!(
                 "Not deleting node {}: {} of {} nodes look gone at once, above the safeguard share of {}",
-                node.name_any(),
+                node.name,
                 confirmed.len(),
                 total,
                 ctx.settings.deletion_max_share
@@ -405,8 +410,8 @@ pub async fn monitor(ctx: &Context) {
     }
 }
 
-async fn delete_node(ctx: &Context, node: &Node) {
-    let name = node.name_any();
+async fn delete_node(ctx: &Context, node: &NodeView) {
+    let name = node.name.clone();
     if ctx.ensure_leader().is_err() {
         return;
     }
@@ -423,7 +428,7 @@ async fn delete_node(ctx: &Context, node: &Node) {
     // new one registered under the same name meanwhile.
     let params = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: node.metadata.uid.clone(),
+            uid: Some(node.uid.clone()),
             resource_version: None,
         }),
         ..Default::default()

@@ -17,7 +17,6 @@ use ccm_runtime::queue::{Backoff, WorkQueue};
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition,
 };
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::PostParams;
 use kube::runtime::events::{Event, EventType};
@@ -27,6 +26,7 @@ use kube::{Api, Resource, ResourceExt};
 use crate::context::{Context, node_ref};
 use crate::csr::{self, Denial, Request};
 use crate::metrics::CsrLabels;
+use crate::plan::NodeView;
 
 /// Undecided CSRs are asked about again after 5 s, doubling up to 5
 /// minutes.
@@ -95,7 +95,7 @@ enum Outcome {
 async fn decide(ctx: &Context, c: &ServingCsrs, pending: &[Arc<CertificateSigningRequest>]) {
     // Each on its own first; those that pass need their node's instance.
     let mut outcomes: BTreeMap<String, Outcome> = BTreeMap::new();
-    let mut asking: Vec<(String, Request, Arc<Node>)> = Vec::new();
+    let mut asking: Vec<(String, Request, Arc<NodeView>)> = Vec::new();
     for req in pending {
         let name = req.name_any();
         let spec = &req.spec;
@@ -111,7 +111,7 @@ async fn decide(ctx: &Context, c: &ServingCsrs, pending: &[Arc<CertificateSignin
             Err(denial) => {
                 outcomes.insert(name, Outcome::Deny(denial));
             }
-            Ok(request) => match ctx.store.get(&ObjectRef::new(&request.node)) {
+            Ok(request) => match ctx.store.get(&request.node) {
                 Some(node) => asking.push((name, request, node)),
                 None => {
                     let why = format!("node {} is not registered (yet)", request.node);

@@ -15,15 +15,12 @@ use std::time::Duration;
 
 use ccm_proto::v1::{NodeRef, TagResult};
 use ccm_runtime::queue::{Backoff, WorkQueue};
-use k8s_openapi::api::core::v1::Node;
-use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
 use md5::{Digest, Md5};
 
 use crate::context::{Context, node_ref};
 use crate::metrics::ActionLabels;
-use crate::plan;
+use crate::plan::{self, NodeView};
 
 /// The label of a Node whose instance has the tags: their checksum.
 pub use ccm_runtime::names::LABEL_INSTANCE_TAGS as LABEL;
@@ -65,20 +62,20 @@ impl Tagging {
     }
 
     /// Whether `node`'s instance is still to be tagged.
-    pub fn needs_tags(&self, node: &Node) -> bool {
+    pub fn needs_tags(&self, node: &NodeView) -> bool {
         let settled = self.settled.lock().unwrap_or_else(|e| e.into_inner());
         plan::needs_tags(
-            &node_ref(node).provider_id,
-            node.labels().get(LABEL),
+            &node.provider_id,
+            node.label(LABEL),
             &self.checksum,
-            settled.get(&node.name_any()),
+            settled.get(&node.name),
         )
     }
 
     /// Remembers that `node`'s instance cannot carry the tags.
-    fn settle(&self, node: &Node) {
+    fn settle(&self, node: &NodeView) {
         let mut settled = self.settled.lock().unwrap_or_else(|e| e.into_inner());
-        settled.insert(node.name_any(), node_ref(node).provider_id);
+        settled.insert(node.name.clone(), node.provider_id.clone());
     }
 
     /// Forgets the Node `name`, which went.
@@ -103,9 +100,9 @@ pub fn checksum(tags: &BTreeMap<String, String>) -> String {
 pub async fn tag_worker(ctx: Arc<Context>) {
     let Some(t) = &ctx.tagging else { return };
     while let Some(names) = t.tag.next_batch(ctx.settings.batch_size).await {
-        let nodes: Vec<Arc<Node>> = names
+        let nodes: Vec<Arc<NodeView>> = names
             .iter()
-            .filter_map(|n| ctx.store.get(&ObjectRef::new(n)))
+            .filter_map(|n| ctx.store.get(n))
             .filter(|n| t.needs_tags(n))
             .collect();
         if !nodes.is_empty() && ctx.leadership.is_leader() {
@@ -117,22 +114,22 @@ pub async fn tag_worker(ctx: Arc<Context>) {
     }
 }
 
-async fn tag(ctx: &Context, t: &Tagging, nodes: &[Arc<Node>]) {
+async fn tag(ctx: &Context, t: &Tagging, nodes: &[Arc<NodeView>]) {
     let refs: Vec<NodeRef> = nodes.iter().map(|n| node_ref(n)).collect();
     let tags = t.tags.clone().into_iter().collect();
     let results = match ctx.gateway.tag_instances(refs, tags, false).await {
         Ok(results) => results,
         Err(e) => {
             for node in nodes {
-                let retry_in = t.tag.add_failed(node.name_any());
-                tracing::warn!(node = %node.name_any(), error = %e, ?retry_in, "instance tags not set");
+                let retry_in = t.tag.add_failed(node.name.clone());
+                tracing::warn!(node = %node.name.clone(), error = %e, ?retry_in, "instance tags not set");
             }
             count(ctx, "failed", nodes.len());
             return;
         }
     };
     for (node, result) in nodes.iter().zip(results) {
-        let name = node.name_any();
+        let name = node.name.clone();
         match result {
             TagResult::Done => match label(ctx, &name, &t.checksum).await {
                 Ok(()) => {
@@ -226,9 +223,9 @@ async fn label(ctx: &Context, name: &str, checksum: &str) -> crate::error::Resul
     Ok(())
 }
 
-fn is_new(node: &Node) -> bool {
-    node.creation_timestamp().is_none_or(|created| {
-        let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
+fn is_new(node: &NodeView) -> bool {
+    node.created.is_none_or(|created| {
+        let age = k8s_openapi::jiff::Timestamp::now().duration_since(created);
         age.as_secs() < NEW_NODE_GRACE.as_secs() as i64
     })
 }

@@ -88,56 +88,6 @@ where
     cached_with(api, |_| {})
 }
 
-/// The cached Nodes of every controller: [`cached`], with only what some
-/// controller reads (see [`slim_node`]). Never write a cached Node back;
-/// read it from the API first.
-pub fn cached_nodes(
-    api: kube::Api<k8s_openapi::api::core::v1::Node>,
-) -> (
-    kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>,
-    impl Stream<Item = Result<watcher::Event<k8s_openapi::api::core::v1::Node>, watcher::Error>> + Send,
-) {
-    cached_with(api, slim_node)
-}
-
-/// The conditions some controller reads: readiness (node lifecycle, load
-/// balancer hosts) and the route controller's own.
-const NODE_CONDITIONS: [&str; 2] = ["Ready", "NetworkUnavailable"];
-
-/// A Node as the caches keep it: what a kubelet reports that no controller
-/// reads is dropped (images, volumes, node info, capacity and
-/// allocatable, daemon endpoints, every condition but readiness and the
-/// network's, and of those their messages and times; every annotation but
-/// the kubelet's `--node-ip`; owner references and finalizers). A kubelet's
-/// Node is about 9 KB of JSON, most of it images; what is left is its
-/// identity, labels, spec, addresses and two conditions.
-pub fn slim_node(node: &mut k8s_openapi::api::core::v1::Node) {
-    let meta = &mut node.metadata;
-    meta.owner_references = None;
-    meta.finalizers = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| k == crate::names::ANNOTATION_PROVIDED_NODE_IP);
-        if annotations.is_empty() {
-            meta.annotations = None;
-        }
-    }
-    if let Some(status) = node.status.as_mut() {
-        let addresses = status.addresses.take();
-        let mut conditions = status.conditions.take().unwrap_or_default();
-        conditions.retain(|c| NODE_CONDITIONS.contains(&c.type_.as_str()));
-        for c in &mut conditions {
-            c.message = None;
-            c.last_heartbeat_time = None;
-            c.last_transition_time = None;
-        }
-        *status = k8s_openapi::api::core::v1::NodeStatus {
-            addresses,
-            conditions: (!conditions.is_empty()).then_some(conditions),
-            ..Default::default()
-        };
-    }
-}
-
 /// [`cached`], with `slim` applied to every object before it is kept.
 pub fn cached_with<K>(
     api: kube::Api<K>,
@@ -210,65 +160,6 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_cached_node_keeps_what_controllers_read_and_nothing_else() {
-        let mut node: k8s_openapi::api::core::v1::Node =
-            serde_json::from_value(kube_like_node()).unwrap();
-        slim_node(&mut node);
-        let kept = serde_json::to_value(&node).unwrap();
-        assert_eq!(
-            kept,
-            serde_json::json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {
-                    "name": "n1", "uid": "u1", "resourceVersion": "7",
-                    "creationTimestamp": "2026-01-01T00:00:00Z",
-                    "labels": {"kubernetes.io/hostname": "n1", "topology.kubernetes.io/zone": "z1"},
-                    "annotations": {"alpha.kubernetes.io/provided-node-ip": "10.0.0.1"},
-                },
-                "spec": {"providerID": "sim://n1", "podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"],
-                         "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]},
-                "status": {
-                    "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
-                    "conditions": [
-                        {"type": "Ready", "status": "True", "reason": "KubeletReady"},
-                        {"type": "NetworkUnavailable", "status": "False", "reason": "RouteCreated"},
-                    ],
-                },
-            })
-        );
-    }
-
-    fn kube_like_node() -> serde_json::Value {
-        let at = "2026-01-01T00:00:00Z";
-        serde_json::json!({
-            "metadata": {
-                "name": "n1", "uid": "u1", "resourceVersion": "7", "creationTimestamp": at,
-                "labels": {"kubernetes.io/hostname": "n1", "topology.kubernetes.io/zone": "z1"},
-                "annotations": {"alpha.kubernetes.io/provided-node-ip": "10.0.0.1", "node.alpha.kubernetes.io/ttl": "0"},
-                "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x", "uid": "x"}],
-                "finalizers": ["example.com/f"],
-            },
-            "spec": {"providerID": "sim://n1", "podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"],
-                     "taints": [{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]},
-            "status": {
-                "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}],
-                "capacity": {"cpu": "8"}, "allocatable": {"cpu": "8"},
-                "conditions": [
-                    {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory", "message": "m", "lastHeartbeatTime": at},
-                    {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "m", "lastHeartbeatTime": at, "lastTransitionTime": at},
-                    {"type": "NetworkUnavailable", "status": "False", "reason": "RouteCreated", "message": "m", "lastTransitionTime": at},
-                ],
-                "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-                "images": [{"names": ["a"], "sizeBytes": 1}],
-                "nodeInfo": {"machineID": "m", "systemUUID": "s", "bootID": "b", "kernelVersion": "k", "osImage": "o",
-                             "containerRuntimeVersion": "c", "kubeletVersion": "v", "kubeProxyVersion": "v",
-                             "operatingSystem": "linux", "architecture": "amd64"},
-                "volumesInUse": ["v"],
-            },
-        })
-    }
 
     #[test]
     fn watch_retries_double_to_five_seconds_and_start_over_after_a_success() {
