@@ -65,13 +65,7 @@ impl NodeInfo {
 
     /// A reference to the Node, for its events.
     pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
-        k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(self.name.clone()),
-            uid: Some(self.uid.clone()),
-            ..Default::default()
-        }
+        ccm_runtime::view::node_reference(&self.name, &self.uid)
     }
 }
 

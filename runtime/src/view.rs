@@ -166,6 +166,18 @@ impl<T: PartialEq> Views<T> {
     }
 }
 
+/// A reference to the Node `name` (`uid`), for the events a controller
+/// publishes about it from its view.
+pub fn node_reference(name: &str, uid: &str) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(name.into()),
+        uid: Some(uid.into()),
+        ..Default::default()
+    }
+}
+
 /// Drives `stream` (a watcher's) into `views` until it ends or `shutdown`:
 /// each object becomes `view(obj)`, and `on` hears what changed. A relist
 /// reports the objects it no longer finds as deleted. Errors are logged;
