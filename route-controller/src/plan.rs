@@ -126,12 +126,17 @@ fn same_addresses(route: &Route, node: &NodeInfo) -> bool {
 /// ([`is_responsible`]) and either a blackhole or not wanted by any node;
 /// a blackhole or an outdated address route that is still wanted is
 /// replaced (deleted, then created).
-pub fn plan(nodes: &[NodeInfo], routes: &[Route], cluster_cidrs: &[IpNet]) -> Plan {
+pub fn plan<N: std::borrow::Borrow<NodeInfo>>(
+    nodes: &[N],
+    routes: &[Route],
+    cluster_cidrs: &[IpNet],
+) -> Plan {
+    let nodes = nodes.iter().map(N::borrow);
     let mut out = Plan::default();
     // A route names its node by provider ID where the cloud knows it: node
     // names need not be the names the cloud gives its instances.
     let by_provider_id: HashMap<&str, &str> = nodes
-        .iter()
+        .clone()
         .filter(|n| !n.provider_id.is_empty())
         .map(|n| (n.provider_id.as_str(), n.name.as_str()))
         .collect();
@@ -317,7 +322,7 @@ mod tests {
         );
         assert!(p.delete.is_empty() && p.create.is_empty(), "{p:?}");
         // Without the node, the same route is unwanted.
-        let p = plan(&[], &[listed], &cluster());
+        let p = plan::<NodeInfo>(&[], &[listed], &cluster());
         assert_eq!(p.delete.len(), 1);
         // A create carries the provider ID.
         let p = plan(&[n], &[], &cluster());
@@ -339,7 +344,7 @@ mod tests {
             // The cluster range itself is the cluster's.
             route("gone", "10.244.0.0/16"),
         ];
-        let p = plan(&[], &routes, &cluster());
+        let p = plan::<NodeInfo>(&[], &routes, &cluster());
         let deleted: Vec<_> = p
             .delete
             .iter()

@@ -28,7 +28,8 @@ pub async fn reconcile(ctx: &Context) -> Result<()> {
         .into_iter()
         .map(|n| (n.name.clone(), n))
         .collect();
-    let infos: Vec<NodeInfo> = nodes.values().map(|n| NodeInfo::clone(n)).collect();
+    // The cached views themselves: no copy of every node per reconcile.
+    let infos: Vec<&NodeInfo> = nodes.values().map(|n| n.as_ref()).collect();
     let plan = plan::plan(&infos, &routes, &ctx.settings.cluster_cidrs);
     ctx.ensure_leader()?;
     {
