@@ -96,6 +96,14 @@ impl<T> Views<T> {
         self.read().views.values().map(|(v, _)| v.clone()).collect()
     }
 
+    /// Calls `f` with each object's key (see [`key_of`]) and view, under
+    /// the cache's read lock: `f` must not wait.
+    pub fn each(&self, mut f: impl FnMut(&str, &T)) {
+        for (key, (view, _)) in &self.read().views {
+            f(key, view);
+        }
+    }
+
     /// How many objects there are.
     pub fn len(&self) -> usize {
         self.read().views.len()

@@ -1,7 +1,8 @@
 //! What every part of the service controller shares.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use ccm_proto::GatewayClient;
 use ccm_proto::v1::Host;
@@ -10,11 +11,11 @@ use ccm_runtime::queue::WorkQueue;
 use ccm_runtime::view::Views;
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::Store;
 
 use crate::args::Settings;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::plan::{self, NodeView, ServiceView};
 
 /// A Service's key: `namespace/name`.
 pub type Key = (String, String);
@@ -22,17 +23,24 @@ pub type Key = (String, String);
 /// The shared state of one service controller process.
 pub struct Context {
     pub client: kube::Client,
-    pub services: Store<Service>,
+    /// What the controller keeps of each Service.
+    pub services: Views<ServiceView>,
     /// What the controller keeps of each Node.
-    pub nodes: Views<crate::plan::NodeView>,
+    pub nodes: Views<NodeView>,
+    /// One more at every change of a node's view.
+    pub nodes_generation: AtomicU64,
+    /// The hosts of every load balancer that selects none by label, built
+    /// once per `nodes_generation` and shared by every ensure and host pass.
+    pub shared_hosts: Mutex<Option<(u64, Hosts)>>,
     pub gateway: GatewayClient,
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub leadership: Leadership,
     pub settings: Settings,
     pub queue: WorkQueue<Key>,
-    /// The hosts each load balancer was last given, stored before the call.
-    pub last_hosts: Mutex<HashMap<Key, Vec<Host>>>,
+    /// The digest ([`plan::hosts_digest`]) of the hosts each load balancer
+    /// was last given, stored before the call.
+    pub last_hosts: Mutex<HashMap<Key, u64>>,
     /// The provider's annotations that select hosts by Node label (from
     /// GetProviderInfo, set once at start).
     pub host_label_annotations: std::sync::OnceLock<Vec<String>>,
@@ -56,6 +64,26 @@ pub struct Context {
     /// server refused, or a term regained after an API server outage,
     /// costs the cloud nothing.
     pub applied: Mutex<HashMap<Key, Applied>>,
+}
+
+/// A load balancer's backing hosts, shared, with their digests.
+#[derive(Clone, Debug, Default)]
+pub struct Hosts {
+    pub list: Arc<Vec<Host>>,
+    /// [`plan::hosts_digest`] without addresses: what a host pass compares.
+    pub digest: u64,
+    /// With addresses: what an ensure asks for.
+    pub full_digest: u64,
+}
+
+impl Hosts {
+    fn of(list: Vec<Host>) -> Self {
+        Self {
+            digest: plan::hosts_digest(&list, false),
+            full_digest: plan::hosts_digest(&list, true),
+            list: Arc::new(list),
+        }
+    }
 }
 
 /// What an ensure made of one load balancer.
@@ -109,15 +137,38 @@ impl Context {
             .take()
     }
 
-    /// The current backing hosts of every load balancer, without labels.
-    pub fn hosts(&self) -> Vec<Host> {
+    /// The Service with `key`, as kept.
+    pub fn service(&self, key: &Key) -> Option<Arc<ServiceView>> {
+        self.services.get(&format!("{}/{}", key.0, key.1))
+    }
+
+    /// Notes a change of a node's view: the shared hosts are built again.
+    pub fn note_node_view_change(&self) {
+        self.nodes_generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The current backing hosts of every load balancer, without labels:
+    /// built once after each node change and shared.
+    pub fn hosts(&self) -> Hosts {
+        let generation = self.nodes_generation.load(Ordering::SeqCst);
+        let mut cached = self.shared_hosts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((built, hosts)) = &*cached
+            && *built == generation
+        {
+            return hosts.clone();
+        }
         let nodes = self.nodes.state();
-        crate::plan::hosts(nodes.iter().map(|n| n.as_ref()), &Default::default())
+        let hosts = Hosts::of(plan::hosts(
+            nodes.iter().map(|n| n.as_ref()),
+            &Default::default(),
+        ));
+        *cached = Some((generation, hosts.clone()));
+        hosts
     }
 
     /// The Node label keys `svc`'s host-selecting annotations name.
     pub fn host_label_keys(&self, svc: &Service) -> std::collections::BTreeSet<String> {
-        crate::plan::host_label_keys(
+        plan::host_label_keys(
             svc,
             self.host_label_annotations
                 .get()
@@ -128,28 +179,28 @@ impl Context {
 
     /// The backing hosts of `svc`'s load balancer: `shared` (from
     /// [`Context::hosts`]) unless the Service selects hosts by label.
-    pub fn hosts_for(&self, svc: &Service, shared: &[Host]) -> Vec<Host> {
+    pub fn hosts_for(&self, svc: &Service, shared: &Hosts) -> Hosts {
         let keys = self.host_label_keys(svc);
         if keys.is_empty() {
-            return shared.to_vec();
+            return shared.clone();
         }
         let nodes = self.nodes.state();
-        crate::plan::hosts(nodes.iter().map(|n| n.as_ref()), &keys)
+        Hosts::of(plan::hosts(nodes.iter().map(|n| n.as_ref()), &keys))
     }
 
-    pub fn remember_hosts(&self, key: &Key, hosts: Vec<Host>) {
+    pub fn remember_hosts(&self, key: &Key, digest: u64) {
         self.last_hosts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone(), hosts);
+            .insert(key.clone(), digest);
     }
 
-    pub fn remembered_hosts(&self, key: &Key) -> Option<Vec<Host>> {
+    pub fn remembered_hosts(&self, key: &Key) -> Option<u64> {
         self.last_hosts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(key)
-            .cloned()
+            .copied()
     }
 
     /// Notes (`Some`) or forgets (`None`) that `key`'s load balancer is
@@ -260,9 +311,8 @@ impl Context {
 
     /// What `/debug/object` tells of one Service beyond its queue state.
     pub fn inspect_service(&self, key: &Key) -> serde_json::Value {
-        let svc = self
-            .services
-            .get(&kube::runtime::reflector::ObjectRef::new(&key.1).within(&key.0));
+        let view = self.service(key);
+        let svc = view.as_deref().and_then(ServiceView::service);
         let waiting = self
             .changed_since
             .lock()
@@ -270,8 +320,8 @@ impl Context {
             .get(key)
             .map(|seen| (seen.elapsed().as_secs_f64() * 10.0).round() / 10.0);
         serde_json::json!({
-            "known": svc.is_some(),
-            "served": svc.as_ref().is_some_and(|s| crate::plan::wants_load_balancer(s, &self.settings.classes)),
+            "known": view.is_some(),
+            "served": svc.is_some_and(|s| plan::wants_load_balancer(s, &self.settings.classes)),
             "provisioning": self.provisioning.lock().unwrap_or_else(|e| e.into_inner()).contains_key(key),
             "change_waiting_s": waiting,
         })

@@ -22,7 +22,6 @@ use anyhow::Context as _;
 use ccm_runtime::controller::{Base, lead, settle};
 use ccm_runtime::queue::{Backoff, WorkQueue};
 use ccm_runtime::view::{self, Views};
-use ccm_runtime::watch::{Seen, cached_with, follow};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{Api, ResourceExt};
 use tokio::sync::Notify;
@@ -32,6 +31,7 @@ use crate::args::Settings;
 use crate::context::Context;
 use crate::error::{Error, ServiceError};
 use crate::metrics::Metrics;
+use crate::plan::ServiceView;
 
 /// The name events are reported under, as upstream's.
 pub const CONTROLLER_NAME: &str = "service-controller";
@@ -56,13 +56,13 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let readiness = base.readiness.clone();
     let client = base.client.clone();
 
-    let (services, service_stream) = cached_with(Api::<Service>::all(client.clone()), plan::slim);
-    let nodes = Views::default();
-    let node_stream = view::watch(Api::<Node>::all(client.clone()));
+    let service_stream = view::watch(Api::<Service>::all(client.clone()));
     let ctx = Arc::new(Context {
         client: client.clone(),
-        services,
-        nodes,
+        services: Views::default(),
+        nodes: Views::default(),
+        nodes_generation: Default::default(),
+        shared_hosts: Mutex::new(None),
         gateway: base.gateway.clone(),
         recorder: base.recorder.clone(),
         metrics: base.metrics.clone(),
@@ -112,16 +112,26 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     tokio::spawn({
         let ctx = ctx.clone();
         let mut synced = Some(synced_once.clone());
-        follow(
+        view::follow(
             "service",
             service_stream,
+            ctx.services.clone(),
             shutdown.clone(),
-            plan::fingerprint_digest,
+            ServiceView::of,
             move |seen| match seen {
-                Seen::Changed(svc) | Seen::Unchanged(svc) => {
-                    let relevant = plan::wants_load_balancer(svc, &ctx.settings.classes)
-                        || plan::has_finalizer(svc);
-                    if (matches!(seen, Seen::Changed(_)) && relevant) || plan::needs_cleanup(svc) {
+                view::Seen::Changed { view, .. } | view::Seen::Unchanged(view) => {
+                    let Some(svc) = view.service() else {
+                        return;
+                    };
+                    // Only a change of what its load balancer is made of
+                    // (or a new Service) needs a sync; cleanup always.
+                    let changed = match seen {
+                        view::Seen::Changed { before, .. } => {
+                            before.and_then(ServiceView::fingerprint) != view.fingerprint()
+                        }
+                        _ => false,
+                    };
+                    if changed || plan::needs_cleanup(svc) {
                         let key = (svc.namespace().unwrap_or_default(), svc.name_any());
                         if plan::wants_load_balancer(svc, &ctx.settings.classes) {
                             ctx.note_change(&key);
@@ -129,55 +139,28 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
                         ctx.queue.add(key);
                     }
                 }
-                Seen::Synced => {
-                    if let Some(mark) = synced.take() {
-                        mark();
-                    }
-                }
-                Seen::Deleted(svc) => {
-                    ctx.take_change(&(svc.namespace().unwrap_or_default(), svc.name_any()));
-                }
-            },
-        )
-    });
-    // Nodes: only membership and provider ID changes matter; they wake the
-    // debounced host pass.
-    tokio::spawn({
-        let nodes_changed = nodes_changed.clone();
-        let ctx = ctx.clone();
-        let mut synced = Some(synced_once);
-        let strings = ccm_runtime::view::Interner::default();
-        view::follow(
-            "node",
-            node_stream,
-            ctx.nodes.clone(),
-            shutdown.clone(),
-            move |node| plan::NodeView::of(node, &strings),
-            move |seen| match seen {
-                view::Seen::Changed { view, before }
-                    if before.is_some_and(|b| b.hosting() == view.hosting()) => {}
-                view::Seen::Changed { .. } | view::Seen::Deleted(_) => {
-                    ctx.note_node_change();
-                    nodes_changed.notify_one()
-                }
                 view::Seen::Synced => {
                     if let Some(mark) = synced.take() {
                         mark();
                     }
-                    nodes_changed.notify_one();
                 }
-                view::Seen::Unchanged(_) => {}
+                view::Seen::Deleted(view) => {
+                    if let Some(svc) = view.service() {
+                        ctx.take_change(&(svc.namespace().unwrap_or_default(), svc.name_any()));
+                    }
+                }
             },
         )
     });
 
-    let task = tokio::spawn(run(ctx, nodes_changed, shutdown));
+    let task = tokio::spawn(run(ctx, nodes_changed, synced_once, shutdown));
     Ok(base.running(task))
 }
 
 async fn run(
     ctx: Arc<Context>,
     nodes_changed: Arc<Notify>,
+    synced_once: impl FnOnce() + Send + 'static,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let info = ccm_runtime::gateway::provider_info(&ctx.gateway, &shutdown);
@@ -185,7 +168,11 @@ async fn run(
         return Ok(());
     };
     let supported = info.load_balancers;
+    // Nodes' labels are kept only where the provider selects hosts by them,
+    // so the node watch starts once the provider has said.
+    let labels = !info.host_label_annotations.is_empty();
     let _ = ctx.host_label_annotations.set(info.host_label_annotations);
+    follow_nodes(&ctx, labels, nodes_changed.clone(), synced_once, &shutdown);
     // Upstream skips the controller then; a Deployment that exited would
     // restart forever, so it idles (and stays ready), as the route
     // controller does without routes.
@@ -210,8 +197,11 @@ async fn run(
     };
     lead(&ctx.leadership, &ctx.queue, caches, &shutdown, |work| {
         ctx.begin_term(work.term);
-        for svc in ctx.services.state() {
-            if plan::wants_load_balancer(&svc, &ctx.settings.classes) || plan::has_finalizer(&svc) {
+        for view in ctx.services.state() {
+            let Some(svc) = view.service() else {
+                continue;
+            };
+            if plan::wants_load_balancer(svc, &ctx.settings.classes) || plan::has_finalizer(svc) {
                 ctx.queue
                     .add((svc.namespace().unwrap_or_default(), svc.name_any()));
             }
@@ -245,6 +235,48 @@ async fn run(
         });
     })
     .await
+}
+
+/// Follows every Node into the controller's views: a change of what host
+/// sets are made of wakes the debounced host pass.
+fn follow_nodes(
+    ctx: &Arc<Context>,
+    labels: bool,
+    nodes_changed: Arc<Notify>,
+    synced_once: impl FnOnce() + Send + 'static,
+    shutdown: &CancellationToken,
+) {
+    let stream = view::watch(Api::<Node>::all(ctx.client.clone()));
+    let strings = labels.then(ccm_runtime::view::Interner::default);
+    let ctx = ctx.clone();
+    let mut synced = Some(synced_once);
+    tokio::spawn(view::follow(
+        "node",
+        stream,
+        ctx.nodes.clone(),
+        shutdown.clone(),
+        move |node| plan::NodeView::of(node, strings.as_ref()),
+        move |seen| match seen {
+            view::Seen::Changed { view, before }
+                if before.is_some_and(|b| b.hosting() == view.hosting()) =>
+            {
+                // Addresses: the host lists change, no host pass is due.
+                ctx.note_node_view_change();
+            }
+            view::Seen::Changed { .. } | view::Seen::Deleted(_) => {
+                ctx.note_node_view_change();
+                ctx.note_node_change();
+                nodes_changed.notify_one()
+            }
+            view::Seen::Synced => {
+                if let Some(mark) = synced.take() {
+                    mark();
+                }
+                nodes_changed.notify_one();
+            }
+            view::Seen::Unchanged(_) => {}
+        },
+    ));
 }
 
 async fn worker(ctx: Arc<Context>) {

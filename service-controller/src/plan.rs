@@ -2,7 +2,7 @@
 //! the gateway is asked for, which nodes back a load balancer, and whether
 //! anything changed enough to act.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use ccm_proto::v1::{
@@ -55,42 +55,68 @@ pub fn needs_cleanup(svc: &Service) -> bool {
     has_finalizer(svc) && (svc.metadata.deletion_timestamp.is_some() || !is_type_lb(svc))
 }
 
-/// What the Service cache keeps: all of a Service that is, or was, ours to
-/// serve (type LoadBalancer, or carrying our finalizer); of any other only
-/// what names it and what would make it ours (identity, deletion,
-/// finalizers, type, class). Most Services are not load balancers, and a
-/// whole one costs kilobytes: with 10,000 Nodes and 5,000 ClusterIP
-/// Services the service controller held 71 MiB before, 52 MiB after
-/// (benchmark scenario 5). A Service that becomes a load balancer arrives
-/// whole in the watch event that makes it one. Never write a cached Service
-/// back.
-pub fn slim(svc: &mut Service) {
-    if is_type_lb(svc) || has_finalizer(svc) {
-        return;
-    }
-    let meta = std::mem::take(&mut svc.metadata);
-    svc.metadata = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-        name: meta.name,
-        namespace: meta.namespace,
-        uid: meta.uid,
-        resource_version: meta.resource_version,
-        deletion_timestamp: meta.deletion_timestamp,
-        finalizers: meta.finalizers,
-        ..Default::default()
-    };
-    svc.spec = svc
-        .spec
-        .take()
-        .map(|spec| k8s_openapi::api::core::v1::ServiceSpec {
-            type_: spec.type_,
-            load_balancer_class: spec.load_balancer_class,
-            ..Default::default()
-        });
-    svc.status = None;
+/// What the controller keeps of a Service. Of one that is, or was, ours
+/// to serve (type LoadBalancer, or carrying our finalizer): all of it but
+/// its managed fields, with the digest of its [`fingerprint`]. Of any other
+/// only its UID (its key names it), which the orphan check needs: most
+/// Services are not load balancers, and a whole one costs kilobytes, a
+/// `k8s_openapi` Service alone 1 KB before any string. A Service that
+/// becomes a load balancer arrives whole in the watch event that makes it
+/// one. Never write a kept Service back.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ServiceView {
+    Ours {
+        /// [`fingerprint_digest`] of the Service.
+        fingerprint: u64,
+        service: Box<Service>,
+    },
+    Other {
+        uid: Box<str>,
+    },
 }
 
-/// [`fingerprint`] as a digest, which the watch keeps per Service instead
-/// of a second copy of its ports and annotations.
+impl ServiceView {
+    pub fn of(svc: &Service) -> Self {
+        if is_type_lb(svc) || has_finalizer(svc) {
+            let mut service = Box::new(svc.clone());
+            service.metadata.managed_fields = None;
+            Self::Ours {
+                fingerprint: fingerprint_digest(svc),
+                service,
+            }
+        } else {
+            Self::Other {
+                uid: svc.metadata.uid.as_deref().unwrap_or_default().into(),
+            }
+        }
+    }
+
+    /// The whole Service, if it is one this controller keeps whole.
+    pub fn service(&self) -> Option<&Service> {
+        match self {
+            Self::Ours { service, .. } => Some(service),
+            Self::Other { .. } => None,
+        }
+    }
+
+    pub fn uid(&self) -> &str {
+        match self {
+            Self::Ours { service, .. } => service.metadata.uid.as_deref().unwrap_or_default(),
+            Self::Other { uid } => uid,
+        }
+    }
+
+    /// The digest of what makes its load balancer change; none for a
+    /// Service that is not a load balancer.
+    pub fn fingerprint(&self) -> Option<u64> {
+        match self {
+            Self::Ours { fingerprint, .. } => Some(*fingerprint),
+            Self::Other { .. } => None,
+        }
+    }
+}
+
+/// [`fingerprint`] as a digest.
 pub fn fingerprint_digest(svc: &Service) -> u64 {
     digest(fingerprint(svc).to_string())
 }
@@ -157,8 +183,8 @@ pub type Label = (Arc<str>, Arc<str>);
 
 /// What the service controller keeps of a Node (its cache holds only
 /// this): whether it backs load balancers, its provider ID and addresses,
-/// and its labels (a Service may select hosts by any), each string shared
-/// with every other node that has it.
+/// and, when the provider selects hosts by label, its labels (a Service may
+/// select by any), each string shared with every other node that has it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeView {
     pub name: String,
@@ -171,9 +197,10 @@ pub struct NodeView {
 }
 
 impl NodeView {
-    /// What load balancers need of `node`, its label strings from
-    /// `strings`.
-    pub fn of(node: &Node, strings: &Interner) -> Self {
+    /// What load balancers need of `node`: its labels only with
+    /// `labels`, which shares their strings (a kubelet's dozen labels cost
+    /// 400 bytes a Node even shared).
+    pub fn of(node: &Node, labels: Option<&Interner>) -> Self {
         Self {
             name: node.name_any(),
             provider_id: node
@@ -182,11 +209,14 @@ impl NodeView {
                 .and_then(|s| s.provider_id.clone())
                 .unwrap_or_default(),
             backs: backs_load_balancers(node),
-            labels: node
-                .labels()
-                .iter()
-                .map(|(k, v)| (strings.intern(k), strings.intern(v)))
-                .collect(),
+            labels: match labels {
+                Some(strings) => node
+                    .labels()
+                    .iter()
+                    .map(|(k, v)| (strings.intern(k), strings.intern(v)))
+                    .collect(),
+                None => Box::default(),
+            },
             addresses: node
                 .status
                 .as_ref()
@@ -251,23 +281,30 @@ pub fn hosts<'a>(
     out
 }
 
-/// Upstream's `nodesSufficientlyEqual`: same count, same names with the
-/// same provider IDs; and here the same labels, which are only those the
-/// Service selects by.
-pub fn hosts_equal(a: &[Host], b: &[Host]) -> bool {
-    let map = |h: &[Host]| -> HashMap<String, (String, BTreeMap<String, String>)> {
-        h.iter()
-            .map(|h| {
-                let labels = h
-                    .labels
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                (h.name.clone(), (h.provider_id.clone(), labels))
-            })
-            .collect()
-    };
-    a.len() == b.len() && map(a) == map(b)
+/// A digest of a host set as upstream's `nodesSufficientlyEqual` compares
+/// them (the same names with the same provider IDs; and here the same
+/// labels, which are only those the Service selects by; not addresses), or
+/// with `addresses` too: two sets with the same digest need no update. A load balancer's last host set is
+/// remembered by this digest, not by a copy of up to 100,000 hosts.
+pub fn hosts_digest(hosts: &[Host], addresses: bool) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut sorted: Vec<&Host> = hosts.iter().collect();
+    sorted.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    sorted.len().hash(&mut h);
+    for host in sorted {
+        host.name.hash(&mut h);
+        host.provider_id.hash(&mut h);
+        let mut labels: Vec<_> = host.labels.iter().collect();
+        labels.sort_unstable();
+        labels.hash(&mut h);
+        if addresses {
+            for a in &host.addresses {
+                (a.r#type, &a.address).hash(&mut h);
+            }
+        }
+    }
+    h.finish()
 }
 
 fn protocol(p: Option<&str>) -> Protocol {
@@ -516,48 +553,30 @@ mod tests {
     }
 
     #[test]
-    fn the_cache_keeps_load_balancers_whole_and_of_other_services_what_would_make_them_ours() {
-        let lb = load_balancer("d", "a").annotation("k", "v").build();
-        let mut kept = lb.clone();
-        slim(&mut kept);
-        assert_eq!(kept, lb, "a load balancer is kept whole");
+    fn the_cache_keeps_load_balancers_whole_and_of_other_services_their_uid() {
+        let mut lb = load_balancer("d", "a").annotation("k", "v").build();
+        let kept = ServiceView::of(&lb);
+        lb.metadata.managed_fields = None;
+        assert_eq!(kept.service(), Some(&lb), "a load balancer is kept whole");
+        assert_eq!(kept.fingerprint(), Some(fingerprint_digest(&lb)));
 
         let mut cluster_ip = load_balancer("d", "b").annotation("k", "v").build();
         let spec = cluster_ip.spec.as_mut().unwrap();
         spec.type_ = Some("ClusterIP".into());
         spec.load_balancer_class = Some("example.com/x".into());
         cluster_ip.metadata.uid = Some("u-1".into());
-        cluster_ip.metadata.resource_version = Some("7".into());
-        let mut slimmed = cluster_ip.clone();
-        slim(&mut slimmed);
-        assert_eq!(slimmed.name_any(), "b");
-        assert_eq!(slimmed.namespace().as_deref(), Some("d"));
-        assert_eq!(
-            slimmed.metadata.uid.as_deref(),
-            Some("u-1"),
-            "the orphan check needs it"
-        );
-        assert_eq!(slimmed.metadata.resource_version.as_deref(), Some("7"));
-        let spec = slimmed.spec.as_ref().unwrap();
-        assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
-        assert_eq!(spec.load_balancer_class.as_deref(), Some("example.com/x"));
-        assert!(spec.ports.is_none() && slimmed.metadata.annotations.is_none());
-        assert!(!wants_load_balancer(
-            &slimmed,
-            &ClassPolicy {
-                default: true,
-                named: vec![]
-            }
-        ));
+        let other = ServiceView::of(&cluster_ip);
+        assert_eq!(other.service(), None);
+        assert_eq!(other.uid(), "u-1", "the orphan check needs it");
+        assert!(std::mem::size_of::<ServiceView>() <= 24, "a small enum");
 
         // One that was ours until its type changed keeps everything, so
         // its load balancer can be deleted and the finalizer released.
         let mut leaving = cluster_ip.clone();
         leaving.metadata.finalizers = Some(vec![names::FINALIZER_LB_CLEANUP.into()]);
-        let mut kept = leaving.clone();
-        slim(&mut kept);
-        assert_eq!(kept, leaving);
-        assert!(needs_cleanup(&kept));
+        let kept = ServiceView::of(&leaving);
+        assert_eq!(kept.service(), Some(&leaving));
+        assert!(needs_cleanup(kept.service().unwrap()));
     }
 
     #[test]
@@ -584,9 +603,16 @@ mod tests {
         ));
     }
 
+    fn hosts_equal(a: &[Host], b: &[Host]) -> bool {
+        hosts_digest(a, false) == hosts_digest(b, false)
+    }
+
     fn hosts(nodes: &[Node], keys: &BTreeSet<String>) -> Vec<Host> {
         let strings = Interner::default();
-        let views: Vec<NodeView> = nodes.iter().map(|n| NodeView::of(n, &strings)).collect();
+        let views: Vec<NodeView> = nodes
+            .iter()
+            .map(|n| NodeView::of(n, Some(&strings)))
+            .collect();
         super::hosts(&views, keys)
     }
 
@@ -608,6 +634,19 @@ mod tests {
         );
         assert!(!hosts_equal(&a, &c));
         assert!(!hosts_equal(&a, &a[..1]));
+        // A new address is no host change, but an ensure carries it.
+        let moved = hosts(
+            &[
+                node("a")
+                    .provider_id("sim://1")
+                    .address("InternalIP", "10.0.0.9")
+                    .build(),
+                node("b").build(),
+            ],
+            &none,
+        );
+        assert!(hosts_equal(&a, &moved));
+        assert_ne!(hosts_digest(&a, true), hosts_digest(&moved, true));
     }
 
     #[test]

@@ -6,14 +6,14 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use ccm_proto::Error as GatewayError;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::context::{Applied, Context, Key};
+use crate::context::{Applied, Context, Hosts, Key};
 use crate::error::{Error, Result, ServiceError};
 use crate::plan;
 
@@ -130,18 +130,21 @@ async fn write_condition(
 /// releases the finalizer.
 #[tracing::instrument(skip(ctx, key), fields(service = %format!("{}/{}", key.0, key.1)))]
 pub async fn sync_service(ctx: &Context, key: &Key) -> Result<()> {
-    let Some(svc) = ctx.services.get(&ObjectRef::new(&key.1).within(&key.0)) else {
+    // Gone, or no load balancer (a Service kept whole is one, or has our
+    // finalizer).
+    let view = ctx.service(key);
+    let Some(svc) = view.as_deref().and_then(plan::ServiceView::service) else {
         ctx.forget(key);
         return Ok(());
     };
-    if !plan::wants_load_balancer(&svc, &ctx.settings.classes) || plan::needs_cleanup(&svc) {
-        if plan::has_finalizer(&svc) {
-            delete(ctx, &svc).await?;
+    if !plan::wants_load_balancer(svc, &ctx.settings.classes) || plan::needs_cleanup(svc) {
+        if plan::has_finalizer(svc) {
+            delete(ctx, svc).await?;
         }
         ctx.forget(key);
         return Ok(());
     }
-    ensure(ctx, key, &svc).await
+    ensure(ctx, key, svc).await
 }
 
 /// Deletes the Service's load balancer and releases the finalizer. Unlike
@@ -202,8 +205,8 @@ enum Poll {
 }
 
 /// A stable fingerprint of what an ensure asks for.
-fn fingerprint(spec: &ccm_proto::v1::LoadBalancerSpec, hosts: &[ccm_proto::v1::Host]) -> u64 {
-    plan::digest(format!("{spec:?}{hosts:?}"))
+fn fingerprint(spec: &ccm_proto::v1::LoadBalancerSpec, hosts: &Hosts) -> u64 {
+    plan::digest((format!("{spec:?}"), hosts.full_digest))
 }
 
 /// Reads the status of a load balancer the cloud is provisioning, which the
@@ -234,6 +237,7 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         return Ok(());
     }
     let hosts = ctx.hosts_for(svc, &ctx.hosts());
+    let empty = hosts.list.is_empty();
     let had_ingress = !plan::current_ingress(svc).is_empty();
     let spec = plan::lb_spec(svc);
     let fingerprint = fingerprint(&spec, &hosts);
@@ -251,7 +255,7 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         "Ensuring load balancer".into(),
     )
     .await;
-    if hosts.is_empty() {
+    if empty {
         publish(
             ctx,
             svc,
@@ -261,7 +265,7 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         )
         .await;
     }
-    ctx.remember_hosts(key, hosts.clone());
+    ctx.remember_hosts(key, hosts.digest);
     let poll = if ctx.is_provisioning(key, fingerprint) {
         poll_provisioning(ctx, &spec).await
     } else {
@@ -279,7 +283,7 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         Poll::Ready(status) => Ok((status, String::new(), Vec::new())),
         Poll::Unknown => ctx
             .gateway
-            .ensure_load_balancer_answer(spec, hosts)
+            .ensure_load_balancer_answer(spec, hosts.list.to_vec())
             .await
             .map(|r| (r.status.unwrap_or_default(), r.adopted, r.no_effect)),
     };
@@ -422,40 +426,56 @@ async fn record_success(
 pub async fn sync_hosts(ctx: &Context) {
     // Changes seen from here on wait for the next pass.
     let changed_at = ctx.take_node_change();
-    let hosts = ctx.hosts();
     let services: Vec<_> = ctx
         .services
         .state()
         .into_iter()
-        .filter(|s| plan::wants_load_balancer(s, &ctx.settings.classes) && !plan::needs_cleanup(s))
-        .collect();
-    let changed: Vec<_> = services
-        .into_iter()
-        .filter_map(|svc| {
-            let key = (svc.namespace().unwrap_or_default(), svc.name_any());
-            let last = ctx.remembered_hosts(&key)?;
-            let hosts = ctx.hosts_for(&svc, &hosts);
-            (!plan::hosts_equal(&last, &hosts)).then_some((key, svc, hosts))
+        .filter(|view| {
+            view.service().is_some_and(|s| {
+                plan::wants_load_balancer(s, &ctx.settings.classes) && !plan::needs_cleanup(s)
+            })
         })
         .collect();
+    // Without a load balancer there is no host list to build.
+    let shared = if services.is_empty() {
+        Hosts::default()
+    } else {
+        ctx.hosts()
+    };
+    let changed: Vec<_> = services
+        .into_iter()
+        .filter_map(|view| {
+            let svc = view.service()?;
+            let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+            let last = ctx.remembered_hosts(&key)?;
+            let hosts = ctx.hosts_for(svc, &shared);
+            (last != hosts.digest).then_some((key, view, hosts))
+        })
+        .collect();
+    // Each update carries its own copy of the host list (the gateway's API
+    // takes a whole list): at most about a million hosts in flight at once.
+    let at_once = (1_000_000 / shared.list.len().max(1)).clamp(1, 256);
     let ctx_ref = ctx;
-    let done = futures::future::join_all(changed.into_iter().map(|(key, svc, hosts)| {
+    let updates = futures::stream::iter(changed.into_iter().map(|(key, view, hosts)| {
         async move {
+            let Some(svc) = view.service() else {
+                return true;
+            };
             if ctx_ref.ensure_leader().is_err() {
                 return false;
             }
-            ctx_ref.remember_hosts(&key, hosts.clone());
+            ctx_ref.remember_hosts(&key, hosts.digest);
             ctx_ref.metrics.host_updates.inc();
-            let count = hosts.len();
+            let count = hosts.list.len();
             match ctx_ref
                 .gateway
-                .update_load_balancer_hosts(plan::lb_spec(&svc), hosts)
+                .update_load_balancer_hosts(plan::lb_spec(svc), hosts.list.to_vec())
                 .await
             {
                 Ok(()) if count == 0 => {
                     publish(
                         ctx_ref,
-                        &svc,
+                        svc,
                         EventType::Warning,
                         "UnAvailableLoadBalancer",
                         "There are no available nodes for LoadBalancer".into(),
@@ -466,7 +486,7 @@ pub async fn sync_hosts(ctx: &Context) {
                 Ok(()) => {
                     publish(
                         ctx_ref,
-                        &svc,
+                        svc,
                         EventType::Normal,
                         "UpdatedLoadBalancer",
                         "Updated load balancer with new hosts".into(),
@@ -490,7 +510,7 @@ pub async fn sync_hosts(ctx: &Context) {
                     ctx_ref.metrics.host_update_errors.inc();
                     publish(
                         ctx_ref,
-                        &svc,
+                        svc,
                         EventType::Warning,
                         "UpdateLoadBalancerFailed",
                         format!("Error updating load balancer with new hosts ({count} nodes): {e}"),
@@ -502,7 +522,8 @@ pub async fn sync_hosts(ctx: &Context) {
             }
         }
     }))
-    .await;
+    .buffer_unordered(at_once);
+    let done: Vec<bool> = updates.collect().await;
     if let Some(at) = changed_at
         && done.iter().all(|ok| *ok)
     {
@@ -546,19 +567,22 @@ pub async fn check_orphans(ctx: &Context, orphans: &mut Orphans) {
             return;
         }
     };
-    let services = ctx.services.state();
-    let owners: HashSet<&str> = services
+    let mut keys: Vec<(String, String)> = Vec::new();
+    let mut uids: Vec<String> = Vec::new();
+    ctx.services.each(|key, view| {
+        if let Some((namespace, name)) = key.split_once('/') {
+            keys.push((namespace.to_owned(), name.to_owned()));
+        }
+        uids.push(view.uid().to_owned());
+    });
+    let owners: HashSet<&str> = uids
         .iter()
-        .filter_map(|s| s.metadata.uid.as_deref())
+        .map(String::as_str)
+        .filter(|u| !u.is_empty())
         .collect();
-    let names: HashSet<(&str, &str)> = services
+    let names: HashSet<(&str, &str)> = keys
         .iter()
-        .filter_map(|s| {
-            Some((
-                s.metadata.namespace.as_deref()?,
-                s.metadata.name.as_deref()?,
-            ))
-        })
+        .map(|(ns, n)| (ns.as_str(), n.as_str()))
         .collect();
     let orphaned: Vec<_> = lbs
         .into_iter()
