@@ -251,6 +251,7 @@ where
         queue.reopen();
         let mut work = TermWork::new(term);
         start(&mut work);
+        queue.started();
         let shutting_down = tokio::select! {
             _ = leadership.lost(term) => false,
             _ = shutdown.cancelled() => true,

@@ -153,6 +153,8 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Inspect for ControllerInspect
                 "failing": stats.failing,
                 "failing_repeatedly": stats.failing_repeatedly,
                 "waiting": stats.waiting,
+                // This term's first pass: every key it started with tried.
+                "first_pass_s": stats.first_pass.map(|d| d.as_secs_f64()),
             },
             "troubled": troubled.iter().map(|(k, t)| {
                 let mut entry = trouble_json(t);

@@ -106,6 +106,11 @@ pub struct QueueStats {
     pub failing_repeatedly: usize,
     /// Keys waiting for the cloud, not failing.
     pub waiting: usize,
+    /// How long the current term's first pass took: from the queue's
+    /// (re)opening until it first had no key waiting or held, every key
+    /// queued at the start tried once (`None` while it is not done, or
+    /// before the first term).
+    pub first_pass: Option<Duration>,
 }
 
 /// Failures in a row after which a key's trouble is no passing one.
@@ -120,6 +125,21 @@ struct Inner<K> {
     /// Keys that failed or wait, until a success forgets them.
     troubles: HashMap<K, Trouble>,
     closed: bool,
+    /// When the current term opened the queue, and when its first pass
+    /// was done.
+    opened: Option<(Instant, Option<Duration>)>,
+}
+
+impl<K> Inner<K> {
+    /// Notes the first pass done when nothing waits or is held.
+    fn note_idle(&mut self) {
+        if self.queue.is_empty()
+            && self.processing.is_empty()
+            && let Some((at, done @ None)) = &mut self.opened
+        {
+            *done = Some(at.elapsed());
+        }
+    }
 }
 
 /// The queue; cheap to clone.
@@ -152,6 +172,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
                 dirty: HashSet::new(),
                 troubles: HashMap::new(),
                 closed: false,
+                opened: None,
             })),
             ready: Arc::new(Notify::new()),
             backoff,
@@ -302,6 +323,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
             failing: failing().count(),
             failing_repeatedly: failing().filter(|t| t.failures >= REPEATED).count(),
             waiting: inner.troubles.values().filter(|t| t.waiting).count(),
+            first_pass: inner.opened.and_then(|(_, done)| done),
         }
     }
 
@@ -384,7 +406,11 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
         let again = {
             let mut inner = self.lock();
             inner.processing.remove(key);
-            inner.dirty.remove(key)
+            let again = inner.dirty.remove(key);
+            if !again {
+                inner.note_idle();
+            }
+            again
         };
         if again {
             self.add(key.clone());
@@ -402,9 +428,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> WorkQueue<K> {
     }
 
     /// Takes keys again after [`Self::close`], for a new term of
-    /// leadership; what was queued or remembered stays.
+    /// leadership; what was queued or remembered stays. The term's first
+    /// pass is timed from here (see [`QueueStats::first_pass`]).
     pub fn reopen(&self) {
-        self.lock().closed = false;
+        let mut inner = self.lock();
+        inner.closed = false;
+        inner.opened = Some((Instant::now(), None));
+    }
+
+    /// Notes the first pass done if the term's start queued nothing.
+    pub fn started(&self) {
+        self.lock().note_idle();
     }
 
     /// Stops handing out keys; workers' `next` returns `None`.
@@ -457,6 +491,36 @@ mod tests {
         assert_eq!(q.add_failed("a"), Duration::from_millis(5));
     }
 
+    #[tokio::test]
+    async fn a_terms_first_pass_lasts_until_every_key_it_started_with_was_tried() {
+        let q = queue();
+        q.reopen();
+        q.add("a");
+        q.add("b");
+        q.started();
+        let a = q.next().await.unwrap();
+        q.done(&a);
+        assert_eq!(q.stats().first_pass, None, "b is still queued");
+        let b = q.next().await.unwrap();
+        // Added while held: it comes back, so the pass is not done.
+        q.add("b");
+        q.done(&b);
+        assert_eq!(q.stats().first_pass, None);
+        let b = q.next().await.unwrap();
+        q.done(&b);
+        let first = q.stats().first_pass.expect("done");
+        q.add("c");
+        let c = q.next().await.unwrap();
+        q.done(&c);
+        assert_eq!(q.stats().first_pass, Some(first), "the first pass only");
+        // A new term that starts with nothing to do is done at once.
+        q.close();
+        q.reopen();
+        assert_eq!(q.stats().first_pass, None);
+        q.started();
+        assert!(q.stats().first_pass.is_some());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_key_in_trouble_says_why_and_when_it_is_tried_next_until_a_success() {
         let q = queue();
@@ -493,7 +557,8 @@ mod tests {
                 in_flight: 0,
                 failing: 1,
                 failing_repeatedly: 0,
-                waiting: 1
+                waiting: 1,
+                first_pass: None,
             }
         );
         // A wait after failures is a new trouble that keeps their count

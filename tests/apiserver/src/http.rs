@@ -126,6 +126,13 @@ pub async fn handle(
         ["debug", "faults"] if method == Method::POST => {
             parse_body(&body).and_then(|faults| apply_faults(&shared, &faults))
         }
+        ["debug", "requests"] if method == Method::GET => {
+            Ok(json_response(200, &shared.accounting.report()))
+        }
+        ["debug", "requests"] if method == Method::DELETE => {
+            shared.accounting.reset();
+            Ok(json_response(200, &json!({})))
+        }
         ["version"] => Ok(json_response(200, &version())),
         ["healthz"] | ["livez"] | ["readyz"] => Ok((StatusCode::OK, "ok").into_response()),
         ["api"] => Ok(json_response(
@@ -146,10 +153,30 @@ pub async fn handle(
             .map(|doc| json_response(200, &doc))
             .ok_or_else(|| ApiError::new(404, "NotFound", "no such group version")),
         ["api", "v1", rest @ ..] => {
-            dispatch(&shared, "", "v1", rest, method, &uri, &headers, body).await
+            dispatch(
+                &shared,
+                "",
+                "v1",
+                rest,
+                method.clone(),
+                &uri,
+                &headers,
+                body,
+            )
+            .await
         }
         ["apis", group, version, rest @ ..] => {
-            dispatch(&shared, group, version, rest, method, &uri, &headers, body).await
+            dispatch(
+                &shared,
+                group,
+                version,
+                rest,
+                method.clone(),
+                &uri,
+                &headers,
+                body,
+            )
+            .await
         }
         _ => Err(ApiError::new(
             404,
@@ -157,7 +184,24 @@ pub async fn handle(
             "the server could not find the requested resource",
         )),
     };
-    response.unwrap_or_else(IntoResponse::into_response)
+    let response = response.unwrap_or_else(IntoResponse::into_response);
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => ("", "v1", rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => return response,
+    };
+    let Some(t) = target(group, version, rest) else {
+        return response;
+    };
+    let what = format!(
+        "{} {}{}",
+        crate::accounting::verb(&method, &uri, t.name.is_some()),
+        t.resource.plural,
+        t.sub.map(|s| format!("/{s}")).unwrap_or_default()
+    );
+    shared
+        .accounting
+        .count(&shared.user_name(&headers), what, response)
 }
 
 /// `POST /debug/objects`: creates every object of a list (`{"items":

@@ -6,6 +6,7 @@
 //! `services/proxy` reach HTTP servers on loopback through the Pods and
 //! Endpoints a test creates (see the `proxy` module).
 
+pub mod accounting;
 mod events;
 pub mod fixtures;
 mod http;
@@ -141,9 +142,24 @@ pub(crate) struct Shared {
     token_reviews: std::sync::atomic::AtomicU64,
     /// Enforced once policy is loaded; until then every request passes.
     rbac: Mutex<Option<rbac::Rbac>>,
+    /// What each caller asked and was sent.
+    pub accounting: accounting::Accounting,
 }
 
 impl Shared {
+    /// The name of the user a request's bearer token stands for, RBAC
+    /// enforced or not (`anonymous` without a known token).
+    pub fn user_name(&self, headers: &axum::http::HeaderMap) -> String {
+        let token = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        token
+            .and_then(|t| tokens.get(t))
+            .map_or_else(|| "anonymous".to_owned(), |u| u.username.clone())
+    }
+
     /// Who sent a request: `Ok(None)` while RBAC is off (everyone may do
     /// anything), 401 for a missing or unknown token once it is on. Only
     /// tokens bound to the API server's own audience count here.
@@ -377,6 +393,7 @@ impl ApiServer {
             )])),
             token_reviews: Default::default(),
             rbac: Mutex::new(None),
+            accounting: Default::default(),
         });
         let app = axum::Router::new()
             .fallback(http::handle)

@@ -27,6 +27,12 @@ struct Args {
     /// Write the Markdown report here (e.g. BENCHMARKS.md).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Write the report as this section of `--out` (between its own
+    /// markers, which the main run keeps), its charts' names starting
+    /// with it, instead of as the main run above the findings (`xl` for
+    /// `make bench-xl`).
+    #[arg(long, value_parser = section_name)]
+    section: Option<String>,
     /// Latency of every simulated cloud call, in milliseconds.
     #[arg(long, default_value_t = 20, value_parser = number_within(0u64, 60_000))]
     latency_ms: u64,
@@ -63,6 +69,10 @@ struct Args {
     /// Scenario 5: NODESxSERVICES held, one run per pair (default 5000x2000).
     #[arg(long, value_delimiter = ',', value_parser = nodes_by_services)]
     memory: Vec<(usize, usize)>,
+    /// Scenario 9: NODESxSERVICES there when every leader is killed, one
+    /// run per pair (default 1000x200).
+    #[arg(long, value_delimiter = ',', value_parser = nodes_by_services)]
+    takeover: Vec<(usize, usize)>,
     /// Scenario 6: calls per series and rate (default 10000).
     #[arg(long, value_parser = number_within(10usize, 10_000_000))]
     latency_samples: Option<usize>,
@@ -75,6 +85,16 @@ struct Args {
     /// Scenario 8: nodes joining on AWS (default 10).
     #[arg(long, value_parser = number_within(1usize, 1000))]
     aws_joining: Option<usize>,
+}
+
+/// A section's name: lower-case letters, digits and dashes.
+fn section_name(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 20
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    ok.then(|| s.to_owned())
+        .ok_or_else(|| format!("{s:?}: expected up to 20 lower-case letters, digits and dashes"))
 }
 
 /// `5000x2000`: Nodes and Services.
@@ -109,6 +129,9 @@ impl Args {
         list(&self.steady_nodes, &mut sizes.steady_nodes);
         if !self.memory.is_empty() {
             sizes.memory = self.memory.clone();
+        }
+        if !self.takeover.is_empty() {
+            sizes.takeover = self.takeover.clone();
         }
         let one = |given: Option<usize>, default: &mut usize| {
             if let Some(v) = given {
@@ -160,9 +183,19 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let command = ccm_bench::command_line().join(" ");
     let when = ccm_bench::now_utc()?;
+    if let Some(section) = &args.section {
+        for plot in &mut harness.plots {
+            plot.file = format!("{section}-{}", plot.file);
+        }
+    }
+    let heading = match &args.section {
+        Some(section) => format!("## Benchmarks: the `{section}` run"),
+        None => "# Benchmarks".to_owned(),
+    };
     // Charts go beside the report, in `benchmarks/`.
     const PLOTS: &str = "benchmarks";
     let report = markdown(
+        &heading,
         &rows,
         &harness.tables,
         &harness.plots,
@@ -182,13 +215,29 @@ async fn main() -> anyhow::Result<()> {
         for plot in &harness.plots {
             std::fs::write(dir.join(&plot.file), plot.svg())?;
         }
-        // What people wrote below the marker (findings, what limits the
-        // rest) survives a new run; the table above it is replaced.
-        let kept = std::fs::read_to_string(out)
-            .ok()
-            .and_then(|old| old.find(FINDINGS).map(|i| old[i..].to_owned()))
-            .unwrap_or_else(|| format!("{FINDINGS}\n"));
-        std::fs::write(out, format!("{report}\n{kept}"))?;
+        let old = std::fs::read_to_string(out).unwrap_or_default();
+        let new = match &args.section {
+            // Its own markers, below the findings, which the main run keeps.
+            Some(section) => ccm_bench::splice(
+                &old,
+                &format!(
+                    "<!-- bench {section}: written by `bench --section {section}`, kept by the main run -->"
+                ),
+                &format!("<!-- /bench {section} -->"),
+                &report,
+            ),
+            // What people wrote below the marker (findings, what limits
+            // the rest, sections of other runs) survives a new run; the
+            // table above it is replaced.
+            None => {
+                let kept = old
+                    .find(FINDINGS)
+                    .map(|i| old[i..].to_owned())
+                    .unwrap_or_else(|| format!("{FINDINGS}\n"));
+                format!("{report}\n{kept}")
+            }
+        };
+        std::fs::write(out, new)?;
         eprintln!("written to {}", out.display());
     }
     Ok(())

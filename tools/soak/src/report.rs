@@ -253,20 +253,7 @@ by design and is shown for reference only.\n\n| process | after warm-up ({}–{}
 /// `document` with its soak section replaced by `section` (appended when
 /// it has none).
 pub fn splice(document: &str, section: &str) -> String {
-    let block = format!("{BEGIN}\n{section}{END}\n");
-    match (document.find(BEGIN), document.find(END)) {
-        (Some(begin), Some(end)) if end > begin => {
-            format!(
-                "{}{block}{}",
-                &document[..begin],
-                document[end + END.len()..].trim_start_matches('\n')
-            )
-        }
-        _ => format!(
-            "{}\n{block}",
-            document.trim_end_matches('\n').to_owned() + "\n"
-        ),
-    }
+    ccm_bench::splice(document, BEGIN, END, section)
 }
 
 #[cfg(test)]
