@@ -133,7 +133,8 @@ struct Inner<K> {
 impl<K> Inner<K> {
     /// Notes the first pass done when nothing waits or is held.
     fn note_idle(&mut self) {
-        if self.queue.is_empty()
+        if !self.closed
+            && self.queue.is_empty()
             && self.processing.is_empty()
             && let Some((at, done @ None)) = &mut self.opened
         {

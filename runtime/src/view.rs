@@ -169,6 +169,16 @@ impl<T: PartialEq> Views<T> {
         gone
     }
 
+    /// Replaces each view `f` gives a new one for (a controller that
+    /// learns it needs less of every object).
+    pub fn rewrite(&self, f: impl Fn(&T) -> Option<T>) {
+        for (view, _) in self.write().views.values_mut() {
+            if let Some(new) = f(view) {
+                *view = Arc::new(new);
+            }
+        }
+    }
+
     fn remove(&self, key: &str) -> Option<Arc<T>> {
         self.write().views.remove(key).map(|(v, _)| v)
     }
@@ -370,6 +380,11 @@ mod tests {
         assert_eq!(views.len(), 1);
         assert_eq!(views.get("a").unwrap().1, "2");
         views.wait_until_ready().await.unwrap();
+        // Rewritten where asked, kept where not.
+        views.rewrite(|(name, label)| (label == "2").then(|| (name.clone(), "-".into())));
+        assert_eq!(views.get("a").unwrap().1, "-");
+        views.rewrite(|_| None);
+        assert_eq!(views.get("a").unwrap().1, "-");
     }
 
     #[test]

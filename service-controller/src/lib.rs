@@ -121,6 +121,15 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             move |seen| match seen {
                 view::Seen::Changed { view, .. } | view::Seen::Unchanged(view) => {
                     let Some(svc) = view.service() else {
+                        // No longer a load balancer: no change of it waits.
+                        if let view::Seen::Changed {
+                            before: Some(before),
+                            ..
+                        } = &seen
+                            && let Some(svc) = before.service()
+                        {
+                            ctx.take_change(&(svc.namespace().unwrap_or_default(), svc.name_any()));
+                        }
                         return;
                     };
                     // Only a change of what its load balancer is made of
@@ -153,14 +162,14 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         )
     });
 
-    let task = tokio::spawn(run(ctx, nodes_changed, synced_once, shutdown));
+    follow_nodes(&ctx, nodes_changed.clone(), synced_once, &shutdown);
+    let task = tokio::spawn(run(ctx, nodes_changed, shutdown));
     Ok(base.running(task))
 }
 
 async fn run(
     ctx: Arc<Context>,
     nodes_changed: Arc<Notify>,
-    synced_once: impl FnOnce() + Send + 'static,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let info = ccm_runtime::gateway::provider_info(&ctx.gateway, &shutdown);
@@ -168,11 +177,14 @@ async fn run(
         return Ok(());
     };
     let supported = info.load_balancers;
-    // Nodes' labels are kept only where the provider selects hosts by them,
-    // so the node watch starts once the provider has said.
+    // Nodes' labels are kept only where the provider selects hosts by them:
+    // those the views took before it said go now.
     let labels = !info.host_label_annotations.is_empty();
     let _ = ctx.host_label_annotations.set(info.host_label_annotations);
-    follow_nodes(&ctx, labels, nodes_changed.clone(), synced_once, &shutdown);
+    if !labels {
+        ctx.nodes.rewrite(plan::NodeView::without_labels);
+        ctx.note_node_view_change();
+    }
     // Upstream skips the controller then; a Deployment that exited would
     // restart forever, so it idles (and stays ready), as the route
     // controller does without routes.
@@ -238,16 +250,17 @@ async fn run(
 }
 
 /// Follows every Node into the controller's views: a change of what host
-/// sets are made of wakes the debounced host pass.
+/// sets are made of wakes the debounced host pass. A view keeps the Node's
+/// labels unless the provider has said it selects no hosts by label (until
+/// it has said, it might).
 fn follow_nodes(
     ctx: &Arc<Context>,
-    labels: bool,
     nodes_changed: Arc<Notify>,
     synced_once: impl FnOnce() + Send + 'static,
     shutdown: &CancellationToken,
 ) {
     let stream = view::watch(Api::<Node>::all(ctx.client.clone()));
-    let strings = labels.then(ccm_runtime::view::Interner::default);
+    let strings = ccm_runtime::view::Interner::default();
     let ctx = ctx.clone();
     let mut synced = Some(synced_once);
     tokio::spawn(view::follow(
@@ -255,7 +268,16 @@ fn follow_nodes(
         stream,
         ctx.nodes.clone(),
         shutdown.clone(),
-        move |node| plan::NodeView::of(node, strings.as_ref()),
+        {
+            let ctx = ctx.clone();
+            move |node| {
+                let labels = ctx
+                    .host_label_annotations
+                    .get()
+                    .is_none_or(|a| !a.is_empty());
+                plan::NodeView::of(node, labels.then_some(&strings))
+            }
+        },
         move |seen| match seen {
             view::Seen::Changed { view, before }
                 if before.is_some_and(|b| b.hosting() == view.hosting()) =>

@@ -234,6 +234,14 @@ impl NodeView {
         }
     }
 
+    /// The same view without labels, if it has any.
+    pub fn without_labels(&self) -> Option<Self> {
+        (!self.labels.is_empty()).then(|| Self {
+            labels: Box::default(),
+            ..self.clone()
+        })
+    }
+
     /// What of a node matters to load balancers' host sets: whether it
     /// backs them, its provider ID and its labels (upstream's change test
     /// and the label selection; addresses are not part of it).

@@ -448,21 +448,33 @@ pub async fn sync_hosts(ctx: &Context) {
             let svc = view.service()?;
             let key = (svc.namespace().unwrap_or_default(), svc.name_any());
             let last = ctx.remembered_hosts(&key)?;
-            let hosts = ctx.hosts_for(svc, &shared);
-            (last != hosts.digest).then_some((key, view, hosts))
+            (last != ctx.hosts_for(svc, &shared).digest).then_some(key)
         })
         .collect();
     // Each update carries its own copy of the host list (the gateway's API
     // takes a whole list): at most about a million hosts in flight at once.
     let at_once = (1_000_000 / shared.list.len().max(1)).clamp(1, 256);
     let ctx_ref = ctx;
-    let updates = futures::stream::iter(changed.into_iter().map(|(key, view, hosts)| {
+    let updates = futures::stream::iter(changed.into_iter().map(|key| {
         async move {
-            let Some(svc) = view.service() else {
-                return true;
-            };
             if ctx_ref.ensure_leader().is_err() {
                 return false;
+            }
+            // Read again: an update may wait its turn for a while, and an
+            // ensure may have given the load balancer newer hosts (or a
+            // newer spec) meanwhile, which an old update must not undo.
+            let view = ctx_ref.service(&key);
+            let Some(svc) = view.as_deref().and_then(plan::ServiceView::service) else {
+                return true;
+            };
+            if !plan::wants_load_balancer(svc, &ctx_ref.settings.classes)
+                || plan::needs_cleanup(svc)
+            {
+                return true;
+            }
+            let hosts = ctx_ref.hosts_for(svc, &ctx_ref.hosts());
+            if ctx_ref.remembered_hosts(&key) == Some(hosts.digest) {
+                return true;
             }
             ctx_ref.remember_hosts(&key, hosts.digest);
             ctx_ref.metrics.host_updates.inc();
