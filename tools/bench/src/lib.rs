@@ -456,7 +456,7 @@ impl Harness {
         if growth.memory.len() >= 2 {
             self.plots.push(crate::plot::Plot {
                 file: "growth-memory.svg".into(),
-                title: "Resident memory by cluster size (scenario 5, kubelet Nodes, Services a fifth of them)".into(),
+                title: "Resident memory by cluster size (scenario 5: kubelet Nodes, ClusterIP Services)".into(),
                 x_label: "Nodes (log scale)".into(),
                 y_label: "MiB".into(),
                 log_x: true,
