@@ -266,14 +266,19 @@ pub async fn sync_addresses(ctx: &Context) {
         .filter(|n| !plan::is_uninitialized(n))
         .collect();
     let mut writes = Vec::new();
-    for (node, result) in lookup_batches(ctx, nodes, LookupPurpose::Refresh, false).await {
-        let Some(instance) = result.instance else {
-            continue;
-        };
-        match plan::desired_addresses(&node, &plan::cloud_addresses(&instance)) {
-            Ok(Some(addresses)) => writes.push((node.name.clone(), addresses)),
-            Ok(None) => {}
-            Err(e) => tracing::warn!(node = %node.name, error = %e, "address sync skipped"),
+    // One batch's answers at a time: 100,000 instances held at once cost
+    // the process hundreds of MiB it would keep.
+    for chunk in nodes.chunks(ctx.settings.batch_size) {
+        let answers = lookup_batches(ctx, chunk.to_vec(), LookupPurpose::Refresh, false).await;
+        for (node, result) in answers {
+            let Some(instance) = result.instance else {
+                continue;
+            };
+            match plan::desired_addresses(&node, &plan::cloud_addresses(&instance)) {
+                Ok(Some(addresses)) => writes.push((node.name.clone(), addresses)),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(node = %node.name, error = %e, "address sync skipped"),
+            }
         }
     }
     futures::stream::iter(writes)
