@@ -32,8 +32,8 @@ bench-large:
 # Round three's sizes (issue #30), as BENCHMARKS.md's `xl` section: 10,000
 # nodes joining; the steady state, memory and a leader's takeover at 1,000,
 # 10,000 and 100,000 nodes, with the growth plots. The upstream profile runs
-# where it would not take more than five minutes. Needs about 16 GiB free
-# for the API test server at 100,000 Nodes.
+# where it would not take more than five minutes. 25 minutes on 2 cores;
+# needs about 16 GiB free for the API test server at 100,000 Nodes.
 bench-xl:
 	cargo build --release --bins
 	cargo run --release --bin bench -- --out BENCHMARKS.md --section xl --only 1,2,5,9 --join-nodes 10000 --steady-nodes 1000,10000,100000 --memory 1000x200,10000x2000,100000x20000 --takeover 10000x2000,100000x20000

@@ -61,7 +61,7 @@ pub struct Sizes {
 }
 
 impl Sizes {
-    /// The sizes of the default run (about 23 minutes on 2 cores, half of
+    /// The sizes of the default run (about 25 minutes on 2 cores, half of
     /// it scenario 6's 10,000 calls at 15 a second). Ten times the scale is
     /// a matter of flags: `--join-nodes 1000,5000 --steady-nodes
     /// 1000,10000 --memory 5000x2000,10000x5000`.
