@@ -20,6 +20,9 @@ pub struct Context {
     pub store: Views<crate::plan::NodeView>,
     pub gateway: GatewayClient,
     pub recorder: Recorder,
+    /// For events each object gets once (`controller::publish_once`).
+    pub client: kube::Client,
+    pub reporter: kube::runtime::events::Reporter,
     pub metrics: Metrics,
     pub leadership: Leadership,
     pub settings: Settings,

@@ -73,6 +73,8 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         store: store.clone(),
         gateway: base.gateway.clone(),
         recorder: base.recorder.clone(),
+        client: base.client.clone(),
+        reporter: base.reporter.clone(),
         metrics: base.metrics.clone(),
         leadership: base.leadership.clone(),
         tagging: tagging::Tagging::new(&settings.instance_tags),

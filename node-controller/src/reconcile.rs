@@ -73,10 +73,20 @@ async fn publish(
         action: action.into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &node.object_ref()).await {
+    // A node's initialisation happens once: no series to keep for it.
+    let result = if action == ACTION_INITIALIZE {
+        let reference = node.object_ref();
+        ccm_runtime::controller::publish_once(&ctx.client, &ctx.reporter, &event, &reference).await
+    } else {
+        ctx.recorder.publish(&event, &node.object_ref()).await
+    };
+    if let Err(e) = result {
         tracing::warn!(node = %node.name, error = %e, reason, "could not publish event");
     }
 }
+
+/// The action of the event a Node gets when it is initialised.
+const ACTION_INITIALIZE: &str = "Initialize";
 
 /// Whether the cached node `name` waits for initialisation.
 pub fn waits_for_initialisation(ctx: &Context, name: &str) -> bool {
@@ -208,7 +218,7 @@ async fn initialize(ctx: &Context, node: &NodeView, result: InstanceResult) -> R
         &updated,
         EventType::Normal,
         "Synced",
-        "Initialize",
+        ACTION_INITIALIZE,
         "Node synced successfully".into(),
     )
     .await;

@@ -201,7 +201,15 @@ async fn settle(ctx: &Context, c: &ServingCsrs, req: &CertificateSigningRequest,
                 action: kind.to_owned(),
                 secondary: None,
             };
-            let _ = ctx.recorder.publish(&event, &req.object_ref(&())).await;
+            // One decision per request: no series to keep for it.
+            let reference = req.object_ref(&());
+            let _ = ccm_runtime::controller::publish_once(
+                &ctx.client,
+                &ctx.reporter,
+                &event,
+                &reference,
+            )
+            .await;
         }
         Err(e) => {
             let retry_in = c.queue.add_failed(name.clone());

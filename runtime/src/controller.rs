@@ -38,6 +38,8 @@ pub struct Base<M> {
     pub leadership: Leadership,
     /// Events reported as `controller`, instance = this replica's identity.
     pub recorder: Recorder,
+    /// Who `recorder` reports as, for [`publish_once`].
+    pub reporter: Reporter,
     /// What the admin server's `/debug/` answers from, once the controller
     /// sets it.
     pub inspection: Inspection,
@@ -82,13 +84,11 @@ impl<M> Base<M> {
         )
         .await
         .with_context(|| format!("bind admin address {}", common.admin_listen))?;
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: controller.into(),
-                instance: Some(identity),
-            },
-        );
+        let reporter = Reporter {
+            controller: controller.into(),
+            instance: Some(identity),
+        };
+        let recorder = Recorder::new(client.clone(), reporter.clone());
         Ok(Self {
             client,
             gateway,
@@ -97,6 +97,7 @@ impl<M> Base<M> {
             admin_addr,
             leadership,
             recorder,
+            reporter,
             inspection,
             lease: common.lease.name.clone(),
         })
@@ -213,6 +214,23 @@ impl TermWork {
             self.tasks.shutdown().await;
         }
     }
+}
+
+/// Publishes `event` about `reference` as a new Event, outside the
+/// series kube's `Recorder` makes: the recorder keeps every event it
+/// published for six minutes, to count repeats, and looks through them all
+/// at each publish. For an event each object gets once (a Node initialised,
+/// a certificate decided), that is one kept event per object: 100,000 Nodes
+/// joining left the node controller holding hundreds of MiB of them.
+pub async fn publish_once(
+    client: &kube::Client,
+    reporter: &Reporter,
+    event: &kube::runtime::events::Event,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+) -> kube::Result<()> {
+    Recorder::new(client.clone(), reporter.clone())
+        .publish(event, reference)
+        .await
 }
 
 /// Runs the leading part of a controller, one term after another. Each
