@@ -85,31 +85,13 @@ where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    cached_with(api, |_| {})
-}
-
-/// [`cached`], with `slim` applied to every object before it is kept.
-pub fn cached_with<K>(
-    api: kube::Api<K>,
-    slim: impl Fn(&mut K) + Send + Sync + 'static,
-) -> (
-    kube::runtime::reflector::Store<K>,
-    impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
-)
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
     use kube::ResourceExt;
     use kube::runtime::WatchStreamExt;
     let (store, writer) = kube::runtime::reflector::store();
     let stream = kube::runtime::reflector(
         writer,
         watcher(api, watcher::Config::default())
-            .modify(move |obj| {
-                obj.managed_fields_mut().clear();
-                slim(obj);
-            })
+            .modify(|obj| obj.managed_fields_mut().clear())
             .backoff(watch_backoff()),
     );
     (store, stream)

@@ -453,25 +453,32 @@ impl Harness {
                     .collect()
             };
         let growth = std::mem::take(&mut self.growth);
-        if growth.memory.len() >= 2 {
-            self.plots.push(crate::plot::Plot {
-                file: "growth-memory.svg".into(),
-                title: "Resident memory by cluster size (scenario 5: kubelet Nodes, ClusterIP Services)".into(),
-                x_label: "Nodes (log scale)".into(),
-                y_label: "MiB".into(),
-                log_x: true,
-                series: per_process(&growth.memory),
-            });
-        }
-        if growth.cpu.len() >= 2 {
-            self.plots.push(crate::plot::Plot {
-                file: "growth-cpu.svg".into(),
-                title: "CPU in the steady state by cluster size (scenario 2)".into(),
-                x_label: "nodes (log scale)".into(),
-                y_label: "CPU seconds per minute".into(),
-                log_x: true,
-                series: per_process(&growth.cpu),
-            });
+        for (points, file, title, x_label, y_label) in [
+            (
+                &growth.memory,
+                "growth-memory.svg",
+                "Resident memory by cluster size (scenario 5: kubelet Nodes, ClusterIP Services)",
+                "Nodes (log scale)",
+                "MiB",
+            ),
+            (
+                &growth.cpu,
+                "growth-cpu.svg",
+                "CPU in the steady state by cluster size (scenario 2)",
+                "nodes (log scale)",
+                "CPU seconds per minute",
+            ),
+        ] {
+            if points.len() >= 2 {
+                self.plots.push(crate::plot::Plot {
+                    file: file.into(),
+                    title: title.into(),
+                    x_label: x_label.into(),
+                    y_label: y_label.into(),
+                    log_x: true,
+                    series: per_process(points),
+                });
+            }
         }
         if growth.calls.len() >= 2 {
             let line = |pick: &dyn Fn(&CallsAt) -> Option<f64>| -> Vec<(f64, f64)> {
