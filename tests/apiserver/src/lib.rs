@@ -473,7 +473,12 @@ impl ApiServer {
 
     /// Writes [`Self::kubeconfig`] to `path`.
     pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
-        std::fs::write(path, self.kubeconfig())
+        // Whole or not at all: a server started again rewrites it while
+        // clients may be reading it.
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        std::fs::write(&partial, self.kubeconfig())?;
+        std::fs::rename(&partial, path)
     }
 
     /// A kube client for this server, as the admin.
