@@ -8,19 +8,20 @@ use ccm_provider::{Instances, Lookup, NodeRef, Operation, Result};
 use super::{PROVIDER_ID_PREFIX, SimCloud, State};
 
 impl SimCloud {
-    pub(super) fn lookup(state: &State, node: &NodeRef) -> Lookup {
-        let id = if node.provider_id.is_empty() {
-            state.by_name.get(&node.name).cloned()
+    pub(super) fn lookup(state: &State, node: &NodeRef) -> Result<Lookup> {
+        let record = if node.provider_id.is_empty() {
+            state.store.instance_named(&node.name)?
         } else {
-            node.provider_id
-                .strip_prefix(PROVIDER_ID_PREFIX)
-                .map(str::to_owned)
+            match node.provider_id.strip_prefix(PROVIDER_ID_PREFIX) {
+                Some(id) => state.store.instance(id)?,
+                None => None,
+            }
         };
-        match id.and_then(|id| state.instances.get(&id)) {
+        Ok(match record {
             Some(record) if record.running => Lookup::Running(record.to_instance()),
             Some(record) => Lookup::Shutdown(record.to_instance()),
             None => Lookup::NotFound,
-        }
+        })
     }
 }
 
@@ -31,9 +32,9 @@ impl Instances for SimCloud {
         self.looked_up
             .fetch_add(nodes.len() as u64, Ordering::Relaxed);
         let state = self.state();
-        Ok(nodes
+        nodes
             .iter()
             .map(|node| Self::lookup(&state, node))
-            .collect())
+            .collect()
     }
 }

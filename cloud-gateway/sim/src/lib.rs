@@ -12,7 +12,7 @@ mod pool;
 mod routes;
 pub mod store;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -89,10 +89,10 @@ pub struct FaultSettings {
     pub lb_provisioning_delay: Duration,
 }
 
+/// Load balancers, routes and counters are held in memory beside the store;
+/// instances are read from it when asked for (see `store::Loaded`).
 struct State {
     store: Store,
-    instances: BTreeMap<String, InstanceRecord>,
-    by_name: HashMap<String, String>,
     load_balancers: BTreeMap<(String, String), LoadBalancerRecord>,
     used_addresses: HashSet<IpAddr>,
     routes: BTreeMap<(String, String), RouteRecord>,
@@ -194,19 +194,11 @@ impl SimCloud {
         let (store, snapshot) = Store::open(state_dir)?;
         let mut state = State {
             store,
-            instances: BTreeMap::new(),
-            by_name: HashMap::new(),
             load_balancers: BTreeMap::new(),
             used_addresses: HashSet::new(),
             routes: BTreeMap::new(),
             counters: snapshot.counters,
         };
-        for instance in snapshot.instances {
-            state
-                .by_name
-                .insert(instance.name.clone(), instance.id.clone());
-            state.instances.insert(instance.id.clone(), instance);
-        }
         for lb in snapshot.load_balancers {
             state.used_addresses.extend(lb.addresses.iter().copied());
             state
@@ -322,7 +314,7 @@ impl SimCloud {
     /// Creates a running instance.
     pub fn create_instance(&self, new: NewInstance) -> Result<InstanceRecord> {
         let mut state = self.state();
-        if state.by_name.contains_key(&new.name) {
+        if state.store.instance_id(&new.name)?.is_some() {
             return Err(CloudError::Conflict(format!(
                 "an instance named {:?} exists",
                 new.name
@@ -377,35 +369,34 @@ impl SimCloud {
         for (name, value) in counters {
             state.counters.insert(name.to_owned(), value);
         }
-        state.by_name.insert(record.name.clone(), record.id.clone());
-        state.instances.insert(record.id.clone(), record.clone());
         Ok(record)
     }
 
-    fn find_id(state: &State, id_or_name: &str) -> Option<String> {
+    /// The instance with ID (or provider ID) or name `id_or_name`.
+    fn find(state: &State, id_or_name: &str) -> Result<InstanceRecord> {
         let id = id_or_name
             .strip_prefix(PROVIDER_ID_PREFIX)
             .unwrap_or(id_or_name);
-        if state.instances.contains_key(id) {
-            return Some(id.to_owned());
+        match state.store.instance(id)? {
+            Some(record) => Ok(record),
+            None => state
+                .store
+                .instance_named(id_or_name)?
+                .ok_or_else(|| CloudError::NotFound(format!("instance {id_or_name:?}"))),
         }
-        state.by_name.get(id_or_name).cloned()
     }
 
     /// Every instance, ordered by ID.
-    pub fn list_instances(&self) -> Vec<InstanceRecord> {
-        self.state().instances.values().cloned().collect()
+    pub fn list_instances(&self) -> Result<Vec<InstanceRecord>> {
+        self.state().store.instances()
     }
 
     /// Stops or starts an instance.
     pub fn set_running(&self, id_or_name: &str, running: bool) -> Result<InstanceRecord> {
         let mut state = self.state();
-        let id = Self::find_id(&state, id_or_name)
-            .ok_or_else(|| CloudError::NotFound(format!("instance {id_or_name:?}")))?;
-        let mut record = state.instances[&id].clone();
+        let mut record = Self::find(&state, id_or_name)?;
         record.running = running;
         state.store.put_instance(&record, &[])?;
-        state.instances.insert(id, record.clone());
         Ok(record)
     }
 
@@ -416,29 +407,20 @@ impl SimCloud {
         addresses: &[NodeAddress],
     ) -> Result<InstanceRecord> {
         let mut state = self.state();
-        let id = Self::find_id(&state, id_or_name)
-            .ok_or_else(|| CloudError::NotFound(format!("instance {id_or_name:?}")))?;
-        let mut record = state.instances[&id].clone();
+        let mut record = Self::find(&state, id_or_name)?;
         record.addresses = addresses
             .iter()
             .map(|a| (address_type_name(a.kind), a.address.clone()))
             .collect();
         state.store.put_instance(&record, &[])?;
-        state.instances.insert(id, record.clone());
         Ok(record)
     }
 
     /// Terminates an instance: it is gone for good. Returns what it was.
     pub fn terminate(&self, id_or_name: &str) -> Result<InstanceRecord> {
         let mut state = self.state();
-        let id = Self::find_id(&state, id_or_name)
-            .ok_or_else(|| CloudError::NotFound(format!("instance {id_or_name:?}")))?;
-        state.store.delete_instance(&id)?;
-        let record = state
-            .instances
-            .remove(&id)
-            .ok_or_else(|| CloudError::Internal(format!("instance {id} vanished")))?;
-        state.by_name.remove(&record.name);
+        let record = Self::find(&state, id_or_name)?;
+        state.store.delete_instance(&record.id)?;
         Ok(record)
     }
 }

@@ -29,30 +29,31 @@ impl Routes for SimCloud {
     async fn list(&self, cluster: &str) -> Result<Vec<Route>> {
         let _call = self.enter(Operation::ListRoutes).await?;
         let state = self.state();
-        Ok(state
+        state
             .routes
             .values()
             .filter(|r| r.cluster == cluster)
-            .map(|r| Route {
-                name: r.name.clone(),
-                target_node: r.target_node.clone(),
-                target_node_addresses: r
-                    .target_addresses
-                    .iter()
-                    .filter_map(address_from_record)
-                    .collect(),
-                destination_cidr: r.destination_cidr.clone(),
-                // A route whose target instance is gone goes nowhere, as a
-                // real cloud reports it.
-                blackhole: !state.by_name.contains_key(&r.target_node),
-                enable_node_addresses: false,
-                target_provider_id: state
-                    .by_name
-                    .get(&r.target_node)
-                    .map(|id| format!("{PROVIDER_ID_PREFIX}{id}"))
-                    .unwrap_or_default(),
+            .map(|r| {
+                let target = state.store.instance_id(&r.target_node)?;
+                Ok(Route {
+                    name: r.name.clone(),
+                    target_node: r.target_node.clone(),
+                    target_node_addresses: r
+                        .target_addresses
+                        .iter()
+                        .filter_map(address_from_record)
+                        .collect(),
+                    destination_cidr: r.destination_cidr.clone(),
+                    // A route whose target instance is gone goes nowhere, as
+                    // a real cloud reports it.
+                    blackhole: target.is_none(),
+                    enable_node_addresses: false,
+                    target_provider_id: target
+                        .map(|id| format!("{PROVIDER_ID_PREFIX}{id}"))
+                        .unwrap_or_default(),
+                })
             })
-            .collect())
+            .collect()
     }
 
     async fn create(&self, cluster: &str, name_hint: &str, route: &Route) -> Result<Route> {
@@ -98,8 +99,8 @@ impl Routes for SimCloud {
             .routes
             .insert((cluster.to_owned(), record.name.clone()), record.clone());
         let target_provider_id = state
-            .by_name
-            .get(&record.target_node)
+            .store
+            .instance_id(&record.target_node)?
             .map(|id| format!("{PROVIDER_ID_PREFIX}{id}"))
             .unwrap_or_default();
         Ok(Route {

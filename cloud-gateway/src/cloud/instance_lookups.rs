@@ -462,6 +462,13 @@ impl InstanceLookups {
             state
                 .cache
                 .retain(|_, (at, _)| now.duration_since(*at) < ttl);
+            // A map keeps its room after a burst (an address sync of
+            // 100,000 nodes leaves about 14 MiB of empty buckets): give it
+            // back once most of it stands empty.
+            let len = state.cache.len();
+            if state.cache.capacity() > 4 * len.max(1024) {
+                state.cache.shrink_to(2 * len);
+            }
             state.last_prune = Some(now);
         }
     }

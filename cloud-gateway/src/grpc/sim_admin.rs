@@ -187,7 +187,12 @@ impl SimAdmin for SimAdminService {
         _request: Request<ListInstancesRequest>,
     ) -> Result<Response<ListInstancesResponse>, Status> {
         answer(async move {
-            let instances = self.sim.list_instances().iter().map(sim_instance).collect();
+            let instances = self
+                .sim
+                .list_instances()?
+                .iter()
+                .map(sim_instance)
+                .collect();
             Ok(Response::new(ListInstancesResponse { instances }))
         })
         .await

@@ -743,7 +743,8 @@ impl Harness {
                 api = ApiCosts::of(&run.api_requests(false).await?);
                 for ((name, before), (_, after)) in cpu_before.iter().zip(run.cpu_seconds()?) {
                     let pid = run.sandbox.pid(&process_of(name)).context("process gone")?;
-                    processes.push((name.clone(), rss_mib(pid)?.0, (after - before) / minutes));
+                    let (rss, peak) = rss_mib(pid)?;
+                    processes.push((name.clone(), rss, peak, (after - before) / minutes));
                 }
             }
             run.sandbox.stop().await;
@@ -792,22 +793,22 @@ impl Harness {
             .position(|(title, _)| title.starts_with("Scenario 2"))
             .unwrap_or_else(|| {
                 self.tables.push((
-                    format!("Scenario 2, each process in the steady state (ours, {k}× speed, so CPU is {k}× a real cluster's periodic work)"),
-                    "| nodes | process | resident memory | CPU seconds per minute |\n|---:|---|---:|---:|\n".into(),
+                    format!("Scenario 2, each process in the steady state (ours, {k}× speed, so CPU is {k}× a real cluster's periodic work; the peak is the process's highest resident memory since it started, the nodes' initialisation included)"),
+                    "| nodes | process | resident memory | peak | CPU seconds per minute |\n|---:|---|---:|---:|---:|\n".into(),
                 ));
                 self.tables.len() - 1
             });
-        for (name, rss, cpu) in &processes {
+        for (name, rss, peak, cpu) in &processes {
             let _ = writeln!(
                 self.tables[table].1,
-                "| {n} | {name} | {rss:.1} MiB | {cpu:.2} |"
+                "| {n} | {name} | {rss:.1} MiB | {peak:.1} MiB | {cpu:.2} |"
             );
         }
         self.growth.cpu.push((
             n,
             processes
                 .iter()
-                .map(|(p, _, cpu)| (p.clone(), *cpu))
+                .map(|(p, _, _, cpu)| (p.clone(), *cpu))
                 .collect(),
         ));
         self.growth.calls.push(CallsAt {
