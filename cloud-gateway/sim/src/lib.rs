@@ -191,21 +191,21 @@ impl InstanceRecord {
 impl SimCloud {
     /// Opens the cloud whose state lives in `state_dir`.
     pub fn open(state_dir: &Path, config: SimConfig) -> Result<Self> {
-        let (store, snapshot) = Store::open(state_dir)?;
+        let (store, loaded) = Store::open(state_dir)?;
         let mut state = State {
             store,
             load_balancers: BTreeMap::new(),
             used_addresses: HashSet::new(),
             routes: BTreeMap::new(),
-            counters: snapshot.counters,
+            counters: loaded.counters,
         };
-        for lb in snapshot.load_balancers {
+        for lb in loaded.load_balancers {
             state.used_addresses.extend(lb.addresses.iter().copied());
             state
                 .load_balancers
                 .insert((lb.cluster.clone(), lb.name.clone()), lb);
         }
-        for route in snapshot.routes {
+        for route in loaded.routes {
             state
                 .routes
                 .insert((route.cluster.clone(), route.name.clone()), route);
