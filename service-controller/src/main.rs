@@ -2,9 +2,6 @@ use std::process::ExitCode;
 
 use service_controller::args::{Args, Settings};
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     ccm_runtime::process::main::<Args, Settings, _, _>(
         "service-controller",
