@@ -336,9 +336,12 @@ def check() -> int:
     c.expect(all("annotations" not in d["metadata"] for n, d in sas.items() if n != "ccm-gateway"),
              "only the gateway's ServiceAccount is annotated")
     gw = next(ctr for d, ctr in containers(irsa) if d["metadata"]["name"] == "ccm-gateway")
-    c.expect("env" not in gw and not any(m["mountPath"].startswith("/etc/cloud-gateway/credentials")
+    c.expect(all(e["name"] != "AWS_SHARED_CREDENTIALS_FILE" for e in gw.get("env", []))
+             and not any(m["mountPath"].startswith("/etc/cloud-gateway/credentials")
                                          for m in gw["volumeMounts"]),
              "with IRSA there is no credentials Secret")
+    c.expect({"name": "MALLOC_ARENA_MAX", "value": "1"} in gw.get("env", []),
+             "the gateway runs with one malloc arena")
 
     # The schema refuses bad values before anything is rendered.
     bad = {

@@ -3,9 +3,6 @@ use std::process::ExitCode;
 use cloud_gateway::Gateway;
 use cloud_gateway::settings::{Args, Settings};
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     ccm_runtime::process::main::<Args, Settings, _, _>(
         "cloud-gateway",

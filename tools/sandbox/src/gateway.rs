@@ -75,6 +75,8 @@ impl GatewayProcess {
         let child = Command::new(bin_dir.join("cloud-gateway"))
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
+            // As the chart sets it (helm/.../gateway.yaml): one malloc arena.
+            .env("MALLOC_ARENA_MAX", "1")
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .arg("--listen")
             .arg(format!("127.0.0.1:{grpc}"))
