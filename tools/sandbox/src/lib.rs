@@ -207,6 +207,10 @@ impl Sandbox {
         } else {
             Command::new(&path)
         };
+        if binary == "cloud-gateway" {
+            // As the chart sets it (helm/.../gateway.yaml): one malloc arena.
+            command.env("MALLOC_ARENA_MAX", "1");
+        }
         command
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))
