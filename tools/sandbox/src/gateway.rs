@@ -57,6 +57,10 @@ pub struct GatewayProcess {
     child: Child,
 }
 
+/// The gateway's environment as the chart sets it (helm/.../gateway.yaml):
+/// one malloc arena (ARCHITECTURE.md, "Allocator").
+pub const GATEWAY_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "1")];
+
 impl GatewayProcess {
     /// Starts `<bin_dir>/cloud-gateway` with `args` after its listen
     /// addresses and state directory, and `env` on top of a cleared
@@ -75,8 +79,7 @@ impl GatewayProcess {
         let child = Command::new(bin_dir.join("cloud-gateway"))
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
-            // As the chart sets it (helm/.../gateway.yaml): one malloc arena.
-            .env("MALLOC_ARENA_MAX", "1")
+            .envs(GATEWAY_ENV.iter().copied())
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .arg("--listen")
             .arg(format!("127.0.0.1:{grpc}"))

@@ -208,8 +208,7 @@ impl Sandbox {
             Command::new(&path)
         };
         if binary == "cloud-gateway" {
-            // As the chart sets it (helm/.../gateway.yaml): one malloc arena.
-            command.env("MALLOC_ARENA_MAX", "1");
+            command.envs(gateway::GATEWAY_ENV.iter().copied());
         }
         command
             .args(args)
