@@ -340,8 +340,11 @@ def check() -> int:
              and not any(m["mountPath"].startswith("/etc/cloud-gateway/credentials")
                                          for m in gw["volumeMounts"]),
              "with IRSA there is no credentials Secret")
-    c.expect({"name": "MALLOC_ARENA_MAX", "value": "1"} in gw.get("env", []),
-             "the gateway runs with one malloc arena")
+    for docs, name in ((defaults, "defaults"), (irsa, "aws with IRSA")):
+        c.expect(sorted(d["metadata"]["name"] for d, ctr in containers(docs)
+                        if {"name": "MALLOC_ARENA_MAX", "value": "1"} in ctr.get("env", []))
+                 == sorted(d["metadata"]["name"] for d, _ in containers(docs)),
+                 f"{name}: the gateway and every controller run with one malloc arena")
 
     # The schema refuses bad values before anything is rendered.
     bad = {

@@ -57,9 +57,18 @@ pub struct GatewayProcess {
     child: Child,
 }
 
-/// The gateway's environment as the chart sets it (helm/.../gateway.yaml):
-/// one malloc arena (ARCHITECTURE.md, "Allocator").
-pub const GATEWAY_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "1")];
+/// The environment the chart gives the gateway and every controller
+/// (helm/.../gateway.yaml, controllers.yaml): one malloc arena
+/// (ARCHITECTURE.md, "Allocator").
+pub const PROCESS_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "1")];
+
+/// The binaries the chart runs, which get [`PROCESS_ENV`].
+pub const CHART_BINARIES: [&str; 4] = [
+    "cloud-gateway",
+    "node-controller",
+    "service-controller",
+    "route-controller",
+];
 
 impl GatewayProcess {
     /// Starts `<bin_dir>/cloud-gateway` with `args` after its listen
@@ -79,7 +88,7 @@ impl GatewayProcess {
         let child = Command::new(bin_dir.join("cloud-gateway"))
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .envs(GATEWAY_ENV.iter().copied())
+            .envs(PROCESS_ENV.iter().copied())
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .arg("--listen")
             .arg(format!("127.0.0.1:{grpc}"))

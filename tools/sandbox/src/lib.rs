@@ -207,8 +207,8 @@ impl Sandbox {
         } else {
             Command::new(&path)
         };
-        if binary == "cloud-gateway" {
-            command.envs(gateway::GATEWAY_ENV.iter().copied());
+        if gateway::CHART_BINARIES.contains(&binary) {
+            command.envs(gateway::PROCESS_ENV.iter().copied());
         }
         command
             .args(args)
