@@ -727,6 +727,65 @@ async fn with_a_tiny_budget_high_priority_goes_first_and_overflow_gets_a_retry_d
 }
 
 #[tokio::test]
+async fn an_urgent_lookup_joining_a_queued_refresh_of_the_same_node_does_not_wait_behind_other_refreshes()
+ {
+    let gw = TestGateway::start(|s| {
+        s.budget.rate = 4.0;
+        s.budget.burst = 1.0;
+        s.budget.max_wait = Duration::from_secs(3);
+        s.lookups.cache_ttl = Duration::ZERO;
+        s.lookups.batch_window = Duration::ZERO;
+        s.lookups.max_batch = 1;
+    })
+    .await;
+    for i in 0..5 {
+        gw.create_instance(&format!("node-{i}")).await;
+    }
+    let node = gw.client_with(Role::Node, RetryPolicy::none(), "kubernetes");
+    // Use the one token of burst.
+    node.get_instances(vec![by_name("node-0")], LookupPurpose::Refresh, false)
+        .await
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let spawn = |name: &str, purpose: LookupPurpose| {
+        let (node, name) = (node.clone(), name.to_owned());
+        tokio::spawn(async move {
+            node.get_instances(vec![by_name(&name)], purpose, false)
+                .await
+                .unwrap();
+            start.elapsed()
+        })
+    };
+    // The address sync's refreshes queue for the budget, one call each...
+    let refreshes: Vec<_> = (1..=3)
+        .map(|i| spawn(&format!("node-{i}"), LookupPurpose::Refresh))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    // ...then the lifecycle check of node-3 joins node-3's queued refresh,
+    // and node-4's starts a lookup of its own.
+    let urgent = [
+        spawn("node-3", LookupPurpose::Lifecycle),
+        spawn("node-4", LookupPurpose::Lifecycle),
+    ];
+    let urgent: Vec<Duration> = timed(futures::future::join_all(urgent))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let refreshes: Vec<Duration> = timed(futures::future::join_all(refreshes))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let other_refreshes = refreshes[0].min(refreshes[1]);
+    assert!(
+        urgent.iter().all(|done| *done < other_refreshes),
+        "both lifecycle checks answered before the refreshes of node-1 and node-2: \
+         lifecycle {urgent:?}, refreshes {refreshes:?}"
+    );
+}
+
+#[tokio::test]
 async fn state_survives_a_restart_and_addresses_are_not_reissued() {
     let gw = TestGateway::start(|s| s.sim.lb_pool = vec!["192.0.2.0/29".parse().unwrap()]).await;
     gw.create_instance("node-a").await;

@@ -154,6 +154,7 @@ impl InstanceLookups {
             .clone();
         let (mut hits, mut merged, mut misses) = (0, 0, 0);
         let refreshes;
+        let mut raised = 0;
         let slots: Vec<Slot> = {
             let mut state = self.state();
             // Lookups wait for the budget in the batcher's queue, not the
@@ -188,6 +189,9 @@ impl InstanceLookups {
             // in their calls.
             let mut due = Vec::new();
             let mut aging = Vec::new();
+            // Lookups this request joined, which may still wait for the
+            // budget at a lower priority.
+            let mut joined = std::collections::HashSet::new();
             let slots = nodes
                 .iter()
                 .map(|node| {
@@ -217,6 +221,9 @@ impl InstanceLookups {
                         if let Some(waiters) = state.inflight.get_mut(&key) {
                             waiters.push(tx);
                             merged += 1;
+                            if priority < Priority::Low {
+                                joined.insert(key);
+                            }
                             return Slot::Waiting(rx);
                         }
                         state.inflight.insert(key.clone(), vec![tx]);
@@ -240,6 +247,17 @@ impl InstanceLookups {
                     Slot::Waiting(rx)
                 })
                 .collect();
+            // A lookup joined while it waits for the budget takes the
+            // joiner's priority: otherwise a node's lifecycle check would
+            // wait behind the address sync's refresh of the same node.
+            if !joined.is_empty() {
+                for pending in state.pending.iter_mut() {
+                    if pending.priority > priority && joined.contains(&pending.key) {
+                        pending.priority = priority;
+                        raised += 1;
+                    }
+                }
+            }
             if misses > 0 {
                 // Room left in the last call the pending lookups make anyway:
                 // filling it costs no call, and entries fetched together
@@ -264,7 +282,7 @@ impl InstanceLookups {
         span.record("hits", hits);
         span.record("merged", merged);
         span.record("misses", misses);
-        if misses + refreshes > 0 {
+        if misses + refreshes + raised > 0 {
             self.wake.notify_one();
         }
         let answers = join_all(slots.into_iter().map(|slot| async move {
