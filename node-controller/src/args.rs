@@ -22,7 +22,7 @@ pub struct Args {
     /// node, not more.
     #[arg(long, default_value = "32")]
     pub concurrent_node_syncs: String,
-    /// Address updates written at once by the periodic sync; 0 means the value of --concurrent-node-syncs.
+    /// Address updates written, and lifecycle lookups sent, at once by the periodic passes; 0 means the value of --concurrent-node-syncs.
     #[arg(long, default_value = "0")]
     pub concurrent_node_status_updates: String,
     /// How often every node's addresses are compared with the cloud's.
