@@ -241,7 +241,8 @@ async fn write_addresses(ctx: &Context, name: &str, addresses: &[NodeAddress]) -
     Ok(())
 }
 
-/// Looks `nodes` up in batches of the configured size. A batch whose
+/// Looks `nodes` up in batches of the configured size,
+/// `--concurrent-node-status-updates` batches at a time. A batch whose
 /// lookup fails is left out (and logged): nothing is known about its
 /// nodes, so nothing may be done to them this round.
 async fn lookup_batches<N: std::borrow::Borrow<NodeView>>(
@@ -261,8 +262,9 @@ async fn lookup_batches<N: std::borrow::Borrow<NodeView>>(
         );
     }
     // Several batches at once: one after another, the lookups of 5,000
-    // NotReady nodes took a lifecycle pass longer than its period, so each
-    // node was checked less often than asked (BENCHMARKS.md, round three).
+    // NotReady nodes made a lifecycle pass nearly as long as its period, so
+    // each node was checked less often than asked (BENCHMARKS.md, round
+    // three).
     futures::stream::iter(chunks)
         .map(|chunk| async move {
             let refs = chunk.iter().map(|n| node_ref(n.borrow())).collect();
