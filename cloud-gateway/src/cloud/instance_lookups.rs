@@ -491,3 +491,92 @@ impl InstanceLookups {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::budget::{Budget, BudgetConfig};
+    use crate::metrics::Metrics;
+    use async_trait::async_trait;
+    use ccm_provider::{Instances, LoadBalancers, Provider, Routes};
+
+    /// A cloud without instances, answering every lookup at once.
+    struct Empty;
+
+    #[async_trait]
+    impl Provider for Empty {
+        fn name(&self) -> &str {
+            "empty"
+        }
+        fn instances(&self) -> Option<&dyn Instances> {
+            Some(self)
+        }
+        fn load_balancers(&self) -> Option<&dyn LoadBalancers> {
+            None
+        }
+        fn routes(&self) -> Option<&dyn Routes> {
+            None
+        }
+        async fn check(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl Instances for Empty {
+        async fn get_instances(&self, nodes: &[NodeRef]) -> Result<Vec<Lookup>> {
+            Ok(vec![Lookup::NotFound; nodes.len()])
+        }
+    }
+
+    fn nodes(prefix: &str, n: usize) -> Vec<NodeRef> {
+        (0..n)
+            .map(|i| NodeRef {
+                name: format!("{prefix}-{i}"),
+                provider_id: String::new(),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_cache_gives_its_room_back_once_a_burst_of_answers_expires() {
+        let budget = Budget::start(BudgetConfig {
+            rate: 1e6,
+            burst: 1e6,
+            ..BudgetConfig::default()
+        });
+        let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
+        let cloud = Arc::new(Cloud::new(Arc::new(Empty), budget, metrics));
+        let ttl = Duration::from_millis(50);
+        let lookups = InstanceLookups::start(
+            cloud,
+            LookupConfig {
+                cache_ttl: ttl,
+                batch_window: Duration::ZERO,
+                ..LookupConfig::default()
+            },
+        );
+        // An address sync's burst: 20,000 answers cached at once.
+        let answers = lookups
+            .lookup(&nodes("burst", 20_000), false, Priority::Low)
+            .await
+            .unwrap();
+        assert_eq!(answers.len(), 20_000);
+        let room = lookups.state().cache.capacity();
+        assert!(room >= 20_000, "{room}");
+        // Once they expired, the next answer prunes them and the table
+        // shrinks to what is left.
+        tokio::time::sleep(ttl * 3).await;
+        lookups
+            .lookup(&nodes("after", 1), false, Priority::High)
+            .await
+            .unwrap();
+        let state = lookups.state();
+        assert_eq!(state.cache.len(), 1);
+        assert!(
+            state.cache.capacity() <= 4 * 1024,
+            "{} slots kept for one answer (were {room})",
+            state.cache.capacity()
+        );
+    }
+}
