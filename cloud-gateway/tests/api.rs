@@ -656,8 +656,13 @@ async fn cloud_throttling_is_a_retry_delay_and_slows_the_budget() {
     assert_eq!(delay, Duration::from_millis(300));
 }
 
-#[tokio::test]
-async fn with_a_tiny_budget_high_priority_goes_first_and_overflow_gets_a_retry_delay() {
+/// A gateway whose budget lets one lookup reach the cloud every 250 ms (no
+/// cache, no batching), instances `node-0` to `node-<instances - 1>`, and
+/// a node controller's client; the budget's one token of burst is spent.
+async fn with_a_tiny_budget(
+    instances: usize,
+    coalesce: bool,
+) -> (TestGateway, ccm_proto::GatewayClient) {
     let gw = TestGateway::start(|s| {
         s.budget.rate = 4.0;
         s.budget.burst = 1.0;
@@ -665,18 +670,23 @@ async fn with_a_tiny_budget_high_priority_goes_first_and_overflow_gets_a_retry_d
         s.lookups.cache_ttl = Duration::ZERO;
         s.lookups.batch_window = Duration::ZERO;
         s.lookups.max_batch = 1;
-        // Every call needs its own slot of the budget.
-        s.lookups.coalesce = false;
+        s.lookups.coalesce = coalesce;
     })
     .await;
-    for i in 0..6 {
+    for i in 0..instances {
         gw.create_instance(&format!("node-{i}")).await;
     }
     let node = gw.client_with(Role::Node, RetryPolicy::none(), "kubernetes");
-    // Use the one token of burst.
     node.get_instances(vec![by_name("node-0")], LookupPurpose::Refresh, false)
         .await
         .unwrap();
+    (gw, node)
+}
+
+#[tokio::test]
+async fn with_a_tiny_budget_high_priority_goes_first_and_overflow_gets_a_retry_delay() {
+    // Without coalescing every call needs its own slot of the budget.
+    let (_gw, node) = with_a_tiny_budget(6, false).await;
     let finished = Arc::new(std::sync::Mutex::new(Vec::new()));
     let spawn = |name: String, purpose: LookupPurpose| {
         let (node, finished) = (node.clone(), finished.clone());
@@ -729,23 +739,7 @@ async fn with_a_tiny_budget_high_priority_goes_first_and_overflow_gets_a_retry_d
 #[tokio::test]
 async fn an_urgent_lookup_joining_a_queued_refresh_of_the_same_node_does_not_wait_behind_other_refreshes()
  {
-    let gw = TestGateway::start(|s| {
-        s.budget.rate = 4.0;
-        s.budget.burst = 1.0;
-        s.budget.max_wait = Duration::from_secs(3);
-        s.lookups.cache_ttl = Duration::ZERO;
-        s.lookups.batch_window = Duration::ZERO;
-        s.lookups.max_batch = 1;
-    })
-    .await;
-    for i in 0..5 {
-        gw.create_instance(&format!("node-{i}")).await;
-    }
-    let node = gw.client_with(Role::Node, RetryPolicy::none(), "kubernetes");
-    // Use the one token of burst.
-    node.get_instances(vec![by_name("node-0")], LookupPurpose::Refresh, false)
-        .await
-        .unwrap();
+    let (_gw, node) = with_a_tiny_budget(5, true).await;
     let start = tokio::time::Instant::now();
     let spawn = |name: &str, purpose: LookupPurpose| {
         let (node, name) = (node.clone(), name.to_owned());

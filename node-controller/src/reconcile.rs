@@ -251,16 +251,11 @@ async fn lookup_batches<N: std::borrow::Borrow<NodeView>>(
     purpose: LookupPurpose,
     fresh: bool,
 ) -> Vec<(N, InstanceResult)> {
-    let mut chunks = Vec::new();
-    let mut nodes = nodes.into_iter().peekable();
-    while nodes.peek().is_some() {
-        chunks.push(
-            nodes
-                .by_ref()
-                .take(ctx.settings.batch_size)
-                .collect::<Vec<N>>(),
-        );
-    }
+    let mut nodes = nodes.into_iter();
+    let chunks = std::iter::from_fn(|| {
+        let chunk: Vec<N> = nodes.by_ref().take(ctx.settings.batch_size).collect();
+        (!chunk.is_empty()).then_some(chunk)
+    });
     // Several batches at once: one after another, the lookups of 5,000
     // NotReady nodes made a lifecycle pass nearly as long as its period, so
     // each node was checked less often than asked (BENCHMARKS.md, round

@@ -57,19 +57,6 @@ pub struct GatewayProcess {
     child: Child,
 }
 
-/// The environment the chart gives the gateway and every controller
-/// (helm/.../gateway.yaml, controllers.yaml): one malloc arena
-/// (ARCHITECTURE.md, "Allocator").
-pub const PROCESS_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "1")];
-
-/// The binaries the chart runs, which get [`PROCESS_ENV`].
-pub const CHART_BINARIES: [&str; 4] = [
-    "cloud-gateway",
-    "node-controller",
-    "service-controller",
-    "route-controller",
-];
-
 impl GatewayProcess {
     /// Starts `<bin_dir>/cloud-gateway` with `args` after its listen
     /// addresses and state directory, and `env` on top of a cleared
@@ -88,7 +75,7 @@ impl GatewayProcess {
         let child = Command::new(bin_dir.join("cloud-gateway"))
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .envs(PROCESS_ENV.iter().copied())
+            .envs(crate::PROCESS_ENV.iter().copied())
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .arg("--listen")
             .arg(format!("127.0.0.1:{grpc}"))

@@ -115,6 +115,9 @@ const COMPONENTS: [(&str, &str); 4] = [
     ("service-controller", "service"),
     ("route-controller", "route"),
 ];
+/// The environment the chart gives every component (helm/.../gateway.yaml,
+/// controllers.yaml): one malloc arena (ARCHITECTURE.md, "Allocator").
+pub const PROCESS_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "1")];
 
 /// The chart's ServiceAccount of a component (binary name).
 pub fn service_account(binary: &str) -> String {
@@ -207,8 +210,8 @@ impl Sandbox {
         } else {
             Command::new(&path)
         };
-        if gateway::CHART_BINARIES.contains(&binary) {
-            command.envs(gateway::PROCESS_ENV.iter().copied());
+        if COMPONENTS.iter().any(|(component, _)| *component == binary) {
+            command.envs(PROCESS_ENV.iter().copied());
         }
         command
             .args(args)
