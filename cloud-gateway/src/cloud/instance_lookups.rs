@@ -250,11 +250,16 @@ impl InstanceLookups {
             // A lookup joined while it waits for the budget takes the
             // joiner's priority: otherwise a node's lifecycle check would
             // wait behind the address sync's refresh of the same node.
+            // The scan ends once every joined lookup is found (the queue
+            // holds each node once).
             if !joined.is_empty() {
                 for pending in state.pending.iter_mut() {
-                    if pending.priority > priority && joined.contains(&pending.key) {
+                    if pending.priority > priority && joined.remove(&pending.key) {
                         pending.priority = priority;
                         raised += 1;
+                        if joined.is_empty() {
+                            break;
+                        }
                     }
                 }
             }
