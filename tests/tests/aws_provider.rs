@@ -3266,6 +3266,14 @@ async fn the_preflight_tells_what_will_happen_to_each_service_and_the_ensure_doe
     let bad = [("type", "nlb"), ("healthcheck-interval", "often")];
     api_service(&services, "bad", 30086, &bad, None).await;
     api_service(&services, "other", 30087, &[], Some("service.k8s.aws/nlb")).await;
+    // Its name held by an NLB upstream made for another Service (UIDs
+    // alike in their first 31 digits).
+    let collides = api_service(&services, "collides", 30088, &[("type", "nlb")], None).await;
+    let elsewhere = ServiceRef {
+        name: "elsewhere".into(),
+        ..reference(&collides)
+    };
+    let (held, _) = upstream_nlb(&env, &elsewhere, 30088, &[]).await;
 
     let (verdicts, code) = preflight(&env, &kubeconfig).await;
     let action = |name: &str| verdicts[name].0.as_str();
@@ -3291,6 +3299,16 @@ async fn the_preflight_tells_what_will_happen_to_each_service_and_the_ensure_doe
     assert_eq!(action("bad"), "refuse");
     said("bad", "healthcheck-interval");
     assert_eq!(action("other"), "implemented-elsewhere");
+    assert_eq!(action("collides"), "collision", "{verdicts:#?}");
+    let collides_uid = collides.metadata.uid.clone().unwrap();
+    said(
+        "collides",
+        &format!(
+            "{} is the load balancer of Service shop/elsewhere: it is left untouched; this Service's load balancer is {}",
+            held.load_balancer_name().unwrap(),
+            ccm_provider::own_load_balancer_name(&collides_uid)
+        ),
+    );
     assert_eq!(code, Some(1), "refusals need a person");
 
     // The ensure does what was said: the same load balancers, adopted.
@@ -3305,9 +3323,19 @@ async fn the_preflight_tells_what_will_happen_to_each_service_and_the_ensure_doe
         assert_eq!(Some(hostname.as_str()), dns);
         assert!(!adopted.is_empty());
     }
+    let held_before = whole_lb(&env, true, held.load_balancer_name().unwrap()).await;
+    let spec = service_controller::plan::lb_spec(&collides);
+    let (hostname, adopted) = ensure_answer(&client, &spec, &h).await;
+    assert_ne!(Some(hostname.as_str()), held.dns_name());
+    assert!(adopted.is_empty(), "{adopted}");
+    assert_eq!(
+        whole_lb(&env, true, held.load_balancer_name().unwrap()).await,
+        held_before
+    );
     let (verdicts, _) = preflight(&env, &kubeconfig).await;
     assert_eq!(verdicts["classic"].0, "keep");
     assert_eq!(verdicts["nlb"].0, "keep");
+    assert_eq!(verdicts["collides"].0, "collision");
 }
 
 #[tokio::test]
@@ -3791,4 +3819,254 @@ async fn an_nlb_uses_the_groups_a_service_names_in_place_of_its_own() {
     let lb = nlb(&elb, "a9a9a9a9").await.unwrap();
     assert_ne!(lb.security_groups(), [byo]);
     assert_eq!(lb.security_groups().len(), 1);
+}
+
+// Two Services whose UIDs share their first 31 hex digits: upstream's
+// name is the same for both (issue #47).
+
+/// The Service `namespace/name` with the UID `uid`.
+fn service_named(name: &str, uid: &str) -> ServiceRef {
+    ServiceRef {
+        namespace: "default".into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+const FIRST_UID: &str = "36300001-0000-0000-0000-000000000001";
+const SECOND_UID: &str = "36300001-0000-0000-0000-000000000002";
+
+/// `spec` for the Service `svc` instead of its own.
+fn for_service(mut spec: LoadBalancerSpec, svc: &ServiceRef) -> LoadBalancerSpec {
+    spec.service = Some(svc.clone());
+    spec
+}
+
+/// Everything of the load balancer named `name` (an NLB when `nlb`, else
+/// a Classic ELB) that its Service would notice changed: the load balancer
+/// itself (address, listeners, instances, health check, groups), its tags,
+/// its target groups with their targets, and its groups' rules. `None`
+/// when there is none.
+async fn whole_lb(env: &Env, nlb: bool, name: &str) -> Option<String> {
+    let mut groups = Vec::new();
+    let mut out = if nlb {
+        let elb = aws::elb_client(&env.proxy.endpoint);
+        let lb = elb
+            .describe_load_balancers()
+            .names(name)
+            .send()
+            .await
+            .ok()?
+            .load_balancers()
+            .first()?
+            .clone();
+        let arn = lb.load_balancer_arn().unwrap();
+        let mut out = format!("{lb:?}\n{:?}\n", elb_tags(&elb, arn).await);
+        for g in target_groups(&elb, &lb).await {
+            let arn = g.target_group_arn().unwrap();
+            out += &format!(
+                "{:?} {:?} {:?} {:?}\n",
+                g.target_group_name(),
+                targets(&elb, &g).await,
+                elb_tags(&elb, arn).await,
+                group_attributes(&elb, arn).await,
+            );
+        }
+        groups.extend(lb.security_groups().iter().cloned());
+        out
+    } else {
+        let elb = aws::classic_elb_client(&env.proxy.endpoint);
+        let lb = elb
+            .describe_load_balancers()
+            .load_balancer_names(name)
+            .send()
+            .await
+            .ok()?
+            .load_balancer_descriptions()
+            .first()?
+            .clone();
+        let tags = elb
+            .describe_tags()
+            .load_balancer_names(name)
+            .send()
+            .await
+            .unwrap();
+        groups.extend(lb.security_groups().iter().cloned());
+        format!("{lb:?}\n{:?}\n", tags.tag_descriptions())
+    };
+    let node = node_group(env).await;
+    for g in &groups {
+        out += &format!("group {g}: {:?}\n", ingress(&env.ec2, g).await);
+        let to_nodes: Vec<_> = ingress(&env.ec2, &node)
+            .await
+            .into_iter()
+            .filter(|(_, _, source)| source == g)
+            .collect();
+        out += &format!("nodes admit it: {to_nodes:?}\n");
+    }
+    Some(out)
+}
+
+/// The second Service's ensure, host update, get and delete leave the
+/// first's load balancer (`first_name`, as `before`) exactly as it was,
+/// and give the second one of its own, under its own name.
+async fn the_second_never_touches_the_first(
+    env: &Env,
+    nlb: bool,
+    first: &ServiceRef,
+    first_name: &str,
+    before: &str,
+    second: LoadBalancerSpec,
+) {
+    let client = env.gateway.client("service", CLUSTER);
+    let second_svc = second.service.clone().unwrap();
+    let own = ccm_provider::own_load_balancer_name(&second_svc.uid);
+    assert_eq!(
+        first_name,
+        ccm_provider::load_balancer_name(&second_svc.uid)
+    );
+    let one = hosts(&env.seeded.instances[1..]);
+    let (address, adopted) = ensure_answer(&client, &second, &one).await;
+    assert!(
+        adopted.is_empty(),
+        "the second adopted something: {adopted}"
+    );
+    assert_eq!(
+        whole_lb(env, nlb, first_name).await.as_deref(),
+        Some(before),
+        "the second Service's ensure changed the first's load balancer"
+    );
+    let made = whole_lb(env, nlb, &own)
+        .await
+        .expect("the second Service's load balancer under its own name");
+    assert!(made.contains(&address), "{made}");
+    assert!(!before.contains(&address), "the first's address: {address}");
+    assert!(made.contains(&format!("{}/{}", second_svc.namespace, second_svc.name)));
+
+    timed(client.update_load_balancer_hosts(second.clone(), hosts(&env.seeded.instances)))
+        .await
+        .unwrap();
+    let (a, b) = tokio::join!(
+        client.get_load_balancer(first.clone()),
+        client.get_load_balancer(second_svc.clone())
+    );
+    let ingress_of = |g: ccm_proto::v1::GetLoadBalancerResponse| {
+        g.status.unwrap_or_default().ingress[0].hostname.clone()
+    };
+    let (a, b) = (ingress_of(a.unwrap()), ingress_of(b.unwrap()));
+    assert!(before.contains(&a), "the first's status is {a}");
+    assert_eq!(b, address);
+    // The first's listed as its (cloud-provider-aws's without a UID).
+    let mut listed: Vec<(String, String)> = timed(client.list_load_balancers())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|lb| {
+            let s = lb.service.unwrap_or_default();
+            (lb.name, format!("{}/{} {}", s.namespace, s.name, s.uid))
+        })
+        .collect();
+    listed.sort();
+    let first_listed = (
+        first_name.to_owned(),
+        format!("{}/{} ", first.namespace, first.name),
+    );
+    let second_listed = (
+        own.clone(),
+        format!(
+            "{}/{} {}",
+            second_svc.namespace, second_svc.name, second_svc.uid
+        ),
+    );
+    assert!(
+        listed
+            == [
+                second_listed.clone(),
+                (
+                    first_listed.0.clone(),
+                    format!("{}{}", first_listed.1, first.uid)
+                )
+            ]
+            || listed == [second_listed, first_listed],
+        "{listed:?}"
+    );
+
+    timed(client.delete_load_balancer(second_svc.clone()))
+        .await
+        .unwrap();
+    assert!(whole_lb(env, nlb, &own).await.is_none());
+    assert_eq!(
+        whole_lb(env, nlb, first_name).await.as_deref(),
+        Some(before),
+        "the second Service's host update or delete changed the first's load balancer"
+    );
+    assert_eq!(group_named(&env.ec2, &format!("k8s-elb-{own}")).await, None);
+    // Its delete again, and the first's: nothing of either is left.
+    timed(client.delete_load_balancer(second_svc))
+        .await
+        .unwrap();
+    timed(client.delete_load_balancer(first.clone()))
+        .await
+        .unwrap();
+    assert!(whole_lb(env, nlb, first_name).await.is_none());
+    assert!(
+        timed(client.list_load_balancers())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn two_services_whose_uids_begin_alike_get_an_nlb_each_and_never_touch_the_others() {
+    let env = env(2, &[]).await;
+    let client = env.gateway.client("service", CLUSTER);
+    let first = service_named("first", FIRST_UID);
+    let second = service_named("second", SECOND_UID);
+    let web = |p, np| vec![port("web", Protocol::Tcp, p, np)];
+    let a = for_service(lb_spec("x", web(80, 30080), &[]), &first);
+    ensure_ready(&client, &a, &hosts(&env.seeded.instances[..1])).await;
+    let name = ccm_provider::load_balancer_name(FIRST_UID);
+    let before = whole_lb(&env, true, &name).await.unwrap();
+    assert!(before.contains("default/first"), "{before}");
+    let b = for_service(lb_spec("x", web(81, 30081), &[]), &second);
+    the_second_never_touches_the_first(&env, true, &first, &name, &before, b).await;
+}
+
+#[tokio::test]
+async fn two_services_whose_uids_begin_alike_get_a_classic_elb_each_and_never_touch_the_others() {
+    let env = env(2, &[]).await;
+    let client = env.gateway.client("service", CLUSTER);
+    let first = service_named("first", FIRST_UID);
+    let second = service_named("second", SECOND_UID);
+    let web = |p, np| vec![port("web", Protocol::Tcp, p, np)];
+    let a = for_service(classic_spec("x", web(80, 30080), &[]), &first);
+    ensure_ready(&client, &a, &hosts(&env.seeded.instances[..1])).await;
+    let name = ccm_provider::load_balancer_name(FIRST_UID);
+    let before = whole_lb(&env, false, &name).await.unwrap();
+    let b = for_service(classic_spec("x", web(81, 30081), &[]), &second);
+    the_second_never_touches_the_first(&env, false, &first, &name, &before, b).await;
+}
+
+#[tokio::test]
+async fn a_load_balancer_cloud_provider_aws_made_for_another_service_is_never_adopted() {
+    let env = env(2, &[]).await;
+    let client = env.gateway.client("service", CLUSTER);
+    let first = service_named("first", FIRST_UID);
+    let second = service_named("second", SECOND_UID);
+    let name = ccm_provider::load_balancer_name(FIRST_UID);
+    let web = |p, np| vec![port("web", Protocol::Tcp, p, np)];
+
+    // An NLB upstream made for the first Service (its tags name it, no
+    // UID tag): the second's ensure passes it over.
+    upstream_nlb(&env, &first, 30080, &[]).await;
+    let before = whole_lb(&env, true, &name).await.unwrap();
+    let b = for_service(lb_spec("x", web(81, 30081), &[]), &second);
+    the_second_never_touches_the_first(&env, true, &first, &name, &before, b).await;
+
+    // A Classic ELB upstream made for the first, and its group.
+    upstream_classic(&env, &first, 30080).await;
+    let before = whole_lb(&env, false, &name).await.unwrap();
+    let b = for_service(classic_spec("x", web(81, 30081), &[]), &second);
+    the_second_never_touches_the_first(&env, false, &first, &name, &before, b).await;
 }

@@ -373,7 +373,7 @@ class Gateway:
                 n = self.cloud.next_address
                 self.cloud.next_address += 1
                 record = {
-                    "name": "a" + request.spec.service.uid.replace("-", "")[:31],
+                    "name": self.lb_name(request.cluster_name, request.spec.service.uid),
                     "service": request.spec.service,
                     "address": str(ipaddress.ip_address("198.18.0.0") + n),
                     "ready_at": time.monotonic() + self.cloud.provisioning,
@@ -387,6 +387,20 @@ class Gateway:
                               f"load balancer {record['name']} is still provisioning",
                               delay=wait)
             return pb.EnsureLoadBalancerResponse(status=self.lb_status(record))
+
+    def lb_name(self, cluster, uid):
+        """Upstream's name ("a" and 31 hex digits of the UID), or, where
+        another Service's load balancer has it (UIDs alike in 31 digits),
+        one of the Service's own as the Rust providers make it: 23
+        characters of upstream's, "-", 8 hex digits of the UID's FNV-1a."""
+        upstream = "a" + uid.replace("-", "")[:31]
+        taken = {r["name"] for (c, _), r in self.cloud.lbs.items() if c == cluster}
+        if upstream not in taken:
+            return upstream
+        h = 0xCBF29CE484222325
+        for b in uid.encode():
+            h = ((h ^ b) * 0x100000001B3) % 2**64
+        return f"{upstream[:23]}-{(h ^ (h >> 32)) & 0xFFFFFFFF:08x}"
 
     def LoadBalancers_UpdateLoadBalancerHosts(self, request, context):
         self.check_spec(request)

@@ -85,6 +85,43 @@ pub(super) fn service_of(service_name: Option<&str>, uid: Option<&str>) -> Servi
     }
 }
 
+/// Whose a load balancer (or a part of one) is, as its Service tags say
+/// against one Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum ServedBy {
+    /// That Service's: its `namespace/name` and, where the UID tag is
+    /// there (cloud-provider-aws writes none), its UID.
+    This,
+    /// Another Service's, described for a message.
+    Another(String),
+    /// No Service tag at all: whose cannot be told.
+    Unnamed,
+}
+
+/// Whom the tag values `service_name` ([`TAG_SERVICE_NAME`]) and `uid`
+/// ([`TAG_SERVICE_UID`]) name, as against `service`. A resource is taken
+/// over only when they name it: a load balancer named after the UID may be
+/// another Service's whose UID begins alike.
+pub(super) fn served_by(
+    service_name: Option<&str>,
+    uid: Option<&str>,
+    service: &ServiceRef,
+) -> ServedBy {
+    let own_name = format!("{}/{}", service.namespace, service.name);
+    match (service_name, uid) {
+        (None, None) => ServedBy::Unnamed,
+        (Some(n), None) if n == own_name => ServedBy::This,
+        (Some(n), Some(u)) if n == own_name && u == service.uid => ServedBy::This,
+        // Our UID tag alone: UIDs are never reused.
+        (None, Some(u)) if u == service.uid => ServedBy::This,
+        (n, u) => ServedBy::Another(format!(
+            "Service {}{}",
+            n.unwrap_or("(no name tag)"),
+            u.map(|u| format!(" (UID {u})")).unwrap_or_default()
+        )),
+    }
+}
+
 /// The prefix of the names cloud-provider-aws gives an NLB's target
 /// groups and its managed security group: `k8s-`, the first 8 letters and
 /// digits of the namespace and of the name, each followed by `-`.
@@ -116,6 +153,33 @@ mod tests {
 
     fn tag(key: &str, value: &str) -> Tag {
         Tag::builder().key(key).value(value).build()
+    }
+
+    #[test]
+    fn only_tags_naming_the_service_and_where_present_its_uid_make_it_its() {
+        let first = ServiceRef {
+            namespace: "default".into(),
+            name: "first".into(),
+            uid: "36300001-0000-0000-0000-000000000001".into(),
+        };
+        let uid = first.uid.as_str();
+        let other = "36300001-0000-0000-0000-000000000002";
+        let this = |n, u| served_by(n, u, &first) == ServedBy::This;
+        assert!(this(Some("default/first"), Some(uid)), "ours");
+        assert!(this(Some("default/first"), None), "cloud-provider-aws's");
+        assert!(this(None, Some(uid)));
+        assert!(
+            !this(Some("default/first"), Some(other)),
+            "a Service of that name before"
+        );
+        assert!(!this(Some("default/second"), Some(uid)));
+        assert!(!this(Some("default/second"), None));
+        assert!(!this(Some("first"), None));
+        assert_eq!(served_by(None, None, &first), ServedBy::Unnamed);
+        assert_eq!(
+            served_by(Some("default/second"), Some(other), &first),
+            ServedBy::Another(format!("Service default/second (UID {other})"))
+        );
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub async fn run(target: &Target, mut on: impl FnMut(&Checked)) -> Vec<Checked> 
 
 /// The suite, in the order it runs: each check with the rule it tests and
 /// the capability it needs.
-const SUITE: [Check; 24] = [
+const SUITE: [Check; 25] = [
     Check {
         name: "health.serving",
         rule: "grpc.health.v1 answers SERVING for the server and each offered service",
@@ -177,6 +177,12 @@ const SUITE: [Check; 24] = [
         rule: "delete succeeds when the load balancer is gone, and an ensure after it makes a new one",
         needs: Some(Capability::LoadBalancers),
         body: |cx| Box::pin(load_balancers::delete_idempotent(cx)),
+    },
+    Check {
+        name: "lb.one-service-each",
+        rule: "two Services whose UIDs share their first 31 hex digits never share a load balancer: the first keeps its own, untouched, through the second's ensure, host update and delete",
+        needs: Some(Capability::LoadBalancers),
+        body: |cx| Box::pin(load_balancers::one_service_each(cx)),
     },
     Check {
         name: "routes.delete-missing",

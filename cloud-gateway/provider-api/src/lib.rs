@@ -26,6 +26,7 @@ pub use types::{
     AddressType, Host, Ingress, Instance, IpFamily, LoadBalancer, LoadBalancerSpec,
     LoadBalancerStatus, Lookup, NodeAddress, NodeRef, PortStatus, Protocol, Route, ServicePort,
     ServiceRef, SessionAffinity, TagOutcome, TrafficPolicy, load_balancer_name,
+    load_balancer_names, own_load_balancer_name,
 };
 pub use values::{parse_duration, quote};
 
@@ -95,6 +96,12 @@ pub trait Instances: Send + Sync {
 }
 
 /// Load balancers (upstream LoadBalancer). Every method is idempotent.
+///
+/// A load balancer is one Service's: a provider finds a Service's by its
+/// own record of the Service (its tags), never by name alone, and never
+/// changes or deletes one that another Service holds. Names come from
+/// [`load_balancer_names`]: upstream's, or the Service's own where
+/// another Service's load balancer holds upstream's.
 #[async_trait]
 pub trait LoadBalancers: Send + Sync {
     /// The status of the Service's load balancer, `None` when none exists.
@@ -155,6 +162,50 @@ mod tests {
         );
         let short = load_balancer_name("ab-cd");
         assert_eq!(short, "aabcd");
+    }
+
+    #[test]
+    fn two_uids_alike_in_31_digits_share_upstreams_name_but_never_their_own() {
+        let first = "36300001-0000-0000-0000-000000000001";
+        let second = "36300001-0000-0000-0000-000000000002";
+        assert_eq!(load_balancer_name(first), load_balancer_name(second));
+        let [a, own_a] = load_balancer_names(first);
+        let [_, own_b] = load_balancer_names(second);
+        assert_ne!(own_a, own_b);
+        assert_ne!(own_a, a);
+        assert_eq!(own_a.len(), 32);
+        assert!(own_a.starts_with("a36300001000000000000"), "{own_a}");
+        // Fixed for good: a load balancer made under it is found by it.
+        assert_eq!(own_a, "a3630000100000000000000-1e7d5197");
+    }
+
+    #[test]
+    fn a_listed_load_balancer_serves_the_service_of_its_uid_or_upstreams_name() {
+        let svc = |ns: &str, name: &str, uid: &str| ServiceRef {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: uid.into(),
+        };
+        let first = svc("default", "first", "36300001-0000-0000-0000-000000000001");
+        let second = svc("default", "second", "36300001-0000-0000-0000-000000000002");
+        let tagged = LoadBalancer {
+            name: load_balancer_name(&first.uid),
+            service: first.clone(),
+            ..Default::default()
+        };
+        assert!(tagged.serves(&first));
+        assert!(!tagged.serves(&second), "same name, another UID");
+        let upstreams = LoadBalancer {
+            service: svc("default", "first", ""),
+            ..tagged.clone()
+        };
+        assert!(upstreams.serves(&first));
+        assert!(!upstreams.serves(&second));
+        assert!(!upstreams.serves(&svc(
+            "default",
+            "first",
+            "99999999-0000-0000-0000-000000000001"
+        )));
     }
 
     #[test]

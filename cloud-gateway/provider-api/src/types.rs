@@ -297,11 +297,55 @@ pub struct Route {
 }
 
 /// The load balancer name upstream derives from a Service UID: "a" and the
-/// UID without dashes, cut to 32 characters.
+/// UID without dashes, cut to 32 characters. Two Services whose UIDs
+/// share their first 31 hex digits share it: see [`load_balancer_names`].
 pub fn load_balancer_name(service_uid: &str) -> String {
     let mut name: String = std::iter::once('a')
         .chain(service_uid.chars().filter(|c| *c != '-'))
         .collect();
     name.truncate(32);
     name
+}
+
+/// The name a Service's load balancer gets when upstream's
+/// ([`load_balancer_name`]) is held by another Service's: upstream's cut
+/// to 23 characters, `-`, and 8 hex digits of the FNV-1a hash of the
+/// whole UID (32 characters, as a cloud's name limit allows). Never change
+/// it: it is how such a load balancer is found again.
+pub fn own_load_balancer_name(service_uid: &str) -> String {
+    let mut name = load_balancer_name(service_uid);
+    name.truncate(23);
+    // FNV-1a, 64 bits, folded to 32: stable across releases and platforms.
+    let hash = service_uid.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{name}-{:08x}", (hash ^ (hash >> 32)) as u32)
+}
+
+/// The names a Service's load balancer may have, in the order a provider
+/// tries them: upstream's first (so one cloud-provider-aws made is found
+/// in place), then [`own_load_balancer_name`], used only while upstream's
+/// is held by another Service's load balancer. A provider finds a
+/// Service's load balancer under either name, by its tags, and never
+/// takes one whose tags name another Service.
+pub fn load_balancer_names(service_uid: &str) -> [String; 2] {
+    [
+        load_balancer_name(service_uid),
+        own_load_balancer_name(service_uid),
+    ]
+}
+
+impl LoadBalancer {
+    /// Whether this load balancer is `service`'s: its UID, or, for one
+    /// listed without a UID (cloud-provider-aws made it and no ensure of
+    /// ours tagged it yet), the Service's namespace and name under the
+    /// name upstream gives the Service's load balancer.
+    pub fn serves(&self, service: &ServiceRef) -> bool {
+        if !self.service.uid.is_empty() {
+            return self.service.uid == service.uid;
+        }
+        self.service.namespace == service.namespace
+            && self.service.name == service.name
+            && self.name == load_balancer_name(&service.uid)
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ccm_provider::{
     CloudError, Host, Ingress, IpFamily, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus,
-    LoadBalancers, Operation, Protocol, Result, ServiceRef, load_balancer_name,
+    LoadBalancers, Operation, Protocol, Result, ServiceRef, load_balancer_names,
 };
 use ipnet::IpNet;
 
@@ -43,6 +43,49 @@ impl LoadBalancerRecord {
         }
     }
 }
+
+/// Where a Service's load balancer is in `state`: its own under either of
+/// its names (`Ok`, with the key and record), or the name a new one gets:
+/// the first not held by another Service's. `Err(Conflict)` naming the
+/// holders when both are held.
+fn place_of(
+    state: &State,
+    cluster: &str,
+    service: &ServiceRef,
+) -> Result<(Key, Option<LoadBalancerRecord>)> {
+    let mut free = None;
+    let mut held = Vec::new();
+    for name in load_balancer_names(&service.uid) {
+        let key = (cluster.to_owned(), name);
+        match state.load_balancers.get(&key) {
+            Some(lb) if lb.service_uid == service.uid => return Ok((key, Some(lb.clone()))),
+            Some(lb) => held.push(format!(
+                "{} (Service {}/{}, UID {})",
+                key.1, lb.service_namespace, lb.service_name, lb.service_uid
+            )),
+            None => {
+                free.get_or_insert(key);
+            }
+        }
+    }
+    free.map(|key| (key, None)).ok_or_else(|| {
+        CloudError::Conflict(format!(
+            "every name this Service's load balancer may have is held by another Service's: {}; those are left untouched",
+            held.join(", ")
+        ))
+    })
+}
+
+/// The key and record of `service`'s own load balancer, if any.
+fn own(state: &State, cluster: &str, service: &ServiceRef) -> Option<(Key, LoadBalancerRecord)> {
+    match place_of(state, cluster, service) {
+        Ok((key, Some(lb))) => Some((key, lb)),
+        _ => None,
+    }
+}
+
+/// A load balancer's key in the sim's state: cluster and name.
+type Key = (String, String);
 
 impl SimCloud {
     /// Picks one address per requested family for a load balancer, honouring
@@ -143,12 +186,7 @@ fn protocol_name(protocol: Protocol) -> String {
 impl LoadBalancers for SimCloud {
     async fn get(&self, cluster: &str, service: &ServiceRef) -> Result<Option<LoadBalancerStatus>> {
         let _call = self.enter(Operation::GetLoadBalancer).await?;
-        let key = (cluster.to_owned(), load_balancer_name(&service.uid));
-        Ok(self
-            .state()
-            .load_balancers
-            .get(&key)
-            .map(|lb| lb.status(now_ms())))
+        Ok(own(&self.state(), cluster, service).map(|(_, lb)| lb.status(now_ms())))
     }
 
     async fn ensure(
@@ -160,11 +198,10 @@ impl LoadBalancers for SimCloud {
         let _call = self.enter(Operation::EnsureLoadBalancer).await?;
         let options = annotations::parse(&spec.annotations)?;
         let service = spec.service.clone();
-        let name = load_balancer_name(&service.uid);
-        let key = (cluster.to_owned(), name.clone());
         let now = now_ms();
         let mut state = self.state();
-        let existing = state.load_balancers.get(&key).cloned();
+        let (key, existing) = place_of(&state, cluster, &service)?;
+        let name = key.1.clone();
         let keep = existing
             .as_ref()
             .filter(|lb| lb.internal == options.internal)
@@ -225,13 +262,13 @@ impl LoadBalancers for SimCloud {
         hosts: &[Host],
     ) -> Result<()> {
         let _call = self.enter(Operation::UpdateLoadBalancerHosts).await?;
-        let key = (cluster.to_owned(), load_balancer_name(&spec.service.uid));
         let mut state = self.state();
-        let mut record = state
-            .load_balancers
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| CloudError::NotFound(format!("load balancer {}", key.1)))?;
+        let (key, mut record) = own(&state, cluster, &spec.service).ok_or_else(|| {
+            CloudError::NotFound(format!(
+                "the load balancer of Service {}/{}",
+                spec.service.namespace, spec.service.name
+            ))
+        })?;
         record.hosts = hosts.iter().map(|h| h.name.clone()).collect();
         state.store.put_load_balancer(&record, &[])?;
         state.load_balancers.insert(key, record);
@@ -240,9 +277,8 @@ impl LoadBalancers for SimCloud {
 
     async fn delete(&self, cluster: &str, service: &ServiceRef) -> Result<()> {
         let _call = self.enter(Operation::DeleteLoadBalancer).await?;
-        let key = (cluster.to_owned(), load_balancer_name(&service.uid));
         let mut state = self.state();
-        if state.load_balancers.contains_key(&key) {
+        if let Some((key, _)) = own(&state, cluster, service) {
             state.store.delete_load_balancer(&key.0, &key.1)?;
             if let Some(old) = state.load_balancers.remove(&key) {
                 for ip in &old.addresses {

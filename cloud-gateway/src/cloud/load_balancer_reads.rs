@@ -12,9 +12,7 @@ use tokio::sync::oneshot;
 use crate::cloud::Cloud;
 use crate::cloud::budget::Priority;
 use crate::cloud::instance_lookups::LookupConfig;
-use ccm_provider::{
-    CloudError, LoadBalancerStatus, Operation, Result, ServiceRef, load_balancer_name,
-};
+use ccm_provider::{CloudError, LoadBalancer, LoadBalancerStatus, Operation, Result, ServiceRef};
 
 type Answer = Result<Option<LoadBalancerStatus>>;
 type Waiters = Vec<(ServiceRef, oneshot::Sender<Answer>)>;
@@ -108,11 +106,23 @@ impl LoadBalancerReads {
             reads = waiters.len(),
             "load balancer reads answered by one listing"
         );
-        let listed: Result<HashMap<String, LoadBalancerStatus>> =
-            listed.map(|lbs| lbs.into_iter().map(|lb| (lb.name, lb.status)).collect());
+        // By UID: a load balancer listed under a Service's name may be
+        // another Service's.
+        let listed: Result<HashMap<String, Vec<LoadBalancer>>> = listed.map(|lbs| {
+            let mut by_uid: HashMap<String, Vec<LoadBalancer>> = HashMap::new();
+            for lb in lbs {
+                by_uid.entry(lb.service.uid.clone()).or_default().push(lb);
+            }
+            by_uid
+        });
         for (service, tx) in waiters {
             let answer = match &listed {
-                Ok(by_name) => Ok(by_name.get(&load_balancer_name(&service.uid)).cloned()),
+                Ok(by_uid) => Ok([service.uid.as_str(), ""]
+                    .iter()
+                    .filter_map(|uid| by_uid.get(*uid))
+                    .flatten()
+                    .find(|lb| lb.serves(&service))
+                    .map(|lb| lb.status.clone())),
                 Err(e) => Err(e.clone()),
             };
             let _ = tx.send(answer);

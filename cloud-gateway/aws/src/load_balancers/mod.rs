@@ -25,8 +25,11 @@
 //!
 //! Everything made carries the cluster tag (`owned`) and the Service's
 //! tags, and is found again by name and checked by tag: a load balancer
-//! with our name but another cluster's tag is never touched. Every step is
-//! idempotent, so an ensure that failed half way is finished by the next.
+//! with our name but another cluster's tag, or another Service's (UIDs
+//! alike in their first 31 digits give one name), is never touched; the
+//! Service's own then goes under a name of its own (`slots`). Every step
+//! is idempotent, so an ensure that failed half way is finished by the
+//! next.
 //!
 //! This file only maps [`LoadBalancers`] onto the operations beside it.
 //! Whatever any kind of load balancer needs: `targets` (the instances
@@ -48,13 +51,14 @@ mod nlb;
 mod placement;
 pub(crate) mod preflight;
 mod security_groups;
+mod slots;
 mod target_groups;
 mod targets;
 
 use async_trait::async_trait;
 use ccm_provider::{
     CloudError, Host, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus, LoadBalancers, Result,
-    ServiceRef, load_balancer_name,
+    ServiceRef,
 };
 
 use std::collections::BTreeSet;
@@ -85,17 +89,11 @@ use crate::{AwsCloud, annotations, tags};
 #[async_trait]
 impl LoadBalancers for AwsCloud {
     async fn get(&self, cluster: &str, service: &ServiceRef) -> Result<Option<LoadBalancerStatus>> {
-        let lb_name = load_balancer_name(&service.uid);
-        match self.owned_nlb(cluster, &lb_name).await {
-            Ok(Some((nlb, _))) => return Ok(Some(reported_status(&nlb))),
-            Ok(None) | Err(CloudError::Conflict(_)) => {}
-            Err(e) => return Err(e),
+        if let Some((nlb, _)) = self.nlb_slot(cluster, service).await?.own {
+            return Ok(Some(reported_status(&nlb)));
         }
-        match self.owned_classic(cluster, &lb_name).await {
-            Ok(Some((elb, _))) => Ok(Some(classic_status(&elb))),
-            Ok(None) | Err(CloudError::Conflict(_)) => Ok(None),
-            Err(e) => Err(e),
-        }
+        let classic = self.classic_slot(cluster, service).await?.own;
+        Ok(classic.map(|(elb, _)| classic_status(&elb)))
     }
 
     async fn ensure(
@@ -124,48 +122,62 @@ impl LoadBalancers for AwsCloud {
         }
     }
 
+    /// Deletes only what is the Service's: a load balancer of its name
+    /// that another Service's tags name is left, with what it uses.
     async fn delete(&self, cluster: &str, service: &ServiceRef) -> Result<()> {
-        let lb_name = load_balancer_name(&service.uid);
-        let nlb = self.owned_nlb(cluster, &lb_name).await.or_else(not_ours)?;
-        let classic = self
-            .owned_classic(cluster, &lb_name)
-            .await
-            .or_else(not_ours)?;
+        let nlb = self.nlb_slot(cluster, service).await?;
+        let classic = self.classic_slot(cluster, service).await?;
         let mut vpc = self.settings.vpc_id.clone();
-        if let Some((nlb, _)) = &nlb {
-            vpc = nlb.vpc_id().map(str::to_owned).or(vpc);
-            self.delete_nlb(nlb, &lb_name).await?;
+        if let Some((lb, _)) = &nlb.own {
+            vpc = lb.vpc_id().map(str::to_owned).or(vpc);
+            self.delete_nlb(lb, lb.load_balancer_name().unwrap_or_default())
+                .await?;
         }
-        if let Some((elb, _)) = &classic {
+        if let Some((elb, _)) = &classic.own {
             vpc = elb.vpc_id().map(str::to_owned).or(vpc);
-            self.delete_classic(&lb_name).await?;
+            self.delete_classic(elb.load_balancer_name().unwrap_or_default())
+                .await?;
         }
         let groups_vpc = self.delete_service_target_groups(cluster, service).await?;
         let Some(vpc) = vpc.or(groups_vpc) else {
             return Ok(());
         };
-        if classic.is_some() {
+        if classic.own.is_some() {
+            let lb_name = classic.name()?;
             return self
-                .delete_load_balancer_group(cluster, LbKind::Classic.title(), &lb_name, &vpc)
+                .delete_load_balancer_group(
+                    cluster,
+                    LbKind::Classic.title(),
+                    &lb_name,
+                    &vpc,
+                    service,
+                )
                 .await;
         }
         // An NLB, or one gone already: whatever an NLB of ours or of
-        // cloud-provider-aws may have left (an NLB made without a group has
-        // CIDR rules on the nodes' groups, one in "Managed" mode a group
-        // named its way).
-        if !self.settings.disable_security_group_ingress {
-            self.close_cidr_rules(&vpc, &lb_name).await?;
+        // cloud-provider-aws may have left under a name that is the
+        // Service's (an NLB made without a group has CIDR rules on the
+        // nodes' groups, one in "Managed" mode a group named its way).
+        for lb_name in nlb.cleanable() {
+            if !self.settings.disable_security_group_ingress {
+                self.close_cidr_rules(&vpc, lb_name).await?;
+            }
+            self.delete_load_balancer_group(cluster, LbKind::Nlb.title(), lb_name, &vpc, service)
+                .await?;
         }
-        let used_by = format!("{} {lb_name}", LbKind::Nlb.title());
+        let used_by = format!(
+            "the {} of Service {}/{}",
+            LbKind::Nlb.title(),
+            service.namespace,
+            service.name
+        );
         self.delete_group_named(
             cluster,
             &upstream_nlb_group_name(cluster, service),
             &used_by,
             &vpc,
         )
-        .await?;
-        self.delete_load_balancer_group(cluster, LbKind::Nlb.title(), &lb_name, &vpc)
-            .await
+        .await
     }
 
     fn host_label_annotations(&self) -> &'static [&'static str] {
@@ -197,15 +209,12 @@ fn adoption_of(nlb: &Nlb, group: Option<&str>) -> String {
     )
 }
 
-/// Someone else's load balancer of our name: nothing of ours to delete.
-fn not_ours<T>(e: CloudError) -> Result<Option<T>> {
-    match e {
-        CloudError::Conflict(why) => {
-            tracing::warn!("{why}");
-            Ok(None)
-        }
-        e => Err(e),
-    }
+/// The answer of a host update for a Service without a load balancer.
+fn not_found(service: &ServiceRef) -> CloudError {
+    CloudError::NotFound(format!(
+        "the load balancer of Service {}/{}",
+        service.namespace, service.name
+    ))
 }
 
 /// The group a Classic ELB's traffic to the nodes comes from: the first
@@ -235,24 +244,40 @@ impl AwsCloud {
         Ok(o)
     }
 
-    /// The load balancer of the other kind than `wanted` named
-    /// `lb_name`, if any.
-    async fn other_kind(&self, lb_name: &str, wanted: LbKind) -> Result<Option<LbKind>> {
-        let exists = match wanted {
-            LbKind::Classic => self.find_nlb(lb_name).await?.is_some(),
-            LbKind::Nlb => self.find_classic(lb_name).await?.is_some(),
-        };
-        Ok(exists.then_some(match wanted {
-            LbKind::Classic => LbKind::Nlb,
-            LbKind::Nlb => LbKind::Classic,
-        }))
+    /// The Service's load balancer of the other kind than `wanted`, if
+    /// any: its kind and name.
+    pub(super) async fn other_kind(
+        &self,
+        cluster: &str,
+        service: &ServiceRef,
+        wanted: LbKind,
+    ) -> Result<Option<(LbKind, String)>> {
+        Ok(match wanted {
+            LbKind::Classic => self.nlb_slot(cluster, service).await?.own.map(|(nlb, _)| {
+                let name = nlb.load_balancer_name().unwrap_or_default();
+                (LbKind::Nlb, name.to_owned())
+            }),
+            LbKind::Nlb => self
+                .classic_slot(cluster, service)
+                .await?
+                .own
+                .map(|(elb, _)| {
+                    let name = elb.load_balancer_name().unwrap_or_default();
+                    (LbKind::Classic, name.to_owned())
+                }),
+        })
     }
 
     /// Refuses a Service whose load balancer is of the other kind than
     /// `wanted`: as upstream, the type cannot change after creation,
     /// unless the Service allows a replacement.
-    async fn refuse_other_kind(&self, lb_name: &str, wanted: LbKind) -> Result<()> {
-        let Some(other) = self.other_kind(lb_name, wanted).await? else {
+    pub(super) async fn refuse_other_kind(
+        &self,
+        cluster: &str,
+        service: &ServiceRef,
+        wanted: LbKind,
+    ) -> Result<()> {
+        let Some((other, lb_name)) = self.other_kind(cluster, service, wanted).await? else {
             return Ok(());
         };
         Err(CloudError::invalid(
@@ -280,11 +305,10 @@ impl AwsCloud {
         wanted: LbKind,
         o: &LbOptions,
     ) -> Result<()> {
-        let lb_name = load_balancer_name(&service.uid);
         if !o.allow_replacement {
-            return self.refuse_other_kind(&lb_name, wanted).await;
+            return self.refuse_other_kind(cluster, service, wanted).await;
         }
-        let Some(other) = self.other_kind(&lb_name, wanted).await? else {
+        let Some((other, lb_name)) = self.other_kind(cluster, service, wanted).await? else {
             return Ok(());
         };
         tracing::info!(lb = %lb_name, from = other.title(), to = wanted.title(), "replacing the load balancer, as the Service allows");
@@ -292,10 +316,11 @@ impl AwsCloud {
     }
 
     /// What an ensure of either kind needs before it makes or changes
-    /// anything: the way made for a new load balancer of `kind` (one of
-    /// the other kind refused or replaced, a group it left cleared), the
-    /// target instances, and the placement (`existing_vpc`: that of the
-    /// load balancer there is).
+    /// anything: the way made for a new load balancer of `kind` named
+    /// `lb_name` (one of the other kind refused or replaced, a group it
+    /// left cleared), the target instances, and the placement
+    /// (`existing_vpc`: that of the load balancer there is).
+    #[allow(clippy::too_many_arguments)]
     async fn prepare(
         &self,
         cluster: &str,
@@ -303,6 +328,7 @@ impl AwsCloud {
         hosts: &[Host],
         o: &LbOptions,
         kind: LbKind,
+        lb_name: &str,
         existing_vpc: Option<&str>,
     ) -> Result<(Vec<Ec2Instance>, Placement)> {
         if existing_vpc.is_none() {
@@ -311,8 +337,7 @@ impl AwsCloud {
         let targets = self.target_instances(hosts, o).await?;
         let place = self.placement(cluster, existing_vpc, &targets, o).await?;
         if existing_vpc.is_none() {
-            let lb_name = load_balancer_name(&spec.service.uid);
-            self.clear_leftover_group(cluster, &lb_name, &place.vpc, o)
+            self.clear_leftover_group(cluster, &spec.service, lb_name, &place.vpc, o)
                 .await?;
         }
         Ok((targets, place))
@@ -325,6 +350,7 @@ impl AwsCloud {
     async fn clear_leftover_group(
         &self,
         cluster: &str,
+        service: &ServiceRef,
         lb_name: &str,
         vpc: &str,
         o: &LbOptions,
@@ -332,7 +358,7 @@ impl AwsCloud {
         if !o.allow_replacement {
             return Ok(());
         }
-        self.delete_load_balancer_group(cluster, "replaced load balancer", lb_name, vpc)
+        self.delete_load_balancer_group(cluster, "replaced load balancer", lb_name, vpc, service)
             .await
     }
 
@@ -347,13 +373,14 @@ impl AwsCloud {
         let ls = listenings(spec, o)?;
         let hc = health_check(spec, o, self.settings.shared_health_probe.as_ref())?;
         refuse_unsupported(spec)?;
-        let lb_name = load_balancer_name(&service.uid);
-        let existing = self.owned_nlb(cluster, &lb_name).await?;
+        let mut slot = self.nlb_slot(cluster, service).await?;
+        let lb_name = slot.name()?;
+        let existing = slot.own.take();
         let existing_vpc = existing
             .as_ref()
             .map(|(n, _)| n.vpc_id().unwrap_or_default());
         let (targets, place) = self
-            .prepare(cluster, spec, hosts, o, LbKind::Nlb, existing_vpc)
+            .prepare(cluster, spec, hosts, o, LbKind::Nlb, &lb_name, existing_vpc)
             .await?;
         if let Some((nlb, _)) = &existing {
             check_immutable(nlb, o, &place.subnets)?;
@@ -404,6 +431,7 @@ impl AwsCloud {
                                 &lb_name,
                                 &place.vpc,
                                 &tags,
+                                service,
                             )
                             .await?;
                         (
@@ -434,6 +462,9 @@ impl AwsCloud {
                 nlb.clone()
             }
             None => {
+                if let Some(held) = slot.held_name() {
+                    tracing::warn!(nlb = %lb_name, service = %format!("{}/{}", service.namespace, service.name), "upstream's name for this Service's NLB is taken ({held}): it gets a name of its own");
+                }
                 tracing::info!(nlb = %lb_name, service = %format!("{}/{}", service.namespace, service.name), "creating NLB");
                 self.create_nlb(&lb_name, o, &place.subnets, &groups, &tags)
                     .await?
@@ -446,6 +477,8 @@ impl AwsCloud {
         self.sync_attributes(arn, o).await?;
         let settings = GroupSettings {
             lb_name: &lb_name,
+            lb_arn: arn,
+            service,
             vpc: &place.vpc,
             health_check: &hc,
             attributes: &o.target_group_attributes,
@@ -461,8 +494,14 @@ impl AwsCloud {
         self.delete_stale_target_groups(&before, &wanted).await?;
         if !o.security_groups.is_empty() {
             // The Service names its groups now: a group we made before goes.
-            self.delete_load_balancer_group(cluster, LbKind::Nlb.title(), &lb_name, &place.vpc)
-                .await?;
+            self.delete_load_balancer_group(
+                cluster,
+                LbKind::Nlb.title(),
+                &lb_name,
+                &place.vpc,
+                service,
+            )
+            .await?;
         }
         // One cloud-provider-aws made is ours once it carries our tags;
         // they go on last, so an ensure that failed before adopts again.
@@ -546,15 +585,16 @@ impl AwsCloud {
     ) -> Result<()> {
         let ls = listenings(spec, o)?;
         let hc = health_check(spec, o, self.settings.shared_health_probe.as_ref())?;
-        let lb_name = load_balancer_name(&spec.service.uid);
-        let Some((nlb, _)) = self.owned_nlb(cluster, &lb_name).await? else {
-            return Err(CloudError::NotFound(format!("load balancer {lb_name}")));
+        let Some((nlb, _)) = self.nlb_slot(cluster, &spec.service).await?.own else {
+            return Err(not_found(&spec.service));
         };
+        let lb_name = nlb.load_balancer_name().unwrap_or_default();
         let targets = self.target_instances(hosts, o).await?;
         let group = nlb.security_groups().first().map(String::as_str);
         self.open_nodes_to_nlb_of(cluster, spec, o, &nlb, group, &targets, &ls, &hc)
             .await?;
-        self.update_targets(&lb_name, &ls, &instance_ids(&targets))
+        let arn = nlb.load_balancer_arn().unwrap_or_default();
+        self.update_targets(lb_name, arn, &spec.service, &ls, &instance_ids(&targets))
             .await
     }
 
@@ -569,13 +609,22 @@ impl AwsCloud {
         let listeners = classic_listeners(spec, o)?;
         let hc = health_check(spec, o, self.settings.shared_health_probe.as_ref())?;
         refuse_unsupported(spec)?;
-        let lb_name = load_balancer_name(&service.uid);
-        let existing = self.owned_classic(cluster, &lb_name).await?;
+        let mut slot = self.classic_slot(cluster, service).await?;
+        let lb_name = slot.name()?;
+        let existing = slot.own.take();
         let existing_vpc = existing
             .as_ref()
             .map(|(e, _)| e.vpc_id().unwrap_or_default());
         let (targets, place) = self
-            .prepare(cluster, spec, hosts, o, LbKind::Classic, existing_vpc)
+            .prepare(
+                cluster,
+                spec,
+                hosts,
+                o,
+                LbKind::Classic,
+                &lb_name,
+                existing_vpc,
+            )
             .await?;
         if let Some((elb, _)) = &existing {
             check_classic_immutable(elb, o)?;
@@ -611,6 +660,9 @@ impl AwsCloud {
                 }
             }
             None => {
+                if let Some(held) = slot.held_name() {
+                    tracing::warn!(elb = %lb_name, service = %format!("{}/{}", service.namespace, service.name), "upstream's name for this Service's Classic ELB is taken ({held}): it gets a name of its own");
+                }
                 tracing::info!(elb = %lb_name, service = %format!("{}/{}", service.namespace, service.name), "creating Classic ELB");
                 self.create_classic(&lb_name, &shape).await?
             }
@@ -624,8 +676,14 @@ impl AwsCloud {
             .await?;
         if !self.classic_named_groups(o).is_empty() {
             // The Service names its groups now: a group we made before goes.
-            self.delete_load_balancer_group(cluster, LbKind::Classic.title(), &lb_name, &place.vpc)
-                .await?;
+            self.delete_load_balancer_group(
+                cluster,
+                LbKind::Classic.title(),
+                &lb_name,
+                &place.vpc,
+                service,
+            )
+            .await?;
         }
         Ok(LoadBalancerStatus {
             adopted,
@@ -663,7 +721,14 @@ impl AwsCloud {
         let mut groups = self.classic_named_groups(o);
         if groups.is_empty() {
             let group = self
-                .load_balancer_group(cluster, LbKind::Classic.title(), lb_name, vpc, tags)
+                .load_balancer_group(
+                    cluster,
+                    LbKind::Classic.title(),
+                    lb_name,
+                    vpc,
+                    tags,
+                    &spec.service,
+                )
                 .await?;
             let id = group.group_id().unwrap_or_default();
             let clients = client_rules(
@@ -708,9 +773,8 @@ impl AwsCloud {
         o: &LbOptions,
     ) -> Result<()> {
         classic_listeners(spec, o)?;
-        let lb_name = load_balancer_name(&spec.service.uid);
-        let Some((elb, _)) = self.owned_classic(cluster, &lb_name).await? else {
-            return Err(CloudError::NotFound(format!("load balancer {lb_name}")));
+        let Some((elb, _)) = self.classic_slot(cluster, &spec.service).await?.own else {
+            return Err(not_found(&spec.service));
         };
         let targets = self.target_instances(hosts, o).await?;
         let named = self.classic_named_groups(o);

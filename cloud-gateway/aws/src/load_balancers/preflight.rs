@@ -10,7 +10,7 @@ use std::fmt;
 
 use aws_sdk_elasticloadbalancing::types::LoadBalancerDescription as Elb;
 use aws_sdk_elasticloadbalancingv2::types::{LoadBalancer as Nlb, Tag as ElbTag, TargetGroup};
-use ccm_provider::{CloudError, LoadBalancerSpec, Result, load_balancer_name};
+use ccm_provider::{CloudError, LoadBalancerSpec, Result};
 
 use super::classic::check_classic_immutable;
 use super::classic_config::{ClassicListener, classic_listeners, health_check_target};
@@ -30,6 +30,11 @@ use crate::{AwsCloud, errors};
 pub enum Action {
     /// No load balancer of the Service's name exists: one is made.
     Create,
+    /// The name upstream gives the Service's load balancer is held by
+    /// another Service's (their UIDs begin alike): that one is left
+    /// untouched, and this Service's is found or made under a name of its
+    /// own.
+    Collision,
     /// The load balancer is ours already (it carries our tags).
     Keep,
     /// cloud-provider-aws made it; it is kept as it is, name and address
@@ -55,6 +60,7 @@ impl Action {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Create => "create",
+            Self::Collision => "collision",
             Self::Keep => "keep",
             Self::AdoptInPlace => "adopt-in-place",
             Self::AdoptWithChanges => "adopt-with-changes",
@@ -116,6 +122,24 @@ impl Verdict {
             dns_name: dns.map(str::to_owned),
             details: changes,
         }
+    }
+}
+
+/// `v`, the verdict on a Service whose load balancer has or gets the name
+/// `lb_name` because upstream's is `held` by another's: a collision, said
+/// before whatever else `v` says (a refusal stays one).
+fn collided(v: Verdict, lb_name: &str, held: &str) -> Verdict {
+    let said = format!(
+        "{held}: it is left untouched; this Service's load balancer is {lb_name}, a name of its own"
+    );
+    let action = match v.action {
+        Action::Refuse | Action::Unknown | Action::ImplementedElsewhere => v.action,
+        _ => Action::Collision,
+    };
+    Verdict {
+        action,
+        details: std::iter::once(said).chain(v.details).collect(),
+        ..v
     }
 }
 
@@ -219,48 +243,66 @@ impl AwsCloud {
     ) -> Result<Verdict> {
         let hc = health_check(spec, o, self.settings.shared_health_probe.as_ref())?;
         refuse_unsupported(spec)?;
-        let lb_name = load_balancer_name(&spec.service.uid);
-        match o.kind {
+        let service = &spec.service;
+        let verdict = match o.kind {
             LbKind::Nlb => {
                 let ls = listenings(spec, o)?;
-                match self.owned_nlb(cluster, &lb_name).await? {
+                let mut slot = self.nlb_slot(cluster, service).await?;
+                let (lb_name, held) = (slot.name()?, slot.held_name());
+                let verdict = match slot.own.take() {
                     Some((nlb, tags)) => {
                         self.judge_nlb(cluster, spec, o, &ls, &hc, &nlb, &tags)
-                            .await
+                            .await?
                     }
-                    None => self.judge_new(&lb_name, LbKind::Nlb, o).await,
-                }
+                    None => {
+                        self.judge_new(cluster, spec, &lb_name, LbKind::Nlb, o)
+                            .await?
+                    }
+                };
+                (verdict, lb_name, held)
             }
             LbKind::Classic => {
                 let listeners = classic_listeners(spec, o)?;
-                match self.owned_classic(cluster, &lb_name).await? {
+                let mut slot = self.classic_slot(cluster, service).await?;
+                let (lb_name, held) = (slot.name()?, slot.held_name());
+                let verdict = match slot.own.take() {
                     Some((elb, tags)) => {
                         check_classic_immutable(&elb, o)?;
                         let changes = self
                             .classic_changes(cluster, spec, o, &listeners, &hc, &elb)
                             .await?;
                         let ours = tags.iter().any(|t| t.key() == TAG_SERVICE_UID);
-                        Ok(Verdict::existing(
-                            LbKind::Classic,
-                            &lb_name,
-                            elb.dns_name(),
-                            ours,
-                            changes,
-                        ))
+                        Verdict::existing(LbKind::Classic, &lb_name, elb.dns_name(), ours, changes)
                     }
-                    None => self.judge_new(&lb_name, LbKind::Classic, o).await,
-                }
+                    None => {
+                        self.judge_new(cluster, spec, &lb_name, LbKind::Classic, o)
+                            .await?
+                    }
+                };
+                (verdict, lb_name, held)
             }
-        }
+        };
+        Ok(match verdict {
+            (v, lb_name, Some(held)) => collided(v, &lb_name, &held),
+            (v, _, None) => v,
+        })
     }
 
-    /// No load balancer of `kind` named `lb_name`: one is made, unless
-    /// one of the other kind has the name (refused, or replaced where the
-    /// Service allows it).
-    async fn judge_new(&self, lb_name: &str, kind: LbKind, o: &LbOptions) -> Result<Verdict> {
-        let action = match self.other_kind(lb_name, kind).await? {
+    /// No load balancer of `kind` of the Service's: one is made, named
+    /// `lb_name`, unless the Service has one of the other kind (refused,
+    /// or replaced where the Service allows it).
+    async fn judge_new(
+        &self,
+        cluster: &str,
+        spec: &LoadBalancerSpec,
+        lb_name: &str,
+        kind: LbKind,
+        o: &LbOptions,
+    ) -> Result<Verdict> {
+        let service = &spec.service;
+        let action = match self.other_kind(cluster, service, kind).await? {
             None => Action::Create,
-            Some(other) if o.allow_replacement => {
+            Some((other, lb_name)) if o.allow_replacement => {
                 return Ok(Verdict {
                     kind: Some(kind.title()),
                     load_balancer: Some(lb_name.to_owned()),
@@ -275,12 +317,13 @@ impl AwsCloud {
                 });
             }
             Some(_) => {
-                self.refuse_other_kind(lb_name, kind).await?;
+                self.refuse_other_kind(cluster, service, kind).await?;
                 Action::Create
             }
         };
         Ok(Verdict {
             kind: Some(kind.title()),
+            load_balancer: Some(lb_name.to_owned()),
             ..Verdict::of(action, Vec::new())
         })
     }

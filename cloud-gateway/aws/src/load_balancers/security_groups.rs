@@ -12,12 +12,52 @@ use ccm_provider::{CloudError, Result, ServiceRef};
 
 use super::cidr_rules::{self, MTU, mtu_rules};
 use super::ingress_rules::{Rule, described_rules, permission, rules_from};
-use crate::tags::{self, FILTER_VALUES};
+use crate::tags::{self, FILTER_VALUES, ServedBy};
 use crate::{AwsCloud, errors};
 
 /// The name of a load balancer's own security group.
 pub(super) fn security_group_name(lb_name: &str) -> String {
     format!("k8s-elb-{lb_name}")
+}
+
+/// Whether the load balancer group `g` (named after a load balancer) is
+/// `service`'s: its Service tags name it, or, with none (cloud-provider-aws
+/// tags its Classic ELBs' groups for the cluster only), its description
+/// ends with the Service's `(namespace/name)`, as upstream writes it.
+/// `Err(Conflict)` naming whose it is otherwise.
+fn check_group_serves(g: &SecurityGroup, service: &ServiceRef) -> Result<()> {
+    let value = |key: &str| {
+        g.tags()
+            .iter()
+            .find(|t| t.key() == Some(key))
+            .and_then(|t| t.value())
+    };
+    let whose = match tags::served_by(
+        value(tags::TAG_SERVICE_NAME),
+        value(tags::TAG_SERVICE_UID),
+        service,
+    ) {
+        ServedBy::This => return Ok(()),
+        ServedBy::Unnamed
+            if g.description().is_some_and(|d| {
+                d.ends_with(&format!("({}/{})", service.namespace, service.name))
+            }) =>
+        {
+            return Ok(());
+        }
+        ServedBy::Another(whose) => whose,
+        ServedBy::Unnamed => format!(
+            "no Service its tags or description name ({:?})",
+            g.description().unwrap_or_default()
+        ),
+    };
+    Err(CloudError::Conflict(format!(
+        "security group {} ({}) is {whose}'s, not Service {}/{}'s; it is left alone",
+        g.group_id().unwrap_or_default(),
+        g.group_name().unwrap_or_default(),
+        service.namespace,
+        service.name
+    )))
 }
 
 /// The name cloud-provider-aws gives the security group it makes for an
@@ -81,8 +121,10 @@ fn node_groups_of(
 }
 
 impl AwsCloud {
-    /// The own security group of the load balancer `lb_name` of the kind
-    /// `kind` (e.g. `NLB`), made when missing.
+    /// The own security group of `service`'s load balancer `lb_name` of
+    /// the kind `kind` (e.g. `NLB`), made when missing. `Conflict` when a
+    /// group of its name is another Service's.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn load_balancer_group(
         &self,
         cluster: &str,
@@ -90,9 +132,11 @@ impl AwsCloud {
         lb_name: &str,
         vpc: &str,
         tags: &[(String, String)],
+        service: &ServiceRef,
     ) -> Result<SecurityGroup> {
         let name = security_group_name(lb_name);
         if let Some(group) = self.find_security_group(cluster, vpc, &name).await? {
+            check_group_serves(&group, service)?;
             return Ok(group);
         }
         let tags: Vec<Tag> = tags
@@ -346,18 +390,26 @@ impl AwsCloud {
         Ok(())
     }
 
-    /// Closes the nodes' groups to the own group of the load balancer
-    /// `lb_name` of the kind `kind`, then deletes it; another cluster's
-    /// group of that name is left alone.
+    /// Closes the nodes' groups to the own group of `service`'s load
+    /// balancer `lb_name` of the kind `kind`, then deletes it; another
+    /// cluster's or another Service's group of that name is left alone.
     pub(super) async fn delete_load_balancer_group(
         &self,
         cluster: &str,
         kind: &str,
         lb_name: &str,
         vpc: &str,
+        service: &ServiceRef,
     ) -> Result<()> {
         let name = security_group_name(lb_name);
-        self.delete_group_named(cluster, &name, &format!("{kind} {lb_name}"), vpc)
+        let Some(group) = self.group_to_delete(cluster, vpc, &name).await? else {
+            return Ok(());
+        };
+        if let Err(CloudError::Conflict(why)) = check_group_serves(&group, service) {
+            tracing::warn!(group = %name, "{why}");
+            return Ok(());
+        }
+        self.delete_group(cluster, &group, &format!("{kind} {lb_name}"), vpc)
             .await
     }
 
@@ -371,16 +423,39 @@ impl AwsCloud {
         used_by: &str,
         vpc: &str,
     ) -> Result<()> {
-        let group = match self.find_security_group(cluster, vpc, name).await {
-            Ok(Some(group)) => group,
-            Ok(None) => return Ok(()),
-            // Another cluster's: not ours to delete.
+        match self.group_to_delete(cluster, vpc, name).await? {
+            Some(group) => self.delete_group(cluster, &group, used_by, vpc).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The group named `name` in `vpc` when it is this cluster's; another
+    /// cluster's is not ours to delete.
+    async fn group_to_delete(
+        &self,
+        cluster: &str,
+        vpc: &str,
+        name: &str,
+    ) -> Result<Option<SecurityGroup>> {
+        match self.find_security_group(cluster, vpc, name).await {
             Err(CloudError::Conflict(why)) => {
                 tracing::warn!(group = %name, "{why}");
-                return Ok(());
+                Ok(None)
             }
-            Err(e) => return Err(e),
-        };
+            found => found,
+        }
+    }
+
+    /// Closes the nodes' groups to `group`, that a load balancer
+    /// (`used_by`) had, then deletes it.
+    async fn delete_group(
+        &self,
+        cluster: &str,
+        group: &SecurityGroup,
+        used_by: &str,
+        vpc: &str,
+    ) -> Result<()> {
+        let name = group.group_name().unwrap_or_default();
         let id = group.group_id().unwrap_or_default().to_owned();
         self.close_nodes(vpc, &id).await?;
         match self.ec2.delete_security_group().group_id(&id).send().await {

@@ -16,7 +16,7 @@ use super::elb_tags::{elb_tags_of, tag_value};
 use super::health_check::HealthCheck;
 use super::listeners::Listening;
 use crate::annotations::{HcPort, HcProtocol, TargetGroupAttributes};
-use crate::tags::{self, TAG_SERVICE_NAME, TAG_SERVICE_UID};
+use crate::tags::{self, ServedBy, TAG_SERVICE_NAME, TAG_SERVICE_UID, served_by};
 use crate::{AwsCloud, errors};
 
 /// The target group attribute of the proxy protocol.
@@ -66,6 +66,11 @@ fn target_group_prefix(lb_name: &str) -> String {
     format!("k8s-{}-", &lb_name[1..lb_name.len().min(13)])
 }
 
+/// Whether the NLB `lb_arn` forwards to the target group `g`.
+fn serves_nlb(g: &TargetGroup, lb_arn: &str) -> bool {
+    !lb_arn.is_empty() && g.load_balancer_arns().iter().any(|a| a == lb_arn)
+}
+
 /// The health check protocol in ELBv2's terms.
 fn elbv2_protocol(protocol: HcProtocol) -> ProtocolEnum {
     match protocol {
@@ -103,6 +108,9 @@ pub(super) fn checks_health_as(g: &TargetGroup, hc: &HealthCheck) -> bool {
 /// What every target group of one NLB shares.
 pub(super) struct GroupSettings<'a> {
     pub(super) lb_name: &'a str,
+    /// The NLB's ARN: a group it forwards to is its own.
+    pub(super) lb_arn: &'a str,
+    pub(super) service: &'a ServiceRef,
     pub(super) vpc: &'a str,
     pub(super) health_check: &'a HealthCheck,
     pub(super) attributes: &'a TargetGroupAttributes,
@@ -130,11 +138,15 @@ impl AwsCloud {
     }
 
     /// Makes the instances `ids` the targets of the existing target groups
-    /// of `ls`. A missing group means the ports changed, and only a full
-    /// ensure makes new groups: that is `NotFound`.
+    /// of `ls`, the NLB `lb_arn`'s (by AWS's word that it forwards to them,
+    /// else by their tags, as [`Self::target_group`]). A missing group
+    /// means the ports changed, and only a full ensure makes new groups:
+    /// that is `NotFound`.
     pub(super) async fn update_targets(
         &self,
         lb_name: &str,
+        lb_arn: &str,
+        service: &ServiceRef,
         ls: &[Listening],
         ids: &BTreeSet<String>,
     ) -> Result<()> {
@@ -154,6 +166,9 @@ impl AwsCloud {
             }
             Err(e) => return Err(errors::cloud_error("DescribeTargetGroups", e)),
         };
+        for g in groups.iter().filter(|g| !serves_nlb(g, lb_arn)) {
+            self.check_group_serves(g, service).await?;
+        }
         for (l, name) in ls.iter().zip(&names) {
             let Some(tg) = groups
                 .iter()
@@ -168,10 +183,15 @@ impl AwsCloud {
     }
 
     /// The target group for `l`, made when missing, with the wanted health
-    /// check and attributes.
+    /// check and attributes. One of its name that the NLB does not forward
+    /// to yet is taken only when its tags name the Service.
     async fn target_group(&self, s: &GroupSettings<'_>, l: &Listening) -> Result<TargetGroup> {
         let name = target_group_name(s.lb_name, l);
-        let group = match self.find_target_group(&name).await? {
+        let found = self.find_target_group(&name).await?;
+        if let Some(g) = found.as_ref().filter(|g| !serves_nlb(g, s.lb_arn)) {
+            self.check_group_serves(g, s.service).await?;
+        }
+        let group = match found {
             Some(g) if checks_health_as(&g, s.health_check) => g,
             Some(g) => self.modify_health_check(g, s.health_check).await?,
             None => self.create_target_group(&name, s, l).await?,
@@ -318,6 +338,31 @@ impl AwsCloud {
                 .map_err(|e| errors::cloud_error("DeregisterTargets", e))?;
         }
         Ok(())
+    }
+
+    /// `Conflict` unless the tags of the target group `g` name `service`.
+    async fn check_group_serves(&self, g: &TargetGroup, service: &ServiceRef) -> Result<()> {
+        let arn = g.target_group_arn().unwrap_or_default();
+        let t = self
+            .elb_tags(&[arn.to_owned()])
+            .await?
+            .remove(arn)
+            .unwrap_or_default();
+        match served_by(
+            tag_value(&t, TAG_SERVICE_NAME),
+            tag_value(&t, TAG_SERVICE_UID),
+            service,
+        ) {
+            ServedBy::This => Ok(()),
+            ServedBy::Another(whose) => Err(CloudError::Conflict(format!(
+                "target group {} is {whose}'s; it is left alone",
+                g.target_group_name().unwrap_or_default()
+            ))),
+            ServedBy::Unnamed => Err(CloudError::Conflict(format!(
+                "target group {} names no Service in its tags; it is left alone",
+                g.target_group_name().unwrap_or_default()
+            ))),
+        }
     }
 
     /// Deletes the groups in `before` that no listener of `wanted` uses

@@ -25,13 +25,19 @@ pub(crate) fn service(uid: &str) -> ServiceRef {
 
 /// A valid spec for the Service with `uid`: one TCP port.
 pub(crate) fn spec(uid: &str) -> LoadBalancerSpec {
+    spec_named(uid, "http", 80, 30080)
+}
+
+/// A valid spec for the Service with `uid`: one TCP port `name`, `port`
+/// to `node_port`.
+pub(crate) fn spec_named(uid: &str, name: &str, port: i32, node_port: i32) -> LoadBalancerSpec {
     LoadBalancerSpec {
         service: Some(service(uid)),
         ports: vec![ServicePort {
-            name: "http".into(),
+            name: name.into(),
             protocol: Protocol::Tcp as i32,
-            port: 80,
-            node_port: 30080,
+            port,
+            node_port,
         }],
         ..Default::default()
     }

@@ -3,10 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use ccm_proto::v1::{Host, LoadBalancerSpec, LoadBalancerStatus};
+use ccm_proto::v1::{Host, LoadBalancerSpec, LoadBalancerStatus, ServiceRef};
 use ccm_proto::{Error, GatewayClient, reason};
 
-use crate::checks::fixtures::{host, new_uid, service, spec};
+use crate::checks::fixtures::{host, new_uid, service, spec, spec_named};
 use crate::context::{Context, no_node};
 use crate::outcome::{Outcome, fail};
 
@@ -199,6 +199,117 @@ pub(crate) async fn delete_idempotent(cx: &Context) -> Result<Outcome, String> {
     } else {
         fail(format!("{n} load balancers after ensure, delete, ensure"))
     }
+}
+
+pub(crate) async fn one_service_each(cx: &Context) -> Result<Outcome, String> {
+    let c = cx.client("service")?;
+    let first = new_uid();
+    // The same UID but its last hex digit: upstream's name is the same.
+    let last = if first.ends_with('0') { '1' } else { '0' };
+    let second = format!("{}{last}", &first[..first.len() - 1]);
+    let a = spec(&first);
+    let mut b = spec_named(&second, "collider", 81, 30081);
+    if let Some(s) = b.service.as_mut() {
+        s.name = format!("collider-{}", &second[..8]);
+    }
+    let outcome = one_service_each_of(cx, &c, &a, &b).await;
+    let _ = c.delete_load_balancer(service_of(&b)).await;
+    let _ = c.delete_load_balancer(service_of(&a)).await;
+    outcome
+}
+
+async fn one_service_each_of(
+    cx: &Context,
+    c: &GatewayClient,
+    a: &LoadBalancerSpec,
+    b: &LoadBalancerSpec,
+) -> Result<Outcome, String> {
+    let (first, second) = (service_of(a), service_of(b));
+    let made = ensure(c, a, &[], cx.target.patience).await?;
+    let listed_before = listed(c, &first.uid).await?;
+    // The second Service: a load balancer of its own, or a refusal
+    // naming the holder; either way the first's stays as it was.
+    let own = match c.ensure_load_balancer(b.clone(), Vec::new()).await {
+        Err(Error::AlreadyExists { .. }) => None,
+        Err(Error::RetryAfter { reason: r, .. }) if r == reason::PROVISIONING => {
+            Some(ensure(c, b, &[], cx.target.patience).await?)
+        }
+        Ok(status) => Some(status),
+        Err(e) => return fail(format!("the second Service's ensure: {e}")),
+    };
+    if own
+        .as_ref()
+        .is_some_and(|s| !s.ingress.is_empty() && s.ingress == made.ingress)
+    {
+        return fail(format!(
+            "the second Service was given the first's address {:?}",
+            made.ingress
+        ));
+    }
+    let (got_a, got_b) = tokio::join!(
+        c.get_load_balancer(first.clone()),
+        c.get_load_balancer(second.clone())
+    );
+    let got_a = got_a.map_err(|e| format!("get the first: {e}"))?;
+    let got_b = got_b.map_err(|e| format!("get the second: {e}"))?;
+    if got_a.status.as_ref() != Some(&made) {
+        return fail(format!(
+            "after the second's ensure the first's status is {:?}, was {made:?}",
+            got_a.status
+        ));
+    }
+    if got_b.exists != own.is_some()
+        || (own.is_some()
+            && got_b.status.as_ref().map(|s| &s.ingress) != own.as_ref().map(|s| &s.ingress))
+    {
+        return fail(format!(
+            "get answers {got_b:?} for the second Service, whose ensure answered {own:?}"
+        ));
+    }
+    if own.is_some() {
+        c.update_load_balancer_hosts(b.clone(), Vec::new())
+            .await
+            .map_err(|e| format!("update the second's hosts: {e}"))?;
+    }
+    c.delete_load_balancer(second.clone())
+        .await
+        .map_err(|e| format!("delete the second: {e}"))?;
+    let listed_after = listed(c, &first.uid).await?;
+    let after = c
+        .get_load_balancer(first)
+        .await
+        .map_err(|e| format!("get the first: {e}"))?;
+    if listed_after != listed_before || after.status.as_ref() != Some(&made) {
+        return fail(format!(
+            "the second's ensure, update and delete changed the first's load balancer: listed {listed_before:?}, then {listed_after:?}; status {made:?}, then {:?}",
+            after.status
+        ));
+    }
+    if lb_count(c, &second.uid).await? != 0 {
+        return fail("the second Service's load balancer is listed after its delete");
+    }
+    Ok(Outcome::Pass)
+}
+
+/// The Service of `spec`.
+fn service_of(spec: &LoadBalancerSpec) -> ServiceRef {
+    spec.service.clone().unwrap_or_default()
+}
+
+/// The load balancers listed for the Service `uid`, as (name, Service,
+/// hosts).
+async fn listed(
+    client: &GatewayClient,
+    uid: &str,
+) -> Result<Vec<(String, Option<ServiceRef>, Vec<String>)>, String> {
+    Ok(client
+        .list_load_balancers()
+        .await
+        .map_err(|e| format!("list: {e}"))?
+        .into_iter()
+        .filter(|lb| lb.service.as_ref().is_some_and(|s| s.uid == uid))
+        .map(|lb| (lb.name, lb.service, lb.hosts))
+        .collect())
 }
 
 /// Ensures until the load balancer is provisioned, as a controller does:
