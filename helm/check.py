@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import helm_python as helm
@@ -27,6 +29,8 @@ import yaml
 CHART = Path(__file__).resolve().parent / "cloud-controller-manager"
 RELEASE, NAMESPACE = "ccm", "kube-system"
 CONTROLLERS = ("nodeController", "serviceController", "routeController")
+# gateway.provider has no default: the checks not about a provider run on the sim.
+SIM = {"gateway": {"provider": "sim"}}
 COMPONENTS = {"gateway": "gateway", "nodeController": "node-controller",
               "serviceController": "service-controller", "routeController": "route-controller"}
 
@@ -59,6 +63,20 @@ def render(values: dict | None = None, release: str = RELEASE, namespace: str = 
             continue
         docs.extend(d for d in yaml.safe_load_all(text) if d)
     return docs
+
+
+def render_sim(values: dict | None = None) -> list[dict]:
+    """`render` with `values` over gateway.provider=sim."""
+    return render(merge(SIM, values or {}))
+
+
+def render_unchecked(values: dict) -> None:
+    """Renders as `helm template --skip-schema-validation` does: a copy of
+    the chart without its schema, so only the templates' own checks run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = Path(tmp) / CHART.name
+        shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("values.schema.json"))
+        helm.Chart.load(chart).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
 
 
 class Checks:
@@ -137,11 +155,11 @@ def validate_all(c: Checks, docs: list[dict], label: str) -> None:
 def check() -> int:
     c = Checks()
 
-    report = helm.lint(str(CHART), strict=True, kube_version="v1.33.0", namespace=NAMESPACE)
+    report = helm.lint(str(CHART), SIM, strict=True, kube_version="v1.33.0", namespace=NAMESPACE)
     problems = [m for m in report.get("messages", []) if m["severity"] >= 2] + report.get("errors", [])
     c.expect(not problems, f"helm lint --strict: {problems}")
 
-    defaults = render()
+    defaults = render_sim()
     validate_all(c, defaults, "defaults")
     k = kinds(defaults)
     c.expect(len(k.get("Deployment", [])) == 4, f"4 Deployments by default, got {k.get('Deployment')}")
@@ -167,10 +185,10 @@ def check() -> int:
              "services/proxy only to the gateway")
     gateway_ports = {p["name"] for p in by_name[("Service", "ccm-gateway")]["spec"]["ports"]}
     c.expect(gateway_ports == {"grpc", "admin"}, f"the gateway Service serves grpc and admin: {gateway_ports}")
-    bound = kinds(render({"viewer": {"subjects": [{"kind": "Group", "name": "sre"}]}}))
+    bound = kinds(render_sim({"viewer": {"subjects": [{"kind": "Group", "name": "sre"}]}}))
     c.expect("ccm-viewer" in bound.get("ClusterRoleBinding", []) and "ccm-viewer" in bound.get("RoleBinding", []),
              "viewer.subjects binds both roles")
-    c.expect("ccm-viewer" not in kinds(render({"viewer": {"create": False}})).get("Role", []),
+    c.expect("ccm-viewer" not in kinds(render_sim({"viewer": {"create": False}})).get("Role", []),
              "viewer.create=false leaves the roles out")
 
     # Bootstrap and hardening, in every pod.
@@ -203,8 +221,9 @@ def check() -> int:
 
     # Each component off on its own.
     for key, component in COMPONENTS.items():
-        docs = render(deep_set({}, f"{key}.enabled", False) | (
-            {"gateway": {"enabled": False, "address": "http://10.0.0.10:7400"}} if key == "gateway" else {}))
+        # Without the gateway there is no provider to name.
+        docs = render({"gateway": {"enabled": False, "address": "http://10.0.0.10:7400"}} if key == "gateway"
+                      else merge(SIM, deep_set({}, f"{key}.enabled", False)))
         validate_all(c, docs, f"{key} off")
         names = [d["metadata"]["name"] for d in docs]
         c.expect(f"ccm-{component}" not in [d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"],
@@ -217,7 +236,7 @@ def check() -> int:
              "controllers use gateway.address when the gateway is elsewhere")
 
     # Options.
-    opts = render({
+    opts = render_sim({
         "hostNetwork": True,
         "serviceMonitor": {"enabled": True},
         "gateway": {"credentials": {"data": {"key.json": "{}"}}, "config": {"cache-ttl": "30s"}},
@@ -240,15 +259,15 @@ def check() -> int:
             c.expect("--concurrent-node-syncs=64" in ctr["args"] and "--lookup-batch-size=50" in ctr["args"],
                      "config and extraArgs reach the node controller")
     # Traces: every component exports to the collector named.
-    traced = render({"tracing": {"otlpEndpoint": "http://otel-collector.monitoring:4317"}})
+    traced = render_sim({"tracing": {"otlpEndpoint": "http://otel-collector.monitoring:4317"}})
     c.expect(all("--otlp-endpoint=http://otel-collector.monitoring:4317" in ctr["args"] for _, ctr in containers(traced))
              and len(list(containers(traced))) == 4, "tracing.otlpEndpoint reaches all four components")
-    c.expect(not any("--otlp-endpoint" in " ".join(ctr["args"]) for _, ctr in containers(render())),
+    c.expect(not any("--otlp-endpoint" in " ".join(ctr["args"]) for _, ctr in containers(render_sim())),
              "no trace export by default")
 
     # Monitoring: the dashboard for Grafana's sidecar and the alert rules.
-    mon = render({"grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Kubernetes"}},
-                  "prometheusRule": {"enabled": True, "labels": {"release": "prom"}}})
+    mon = render_sim({"grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Kubernetes"}},
+                      "prometheusRule": {"enabled": True, "labels": {"release": "prom"}}})
     validate_all(c, mon, "monitoring")
     dash = next((d for d in mon if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "ccm-dashboard"), None)
     c.expect(dash is not None and dash["metadata"]["labels"].get("grafana_dashboard") == "1"
@@ -259,12 +278,12 @@ def check() -> int:
     rule = next((d for d in mon if d["kind"] == "PrometheusRule"), None)
     c.expect(rule is not None and rule["metadata"]["labels"].get("release") == "prom",
              "prometheusRule.enabled adds a PrometheusRule with its labels")
-    c.expect("ConfigMap" not in kinds(render()) and "PrometheusRule" not in kinds(render()),
+    c.expect("ConfigMap" not in kinds(render_sim()) and "PrometheusRule" not in kinds(render_sim()),
              "no dashboard and no rules by default")
-    partial = render({"prometheusRule": {"enabled": True}, "routeController": {"enabled": False}})
+    partial = render_sim({"prometheusRule": {"enabled": True}, "routeController": {"enabled": False}})
     c.expect(not any("route_controller" in q or "ccm-route-controller" in q for q in rule_queries(partial)),
              "no alert watches a controller that is not installed")
-    existing = render({"gateway": {"credentials": {"existingSecret": "cloud-keys"}}})
+    existing = render_sim({"gateway": {"credentials": {"existingSecret": "cloud-keys"}}})
     gw = next(d for d in existing if d["kind"] == "Deployment" and d["metadata"]["name"] == "ccm-gateway")
     c.expect(any(v.get("secret", {}).get("secretName") == "cloud-keys" for v in gw["spec"]["template"]["spec"]["volumes"])
              and "Secret" not in kinds(existing), "an existing Secret is mounted, none created")
@@ -311,7 +330,7 @@ def check() -> int:
              f"instance tags reach the node controller as one argument: {node['args']}")
     node = next(ctr for d, ctr in containers(aws) if d["metadata"]["name"] == "ccm-node-controller")
     c.expect(not any(a.startswith("--instance-tags") for a in node["args"]), "no tagging unless asked")
-    approving = render({"nodeController": {"approveKubeletServingCSRs": True}})
+    approving = render_sim({"nodeController": {"approveKubeletServingCSRs": True}})
     node = next(ctr for d, ctr in containers(approving) if d["metadata"]["name"] == "ccm-node-controller")
     c.expect("--approve-kubelet-serving-csrs=true" in node["args"], f"the approver is asked for: {node['args']}")
     role = next(d for d in approving if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "ccm-node-controller")
@@ -319,13 +338,13 @@ def check() -> int:
     c.expect(signers == [{"apiGroups": ["certificates.k8s.io"], "resources": ["signers"],
                           "resourceNames": ["kubernetes.io/kubelet-serving"], "verbs": ["approve"]}],
              f"approve on the kubelet-serving signer only: {signers}")
-    plain = next(d for d in render({}) if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "ccm-node-controller")
+    plain = next(d for d in render_sim({}) if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "ccm-node-controller")
     c.expect(not any("certificates.k8s.io" in r["apiGroups"] for r in plain["rules"]), "no CSR rights unless asked")
     routed = render({**aws_values, "routeController": {"enabled": True}})
     c.expect("ccm-route-controller" in names(routed, "Deployment"),
              "routeController.enabled=true runs it on AWS")
-    c.expect("ccm-route-controller" in names(render({}), "Deployment"),
-             "the route controller runs by default on other providers")
+    c.expect("ccm-route-controller" in names(render_sim({}), "Deployment"),
+             "the route controller runs by default on the sim")
     irsa = render({"gateway": {"provider": "aws", "aws": {"region": "us-east-1"},
                                "serviceAccount": {"annotations": {
                                    "eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/ccm"}}}})
@@ -352,7 +371,7 @@ def check() -> int:
         "an OTLP endpoint that is not a URL": {"tracing": {"otlpEndpoint": "collector:4317"}},
         "unknown top-level key": {"gatewy": {}},
         "unknown nested key": {"gateway": {"replica": 1}},
-        "two sim gateways": {"gateway": {"replicas": 2}},
+        "two sim gateways": {"gateway": {"provider": "sim", "replicas": 2}},
         "a bad cluster CIDR": {"routeController": {"clusterCIDR": "10.244.0.0"}},
         "extraArgs without dashes": {"serviceController": {"extraArgs": ["verbose"]}},
         "an unknown provider": {"gateway": {"provider": "aws-typo"}},
@@ -376,6 +395,21 @@ def check() -> int:
         c.expect(False, "a disabled gateway without gateway.address must fail to render")
     except helm.HelmError as e:
         c.expect("gateway.address" in str(e), f"the render error names gateway.address: {e}")
+
+    # No default provider: installed as it comes, the sim would run on a
+    # real cluster and have its Nodes deleted. An unknown one fails in the
+    # schema and, with the schema skipped, in the templates.
+    for what, attempt in (("no provider", lambda: render()),
+                          ("an unknown provider", lambda: render({"gateway": {"provider": "cloudy"}})),
+                          ("an unknown provider, schema skipped",
+                           lambda: render_unchecked({"gateway": {"provider": "cloudy"}}))):
+        try:
+            attempt()
+            c.expect(False, f"{what} must fail to render")
+        except helm.HelmError as e:
+            c.expect("aws" in str(e) and "sim" in str(e), f"{what}: the render error names aws and sim: {e}")
+            if what != "an unknown provider":
+                c.expect("throwaway cluster" in str(e), f"{what}: the render error says what sim is for: {e}")
 
     for f in c.failures:
         print(f"FAIL {f}")
@@ -403,7 +437,12 @@ def main() -> int:
     for item in args.set:
         key, _, value = item.partition("=")
         values = deep_set(values, key, yaml.safe_load(value))
-    print(yaml.safe_dump_all(render(values, args.release, args.namespace), sort_keys=False), end="")
+    try:
+        docs = render(values, args.release, args.namespace)
+    except helm.HelmError as e:
+        print(f"helm/check.py render: {e}", file=sys.stderr)
+        return 1
+    print(yaml.safe_dump_all(docs, sort_keys=False), end="")
     return 0
 
 

@@ -74,9 +74,9 @@ pub struct Args {
     /// Kubeconfig for TokenReview; without it, $KUBECONFIG or the in-cluster config.
     #[arg(long)]
     pub kubeconfig: Option<String>,
-    /// The cloud provider.
-    #[arg(long, env = "CLOUD_GATEWAY_PROVIDER", default_value = "sim")]
-    pub provider: String,
+    /// The cloud provider, required: aws, or sim (the simulated cloud, for trying things out: it knows none of a real cluster's machines).
+    #[arg(long, env = "CLOUD_GATEWAY_PROVIDER")]
+    pub provider: Option<String>,
     /// Log format: plain or json.
     #[arg(long, env = "CLOUD_GATEWAY_LOG_FORMAT", default_value = "plain")]
     pub log_format: String,
@@ -259,9 +259,9 @@ pub enum ProviderKind {
 
 /// Providers this build has, for error messages.
 const PROVIDERS: &str = if cfg!(feature = "aws") {
-    "sim, aws"
+    "aws (Amazon Web Services) or sim (the simulated cloud, for trying things out)"
 } else {
-    "sim (this gateway was built without the aws feature)"
+    "sim (the simulated cloud, for trying things out; this gateway was built without the aws feature)"
 };
 
 /// The checked configuration.
@@ -310,11 +310,13 @@ fn cidrs(p: &mut Problems, key: &str, value: &str) -> Vec<IpNet> {
 }
 
 impl Settings {
-    /// Defaults on loopback with free ports and generated tokens, for tests
-    /// and the sandbox.
+    /// Defaults on the simulated cloud, on loopback with free ports and
+    /// generated tokens, for tests and the sandbox.
     pub fn local(state_dir: impl Into<PathBuf>) -> Self {
         let args = Args::try_parse_from([
             "cloud-gateway",
+            "--provider",
+            "sim",
             "--listen",
             "127.0.0.1:0",
             "--admin-listen",
@@ -334,13 +336,7 @@ impl Settings {
         if args.state_dir.is_empty() {
             p.push("state-dir", "must not be empty");
         }
-        let provider = p.parse("provider", &args.provider, |s| match s {
-            "sim" => Ok(ProviderKind::Sim),
-            "aws" if cfg!(feature = "aws") => Ok(ProviderKind::Aws),
-            other => Err(format!(
-                "unknown provider {other:?}; available: {PROVIDERS}"
-            )),
-        });
+        let provider = provider(&mut p, args);
         let log_format = p.parse("log-format", &args.log_format, str::parse::<LogFormat>);
         p.parse("log-level", &args.log_level, parse_filter);
         let otlp_endpoint = args.otlp_endpoint.as_ref().map(|endpoint| {
@@ -383,6 +379,26 @@ impl Settings {
 // Each section below checks its flags, records every problem in `p`, and
 // returns its settings only when it found none (a value is then present:
 // `Settings::from_args` builds settings only when `p` holds no problem).
+
+/// The provider has no default: installed on a real cluster, a gateway on
+/// the sim would answer that none of its machines exist, and the node
+/// lifecycle controller deletes a NotReady Node whose instance does not.
+fn provider(p: &mut Problems, args: &Args) -> Option<ProviderKind> {
+    let Some(name) = args.provider.as_deref().filter(|s| !s.trim().is_empty()) else {
+        p.push(
+            "provider",
+            format!(
+                "required, with no default (--provider, CLOUD_GATEWAY_PROVIDER or the config file's provider): {PROVIDERS}"
+            ),
+        );
+        return None;
+    };
+    p.parse("provider", name, |s| match s.trim() {
+        "sim" => Ok(ProviderKind::Sim),
+        "aws" if cfg!(feature = "aws") => Ok(ProviderKind::Aws),
+        _ => Err(format!("not a provider; use {PROVIDERS}")),
+    })
+}
 
 fn tokens(p: &mut Problems, args: &Args) -> Option<Tokens> {
     let file = args.tokens_file.as_ref()?;
@@ -881,13 +897,47 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_valid() {
-        let s = parse(&[]).unwrap();
+    fn defaults_are_valid_once_a_provider_is_named() {
+        let s = parse(&["--provider", "sim"]).unwrap();
+        assert_eq!(s.provider, ProviderKind::Sim);
         assert_eq!(s.listen, "0.0.0.0:7400".parse().unwrap());
         assert_eq!(s.budget, BudgetConfig::default());
         assert_eq!(s.limits, Limits::default());
         assert_eq!(s.lookups, LookupConfig::default());
         assert_eq!(s.sim.lb_pool, SimConfig::default().lb_pool);
+    }
+
+    #[test]
+    fn no_provider_is_a_problem_named_with_the_providers_beside_the_others() {
+        for missing in [&[][..], &["--provider", " "]] {
+            let args: Vec<&str> = missing
+                .iter()
+                .copied()
+                .chain(["--budget-rate=-3"])
+                .collect();
+            let problems = parse(&args).unwrap_err();
+            let keys: Vec<_> = problems
+                .list()
+                .iter()
+                .map(|p| p.split(':').next().unwrap())
+                .collect();
+            assert_eq!(keys, ["provider", "budget-rate"], "{problems}");
+            let provider = &problems.list()[0];
+            for name in [
+                "required",
+                "aws",
+                "sim (the simulated cloud, for trying things out",
+            ] {
+                assert!(provider.contains(name), "{name} missing from {provider}");
+            }
+        }
+        let problems = parse(&["--provider", "cloudy"]).unwrap_err().to_string();
+        for part in [
+            "provider: \"cloudy\": not a provider; use",
+            "sim (the simulated cloud",
+        ] {
+            assert!(problems.contains(part), "{part} missing from {problems}");
+        }
     }
 
     #[test]
@@ -938,11 +988,12 @@ mod tests {
         let file = dir.path().join("gateway.yaml");
         std::fs::write(
             &file,
-            "listen: 127.0.0.1:9000\nbudget-rate: 5\nsim-zones: [z1]\n",
+            "provider: sim\nlisten: 127.0.0.1:9000\nbudget-rate: 5\nsim-zones: [z1]\n",
         )
         .unwrap();
         let path = file.to_str().unwrap();
         let s = parse(&["--config", path, "--budget-rate", "7"]).unwrap();
+        assert_eq!(s.provider, ProviderKind::Sim);
         assert_eq!(s.listen, "127.0.0.1:9000".parse().unwrap());
         assert_eq!(s.budget.rate, 7.0);
         assert_eq!(s.sim.zones, ["z1"]);

@@ -420,6 +420,7 @@ fn invalid_configuration_exits_non_zero_listing_every_problem() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     for key in [
         "listen:",
+        "provider: required",
         "budget-rate:",
         "batch-window:",
         "log-format:",
@@ -436,6 +437,8 @@ fn the_binary_serves_audits_writes_without_leaking_tokens_and_drains_on_sigterm(
     let dir = tempfile::tempdir().unwrap();
     let mut child = gateway_binary()
         .args([
+            "--provider",
+            "sim",
             "--listen",
             "127.0.0.1:0",
             "--admin-listen",

@@ -4051,7 +4051,6 @@ async fn two_services_whose_uids_begin_alike_get_a_classic_elb_each_and_never_to
 #[tokio::test]
 async fn a_load_balancer_cloud_provider_aws_made_for_another_service_is_never_adopted() {
     let env = env(2, &[]).await;
-    let client = env.gateway.client("service", CLUSTER);
     let first = service_named("first", FIRST_UID);
     let second = service_named("second", SECOND_UID);
     let name = ccm_provider::load_balancer_name(FIRST_UID);

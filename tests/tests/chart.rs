@@ -20,6 +20,8 @@ fn a_person_can_render_the_chart_with_their_values() {
         "--namespace",
         "cloud",
         "--set",
+        "gateway.provider=sim",
+        "--set",
         "routeController.enabled=false",
         "--set",
         "nodeController.replicas=3",
@@ -50,11 +52,39 @@ fn a_person_can_render_the_chart_with_their_values() {
     );
 }
 
+/// Installed as it comes on a real cluster, a default sim would know none
+/// of its machines: nodes would keep the uninitialized taint and the node
+/// controller would delete every NotReady Node. So the chart renders
+/// nothing until `gateway.provider` names a provider it has.
+#[test]
+fn the_chart_renders_nothing_without_a_known_provider() {
+    let missing = ccm_testkit::chart::run(&["render"])
+        .unwrap_err()
+        .to_string();
+    let (_, why) = missing.split_once("failed:").unwrap();
+    for part in [
+        "gateway.provider is required",
+        "aws",
+        "sim (the simulated cloud",
+        "throwaway cluster",
+    ] {
+        assert!(why.contains(part), "{part} missing from {why}");
+    }
+    let unknown = ccm_testkit::chart::run(&["render", "--set", "gateway.provider=cloudy"])
+        .unwrap_err()
+        .to_string();
+    let (_, why) = unknown.split_once("failed:").unwrap();
+    for part in ["provider", "aws", "sim"] {
+        assert!(why.contains(part), "{part} missing from {why}");
+    }
+}
+
 /// Every PromQL query of the rendered dashboard and alert rules.
 fn monitoring_queries() -> Vec<String> {
     let docs = ccm_testkit::chart::render_objects(
         &[],
         &[
+            "gateway.provider=sim".into(),
             "grafanaDashboard.enabled=true".into(),
             "prometheusRule.enabled=true".into(),
         ],

@@ -13,6 +13,13 @@ use ccm_testkit::kubelet::{self, Node};
 use kube_test_apiserver::ApiServer;
 use serde_json::Value;
 
+/// The simulated cloud, and ports free on this machine (see [`ports`]).
+fn on_the_sim() -> Vec<String> {
+    let mut sets = ports();
+    sets.push("gateway.provider=sim".into());
+    sets
+}
+
 /// Ports for every component, free on this machine (the chart's own would
 /// collide with other tests).
 fn ports() -> Vec<String> {
@@ -91,7 +98,7 @@ async fn start_all(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_pods_run_and_become_ready() {
-    let objects = ccm_testkit::chart::render_objects(&[], &ports()).unwrap();
+    let objects = ccm_testkit::chart::render_objects(&[], &on_the_sim()).unwrap();
     run(objects, BTreeMap::new()).await;
 }
 
@@ -142,7 +149,7 @@ async fn the_aws_pods_run_with_credentials_from_a_secret_and_become_ready() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_whose_flags_its_binary_refuses_is_named() {
-    let mut sets = ports();
+    let mut sets = on_the_sim();
     sets.push("nodeController.extraArgs=[--concurrent-node-syncs=0]".into());
     let objects = ccm_testkit::chart::render_objects(&[], &sets).unwrap();
     let err = start_all(&objects, BTreeMap::new())

@@ -18,8 +18,13 @@ use prost::Message;
 const BOUND: u64 = 128 * 1024 * 1024;
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// A gateway on the sim with `args`.
 async fn gateway(dir: &Path, args: &[String]) -> GatewayProcess {
-    let gw = GatewayProcess::start(&ccm_testkit::bin_dir(), dir, args, &[])
+    let args: Vec<String> = ["--provider".into(), "sim".into()]
+        .into_iter()
+        .chain(args.iter().cloned())
+        .collect();
+    let gw = GatewayProcess::start(&ccm_testkit::bin_dir(), dir, &args, &[])
         .await
         .unwrap();
     assert!(

@@ -150,6 +150,8 @@ async fn the_image_runs_the_gateway_as_non_root_on_a_read_only_root() {
             "--network",
             "host",
             &name,
+            "--provider",
+            "sim",
             "--listen",
             &format!("127.0.0.1:{grpc}"),
             "--admin-listen",

@@ -43,6 +43,7 @@ impl Cluster {
         ccm_testkit::chart::render_to(
             &policy,
             &[
+                "gateway.provider=sim",
                 "nodeController.approveKubeletServingCSRs=true",
                 "viewer.subjects=[{kind: User, name: operator}]",
             ],

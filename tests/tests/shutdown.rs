@@ -221,7 +221,7 @@ async fn the_gateway_the_api_server_and_the_sandbox_exit_on_sigterm() {
     let gw = GatewayProcess::start(
         &ccm_testkit::bin_dir(),
         &dir.path().join("gateway"),
-        &[],
+        &["--provider".into(), "sim".into()],
         &[],
     )
     .await

@@ -22,6 +22,19 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* The gateway's provider, checked: there is no default, since the sim on a
+real cluster knows none of its machines and has its Nodes deleted. */}}
+{{- define "ccm.provider" -}}
+{{- $sim := "sim (the simulated cloud, only for trying the chart on a throwaway cluster: it deletes the Nodes it does not know)" -}}
+{{- $provider := .Values.gateway.provider | default "" -}}
+{{- if not $provider -}}
+{{- fail (printf "gateway.provider is required: aws (with gateway.aws.region; see helm/aws/README.md) or %s" $sim) -}}
+{{- else if not (has $provider (list "aws" "sim")) -}}
+{{- fail (printf "gateway.provider %q is not a provider: use aws or %s" $provider $sim) -}}
+{{- end -}}
+{{- $provider -}}
+{{- end -}}
+
 {{/* Labels selecting one component's pods: (dict "root" $ "component" "gateway"). */}}
 {{- define "ccm.selector" -}}
 app.kubernetes.io/name: cloud-controller-manager

@@ -61,6 +61,8 @@ impl GatewayProcess {
     /// Starts `<bin_dir>/cloud-gateway` with `args` after its listen
     /// addresses and state directory, and `env` on top of a cleared
     /// environment (so nothing of this machine's AWS setup leaks in).
+    /// `args` name the provider (`--provider sim`): the gateway has no
+    /// default.
     pub async fn start(
         bin_dir: &Path,
         dir: &Path,

@@ -577,7 +577,7 @@ impl Sandbox {
     /// per node). Returns the gateway's flags and environment for it.
     async fn cloud(&mut self) -> anyhow::Result<(Vec<String>, Vec<(String, String)>)> {
         if self.options.cloud == CloudKind::Sim {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok((vec!["--provider".into(), "sim".into()], Vec::new()));
         }
         let state = self.options.state_dir.clone();
         let moto = Moto::start(&state.join("moto")).await?;
