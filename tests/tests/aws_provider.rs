@@ -4017,35 +4017,38 @@ async fn the_second_never_touches_the_first(
     );
 }
 
-#[tokio::test]
-async fn two_services_whose_uids_begin_alike_get_an_nlb_each_and_never_touch_the_others() {
+/// The first Service's load balancer (an NLB when `nlb`) made by an
+/// ensure, then the second's beside it.
+async fn two_services_beside_each_other(nlb: bool) {
     let env = env(2, &[]).await;
     let client = env.gateway.client("service", CLUSTER);
     let first = service_named("first", FIRST_UID);
     let second = service_named("second", SECOND_UID);
-    let web = |p, np| vec![port("web", Protocol::Tcp, p, np)];
-    let a = for_service(lb_spec("x", web(80, 30080), &[]), &first);
+    let spec = |p, np| {
+        let ports = vec![port("web", Protocol::Tcp, p, np)];
+        if nlb {
+            lb_spec("x", ports, &[])
+        } else {
+            classic_spec("x", ports, &[])
+        }
+    };
+    let a = for_service(spec(80, 30080), &first);
     ensure_ready(&client, &a, &hosts(&env.seeded.instances[..1])).await;
     let name = ccm_provider::load_balancer_name(FIRST_UID);
-    let before = whole_lb(&env, true, &name).await.unwrap();
+    let before = whole_lb(&env, nlb, &name).await.unwrap();
     assert!(before.contains("default/first"), "{before}");
-    let b = for_service(lb_spec("x", web(81, 30081), &[]), &second);
-    the_second_never_touches_the_first(&env, true, &first, &name, &before, b).await;
+    let b = for_service(spec(81, 30081), &second);
+    the_second_never_touches_the_first(&env, nlb, &first, &name, &before, b).await;
+}
+
+#[tokio::test]
+async fn two_services_whose_uids_begin_alike_get_an_nlb_each_and_never_touch_the_others() {
+    two_services_beside_each_other(true).await;
 }
 
 #[tokio::test]
 async fn two_services_whose_uids_begin_alike_get_a_classic_elb_each_and_never_touch_the_others() {
-    let env = env(2, &[]).await;
-    let client = env.gateway.client("service", CLUSTER);
-    let first = service_named("first", FIRST_UID);
-    let second = service_named("second", SECOND_UID);
-    let web = |p, np| vec![port("web", Protocol::Tcp, p, np)];
-    let a = for_service(classic_spec("x", web(80, 30080), &[]), &first);
-    ensure_ready(&client, &a, &hosts(&env.seeded.instances[..1])).await;
-    let name = ccm_provider::load_balancer_name(FIRST_UID);
-    let before = whole_lb(&env, false, &name).await.unwrap();
-    let b = for_service(classic_spec("x", web(81, 30081), &[]), &second);
-    the_second_never_touches_the_first(&env, false, &first, &name, &before, b).await;
+    two_services_beside_each_other(false).await;
 }
 
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! The chaos soak at smoke size, through its real binary: two minutes of
-//! churn, cloud faults and every process (the API server and the gateway
-//! included) killed or frozen in turn, with the invariants checked all
-//! along; then convergence with nothing leaked.
+//! churn (made-up Services whose UIDs collide with real ones' in the load
+//! balancer name among it), cloud faults and every process (the API
+//! server and the gateway included) killed or frozen in turn, with the
+//! invariants checked all along; then convergence with nothing leaked.
 
 use std::process::Command;
 
@@ -85,6 +86,18 @@ fn two_minutes_of_chaos_break_no_invariant_and_the_system_converges() {
     for action in ["node joins", "Service created", "greedy certificate asked"] {
         assert!(churn.contains_key(action), "no {action}: {summary:#}");
     }
+    // A few rounds of another tool asking for a load balancer for a
+    // made-up Service whose UID collides with a real one's in the name,
+    // answered or refused, and deleted again.
+    let times = |action: &str| churn.get(action).and_then(|n| n.as_u64()).unwrap_or(0);
+    assert!(
+        times("colliding Service ensured") + times("colliding Service refused") >= 2,
+        "fewer than two collision rounds: {summary:#}"
+    );
+    assert!(
+        times("colliding Service deleted") >= 2,
+        "fewer than two made-up load balancers deleted: {summary:#}"
+    );
     assert!(
         report.contains("| invariant violations | 0 | 0 | yes |"),
         "{report}"

@@ -2,14 +2,23 @@
 //! joining, stopping (and coming back), terminated; LoadBalancer Services
 //! created, changed, deleted; node labels changed; a kubelet asking for a
 //! certificate naming another node's address, which must never be
-//! approved.
+//! approved; and another tool that names load balancers the same way
+//! asking the gateway for one for a made-up Service whose UID differs from
+//! a real Service's only in its last hex digit (so the name upstream gives
+//! both load balancers is the same), which must never take the real
+//! Service's load balancer (see [`Collision`]).
 
 use std::collections::BTreeSet;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use ccm_proto::v1::{CreateInstanceRequest, InstanceId, ListInstancesRequest};
+use ccm_proto::v1::{
+    CreateInstanceRequest, InstanceId, ListInstancesRequest, LoadBalancerSpec, Protocol,
+    ServicePort, ServiceRef,
+};
+use ccm_provider_sim::store::LoadBalancerRecord;
 use ccm_sandbox::Handle;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Node, NodeAddress, Service};
@@ -21,12 +30,52 @@ use crate::{Counts, Options, count, rng};
 /// The name prefix of the certificates no kubelet may get.
 pub const GREEDY: &str = "greedy-";
 
+/// The namespace of the made-up Services the churn asks the gateway for
+/// load balancers for. No Service lives there: what the cloud holds for it
+/// is the soak's own, not a leak, and the churn deletes it again.
+pub const COLLIDE: &str = "soak-collide";
+
+/// One collision round in flight: a made-up Service in [`COLLIDE`] whose
+/// UID is a real Service's but for the last hex digit (load balancer names
+/// keep only the first 31), asked the gateway for a load balancer. The
+/// real Service's load balancer must stay as it was; the made-up one is
+/// refused or gets one of its own.
+#[derive(Clone, Debug)]
+pub struct Collision {
+    /// When the round began, after the real Service's load balancer below
+    /// was read: a look that began earlier cannot be held to it.
+    pub since: Instant,
+    /// The real Service: namespace/name, UID, and `metadata.generation`
+    /// (a spec change may move its address, as the cloud allows).
+    pub service: String,
+    pub uid: String,
+    pub generation: i64,
+    /// Its load balancer when the round began: cluster, name, addresses.
+    pub cluster: String,
+    pub name: String,
+    pub addresses: Vec<IpAddr>,
+    /// The made-up Service.
+    pub made_up: ServiceRef,
+    /// The addresses the gateway answered the made-up Service with, once
+    /// it answered.
+    pub answered: Option<Vec<String>>,
+    /// When its load balancer is to be deleted.
+    pub until: Instant,
+}
+
+/// The collision rounds in flight, shared with the observer.
+pub type Collisions = Arc<Mutex<Vec<Collision>>>;
+
+/// How many churn periods a made-up Service keeps its load balancer, so
+/// the observer looks at it several times.
+const COLLISION_PERIODS: u32 = 3;
+
 /// What the churn may do, with its weight. Joins and terminations, and
 /// creates and deletes, are equally likely, and each is skipped past its
 /// bound (half to one and a half times the starting size), so the cluster
 /// wanders around its starting size rather than growing: memory over the
 /// run then says whether anything leaks, not how big the cluster got.
-const ACTIONS: [(&str, u32); 8] = [
+const ACTIONS: [(&str, u32); 9] = [
     ("node joins", 2),
     ("node stops", 1),
     ("node terminated", 2),
@@ -35,14 +84,17 @@ const ACTIONS: [(&str, u32); 8] = [
     ("Service deleted", 2),
     ("node label changed", 2),
     ("greedy certificate asked", 1),
+    ("colliding Service ensured", 2),
 ];
 
-/// One churn action every `churn_every` until `over`.
+/// One churn action every `churn_every` until `over`; then every made-up
+/// Service's load balancer is deleted.
 pub async fn run(
     handle: Handle,
     cloud_dir: PathBuf,
     options: Options,
     counts: Arc<Mutex<Counts>>,
+    collisions: Collisions,
     over: CancellationToken,
 ) {
     let mut churn = Churn {
@@ -55,13 +107,16 @@ pub async fn run(
         min_services: options.services.div_ceil(2).max(1),
         max_services: (options.services * 3).div_ceil(2).max(2),
         counts,
+        collisions,
+        collision_for: options.churn_every * COLLISION_PERIODS,
     };
     let total: u32 = ACTIONS.iter().map(|(_, w)| w).sum();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(options.churn_every) => {}
-            _ = over.cancelled() => return,
+            _ = over.cancelled() => break,
         }
+        churn.end_collisions(Instant::now()).await;
         let mut pick = churn.rng.u32(0..total);
         let action = ACTIONS
             .iter()
@@ -83,6 +138,12 @@ pub async fn run(
             Err(_) => tracing::debug!(action, "churn action timed out"),
         }
     }
+    // Every round is due now. The gateway may still be starting again, or
+    // the cloud failing, for a while after the chaos.
+    let give_up = Instant::now() + Duration::from_secs(90);
+    while Instant::now() < give_up && churn.end_collisions(give_up).await > 0 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 struct Churn {
@@ -96,6 +157,9 @@ struct Churn {
     min_services: usize,
     max_services: usize,
     counts: Arc<Mutex<Counts>>,
+    collisions: Collisions,
+    /// How long a made-up Service keeps its load balancer.
+    collision_for: Duration,
 }
 
 impl Churn {
@@ -136,6 +200,7 @@ impl Churn {
             "Service changed" => self.change_service().await,
             "Service deleted" => self.delete_service().await,
             "node label changed" => self.label_node().await,
+            "colliding Service ensured" => self.collide().await,
             _ => self.greedy_certificate().await,
         }
     }
@@ -333,6 +398,152 @@ impl Churn {
             .await?;
         Ok(true)
     }
+
+    fn rounds(&self) -> std::sync::MutexGuard<'_, Vec<Collision>> {
+        self.collisions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// As another tool that names load balancers as upstream does: picks a
+    /// LoadBalancer Service that has its load balancer, and asks the
+    /// gateway for one for a made-up Service whose UID collides with it in
+    /// the name. One round at a time. A refusal is counted as such; an
+    /// answer the cloud could not give (the gateway down, a fault window)
+    /// is not counted, but the load balancer is deleted all the same, in
+    /// case the call went through.
+    async fn collide(&mut self) -> anyhow::Result<bool> {
+        if !self.rounds().is_empty() {
+            return Ok(false);
+        }
+        let services = self.load_balancers().await?;
+        let cloud_dir = self.cloud_dir.clone();
+        let cloud =
+            tokio::task::spawn_blocking(move || ccm_provider_sim::store::Store::read(&cloud_dir))
+                .await??;
+        let cluster = self.handle.cluster.clone();
+        let picked: Vec<(&Service, &LoadBalancerRecord)> = services
+            .iter()
+            .filter_map(|s| {
+                let uid = s.metadata.uid.as_deref()?;
+                let lb = cloud
+                    .load_balancers
+                    .iter()
+                    .find(|lb| lb.cluster == cluster && lb.service_uid == uid)?;
+                Some((s, lb))
+            })
+            .collect();
+        let Some((service, lb)) = self.rng.choice(picked) else {
+            return Ok(false);
+        };
+        let uid = service.metadata.uid.clone().unwrap_or_default();
+        let Some(made_up_uid) = colliding_uid(&uid, self.rng.u8(1..16)) else {
+            return Ok(false);
+        };
+        let name = service.metadata.name.clone().unwrap_or_default();
+        let made_up = ServiceRef {
+            namespace: COLLIDE.into(),
+            name: name.clone(),
+            uid: made_up_uid,
+        };
+        let now = Instant::now();
+        self.rounds().push(Collision {
+            since: now,
+            service: format!(
+                "{}/{name}",
+                service.metadata.namespace.as_deref().unwrap_or_default()
+            ),
+            uid,
+            generation: service.metadata.generation.unwrap_or_default(),
+            cluster,
+            name: lb.name.clone(),
+            addresses: lb.addresses.clone(),
+            made_up: made_up.clone(),
+            answered: None,
+            until: now + self.collision_for,
+        });
+        let spec = LoadBalancerSpec {
+            service: Some(made_up.clone()),
+            ports: vec![ServicePort {
+                name: "http".into(),
+                protocol: Protocol::Tcp as i32,
+                port: 80,
+                node_port: 0,
+            }],
+            ..Default::default()
+        };
+        let answer = self
+            .handle
+            .gateway_client("admin")?
+            .ensure_load_balancer(spec, Vec::new())
+            .await;
+        match answer {
+            Ok(status) => {
+                let ips = status.ingress.into_iter().map(|i| i.ip).collect();
+                if let Some(round) = self.rounds().iter_mut().find(|r| r.made_up == made_up) {
+                    round.answered = Some(ips);
+                }
+                Ok(true)
+            }
+            Err(e) if refused(&e) => {
+                tracing::info!(service = %made_up.name, error = %e, "colliding Service refused");
+                count(&self.counts, "colliding Service refused");
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes the load balancers of the made-up Services whose time is up
+    /// by `by`; returns how many rounds are left.
+    async fn end_collisions(&mut self, by: Instant) -> usize {
+        let due: Vec<ServiceRef> = self
+            .rounds()
+            .iter()
+            .filter(|r| r.until <= by)
+            .map(|r| r.made_up.clone())
+            .collect();
+        for made_up in due {
+            let Ok(client) = self.handle.gateway_client("admin") else {
+                continue;
+            };
+            let delete = client.delete_load_balancer(made_up.clone());
+            match tokio::time::timeout(Duration::from_secs(20), delete).await {
+                Ok(Ok(())) => {
+                    self.rounds().retain(|r| r.made_up != made_up);
+                    count(&self.counts, "colliding Service deleted");
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(service = %made_up.name, error = %e, "colliding Service not deleted yet");
+                }
+                Err(_) => {
+                    tracing::debug!(service = %made_up.name, "colliding Service's delete timed out")
+                }
+            }
+        }
+        self.rounds().len()
+    }
+}
+
+/// `uid` with its last hex digit moved on by `step` (1 to 15): a UID that
+/// differs from `uid` only where load balancer names no longer look.
+fn colliding_uid(uid: &str, step: u8) -> Option<String> {
+    let (at, last) = uid.char_indices().last()?;
+    let digit = last.to_digit(16)?;
+    let other = (digit + u32::from(step % 16)) % 16;
+    (other != digit).then(|| format!("{}{other:x}", &uid[..at]))
+}
+
+/// Whether the gateway refused the made-up Service a load balancer, as
+/// opposed to not answering (down, failing, throttled, provisioning).
+fn refused(e: &ccm_proto::Error) -> bool {
+    matches!(
+        e,
+        ccm_proto::Error::AlreadyExists { .. }
+            | ccm_proto::Error::InvalidArgument { .. }
+            | ccm_proto::Error::Other {
+                code: tonic::Code::FailedPrecondition,
+                ..
+            }
+    )
 }
 
 /// A /24 of the cluster CIDR that no Node has and no cloud route points
@@ -347,4 +558,25 @@ fn free_pod_cidr(nodes: &[Node], cloud_dir: &Path) -> Option<String> {
     (0..=255)
         .map(|i| format!("10.244.{i}.0/24"))
         .find(|c| !taken.contains(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_colliding_uid_differs_only_in_its_last_hex_digit() {
+        let uid = "1234abcd-12ab-34cd-56ef-1234567890ab";
+        let cases = [
+            (1, Some("1234abcd-12ab-34cd-56ef-1234567890ac")),
+            (5, Some("1234abcd-12ab-34cd-56ef-1234567890a0")),
+            (15, Some("1234abcd-12ab-34cd-56ef-1234567890aa")),
+            (16, None),
+        ];
+        for (step, want) in cases {
+            assert_eq!(colliding_uid(uid, step).as_deref(), want, "step {step}");
+        }
+        assert_eq!(colliding_uid("not-hex-z", 1), None);
+        assert_eq!(colliding_uid("", 1), None);
+    }
 }

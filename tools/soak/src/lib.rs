@@ -1,7 +1,9 @@
 //! The chaos soak (`make soak`): the sandbox's real processes under
 //! continuous churn (nodes joining, stopping, coming back, terminated;
 //! LoadBalancer Services created, changed, deleted; node labels changing;
-//! kubelets asking for certificates they must not get) and cloud faults
+//! kubelets asking for certificates they must not get; another tool asking
+//! for load balancers for made-up Services whose UIDs collide with real
+//! ones in the load balancer name) and cloud faults
 //! (error, throttling and slow-provisioning windows), while a chaos loop
 //! at random intervals kills any process with SIGKILL, or freezes it with
 //! SIGSTOP for tens of seconds, the API server and the gateway included,
@@ -172,11 +174,13 @@ pub async fn run(options: Options) -> anyhow::Result<Outcome> {
     let faults = Arc::new(Mutex::new(Counts::new()));
     let churned = Arc::new(Mutex::new(Counts::new()));
     let memory = Arc::new(Mutex::new(BTreeMap::<String, Memory>::new()));
+    let collisions = churn::Collisions::default();
 
     let observing = tokio::spawn(observer::watch(
         handle.clone(),
         cloud_dir.clone(),
         started,
+        collisions.clone(),
         violations.clone(),
         done.clone(),
     ));
@@ -192,6 +196,7 @@ pub async fn run(options: Options) -> anyhow::Result<Outcome> {
         cloud_dir.clone(),
         options.clone(),
         churned.clone(),
+        collisions,
         chaos_over.clone(),
     ));
     let clouding = tokio::spawn(chaos::cloud_faults(

@@ -4,6 +4,13 @@
 //! server holds, and checks the invariants:
 //!
 //! - never two load balancers for one Service;
+//! - never one load balancer for two Services: a load balancer that
+//!   belonged to a Service in one look belongs to another in the next
+//!   while the first still wants it; and, while a made-up Service whose
+//!   UID collides with a real one's in the load balancer name asks for one
+//!   (the churn's [`Collision`] rounds), the real Service's load balancer
+//!   gone, another's, or at another address though its spec has not
+//!   changed, or the made-up Service answered with the real one's address;
 //! - never a Service's load balancer deleted while the Service lives and
 //!   wants it (a load balancer decision on a guess);
 //! - never a Node deleted while its instance exists (running or stopped);
@@ -14,14 +21,16 @@
 //! change racing the reads can never look like a violation: a load
 //! balancer gone by the first read had its Service's deletion begun before
 //! it (visible in the API read after), and an instance still there at the
-//! second read existed when its Node was already gone.
+//! second read existed when its Node was already gone. A collision round
+//! is only held against looks that began after it, when the real
+//! Service's load balancer it names had been read.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ccm_provider_sim::store::{Snapshot, Store};
+use ccm_provider_sim::store::{LoadBalancerRecord, Snapshot, Store};
 use ccm_sandbox::Handle;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -29,7 +38,7 @@ use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
 use crate::Violation;
-use crate::churn::GREEDY;
+use crate::churn::{COLLIDE, Collision, Collisions, GREEDY};
 
 /// How long one read may take before the round is given up.
 const READ: Duration = Duration::from_secs(3);
@@ -50,9 +59,18 @@ pub struct Cluster {
 pub struct ServiceState {
     pub key: String,
     pub uid: String,
+    /// `metadata.generation`: it changes with the spec.
+    pub generation: i64,
     pub load_balancer: bool,
     pub deleting: bool,
     pub ingress: bool,
+}
+
+impl ServiceState {
+    /// Whether the Service lives and wants its load balancer.
+    fn wants_load_balancer(&self) -> bool {
+        self.load_balancer && !self.deleting
+    }
 }
 
 async fn cloud(dir: &Path) -> Option<Snapshot> {
@@ -104,6 +122,7 @@ async fn cluster(handle: &Handle) -> Option<Cluster> {
                         s.metadata.name.clone().unwrap_or_default()
                     ),
                     uid: s.metadata.uid.clone().unwrap_or_default(),
+                    generation: s.metadata.generation.unwrap_or_default(),
                     load_balancer: s.spec.as_ref().and_then(|s| s.type_.as_deref())
                         == Some("LoadBalancer"),
                     deleting: s.metadata.deletion_timestamp.is_some(),
@@ -158,6 +177,49 @@ struct Seen {
     nodes: BTreeSet<String>,
     /// The Service UIDs that had a load balancer.
     load_balancers: BTreeSet<String>,
+    /// Each load balancer (cluster, name) and the Service UID it was for.
+    owners: BTreeMap<(String, String), String>,
+    /// The generation of each Service (by UID) that wanted its load
+    /// balancer.
+    wanting: BTreeMap<String, i64>,
+}
+
+impl Seen {
+    fn new(now: &Cluster, after: &Snapshot) -> Self {
+        Self {
+            nodes: now.nodes.keys().cloned().collect(),
+            load_balancers: after
+                .load_balancers
+                .iter()
+                .map(|lb| lb.service_uid.clone())
+                .collect(),
+            owners: after
+                .load_balancers
+                .iter()
+                .map(|lb| {
+                    (
+                        (lb.cluster.clone(), lb.name.clone()),
+                        lb.service_uid.clone(),
+                    )
+                })
+                .collect(),
+            wanting: now
+                .services
+                .iter()
+                .filter(|s| s.wants_load_balancer())
+                .map(|s| (s.uid.clone(), s.generation))
+                .collect(),
+        }
+    }
+}
+
+/// The violation of a load balancer that was `service`'s (`uid`) now held
+/// by `lb`'s Service.
+fn taken_over(service: &str, uid: &str, lb: &LoadBalancerRecord) -> String {
+    format!(
+        "load balancer {} of {service} (uid {uid}) was taken over by {}/{} (uid {})",
+        lb.name, lb.service_namespace, lb.service_name, lb.service_uid
+    )
 }
 
 /// The broken invariants in one look, given the last one.
@@ -172,10 +234,29 @@ fn violations(seen: &Seen, before: &Snapshot, now: &Cluster, after: &Snapshot) -
             out.push(format!("{n} load balancers for the Service with uid {uid}"));
         }
     }
+    // A Service that wanted its load balancer in both looks and whose
+    // spec did not change between them gave the controller no reason to
+    // delete it: its name cannot have been free for another Service.
+    let mut taken = BTreeSet::new();
+    for lb in &before.load_balancers {
+        let Some(was) = seen.owners.get(&(lb.cluster.clone(), lb.name.clone())) else {
+            continue;
+        };
+        if *was == lb.service_uid {
+            continue;
+        }
+        if let Some(s) = now.services.iter().find(|s| {
+            &s.uid == was && s.wants_load_balancer() && seen.wanting.get(was) == Some(&s.generation)
+        }) {
+            out.push(taken_over(&s.key, was, lb));
+            taken.insert(was.as_str());
+        }
+    }
+    // A load balancer taken over is not also reported as deleted.
     for uid in seen
         .load_balancers
         .iter()
-        .filter(|uid| !per_service.contains_key(uid.as_str()))
+        .filter(|uid| !per_service.contains_key(uid.as_str()) && !taken.contains(uid.as_str()))
     {
         if let Some(s) = now
             .services
@@ -218,12 +299,67 @@ fn violations(seen: &Seen, before: &Snapshot, now: &Cluster, after: &Snapshot) -
     out
 }
 
+/// The broken invariants of the collision rounds in flight, in one look
+/// that began after each of them. While the real Service lives, wants its
+/// load balancer and keeps the spec it had when the round began, the
+/// controller has no reason to touch its load balancer's name or address:
+/// so it is a violation that it is gone, held for another Service, or at
+/// another address; or that the made-up Service was answered with one of
+/// its addresses.
+fn collision_violations(rounds: &[Collision], before: &Snapshot, now: &Cluster) -> Vec<String> {
+    let mut out = Vec::new();
+    for round in rounds {
+        let unchanged = now.services.iter().any(|s| {
+            s.uid == round.uid && s.wants_load_balancer() && s.generation == round.generation
+        });
+        if !unchanged {
+            continue;
+        }
+        let lb = before
+            .load_balancers
+            .iter()
+            .find(|lb| lb.cluster == round.cluster && lb.name == round.name);
+        match lb {
+            None => out.push(format!(
+                "load balancer {} of {} is gone while the Service wants it, since {}/{} (uid {}) asked for one",
+                round.name, round.service, round.made_up.namespace, round.made_up.name, round.made_up.uid
+            )),
+            Some(lb) if lb.service_uid != round.uid => {
+                out.push(taken_over(&round.service, &round.uid, lb));
+            }
+            Some(lb) if lb.addresses != round.addresses => out.push(format!(
+                "load balancer {} of {} moved from {:?} to {:?} while its spec stayed the same",
+                round.name, round.service, round.addresses, lb.addresses
+            )),
+            Some(_) => {}
+        }
+        let shared: Vec<&String> = round
+            .answered
+            .iter()
+            .flatten()
+            .filter(|ip| round.addresses.iter().any(|a| a.to_string() == **ip))
+            .collect();
+        if !shared.is_empty() {
+            out.push(format!(
+                "{}/{} (uid {}) was answered with the address of {}'s load balancer {}: {shared:?}",
+                round.made_up.namespace,
+                round.made_up.name,
+                round.made_up.uid,
+                round.service,
+                round.name
+            ));
+        }
+    }
+    out
+}
+
 /// Checks every invariant each second until `done`; returns the rounds it
 /// saw both sides and the rounds it could not.
 pub async fn watch(
     handle: Handle,
     dir: PathBuf,
     started: Instant,
+    collisions: Collisions,
     found: Arc<Mutex<Vec<Violation>>>,
     done: CancellationToken,
 ) -> (u64, u64) {
@@ -235,33 +371,36 @@ pub async fn watch(
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = done.cancelled() => return (observed, blind),
         }
+        let began = Instant::now();
         let Some((before, now, after)) = look(&handle, &dir).await else {
             blind += 1;
             continue;
         };
         observed += 1;
+        let rounds: Vec<Collision> = collisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|r| r.since <= began)
+            .cloned()
+            .collect();
+        let mut broken = collision_violations(&rounds, &before, &now);
         if let Some(seen) = &seen {
-            for what in violations(seen, &before, &now, &after) {
-                if reported.insert(what.clone()) {
-                    tracing::error!(%what, "invariant violated");
-                    found
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(Violation {
-                            at: started.elapsed(),
-                            what,
-                        });
-                }
+            broken.extend(violations(seen, &before, &now, &after));
+        }
+        for what in broken {
+            if reported.insert(what.clone()) {
+                tracing::error!(%what, "invariant violated");
+                found
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(Violation {
+                        at: started.elapsed(),
+                        what,
+                    });
             }
         }
-        seen = Some(Seen {
-            nodes: now.nodes.keys().cloned().collect(),
-            load_balancers: after
-                .load_balancers
-                .iter()
-                .map(|lb| lb.service_uid.clone())
-                .collect(),
-        });
+        seen = Some(Seen::new(&now, &after));
     }
 }
 
@@ -269,7 +408,9 @@ pub async fn watch(
 /// converged: every Node has its instance and is initialised; every
 /// LoadBalancer Service has its address and exactly one load balancer,
 /// backed by live nodes only; no Service waits for its deletion; no load
-/// balancer without a Service; one route per node with a pod CIDR, to that
+/// balancer without a Service (the soak's made-up Services' own are
+/// named as such: the churn deletes them before this is asked); one
+/// route per node with a pod CIDR, to that
 /// node, and no other; no certificate of a live node pending.
 fn not_converged(cloud: &Snapshot, now: &Cluster) -> Vec<String> {
     let mut off = Vec::new();
@@ -313,6 +454,13 @@ fn not_converged(cloud: &Snapshot, now: &Cluster) -> Vec<String> {
         .iter()
         .filter(|lb| !wanted.contains_key(lb.service_uid.as_str()))
     {
+        if lb.service_namespace == COLLIDE {
+            off.push(format!(
+                "load balancer {} of the soak's made-up {}/{} is still there",
+                lb.name, lb.service_namespace, lb.service_name
+            ));
+            continue;
+        }
         off.push(format!(
             "load balancer {} of {}/{} leaked",
             lb.name, lb.service_namespace, lb.service_name
@@ -359,4 +507,217 @@ pub async fn wait_converged(handle: &Handle, dir: &Path, limit: Duration) -> Res
     }
     last.truncate(10);
     Err(last.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use ccm_proto::v1::ServiceRef;
+
+    use super::*;
+
+    const A: &str = "1234abcd-12ab-34cd-56ef-1234567890ab";
+    const MADE_UP: &str = "1234abcd-12ab-34cd-56ef-1234567890ac";
+    const NAME: &str = "a1234abcd12ab34cd56ef1234567890a";
+
+    fn lb(name: &str, namespace: &str, uid: &str, ip: &str) -> LoadBalancerRecord {
+        LoadBalancerRecord {
+            cluster: "c".into(),
+            name: name.into(),
+            service_namespace: namespace.into(),
+            service_name: "web".into(),
+            service_uid: uid.into(),
+            addresses: vec![ip.parse().unwrap()],
+            internal: false,
+            algorithm: String::new(),
+            health_check_interval_ms: 0,
+            ports: Vec::new(),
+            source_ranges: Vec::new(),
+            hosts: Vec::new(),
+            ready_at_ms: 0,
+        }
+    }
+
+    fn cloud(lbs: Vec<LoadBalancerRecord>) -> Snapshot {
+        Snapshot {
+            load_balancers: lbs,
+            ..Default::default()
+        }
+    }
+
+    fn cluster(generation: i64, load_balancer: bool, deleting: bool) -> Cluster {
+        Cluster {
+            services: vec![ServiceState {
+                key: "default/web".into(),
+                uid: A.into(),
+                generation,
+                load_balancer,
+                deleting,
+                ingress: true,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn round(answered: Option<&str>) -> Collision {
+        Collision {
+            since: Instant::now(),
+            service: "default/web".into(),
+            uid: A.into(),
+            generation: 1,
+            cluster: "c".into(),
+            name: NAME.into(),
+            addresses: vec!["192.0.2.1".parse().unwrap()],
+            made_up: ServiceRef {
+                namespace: COLLIDE.into(),
+                name: "web".into(),
+                uid: MADE_UP.into(),
+            },
+            answered: answered.map(|ip| vec![ip.to_owned()]),
+            until: Instant::now(),
+        }
+    }
+
+    const TAKEN: &str = "load balancer a1234abcd12ab34cd56ef1234567890a of default/web (uid 1234abcd-12ab-34cd-56ef-1234567890ab) was taken over by soak-collide/web (uid 1234abcd-12ab-34cd-56ef-1234567890ac)";
+
+    #[test]
+    fn a_load_balancer_taken_over_from_a_service_that_still_wants_it_is_a_violation() {
+        let ours = lb(NAME, "default", A, "192.0.2.1");
+        let theirs = lb(NAME, COLLIDE, MADE_UP, "192.0.2.1");
+        let seen = Seen::new(&cluster(1, true, false), &cloud(vec![ours.clone()]));
+        let cases = [
+            ("untouched", ours.clone(), cluster(1, true, false), None),
+            (
+                "taken over",
+                theirs.clone(),
+                cluster(1, true, false),
+                Some(TAKEN),
+            ),
+            // A spec change, a deletion or a type change may free the
+            // name; the Service's load balancer is gone all the same.
+            (
+                "spec changed",
+                theirs.clone(),
+                cluster(2, true, false),
+                Some("the load balancer of default/web was deleted while the Service wants it"),
+            ),
+            ("deleting", theirs.clone(), cluster(1, true, true), None),
+            (
+                "no longer a LoadBalancer",
+                theirs.clone(),
+                cluster(2, false, false),
+                None,
+            ),
+            ("Service gone", theirs, Cluster::default(), None),
+        ];
+        for (case, now_lb, now, want) in cases {
+            let before = cloud(vec![now_lb]);
+            let got = violations(&seen, &before, &now, &before);
+            assert_eq!(
+                got,
+                want.map(str::to_owned).into_iter().collect::<Vec<_>>(),
+                "{case}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_collision_round_holds_the_real_services_load_balancer_to_what_it_was() {
+        let ours = lb(NAME, "default", A, "192.0.2.1");
+        let own = lb(
+            "a1234abcd12ab34cd56ef12-0badf00d",
+            COLLIDE,
+            MADE_UP,
+            "192.0.2.2",
+        );
+        let answered = "soak-collide/web (uid 1234abcd-12ab-34cd-56ef-1234567890ac) was answered with the address of default/web's load balancer a1234abcd12ab34cd56ef1234567890a: [\"192.0.2.1\"]";
+        let cases = [
+            (
+                "refused",
+                round(None),
+                vec![ours.clone()],
+                cluster(1, true, false),
+                vec![],
+            ),
+            (
+                "given its own",
+                round(Some("192.0.2.2")),
+                vec![ours.clone(), own.clone()],
+                cluster(1, true, false),
+                vec![],
+            ),
+            (
+                "taken over",
+                round(Some("192.0.2.1")),
+                vec![lb(NAME, COLLIDE, MADE_UP, "192.0.2.1")],
+                cluster(1, true, false),
+                vec![TAKEN, answered],
+            ),
+            (
+                "answered with the real one's address",
+                round(Some("192.0.2.1")),
+                vec![ours.clone()],
+                cluster(1, true, false),
+                vec![answered],
+            ),
+            (
+                "gone",
+                round(None),
+                vec![own.clone()],
+                cluster(1, true, false),
+                vec![
+                    "load balancer a1234abcd12ab34cd56ef1234567890a of default/web is gone while the Service wants it, since soak-collide/web (uid 1234abcd-12ab-34cd-56ef-1234567890ac) asked for one",
+                ],
+            ),
+            (
+                "moved",
+                round(None),
+                vec![lb(NAME, "default", A, "192.0.2.9")],
+                cluster(1, true, false),
+                vec![
+                    "load balancer a1234abcd12ab34cd56ef1234567890a of default/web moved from [192.0.2.1] to [192.0.2.9] while its spec stayed the same",
+                ],
+            ),
+            // The real Service changed, is being deleted or is gone: its
+            // load balancer may go or move, and its name be given again.
+            (
+                "spec changed",
+                round(None),
+                vec![lb(NAME, COLLIDE, MADE_UP, "192.0.2.9")],
+                cluster(2, true, false),
+                vec![],
+            ),
+            (
+                "deleting",
+                round(None),
+                vec![own.clone()],
+                cluster(1, true, true),
+                vec![],
+            ),
+            (
+                "gone with its Service",
+                round(None),
+                vec![own],
+                Cluster::default(),
+                vec![],
+            ),
+        ];
+        for (case, round, lbs, now, want) in cases {
+            let got = collision_violations(&[round], &cloud(lbs), &now);
+            assert_eq!(got, want, "{case}");
+        }
+    }
+
+    #[test]
+    fn the_soaks_made_up_load_balancers_are_named_as_such_when_left_over() {
+        let now = cluster(1, true, false);
+        let left = cloud(vec![
+            lb(NAME, "default", A, "192.0.2.1"),
+            lb("other", COLLIDE, MADE_UP, "192.0.2.2"),
+        ]);
+        let off = not_converged(&left, &now);
+        assert_eq!(
+            off,
+            ["load balancer other of the soak's made-up soak-collide/web is still there"]
+        );
+    }
 }

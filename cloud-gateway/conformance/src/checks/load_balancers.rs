@@ -342,23 +342,14 @@ async fn ensure(
 
 /// How many load balancers the cluster lists for the Service `uid`.
 async fn lb_count(client: &GatewayClient, uid: &str) -> Result<usize, String> {
-    Ok(client
-        .list_load_balancers()
-        .await
-        .map_err(|e| format!("list: {e}"))?
-        .iter()
-        .filter(|lb| lb.service.as_ref().is_some_and(|s| s.uid == uid))
-        .count())
+    Ok(listed(client, uid).await?.len())
 }
 
 /// The hosts listed for the Service `uid`'s load balancers.
 async fn lb_hosts(client: &GatewayClient, uid: &str) -> Result<Vec<String>, String> {
-    Ok(client
-        .list_load_balancers()
-        .await
-        .map_err(|e| format!("list: {e}"))?
+    Ok(listed(client, uid)
+        .await?
         .into_iter()
-        .filter(|lb| lb.service.as_ref().is_some_and(|s| s.uid == uid))
-        .flat_map(|lb| lb.hosts)
+        .flat_map(|(_, _, hosts)| hosts)
         .collect())
 }
