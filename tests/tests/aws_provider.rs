@@ -848,7 +848,8 @@ async fn cluster_ids_with_dots_and_capitals_and_the_legacy_tag_are_recognised() 
     }
 
     // A Classic ELB of the legacy cluster is its own: adopted, not refused
-    // as another cluster's.
+    // as another cluster's (its Service named in its tags, as upstream
+    // tags them: one naming no Service is nobody's to take).
     let svc = service("1e1e1e1e");
     let name = ccm_provider::load_balancer_name(&svc.uid);
     let elb = aws::classic_elb_client(&env.proxy.endpoint);
@@ -869,6 +870,13 @@ async fn cluster_ids_with_dots_and_capitals_and_the_legacy_tag_are_recognised() 
             aws_sdk_elasticloadbalancing::types::Tag::builder()
                 .key("KubernetesCluster")
                 .value(legacy)
+                .build()
+                .unwrap(),
+        )
+        .tags(
+            aws_sdk_elasticloadbalancing::types::Tag::builder()
+                .key("kubernetes.io/service-name")
+                .value(format!("{}/{}", svc.namespace, svc.name))
                 .build()
                 .unwrap(),
         )
