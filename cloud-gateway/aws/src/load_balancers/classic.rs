@@ -39,7 +39,7 @@ fn classic_tags_of(pairs: &[(String, String)]) -> Result<Vec<Tag>> {
 }
 
 /// The value of the tag `key`, if any.
-fn tag_value<'a>(tags: &'a [Tag], key: &str) -> Option<&'a str> {
+pub(super) fn classic_tag_value<'a>(tags: &'a [Tag], key: &str) -> Option<&'a str> {
     tags.iter().find(|t| t.key() == key).and_then(|t| t.value())
 }
 
@@ -69,7 +69,7 @@ pub(super) fn classic_status(elb: &Elb) -> LoadBalancerStatus {
 /// What an ensure says of `elb` with the tags `t` when it takes it over:
 /// one without our UID tag was made by cloud-provider-aws.
 pub(super) fn classic_adoption(elb: &Elb, t: &[Tag]) -> Option<String> {
-    tag_value(t, TAG_SERVICE_UID).is_none().then(|| {
+    classic_tag_value(t, TAG_SERVICE_UID).is_none().then(|| {
         format!(
             "adopted the Classic ELB {} ({}) in place, with its security groups and instances",
             elb.load_balancer_name().unwrap_or_default(),
@@ -84,8 +84,8 @@ pub(super) fn classic_listed(elb: &Elb, t: &[Tag]) -> LoadBalancer {
     LoadBalancer {
         name: elb.load_balancer_name().unwrap_or_default().to_owned(),
         service: tags::service_of(
-            tag_value(t, TAG_SERVICE_NAME),
-            tag_value(t, TAG_SERVICE_UID),
+            classic_tag_value(t, TAG_SERVICE_NAME),
+            classic_tag_value(t, TAG_SERVICE_UID),
         ),
         status: classic_status(elb),
         hosts: Vec::new(),
@@ -313,7 +313,7 @@ impl AwsCloud {
         let lacking = shape
             .tags
             .iter()
-            .any(|(k, v)| tag_value(have_tags, k) != Some(v.as_str()));
+            .any(|(k, v)| classic_tag_value(have_tags, k) != Some(v.as_str()));
         if lacking {
             self.classic
                 .add_tags()

@@ -11,6 +11,7 @@ use aws_sdk_elasticloadbalancing::types::{LoadBalancerDescription as Elb, Tag as
 use aws_sdk_elasticloadbalancingv2::types::{LoadBalancer as Nlb, Tag};
 use ccm_provider::{CloudError, Result, ServiceRef, load_balancer_names};
 
+use super::classic::classic_tag_value;
 use super::elb_tags::tag_value;
 use crate::AwsCloud;
 use crate::tags::{ServedBy, TAG_SERVICE_NAME, TAG_SERVICE_UID, served_by};
@@ -137,12 +138,11 @@ impl AwsCloud {
         for name in load_balancer_names(&service.uid) {
             let found = self.owned_classic(cluster, &name).await.map(|o| {
                 o.map(|(elb, t)| {
-                    let value = |key: &str| {
-                        t.iter()
-                            .find(|tag| tag.key() == key)
-                            .and_then(|tag| tag.value())
-                    };
-                    let by = served_by(value(TAG_SERVICE_NAME), value(TAG_SERVICE_UID), service);
+                    let by = served_by(
+                        classic_tag_value(&t, TAG_SERVICE_NAME),
+                        classic_tag_value(&t, TAG_SERVICE_UID),
+                        service,
+                    );
                     ((elb, t), by)
                 })
             });

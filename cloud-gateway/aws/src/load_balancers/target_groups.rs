@@ -167,7 +167,7 @@ impl AwsCloud {
             Err(e) => return Err(errors::cloud_error("DescribeTargetGroups", e)),
         };
         for g in groups.iter().filter(|g| !serves_nlb(g, lb_arn)) {
-            self.check_group_serves(g, service).await?;
+            self.check_target_group_serves(g, service).await?;
         }
         for (l, name) in ls.iter().zip(&names) {
             let Some(tg) = groups
@@ -189,7 +189,7 @@ impl AwsCloud {
         let name = target_group_name(s.lb_name, l);
         let found = self.find_target_group(&name).await?;
         if let Some(g) = found.as_ref().filter(|g| !serves_nlb(g, s.lb_arn)) {
-            self.check_group_serves(g, s.service).await?;
+            self.check_target_group_serves(g, s.service).await?;
         }
         let group = match found {
             Some(g) if checks_health_as(&g, s.health_check) => g,
@@ -341,7 +341,7 @@ impl AwsCloud {
     }
 
     /// `Conflict` unless the tags of the target group `g` name `service`.
-    async fn check_group_serves(&self, g: &TargetGroup, service: &ServiceRef) -> Result<()> {
+    async fn check_target_group_serves(&self, g: &TargetGroup, service: &ServiceRef) -> Result<()> {
         let arn = g.target_group_arn().unwrap_or_default();
         let t = self
             .elb_tags(&[arn.to_owned()])
