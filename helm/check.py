@@ -145,11 +145,23 @@ def validate_all(c: Checks, docs: list[dict], label: str) -> None:
         if d["kind"] == "PrometheusRule":
             check_rules(c, d, name)
             continue
+        if d["kind"] == "Certificate":
+            # cert-manager's CRD: its shape.
+            spec = d.get("spec", {})
+            c.expect(bool(spec.get("secretName")) and bool(spec.get("issuerRef", {}).get("name"))
+                     and bool(spec.get("dnsNames")), f"{name}: secretName, issuerRef and dnsNames")
+            continue
         try:
             kubernetes_validate.validate(d, version, strict=True)
             c.expect(True, name)
         except Exception as e:  # noqa: BLE001 - every failure is reported
             c.expect(False, f"{name} is not valid Kubernetes {version}: {str(e).splitlines()[0]}")
+
+
+# The gateway off: an external one at this address, whose certificate the
+# CA in this Secret signed.
+GATEWAY_ELSEWHERE = {"gateway": {"enabled": False, "address": "https://10.0.0.10:7400",
+                                 "tls": {"existingSecret": "external-gateway-ca"}}}
 
 
 def check() -> int:
@@ -167,7 +179,7 @@ def check() -> int:
     c.expect(len(k.get("PodDisruptionBudget", [])) == 4, "one PDB per component")
     c.expect(k.get("NetworkPolicy") == ["ccm-gateway"], "a NetworkPolicy in front of the gateway")
     c.expect("ServiceMonitor" not in k, "no ServiceMonitor unless asked")
-    c.expect("Secret" not in k, "no Secret without credentials")
+    c.expect(k.get("Secret") == ["ccm-gateway-tls"], "the gateway's TLS Secret, and no other without credentials")
 
     # kubectl ccm's viewer roles: there by default, bound only to whom the
     # values name, pods/proxy only in the release's namespace, services/proxy
@@ -208,8 +220,15 @@ def check() -> int:
                  == {"/livez", "/readyz"}, f"{name} probes the admin endpoints")
         args = " ".join(ctr.get("args", []))
         if name != "ccm-gateway":
-            c.expect("--gateway-address=http://$(CCM_GATEWAY_SERVICE_HOST):7400" in args,
+            c.expect("--gateway-address=https://$(CCM_GATEWAY_SERVICE_HOST):7400" in args,
                      f"{name} finds the gateway without cluster DNS: {args}")
+            c.expect("--gateway-ca-file=/etc/cloud-gateway/ca/ca.crt" in args
+                     and "--gateway-server-name=ccm-gateway.kube-system.svc" in args,
+                     f"{name} verifies the gateway's certificate by the Service's name: {args}")
+            ca = [v for v in pod["volumes"] if v["name"] == "gateway-ca"]
+            c.expect(bool(ca) and ca[0]["secret"] == {"secretName": "ccm-gateway-tls",
+                                                      "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+                     f"{name} mounts the CA of the gateway's Secret, not its key: {ca}")
             c.expect("--leader-elect=true" in args, f"{name} elects a leader by default")
             token = [v for v in pod["volumes"] if v["name"] == "gateway-token"]
             c.expect(bool(token) and token[0]["projected"]["sources"][0]["serviceAccountToken"]["audience"]
@@ -218,11 +237,41 @@ def check() -> int:
             c.expect("--service-account-roles=kube-system/ccm-node-controller=node,"
                      "kube-system/ccm-service-controller=service,kube-system/ccm-route-controller=route" in args,
                      f"the gateway maps the controllers' ServiceAccounts to roles: {args}")
+            c.expect("--tls-cert=/etc/cloud-gateway/tls/tls.crt" in args and "--tls-key=/etc/cloud-gateway/tls/tls.key" in args
+                     and "--insecure-plaintext" not in args, f"the gateway serves gRPC over TLS: {args}")
+            tls = [v for v in pod["volumes"] if v["name"] == "tls"]
+            c.expect(bool(tls) and tls[0]["secret"]["secretName"] == "ccm-gateway-tls"
+                     and not any("subPath" in m for m in ctr["volumeMounts"]),
+                     "the gateway mounts its TLS Secret whole (no subPath), so renewals reach it")
+    secret = by_name[("Secret", "ccm-gateway-tls")]
+    c.expect(secret["type"] == "kubernetes.io/tls" and set(secret["stringData"]) == {"tls.crt", "tls.key", "ca.crt"}
+             and "BEGIN CERTIFICATE" in secret["stringData"]["ca.crt"],
+             "the chart-made Secret holds the certificate, its key and the CA")
+
+    # The other two sources of the certificate, and mutual TLS.
+    cm = render_sim({"gateway": {"tls": {"source": "cert-manager", "issuerRef": {"kind": "ClusterIssuer", "name": "ca"}}}})
+    validate_all(c, cm, "cert-manager")
+    cert = next((d for d in cm if d["kind"] == "Certificate"), None)
+    c.expect(cert is not None and cert["spec"]["secretName"] == "ccm-gateway-tls"
+             and "ccm-gateway.kube-system.svc" in cert["spec"]["dnsNames"]
+             and cert["spec"]["issuerRef"] == {"name": "ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+             and "Secret" not in kinds(cm), "cert-manager: a Certificate into the gateway's Secret, no chart-made one")
+    own = render_sim({"gateway": {"tls": {"source": "existingSecret", "existingSecret": "my-gateway-tls"}}})
+    c.expect("Secret" not in kinds(own) and all(
+        any(v.get("secret", {}).get("secretName") == "my-gateway-tls" for v in d["spec"]["template"]["spec"]["volumes"])
+        for d, _ in containers(own)), "existingSecret: every pod mounts the Secret named, none is made")
+    mtls = render_sim({"gateway": {"tls": {"clientCA": {"existingSecret": "client-ca"}, "clientCertRoles": [
+        {"identity": "spiffe://cluster.local/ns/kube-system/sa/cluster-autoscaler", "role": "node"}]}}})
+    validate_all(c, mtls, "mutual TLS")
+    gw = next(ctr for d, ctr in containers(mtls) if d["metadata"]["name"] == "ccm-gateway")
+    c.expect("--tls-client-ca=/etc/cloud-gateway/client-ca/ca.crt" in gw["args"]
+             and "--client-cert-roles=spiffe://cluster.local/ns/kube-system/sa/cluster-autoscaler=node" in gw["args"],
+             f"mutual TLS: the client CA and the identities' roles reach the gateway: {gw['args']}")
 
     # Each component off on its own.
     for key, component in COMPONENTS.items():
         # Without the gateway there is no provider to name.
-        docs = render({"gateway": {"enabled": False, "address": "http://10.0.0.10:7400"}} if key == "gateway"
+        docs = render(GATEWAY_ELSEWHERE if key == "gateway"
                       else merge(SIM, deep_set({}, f"{key}.enabled", False)))
         validate_all(c, docs, f"{key} off")
         names = [d["metadata"]["name"] for d in docs]
@@ -231,9 +280,11 @@ def check() -> int:
         c.expect(not any(n == f"ccm-{component}" for n, d in zip(names, docs) if d["kind"] in
                          ("ServiceAccount", "ClusterRole")), f"{key}.enabled=false renders no RBAC for it")
         c.expect(len([d for d in docs if d["kind"] == "Deployment"]) == 3, f"{key} off leaves 3 Deployments")
-    off = render({"gateway": {"enabled": False, "address": "http://10.0.0.10:7400"}})
-    c.expect(all("--gateway-address=http://10.0.0.10:7400" in ctr["args"] for _, ctr in containers(off)),
-             "controllers use gateway.address when the gateway is elsewhere")
+    off = render(GATEWAY_ELSEWHERE)
+    c.expect(all("--gateway-address=https://10.0.0.10:7400" in ctr["args"]
+                 and "--gateway-ca-file=/etc/cloud-gateway/ca/ca.crt" in ctr["args"]
+                 and not any(a.startswith("--gateway-server-name") for a in ctr["args"]) for _, ctr in containers(off)),
+             "controllers use gateway.address and the CA of gateway.tls.existingSecret when the gateway is elsewhere")
 
     # Options.
     opts = render_sim({
@@ -245,7 +296,8 @@ def check() -> int:
     })
     validate_all(c, opts, "options")
     k = kinds(opts)
-    c.expect(k.get("Secret") == ["ccm-gateway-credentials"], "credentials data makes a Secret")
+    c.expect(sorted(k.get("Secret", [])) == ["ccm-gateway-credentials", "ccm-gateway-tls"],
+             "credentials data makes a Secret")
     c.expect(k.get("ServiceMonitor") == ["ccm"] and len(k.get("Service", [])) == 5,
              "serviceMonitor.enabled adds a ServiceMonitor and a metrics Service per component")
     for d, ctr in containers(opts):
@@ -286,7 +338,7 @@ def check() -> int:
     existing = render_sim({"gateway": {"credentials": {"existingSecret": "cloud-keys"}}})
     gw = next(d for d in existing if d["kind"] == "Deployment" and d["metadata"]["name"] == "ccm-gateway")
     c.expect(any(v.get("secret", {}).get("secretName") == "cloud-keys" for v in gw["spec"]["template"]["spec"]["volumes"])
-             and "Secret" not in kinds(existing), "an existing Secret is mounted, none created")
+             and kinds(existing).get("Secret") == ["ccm-gateway-tls"], "an existing Secret is mounted, none created")
 
     # The AWS provider: its flags, credentials from a Secret's file, IRSA.
     aws_values = {"gateway": {"provider": "aws", "replicas": 2, "aws": {
@@ -382,6 +434,10 @@ def check() -> int:
         "a bad log format": {"logging": {"format": "xml"}},
         "a negative budget": {"gateway": {"budget": {"rate": -1, "burst": 1}}},
         "a bad duration": {"leaderElection": {"leaseDuration": "15"}},
+        "a plaintext gateway address": {"gateway": {"enabled": False, "address": "http://10.0.0.10:7400"}},
+        "an unknown certificate source": {"gateway": {"tls": {"source": "vault"}}},
+        "an identity that is neither a URI nor CN=": {"gateway": {"tls": {"clientCertRoles": [
+            {"identity": "cluster-autoscaler", "role": "node"}]}}},
     }
     chart = helm.Chart.load(CHART)
     for what, values in bad.items():
@@ -390,11 +446,19 @@ def check() -> int:
             c.expect(False, f"the schema accepted {what}: {values}")
         except helm.HelmError:
             c.expect(True, what)
-    try:
-        render({"gateway": {"enabled": False}})
-        c.expect(False, "a disabled gateway without gateway.address must fail to render")
-    except helm.HelmError as e:
-        c.expect("gateway.address" in str(e), f"the render error names gateway.address: {e}")
+    for what, values, names in (
+            ("a disabled gateway without gateway.address", {"gateway": {"enabled": False}}, "gateway.address"),
+            ("a disabled gateway without the CA of its certificate",
+             {"gateway": {"enabled": False, "address": "https://10.0.0.10:7400"}}, "gateway.tls.existingSecret"),
+            ("cert-manager without an issuer", merge(SIM, {"gateway": {"tls": {"source": "cert-manager"}}}),
+             "gateway.tls.issuerRef"),
+            ("mutual TLS without identities", merge(SIM, {"gateway": {"tls": {"clientCA": {"existingSecret": "x"}}}}),
+             "gateway.tls.clientCertRoles")):
+        try:
+            render(values)
+            c.expect(False, f"{what} must fail to render")
+        except helm.HelmError as e:
+            c.expect(names in str(e), f"the render error names {names}: {e}")
 
     # No default provider: installed as it comes, the sim would run on a
     # real cluster and have its Nodes deleted. An unknown one fails in the

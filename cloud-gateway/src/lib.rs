@@ -58,11 +58,12 @@ use ccm_proto::v1::sim_admin_server::SimAdminServer;
 use ccm_provider::Provider;
 use ccm_provider_sim::SimCloud;
 use ccm_runtime::admin::{AdminServer, Readiness};
+use ccm_runtime::tls::{ALPN_H2, ServerTls};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
@@ -257,7 +258,17 @@ async fn authenticator(
         }
     };
 
-    Ok((Authenticator::new(tokens, reviewer), token_files))
+    let mut authenticator = Authenticator::new(tokens, reviewer);
+    if let Some(tls) = &settings.tls
+        && !tls.client_cert_roles.is_empty()
+    {
+        tracing::info!(
+            identities = ?tls.client_cert_roles,
+            "client certificates are verified and mapped to roles"
+        );
+        authenticator = authenticator.with_client_certs(tls.client_cert_roles.clone());
+    }
+    Ok((authenticator, token_files))
 }
 
 /// Serves gRPC on `listener` until `shutdown`: the layers, then every
@@ -281,16 +292,19 @@ fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    let mut server = Server::builder();
-    if let Some((cert, key)) = &settings.tls {
-        let identity = Identity::from_pem(
-            std::fs::read(cert).with_context(|| format!("read {}", cert.display()))?,
-            std::fs::read(key).with_context(|| format!("read {}", key.display()))?,
-        );
-        server = server
-            .tls_config(ServerTlsConfig::new().identity(identity))
-            .context("TLS")?;
-    }
+    let tls = match &settings.tls {
+        Some(tls) => {
+            let server_tls =
+                ServerTls::from_files(tls.files.clone(), &[ALPN_H2]).context("gRPC TLS")?;
+            server_tls.reload_every(tls.reload_interval, shutdown.clone());
+            Some(server_tls)
+        }
+        None => {
+            tracing::warn!(listen = %settings.listen, "gRPC is served in clear (--insecure-plaintext), on loopback only");
+            None
+        }
+    };
+    let server = Server::builder();
     let limits = settings.limits.clone();
     let largest = limits::largest_request_bytes();
     let router = server
@@ -329,8 +343,9 @@ fn serve(
                 .map(|sim| SimAdminServer::new(SimAdminService::new(sim, Some(lookups)))),
         );
     Ok(tokio::spawn(async move {
+        let incoming = request_limits::incoming(listener, &limits, metrics.clone());
         let serve = router.serve_with_incoming_shutdown(
-            request_limits::incoming(listener, &limits, metrics),
+            layers::tls::secured(incoming, tls, limits.max_connections, metrics),
             shutdown.clone().cancelled_owned(),
         );
         // After the signal the server takes no new connection or call and

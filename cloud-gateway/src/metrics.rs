@@ -99,6 +99,7 @@ pub struct Metrics {
     pub instance_batch_size: Histogram,
     pub connections: Gauge,
     pub connections_refused: Counter,
+    pub tls_handshake_failures: Counter,
     pub requests_in_flight: Gauge,
     pub request_bytes_in_flight: Gauge,
     pub requests_refused: Family<RefusalLabels, Counter>,
@@ -122,6 +123,7 @@ impl Metrics {
             instance_batch_size: batch_histogram(),
             connections: Gauge::default(),
             connections_refused: Counter::default(),
+            tls_handshake_failures: Counter::default(),
             requests_in_flight: Gauge::default(),
             request_bytes_in_flight: Gauge::default(),
             requests_refused: Family::default(),
@@ -192,6 +194,11 @@ impl Metrics {
             "connections_refused",
             "Connections closed on arrival because the gateway had its most",
             m.connections_refused.clone(),
+        );
+        r.register(
+            "tls_handshake_failures",
+            "Connections closed because their TLS handshake failed or took over 10 s (plaintext callers, untrusted or expired client certificates)",
+            m.tls_handshake_failures.clone(),
         );
         r.register(
             "requests_in_flight",

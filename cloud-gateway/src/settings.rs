@@ -18,6 +18,7 @@ use ipnet::IpNet;
 use crate::cloud::budget::BudgetConfig;
 use crate::cloud::instance_lookups::LookupConfig;
 use crate::layers::auth::Tokens;
+use crate::layers::client_certs::ClientCertRoles;
 use crate::layers::request_limits::Limits;
 use crate::layers::service_accounts::ServiceAccountAuth;
 #[cfg(feature = "aws")]
@@ -26,7 +27,7 @@ use ccm_provider_sim::SimConfig;
 
 /// The cloud gateway: the only component of the cloud controller manager
 /// that talks to the cloud.
-#[derive(Debug, Parser)]
+#[derive(Clone, Debug, Parser)]
 #[command(name = "cloud-gateway", version, args_override_self = true)]
 pub struct Args {
     /// Config file (YAML or TOML) with settings named as the flags; flags and environment win over it.
@@ -87,12 +88,28 @@ pub struct Args {
     /// http://otel-collector:4317; off when unset.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
-    /// PEM certificate for gRPC over TLS (with --tls-key).
+    /// PEM certificate chain gRPC is served over TLS with (with --tls-key); read again when it changes.
     #[arg(long, env = "CLOUD_GATEWAY_TLS_CERT")]
     pub tls_cert: Option<String>,
-    /// PEM private key for gRPC over TLS (with --tls-cert).
+    /// PEM private key of --tls-cert; read again when it changes.
     #[arg(long, env = "CLOUD_GATEWAY_TLS_KEY")]
     pub tls_key: Option<String>,
+    /// PEM CA bundle client certificates are verified against (mutual TLS, beside tokens); read again when it changes.
+    #[arg(long, env = "CLOUD_GATEWAY_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<String>,
+    /// Client certificate identities allowed in and their roles, comma-separated <identity>=<role>; an identity is a URI SAN (spiffe://<trust domain>/ns/<namespace>/sa/<name>) or CN=<common name>. Such a caller needs no token.
+    #[arg(long, env = "CLOUD_GATEWAY_CLIENT_CERT_ROLES")]
+    pub client_cert_roles: Option<String>,
+    /// How often the TLS files are read again; a changed certificate is served from the next connection on.
+    #[arg(long, default_value = "30s")]
+    pub tls_reload_interval: String,
+    /// Serve gRPC in clear, with no TLS: true or false; only on a loopback --listen address (tests, a gateway beside its only caller).
+    #[arg(
+        long,
+        env = "CLOUD_GATEWAY_INSECURE_PLAINTEXT",
+        default_value = "false"
+    )]
+    pub insecure_plaintext: String,
     /// Cloud calls per second for the whole account.
     #[arg(long, env = "CLOUD_GATEWAY_BUDGET_RATE", default_value = "20")]
     pub budget_rate: String,
@@ -247,6 +264,36 @@ pub struct Args {
     pub aws_endpoints: Option<String>,
 }
 
+impl Args {
+    /// These settings with nothing served: no TLS files, plaintext on
+    /// loopback. For tools that use the provider and serve nothing
+    /// (`aws-preflight`), given a gateway's config whose certificate files
+    /// are not on this machine.
+    pub fn serving_nothing(&self) -> Self {
+        Self {
+            listen: "127.0.0.1:0".into(),
+            admin_listen: "127.0.0.1:0".into(),
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            client_cert_roles: None,
+            insecure_plaintext: "true".into(),
+            ..self.clone()
+        }
+    }
+}
+
+/// How gRPC is served over TLS.
+#[derive(Clone, Debug)]
+pub struct GatewayTls {
+    /// The certificate, key and client CA bundle files.
+    pub files: ccm_runtime::tls::PemFiles,
+    /// How often they are read again.
+    pub reload_interval: Duration,
+    /// Client certificate identities and their roles.
+    pub client_cert_roles: ClientCertRoles,
+}
+
 /// The providers built in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProviderKind {
@@ -280,8 +327,8 @@ pub struct Settings {
     pub log_level: String,
     /// Where traces go over OTLP; `None` for nowhere.
     pub otlp_endpoint: Option<String>,
-    /// `(certificate, key)` PEM files.
-    pub tls: Option<(PathBuf, PathBuf)>,
+    /// TLS for gRPC; `None` only with `--insecure-plaintext` on loopback.
+    pub tls: Option<GatewayTls>,
     pub budget: BudgetConfig,
     /// What one client may make the gateway hold.
     pub limits: Limits,
@@ -321,6 +368,8 @@ impl Settings {
             "127.0.0.1:0",
             "--admin-listen",
             "127.0.0.1:0",
+            "--insecure-plaintext",
+            "true",
         ])
         .expect("the defaults parse");
         let mut settings = Self::from_args(&args).expect("the defaults are valid");
@@ -348,7 +397,7 @@ impl Settings {
         });
         let tokens = tokens(&mut p, args);
         let service_accounts = service_accounts(&mut p, args);
-        let tls = tls(&mut p, args);
+        let tls = tls(&mut p, args, listen.as_ref());
         let budget = budget(&mut p, args);
         let limits = limits(&mut p, args);
         let lookups = lookups(&mut p, args);
@@ -455,21 +504,103 @@ fn service_accounts(p: &mut Problems, args: &Args) -> Option<ServiceAccountAuth>
     })
 }
 
-fn tls(p: &mut Problems, args: &Args) -> Option<(PathBuf, PathBuf)> {
-    match (&args.tls_cert, &args.tls_key) {
-        (None, None) => None,
-        (Some(cert), Some(key)) => {
-            for (flag, path) in [("tls-cert", cert), ("tls-key", key)] {
-                if let Err(problem) = check_file(path) {
-                    p.push(flag, problem);
+/// TLS is the rule: plaintext needs `--insecure-plaintext true`, and only
+/// on a loopback address; client certificates need their CA and roles.
+fn tls(p: &mut Problems, args: &Args, listen: Option<&SocketAddr>) -> Option<GatewayTls> {
+    let plaintext = p.parse("insecure-plaintext", &args.insecure_plaintext, |s| {
+        s.parse::<bool>().map_err(|_| "use true or false")
+    });
+    let reload_interval = p.parse(
+        "tls-reload-interval",
+        &args.tls_reload_interval,
+        duration_within(Duration::from_secs(1), Duration::from_secs(3600)),
+    );
+    let client_cert_roles = match args.client_cert_roles.as_deref().map(str::trim) {
+        None | Some("") => Some(ClientCertRoles::default()),
+        Some(text) => match ClientCertRoles::parse(text) {
+            Ok(roles) => Some(roles),
+            Err(problems) => {
+                for problem in problems {
+                    p.push("client-cert-roles", problem);
                 }
+                None
             }
-            Some((PathBuf::from(cert), PathBuf::from(key)))
-        }
+        },
+    };
+    let client_ca = args
+        .tls_client_ca
+        .as_deref()
+        .filter(|s| !s.trim().is_empty());
+    let files = match (&args.tls_cert, &args.tls_key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some((cert, key)),
         _ => {
             p.push("tls-cert", "--tls-cert and --tls-key go together");
             None
         }
+    };
+    for (flag, path) in [
+        ("tls-cert", args.tls_cert.as_deref()),
+        ("tls-key", args.tls_key.as_deref()),
+        ("tls-client-ca", client_ca),
+    ] {
+        if let Some(Err(problem)) = path.map(check_file) {
+            p.push(flag, problem);
+        }
+    }
+    let has_roles = client_cert_roles.as_ref().is_some_and(|r| !r.is_empty());
+    if client_ca.is_some() && !has_roles && client_cert_roles.is_some() {
+        p.push(
+            "tls-client-ca",
+            "given without --client-cert-roles: no client certificate would be let in",
+        );
+    }
+    if has_roles && client_ca.is_none() {
+        p.push(
+            "client-cert-roles",
+            "needs --tls-client-ca, the CA bundle client certificates are verified against",
+        );
+    }
+    match (plaintext?, files) {
+        (true, Some(_)) => {
+            p.push(
+                "insecure-plaintext",
+                "not with --tls-cert: the gateway serves TLS or plaintext, never both",
+            );
+            None
+        }
+        (true, None) => {
+            if let Some(listen) = listen.filter(|l| !l.ip().is_loopback()) {
+                p.push(
+                    "insecure-plaintext",
+                    format!(
+                        "only on a loopback --listen address, not {listen}: anyone on the path could read the callers' tokens"
+                    ),
+                );
+            }
+            if client_ca.is_some() {
+                p.push("tls-client-ca", "needs --tls-cert and --tls-key");
+            }
+            None
+        }
+        (false, None) => {
+            if args.tls_cert.is_none() && args.tls_key.is_none() {
+                p.push(
+                    "tls-cert",
+                    "required: gRPC is served over TLS (--tls-cert and --tls-key); --insecure-plaintext true serves it in clear, on a loopback --listen address only",
+                );
+            }
+            None
+        }
+        (false, Some((cert, key))) => Some(GatewayTls {
+            files: ccm_runtime::tls::PemFiles {
+                cert: PathBuf::from(cert),
+                key: PathBuf::from(key),
+                client_ca: client_ca.map(PathBuf::from),
+            },
+            reload_interval: reload_interval?,
+            client_cert_roles: client_cert_roles?,
+        }),
     }
 }
 
@@ -801,8 +932,30 @@ fn shared_probe(
 mod tests {
     use super::*;
 
+    /// A certificate and key for the tests, made once.
+    fn tls_files() -> &'static (String, String) {
+        static FILES: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+        FILES.get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("gateway-settings-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+            let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+            std::fs::write(&cert, made.cert.pem()).unwrap();
+            std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+            (cert.display().to_string(), key.display().to_string())
+        })
+    }
+
+    /// `args` as the gateway's command line, with TLS files unless they
+    /// say how gRPC is served.
     fn parse(args: &[&str]) -> Result<Settings, Problems> {
+        let (cert, key) = tls_files();
+        let serving = args
+            .iter()
+            .any(|a| a.starts_with("--tls-") || a.starts_with("--insecure-plaintext"));
+        let tls = ["--tls-cert", cert, "--tls-key", key];
         let argv: Vec<std::ffi::OsString> = std::iter::once("cloud-gateway")
+            .chain(tls.iter().copied().filter(|_| !serving))
             .chain(args.iter().copied())
             .map(Into::into)
             .collect();

@@ -1011,35 +1011,6 @@ async fn updating_hosts_of_a_missing_load_balancer_is_not_found() {
 }
 
 #[tokio::test]
-async fn with_tls_configured_clients_connect_over_https_and_verify_the_gateway() {
-    let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
-    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
-    let gw = TestGateway::start(|s| s.tls = Some((cert_file.clone(), key_file.clone()))).await;
-    let port = gw.gateway.grpc_addr.port();
-    let mut config = ccm_proto::ClientConfig::new(
-        format!("https://localhost:{port}"),
-        "kubernetes",
-        ccm_proto::TokenSource::File(gw.token_file(Role::Node)),
-    );
-    config.tls_ca = Some(cert_file.clone());
-    let client = ccm_proto::GatewayClient::new(config).unwrap();
-    let info = timed(client.provider_info()).await.unwrap();
-    assert_eq!(info.name, "sim");
-
-    // Plain text to a TLS port fails; it never silently downgrades.
-    let plain = ccm_proto::GatewayClient::new(ccm_proto::ClientConfig::new(
-        format!("http://localhost:{port}"),
-        "kubernetes",
-        ccm_proto::TokenSource::File(gw.token_file(Role::Node)),
-    ))
-    .unwrap();
-    assert!(timed(plain.provider_info()).await.is_err());
-}
-
-#[tokio::test]
 async fn a_huge_invalid_request_is_invalid_argument_with_a_short_error() {
     let gw = TestGateway::start(|_| {}).await;
     let client = gw.client_with(Role::Node, RetryPolicy::none(), "kubernetes");

@@ -445,6 +445,8 @@ fn the_binary_serves_audits_writes_without_leaking_tokens_and_drains_on_sigterm(
             "127.0.0.1:0",
             "--log-format",
             "json",
+            "--insecure-plaintext",
+            "true",
         ])
         .arg("--state-dir")
         .arg(dir.path())

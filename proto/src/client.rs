@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -40,6 +40,9 @@ pub enum TokenSource {
     /// A file holding the token, read again every 30 s (projected
     /// ServiceAccount tokens rotate).
     File(PathBuf),
+    /// No token: the caller is known by its client certificate
+    /// ([`ClientConfig::client_cert`]).
+    None,
 }
 
 /// When and how often to retry.
@@ -124,8 +127,15 @@ pub struct ClientConfig {
     pub timeout: Duration,
     /// Retries.
     pub retry: RetryPolicy,
-    /// A PEM CA bundle to verify the gateway's certificate (https only).
+    /// The PEM CA bundle the gateway's certificate is verified against;
+    /// required for `https://`, read again when it changes.
     pub tls_ca: Option<PathBuf>,
+    /// The name the gateway's certificate must carry, when the address is
+    /// not it (an IP address, such as a Service's from the environment).
+    pub tls_server_name: Option<String>,
+    /// A client certificate and key (PEM) to present: the gateway maps its
+    /// identity to a role, and no token is needed. Read once, here.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
 }
 
 impl ClientConfig {
@@ -142,6 +152,8 @@ impl ClientConfig {
             timeout: Duration::from_secs(10),
             retry: RetryPolicy::default(),
             tls_ca: None,
+            tls_server_name: None,
+            client_cert: None,
         }
     }
 }
@@ -153,6 +165,7 @@ type Header = MetadataValue<tonic::metadata::Ascii>;
 /// per read for a token file.
 #[derive(Debug)]
 enum Token {
+    None,
     Static(Header),
     File {
         path: PathBuf,
@@ -163,6 +176,7 @@ enum Token {
 impl Token {
     fn new(source: TokenSource) -> Result<Self> {
         Ok(match source {
+            TokenSource::None => Token::None,
             TokenSource::Static(token) => Token::Static(bearer(&token)?),
             TokenSource::File(path) => Token::File {
                 path,
@@ -176,7 +190,7 @@ impl Token {
     /// interval. Returns whether there was anything to forget.
     fn forget(&self) -> bool {
         match self {
-            Token::Static(_) => false,
+            Token::None | Token::Static(_) => false,
             Token::File { cached, .. } => cached
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -185,22 +199,23 @@ impl Token {
         }
     }
 
-    fn header(&self) -> Result<Header> {
+    fn header(&self) -> Result<Option<Header>> {
         match self {
-            Token::Static(header) => Ok(header.clone()),
+            Token::None => Ok(None),
+            Token::Static(header) => Ok(Some(header.clone())),
             Token::File { path, cached } => {
                 let mut cached = cached.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some((read_at, header)) = &*cached
                     && read_at.elapsed() < TOKEN_FILE_REFRESH
                 {
-                    return Ok(header.clone());
+                    return Ok(Some(header.clone()));
                 }
                 let token = std::fs::read_to_string(path).map_err(|e| {
                     Error::Config(format!("read token file {}: {e}", path.display()))
                 })?;
                 let header = bearer(token.trim())?;
                 *cached = Some((Instant::now(), header.clone()));
-                Ok(header)
+                Ok(Some(header))
             }
         }
     }
@@ -259,6 +274,61 @@ impl Reach {
     }
 }
 
+/// TLS for an `https://` address: the gateway verified against the CA
+/// bundle file (reloaded), never a fallback to plaintext; `http://` only
+/// to this machine.
+fn secure(endpoint: Endpoint, config: &ClientConfig) -> Result<Endpoint> {
+    let tls_files = config.tls_ca.is_some() || config.client_cert.is_some();
+    if !check_transport(&config.address, tls_files).map_err(Error::Config)? {
+        return Ok(endpoint);
+    }
+    let host = endpoint.uri().host().unwrap_or_default().to_owned();
+    let ca = config.tls_ca.as_ref().ok_or_else(|| {
+        Error::Config(format!(
+            "gateway address {:?}: https needs the CA bundle that signed the gateway's certificate",
+            config.address
+        ))
+    })?;
+    let verifier = crate::tls::CaFile::new(ca.clone()).map_err(Error::Config)?;
+    let mut tls =
+        ClientTlsConfig::new().domain_name(config.tls_server_name.clone().unwrap_or_else(|| {
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned()
+        }));
+    if let Some((cert, key)) = &config.client_cert {
+        let read = |path: &PathBuf| {
+            std::fs::read(path).map_err(|e| Error::Config(format!("read {}: {e}", path.display())))
+        };
+        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    endpoint
+        .tls_config_with_verifier(tls, Arc::new(verifier))
+        .map_err(|e| Error::Config(format!("TLS: {e}")))
+}
+
+/// Whether `address` is one to reach over TLS (`https://`), or an error
+/// saying why it may not be used: plaintext (`http://`) only to this
+/// machine and with no TLS files given, and no other scheme.
+pub fn check_transport(address: &str, tls_files: bool) -> std::result::Result<bool, String> {
+    let uri: http::Uri = address
+        .parse()
+        .map_err(|e| format!("gateway address {address:?}: {e}"))?;
+    match uri.scheme_str() {
+        Some("https") => Ok(true),
+        Some("http") if tls_files => Err(format!(
+            "gateway address {address:?} is plaintext but TLS files are given: use https://"
+        )),
+        Some("http") if crate::tls::is_loopback(uri.host().unwrap_or_default()) => Ok(false),
+        Some("http") => Err(format!(
+            "gateway address {address:?}: plaintext only to this machine (localhost, 127.0.0.1); use https:// with the gateway's CA bundle"
+        )),
+        _ => Err(format!(
+            "gateway address {address:?}: use https://host:port"
+        )),
+    }
+}
+
 /// A typed, cheaply cloneable client of every gateway service.
 #[derive(Clone, Debug)]
 pub struct GatewayClient {
@@ -281,17 +351,7 @@ impl GatewayClient {
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(true);
-        if config.address.starts_with("https://") {
-            let mut tls = ClientTlsConfig::new().with_enabled_roots();
-            if let Some(ca) = &config.tls_ca {
-                let pem = std::fs::read(ca)
-                    .map_err(|e| Error::Config(format!("read CA file {}: {e}", ca.display())))?;
-                tls = tls.ca_certificate(Certificate::from_pem(pem));
-            }
-            endpoint = endpoint
-                .tls_config(tls)
-                .map_err(|e| Error::Config(format!("TLS: {e}")))?;
-        }
+        endpoint = secure(endpoint, &config)?;
         Ok(Self {
             channel: endpoint.connect_lazy(),
             cluster_name: config.cluster_name,
@@ -350,9 +410,9 @@ impl GatewayClient {
             let span = tracing::Span::current();
             let mut request = Request::new(req.clone());
             request.set_timeout(self.timeout);
-            request
-                .metadata_mut()
-                .insert("authorization", self.token.header()?);
+            if let Some(header) = self.token.header()? {
+                request.metadata_mut().insert("authorization", header);
+            }
             // A span no subscriber wants (logs above info, no traces) has
             // no context to send.
             if !span.is_disabled() {
@@ -648,17 +708,20 @@ fn deadline_exceeded(timeout: Duration) -> Error {
 pub type AuthorizedChannel =
     tonic::service::interceptor::InterceptedService<Channel, AuthInterceptor>;
 
-/// Adds a fixed `authorization` header to every request.
+/// Adds a fixed `authorization` header to every request (none where the
+/// caller has no token).
 #[derive(Clone, Debug)]
 pub struct AuthInterceptor {
-    header: MetadataValue<tonic::metadata::Ascii>,
+    header: Option<MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl tonic::service::Interceptor for AuthInterceptor {
     fn call(&mut self, mut request: Request<()>) -> std::result::Result<Request<()>, Status> {
-        request
-            .metadata_mut()
-            .insert("authorization", self.header.clone());
+        if let Some(header) = &self.header {
+            request
+                .metadata_mut()
+                .insert("authorization", header.clone());
+        }
         Ok(request)
     }
 }

@@ -116,7 +116,18 @@ impl Error {
             .map(|info| info.reason.clone())
             .unwrap_or_default();
         let delay = details.retry_info().and_then(|info| info.retry_delay);
-        let message = status.message().to_owned();
+        let mut message = status.message().to_owned();
+        // A status tonic made from a transport error ("transport error")
+        // says nothing on its own: name its causes (a certificate the CA
+        // did not sign, a refused connection).
+        let mut source = std::error::Error::source(&status);
+        while let Some(cause) = source {
+            let cause_text = cause.to_string();
+            if !message.contains(&cause_text) {
+                message = format!("{message}: {cause_text}");
+            }
+            source = cause.source();
+        }
         match status.code() {
             Code::NotFound => Error::NotFound { reason, message },
             Code::Unimplemented => Error::Unimplemented { message },

@@ -8,9 +8,13 @@ pub mod codec;
 pub mod error;
 pub mod reason;
 mod spans;
+mod tls;
 pub mod v1;
 
-pub use client::{AuthorizedChannel, ClientConfig, GatewayClient, Reach, RetryPolicy, TokenSource};
+pub use client::{
+    AuthorizedChannel, ClientConfig, GatewayClient, Reach, RetryPolicy, TokenSource,
+    check_transport,
+};
 pub use error::{Error, FieldViolation, Result};
 pub use spans::CALL_SPANS;
 

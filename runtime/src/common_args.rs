@@ -27,7 +27,7 @@ pub struct CommonArgs {
     /// Address of the admin HTTP server (/livez, /readyz, /metrics).
     #[arg(long, env = "CCM_ADMIN_LISTEN")]
     pub admin_listen: Option<String>,
-    /// The cloud gateway's gRPC address, http://host:port or https://host:port.
+    /// The cloud gateway's gRPC address: https://host:port, or http:// to this machine only.
     #[arg(
         long,
         env = "CCM_GATEWAY_ADDRESS",
@@ -37,9 +37,12 @@ pub struct CommonArgs {
     /// File holding the bearer token for the gateway; read again when it rotates.
     #[arg(long, env = "CCM_GATEWAY_TOKEN_FILE")]
     pub gateway_token_file: Option<String>,
-    /// PEM CA bundle to verify the gateway's certificate (https only).
+    /// PEM CA bundle the gateway's certificate is verified against; required with https://, read again when it changes.
     #[arg(long, env = "CCM_GATEWAY_CA_FILE")]
     pub gateway_ca_file: Option<String>,
+    /// The name the gateway's certificate must carry, when the address does not give it (an IP address).
+    #[arg(long, env = "CCM_GATEWAY_SERVER_NAME")]
+    pub gateway_server_name: Option<String>,
     /// Deadline of each gateway call.
     #[arg(long, env = "CCM_GATEWAY_TIMEOUT", default_value = "10s")]
     pub gateway_timeout: String,
@@ -131,16 +134,20 @@ impl CommonArgs {
         }
         let admin = self.admin_listen.as_deref().unwrap_or(default_admin);
         let admin_listen = p.parse("admin-listen", admin, str::parse::<SocketAddr>);
-        if !(self.gateway_address.starts_with("http://")
-            || self.gateway_address.starts_with("https://"))
-        {
-            p.push(
-                "gateway-address",
-                format!(
-                    "{:?} must start with http:// or https://",
-                    self.gateway_address
-                ),
-            );
+        match ccm_proto::check_transport(
+            &self.gateway_address,
+            self.gateway_ca_file.is_some(),
+        ) {
+            Ok(true) if self.gateway_ca_file.is_none() => p.push(
+                "gateway-ca-file",
+                "is required with an https:// gateway address: the CA bundle that signed the gateway's certificate",
+            ),
+            Ok(false) if self.gateway_server_name.is_some() => p.push(
+                "gateway-server-name",
+                "only with an https:// gateway address",
+            ),
+            Ok(_) => {}
+            Err(problem) => p.push("gateway-address", problem),
         }
         let token = match &self.gateway_token_file {
             Some(path) => match check_file(path) {
@@ -223,6 +230,7 @@ impl CommonArgs {
         );
         gateway.timeout = timeout?;
         gateway.tls_ca = self.gateway_ca_file.as_ref().map(PathBuf::from);
+        gateway.tls_server_name = self.gateway_server_name.clone();
         Some(Common {
             kubeconfig: self.kubeconfig.as_ref().map(PathBuf::from),
             cluster_name: self.cluster_name.clone(),
@@ -311,5 +319,44 @@ mod tests {
         ] {
             assert!(text.contains(key), "{key} missing: {text}");
         }
+    }
+
+    #[test]
+    fn the_gateway_is_reached_over_tls_or_on_this_machine_only() {
+        let token = std::env::temp_dir().join(format!("ccm-tls-{}.token", std::process::id()));
+        std::fs::write(&token, "t").unwrap();
+        let token = token.to_str().unwrap();
+        let problem = |args: &[&str]| {
+            let mut all = vec!["--gateway-token-file", token];
+            all.extend(args);
+            resolve(&all).err().map(|p| p.to_string())
+        };
+        assert_eq!(
+            problem(&["--gateway-address", "http://127.0.0.1:7400"]),
+            None
+        );
+        let clear = problem(&["--gateway-address", "http://10.0.0.7:7400"]).unwrap();
+        assert!(clear.contains("plaintext only to this machine"), "{clear}");
+        let no_ca = problem(&["--gateway-address", "https://gateway:7400"]).unwrap();
+        assert!(no_ca.contains("gateway-ca-file"), "{no_ca}");
+        let mixed = problem(&[
+            "--gateway-address",
+            "http://127.0.0.1:7400",
+            "--gateway-ca-file",
+            token,
+        ])
+        .unwrap();
+        assert!(mixed.contains("use https://"), "{mixed}");
+        assert_eq!(
+            problem(&[
+                "--gateway-address",
+                "https://10.96.0.12:7400",
+                "--gateway-ca-file",
+                token,
+                "--gateway-server-name",
+                "ccm-gateway.kube-system.svc",
+            ]),
+            None
+        );
     }
 }

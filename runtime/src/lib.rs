@@ -7,7 +7,8 @@
 //! Kubernetes well-known names ([`names`]), the Kubernetes and gateway
 //! clients ([`kube`], [`gateway`]), leader election ([`leader`]), and the
 //! caches of watched objects, whole ([`watch`]) or as each controller's
-//! compact views ([`view`]). It stays small and boring: nothing here knows
+//! compact views ([`view`]), and TLS for servers with certificates reloaded
+//! from their files ([`tls`]). It stays small and boring: nothing here knows
 //! what a controller does.
 
 pub mod admin;
@@ -25,5 +26,6 @@ pub mod process;
 pub mod queue;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;
 pub mod view;
 pub mod watch;

@@ -131,7 +131,9 @@ impl Node<'_> {
         token
     }
 
-    /// Writes the files of volume `volume` into `dir`.
+    /// Writes the files of volume `volume` into `dir`; with `items`, only
+    /// the keys they name, at their paths (a key missing fails the mount,
+    /// as the kubelet's does).
     fn mount(
         &self,
         namespace: &str,
@@ -151,7 +153,10 @@ impl Node<'_> {
         } else if let Some(map) = volume.get("configMap") {
             write(self.config_map(text(&map["name"]))?)
         } else if let Some(secret) = volume.get("secret") {
-            write(self.secret(text(&secret["secretName"]))?)
+            write(items(
+                self.secret(text(&secret["secretName"]))?,
+                &secret["items"],
+            )?)
         } else if let Some(projected) = volume.get("projected") {
             for source in projected["sources"].as_array().into_iter().flatten() {
                 if let Some(sa) = source.get("serviceAccountToken") {
@@ -365,4 +370,25 @@ impl Node<'_> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// The files of a Secret or ConfigMap volume with `items`: only the keys
+/// named, at their paths; all of them without.
+fn items(
+    files: BTreeMap<String, String>,
+    items: &Value,
+) -> anyhow::Result<BTreeMap<String, String>> {
+    let Some(items) = items.as_array() else {
+        return Ok(files);
+    };
+    items
+        .iter()
+        .map(|item| {
+            let key = text(&item["key"]);
+            let content = files
+                .get(key)
+                .with_context(|| format!("no key {key} to mount"))?;
+            Ok((text(&item["path"]).to_owned(), content.clone()))
+        })
+        .collect()
 }

@@ -2383,12 +2383,15 @@ async fn the_knobs_upstream_users_set_reach_aws_as_upstream_applies_them() {
 #[tokio::test]
 async fn the_aws_provider_passes_the_conformance_suite() {
     let env = env(1, &[]).await;
+    let ca = env.gateway.pki.ca_file();
     let out = gateway_conformance::run_binary(
         &ccm_testkit::bin_dir(),
         &env.gateway.address,
         &env.dir.path().join("gateway/state/tokens"),
         CLUSTER,
         &[
+            "--tls-ca",
+            ca.to_str().unwrap(),
             "--node",
             &env.seeded.instances[0].name,
             "--invalid-annotation",

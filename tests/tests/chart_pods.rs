@@ -112,7 +112,18 @@ async fn the_pods_with_every_option_run_and_become_ready() {
         .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "ccm-gateway")
         .unwrap();
     assert_eq!(gateway["spec"]["template"]["spec"]["hostNetwork"], true);
-    run(objects, BTreeMap::new()).await;
+    // The CA of client certificates (mutual TLS), a Secret the operator
+    // keeps.
+    let dir = tempfile::tempdir().unwrap();
+    let clients = ccm_sandbox::pki::Pki::create(dir.path(), "client CA").unwrap();
+    let secrets = BTreeMap::from([(
+        "ccm-client-ca".to_owned(),
+        BTreeMap::from([(
+            "ca.crt".to_owned(),
+            std::fs::read_to_string(clients.ca_file()).unwrap(),
+        )]),
+    )]);
+    run(objects, secrets).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,6 @@
 
 use std::path::Path;
 use std::process::Output;
-use std::time::Duration;
 
 use ccm_sandbox::gateway::GatewayProcess;
 
@@ -43,20 +42,9 @@ fn assert_passes_everything(out: &Output) {
 }
 
 async fn sim_gateway(dir: &Path, args: &[&str]) -> GatewayProcess {
-    let args: Vec<String> = ["--provider", "sim"]
-        .iter()
-        .chain(args)
-        .map(|s| s.to_string())
-        .collect();
-    let gateway = GatewayProcess::start(&ccm_testkit::bin_dir(), dir, &args, &[])
+    GatewayProcess::on_the_sim(&ccm_testkit::bin_dir(), dir, args)
         .await
-        .unwrap();
-    assert!(
-        gateway.wait_ready(Duration::from_secs(60)).await,
-        "{}",
-        gateway.log_text()
-    );
-    gateway
+        .unwrap()
 }
 
 #[tokio::test]
@@ -64,10 +52,13 @@ async fn the_sim_gateway_passes_every_check() {
     let dir = tempfile::tempdir().unwrap();
     let gateway = sim_gateway(dir.path(), &[]).await;
     // No --node: the suite makes its instances through the admin hook.
+    let ca = gateway.pki.ca_file();
     let out = conformance(
         &gateway.address,
         &dir.path().join("state/tokens"),
         &[
+            "--tls-ca",
+            ca.to_str().unwrap(),
             "--invalid-annotation",
             "sim.cloudgateway.io/algorithm=fastest",
         ],
@@ -147,7 +138,13 @@ async fn a_gateway_that_breaks_a_rule_fails_with_one_clear_line() {
         &["--tokens-file", file.to_str().unwrap()],
     )
     .await;
-    let out = conformance(&gateway.address, &tokens, &[]).await;
+    let ca = gateway.pki.ca_file();
+    let out = conformance(
+        &gateway.address,
+        &tokens,
+        &["--tls-ca", ca.to_str().unwrap()],
+    )
+    .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     let failed: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL")).collect();

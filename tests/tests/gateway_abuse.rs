@@ -20,26 +20,16 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 /// A gateway on the sim with `args`.
 async fn gateway(dir: &Path, args: &[String]) -> GatewayProcess {
-    let args: Vec<String> = ["--provider".into(), "sim".into()]
-        .into_iter()
-        .chain(args.iter().cloned())
-        .collect();
-    let gw = GatewayProcess::start(&ccm_testkit::bin_dir(), dir, &args, &[])
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    GatewayProcess::on_the_sim(&ccm_testkit::bin_dir(), dir, &args)
         .await
-        .unwrap();
-    assert!(
-        gw.wait_ready(Duration::from_secs(30)).await,
-        "{}",
-        gw.log_text()
-    );
-    gw
+        .unwrap()
 }
 
 /// One raw HTTP/2 connection; its driver runs in the background.
-async fn connect(address: &str) -> h2::client::SendRequest<Bytes> {
-    let authority = address.trim_start_matches("http://");
-    let tcp = tokio::net::TcpStream::connect(authority).await.unwrap();
-    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+async fn connect(gw: &GatewayProcess) -> h2::client::SendRequest<Bytes> {
+    let tls = gw.tls_connect().await.unwrap();
+    let (send, connection) = h2::client::handshake(tls).await.unwrap();
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -112,7 +102,7 @@ async fn unauthenticated_streams_with_huge_or_unfinished_bodies_hold_little_memo
     // and send most of it, and 200 that announce a small message and
     // never finish it.
     for _ in 0..3 {
-        let send = connect(&gw.address).await;
+        let send = connect(&gw).await;
         for _ in 0..200 {
             let check = request(&gw.address, "/grpc.health.v1.Health/Check", None);
             let Some((response, mut body)) = open(&send, check, Duration::from_secs(2)).await
@@ -127,7 +117,7 @@ async fn unauthenticated_streams_with_huge_or_unfinished_bodies_hold_little_memo
             senders.push(body);
         }
     }
-    let send = connect(&gw.address).await;
+    let send = connect(&gw).await;
     for _ in 0..200 {
         let check = request(&gw.address, "/grpc.health.v1.Health/Check", None);
         let Some((response, mut body)) = open(&send, check, Duration::from_secs(2)).await else {
@@ -205,7 +195,7 @@ async fn thousands_of_lookups_whose_answers_are_never_read_hold_little_memory() 
     let started = Instant::now();
     // 6000 calls over 30 connections; no answer is ever read.
     for _ in 0..30 {
-        let send = connect(&gw.address).await;
+        let send = connect(&gw).await;
         for _ in 0..200 {
             let lookup = request(
                 &gw.address,
@@ -264,8 +254,7 @@ async fn a_flood_of_bad_tokens_makes_few_reviews_and_known_callers_go_on() {
     .to_vec();
     let gw = gateway(dir.path(), &args).await;
     let route = {
-        let mut config = ccm_proto::ClientConfig::new(
-            gw.address.clone(),
+        let mut config = gw.client_config(
             "kubernetes",
             ccm_proto::TokenSource::Static("route-token-0123456789".into()),
         );
@@ -278,7 +267,7 @@ async fn a_flood_of_bad_tokens_makes_few_reviews_and_known_callers_go_on() {
     let mut calls = Vec::new();
     for round in 0..2 {
         for c in 0..10 {
-            let send = connect(&gw.address).await;
+            let send = connect(&gw).await;
             for i in 0..200 {
                 let token = if round == 0 {
                     "the-same-bad-token".to_owned()

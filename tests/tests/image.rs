@@ -158,6 +158,9 @@ async fn the_image_runs_the_gateway_as_non_root_on_a_read_only_root() {
             &format!("127.0.0.1:{admin}"),
             "--state-dir",
             "/var/lib/cloud-gateway",
+            // On the host's loopback only.
+            "--insecure-plaintext",
+            "true",
         ],
     );
     let inspect: serde_json::Value =

@@ -229,10 +229,8 @@ async fn the_gateway_the_api_server_and_the_sandbox_exit_on_sigterm() {
     assert!(gw.wait_ready(Duration::from_secs(20)).await);
     let client = gw.client("admin", "kubernetes");
     client.provider_info().await.unwrap();
-    let tcp = tokio::net::TcpStream::connect(gw.address.trim_start_matches("http://"))
-        .await
-        .unwrap();
-    let (send, connection) = h2::client::handshake(tcp).await.unwrap();
+    let tls = gw.tls_connect().await.unwrap();
+    let (send, connection) = h2::client::handshake(tls).await.unwrap();
     tokio::spawn(connection);
     let mut send = send.ready().await.unwrap();
     let request = http::Request::post(format!("{}/grpc.health.v1.Health/Check", gw.address))

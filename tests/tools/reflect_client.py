@@ -5,7 +5,7 @@ It learns the API through server reflection, as grpcurl does, builds the
 message types from the descriptors the server sends, and calls a method.
 Tests use it to prove a client with none of our code can use the gateway.
 
-usage:
+usage (ADDR is host:port; --ca-file FILE speaks TLS, trusting that CA):
   reflect_client.py ADDR list
   reflect_client.py ADDR describe SERVICE
   reflect_client.py ADDR health [SERVICE]
@@ -92,7 +92,14 @@ def main(argv):
         i = rest.index("--reflection")
         version = rest[i + 1]
         del rest[i : i + 2]
-    channel = grpc.insecure_channel(addr)
+    if "--ca-file" in rest:
+        i = rest.index("--ca-file")
+        with open(rest[i + 1], "rb") as f:
+            credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+        del rest[i : i + 2]
+        channel = grpc.secure_channel(addr, credentials)
+    else:
+        channel = grpc.insecure_channel(addr)
     if verb == "health":
         stub = health_pb2_grpc.HealthStub(channel)
         reply = stub.Check(health_pb2.HealthCheckRequest(service=rest[0] if rest else ""), timeout=5)

@@ -19,7 +19,7 @@ use gateway_conformance::{Target, run, summary};
 #[derive(Parser)]
 #[command(name = "gateway-conformance", version)]
 struct Args {
-    /// The gateway, `http://host:port` or `https://host:port`.
+    /// The gateway, `https://host:port` (with --tls-ca), or `http://` on this machine only.
     #[arg(long)]
     address: String,
     /// A PEM CA bundle to verify an https gateway.

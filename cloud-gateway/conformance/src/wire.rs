@@ -80,12 +80,52 @@ pub fn grpc_frame(message: &[u8]) -> Bytes {
     out.into()
 }
 
+/// A connection to the gateway: over TLS trusting `tls_ca` for
+/// `https://`, in clear for `http://`.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+async fn connect(address: &str, tls_ca: Option<&std::path::Path>) -> Result<Box<dyn Io>, String> {
+    let uri: http::Uri = address.parse().map_err(|e| format!("{address}: {e}"))?;
+    let host = uri.host().unwrap_or_default().to_owned();
+    let authority = uri.authority().map(|a| a.to_string()).unwrap_or_default();
+    let tcp = tokio::net::TcpStream::connect(&authority)
+        .await
+        .map_err(|e| format!("connect {authority}: {e}"))?;
+    if uri.scheme_str() != Some("https") {
+        return Ok(Box::new(tcp));
+    }
+    let ca = tls_ca.ok_or("https needs --tls-ca")?;
+    let pem = std::fs::read(ca).map_err(|e| format!("read {}: {e}", ca.display()))?;
+    let roots =
+        ccm_runtime::tls::roots(&pem, &ca.display().to_string()).map_err(|e| format!("{e:#}"))?;
+    let mut config = rustls::ClientConfig::builder_with_provider(ccm_runtime::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![ccm_runtime::tls::ALPN_H2.to_vec()];
+    let name = rustls::pki_types::ServerName::try_from(
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned(),
+    )
+    .map_err(|e| format!("{host}: {e}"))?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS handshake with {authority}: {e}"))?;
+    Ok(Box::new(tls))
+}
+
 /// One unary call over a bare HTTP/2 connection with `grpc-timeout` set to
 /// `deadline`: a gRPC client library would enforce that deadline itself and
 /// hide what the gateway does at it. Returns the gateway's code and how long
 /// it took to answer.
 pub(crate) async fn call_with_deadline(
     address: &str,
+    tls_ca: Option<&std::path::Path>,
     token: &TokenSource,
     path: &str,
     message: &[u8],
@@ -97,12 +137,9 @@ pub(crate) async fn call_with_deadline(
             .map_err(|e| format!("read {}: {e}", path.display()))?
             .trim()
             .to_owned(),
+        TokenSource::None => return Err("the deadline check needs a token".into()),
     };
-    let authority = address.trim_start_matches("http://");
-    let tcp = tokio::net::TcpStream::connect(authority)
-        .await
-        .map_err(|e| format!("connect {authority}: {e}"))?;
-    let (send, connection) = h2::client::handshake(tcp)
+    let (send, connection) = h2::client::handshake(connect(address, tls_ca).await?)
         .await
         .map_err(|e| format!("HTTP/2 handshake: {e}"))?;
     let driver = tokio::spawn(connection);

@@ -1,5 +1,6 @@
-//! Who may call what. Every RPC needs a bearer token; each token maps to an
-//! identity with a role, and each role may call only its services. Health
+//! Who may call what. Every RPC needs a client certificate whose identity
+//! is mapped to a role, or a bearer token; each maps to an identity with a
+//! role, and each role may call only its services. Health
 //! checks and server reflection are open, so probes and tools such as
 //! grpcurl work without a token. Tokens are never logged.
 
@@ -15,7 +16,9 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 use tower::{Layer, Service};
 
+use super::client_certs::{CertIdentity, ClientCertRoles};
 use super::service_accounts::TokenReviewer;
+use super::tls::ConnInfo;
 use crate::identity::{Caller, Role, allowed_roles};
 
 #[derive(Debug, Deserialize)]
@@ -185,12 +188,14 @@ fn refuse(code: Code, reason: &str, message: String) -> Status {
     )
 }
 
-/// Who is asking: static tokens first, then (when configured) the
-/// Kubernetes API for ServiceAccount tokens.
+/// Who is asking: a client certificate mapped to a role first, then
+/// static tokens, then (when configured) the Kubernetes API for
+/// ServiceAccount tokens.
 #[derive(Debug)]
 pub struct Authenticator {
     tokens: Tokens,
     reviewer: Option<Arc<TokenReviewer>>,
+    cert_roles: ClientCertRoles,
 }
 
 impl Authenticator {
@@ -199,7 +204,14 @@ impl Authenticator {
         Self {
             tokens,
             reviewer: reviewer.map(Arc::new),
+            cert_roles: ClientCertRoles::default(),
         }
+    }
+
+    /// Also accepts client certificates whose identity `roles` maps.
+    pub fn with_client_certs(mut self, roles: ClientCertRoles) -> Self {
+        self.cert_roles = roles;
+        self
     }
 
     /// Checks the caller of a request to `path` against [`allowed_roles`];
@@ -209,22 +221,22 @@ impl Authenticator {
         &self,
         path: &str,
         header: Option<&[u8]>,
+        client_cert: Option<&CertIdentity>,
     ) -> Result<Option<Caller>, Status> {
         let Some(roles) = allowed_roles(path) else {
             return Ok(None);
         };
-        let token = header
-            .and_then(|h| {
-                h.strip_prefix(b"Bearer ")
-                    .or_else(|| h.strip_prefix(b"bearer "))
-            })
-            .ok_or_else(|| {
-                Status::unauthenticated("missing bearer token in the authorization header")
-            })?;
-        let caller = match (self.tokens.caller(token), &self.reviewer) {
-            (Some(caller), _) => caller.clone(),
-            (None, Some(reviewer)) => reviewer.caller(token).await?,
-            (None, None) => return Err(Status::unauthenticated("unknown bearer token")),
+        let mapped = client_cert.and_then(|cert| self.cert_roles.caller(cert));
+        let caller = match (mapped, client_cert, header) {
+            (Some(caller), _, _) => caller,
+            // A certificate no role is mapped to, and no token either.
+            (None, Some(cert), None) => {
+                return Err(Status::unauthenticated(format!(
+                    "the client certificate ({}) is mapped to no role, and no bearer token was sent",
+                    cert.describe()
+                )));
+            }
+            (None, _, header) => self.token_caller(header).await?,
         };
         let span = tracing::Span::current();
         span.record("caller", caller.name.as_str());
@@ -246,6 +258,22 @@ impl Authenticator {
             ));
         }
         Ok(Some(caller))
+    }
+
+    async fn token_caller(&self, header: Option<&[u8]>) -> Result<Caller, Status> {
+        let token = header
+            .and_then(|h| {
+                h.strip_prefix(b"Bearer ")
+                    .or_else(|| h.strip_prefix(b"bearer "))
+            })
+            .ok_or_else(|| {
+                Status::unauthenticated("missing bearer token in the authorization header")
+            })?;
+        match (self.tokens.caller(token), &self.reviewer) {
+            (Some(caller), _) => Ok(caller.clone()),
+            (None, Some(reviewer)) => reviewer.caller(token).await,
+            (None, None) => Err(Status::unauthenticated("unknown bearer token")),
+        }
     }
 }
 
@@ -310,7 +338,14 @@ where
                 .headers()
                 .get(http::header::AUTHORIZATION)
                 .map(|h| h.as_bytes().to_vec());
-            match auth.authorize(req.uri().path(), header.as_deref()).await {
+            let client_cert = req
+                .extensions()
+                .get::<ConnInfo>()
+                .and_then(|c| c.client_cert.clone());
+            match auth
+                .authorize(req.uri().path(), header.as_deref(), client_cert.as_deref())
+                .await
+            {
                 Ok(caller) => {
                     if let Some(caller) = caller {
                         req.extensions_mut().insert(caller);
@@ -370,7 +405,7 @@ mod tests {
         ];
         for (path, header, want) in cases {
             let got = auth
-                .authorize(path, header)
+                .authorize(path, header, None)
                 .await
                 .map(|c| c.is_some())
                 .map_err(|s| s.code());

@@ -574,6 +574,11 @@ pub struct Guarded {
 }
 
 impl Guarded {
+    /// The peer's address.
+    pub fn remote(&self) -> Option<SocketAddr> {
+        self.remote
+    }
+
     fn touched(&mut self) {
         self.timer.as_mut().reset(Instant::now() + self.idle);
     }

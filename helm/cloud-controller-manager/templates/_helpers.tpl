@@ -62,9 +62,32 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- .Values.gateway.address -}}
 {{- else if .Values.gateway.enabled -}}
 {{- $env := printf "%s-gateway" (include "ccm.base" .) | upper | replace "-" "_" -}}
-{{- printf "http://$(%s_SERVICE_HOST):%v" $env .Values.gateway.grpcPort -}}
+{{- printf "https://$(%s_SERVICE_HOST):%v" $env .Values.gateway.grpcPort -}}
 {{- else -}}
 {{- fail "gateway.address is required when gateway.enabled is false" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The name the gateway's certificate carries (the Service's), which the
+controllers verify while they reach it by the Service's address. */}}
+{{- define "ccm.gatewayServerName" -}}
+{{- printf "%s-gateway.%s.svc" (include "ccm.base" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/* The Secret with the gateway's tls.crt, tls.key and ca.crt (the CA the
+controllers trust), checked: with the gateway off, the Secret that holds
+the external gateway's ca.crt. */}}
+{{- define "ccm.gatewayTlsSecret" -}}
+{{- $tls := .Values.gateway.tls -}}
+{{- if not .Values.gateway.enabled -}}
+{{- $_ := include "ccm.gatewayAddress" . -}}
+{{- $tls.existingSecret | required "gateway.tls.existingSecret is required when gateway.enabled is false: a Secret whose ca.crt signed the external gateway's certificate" -}}
+{{- else if eq $tls.source "existingSecret" -}}
+{{- $tls.existingSecret | required "gateway.tls.existingSecret is required with gateway.tls.source existingSecret: a Secret with tls.crt, tls.key and ca.crt" -}}
+{{- else if has $tls.source (list "helm" "cert-manager") -}}
+{{- printf "%s-gateway-tls" (include "ccm.base" .) -}}
+{{- else -}}
+{{- fail (printf "gateway.tls.source %q: use helm, cert-manager or existingSecret" $tls.source) -}}
 {{- end -}}
 {{- end -}}
 

@@ -1422,9 +1422,9 @@ impl Harness {
         let series = [
             (
                 "gateway, our client",
-                Callee::Ours(run.sandbox.handle().client_config("node")),
+                Callee::Ours(Box::new(run.sandbox.handle().client_config("node"))),
             ),
-            ("floor, our client", Callee::Ours(floor.config())),
+            ("floor, our client", Callee::Ours(Box::new(floor.config()))),
             (
                 "floor, bare tonic client",
                 Callee::Bare(floor.address.clone()),
@@ -1459,7 +1459,7 @@ impl Harness {
         let run = self.start(Profile::Upstream, 1, &[]).await?;
         let ips = run.instances("lat", 1).await?;
         run.nodes("lat", &ips, false, false).await?;
-        let callee = Callee::Ours(run.sandbox.handle().client_config("node"));
+        let callee = Callee::Ours(Box::new(run.sandbox.handle().client_config("node")));
         let upstream = measure(vec![callee], low, upstream_samples)?.remove(0);
         run.sandbox.stop().await;
         measured.push((
@@ -1620,7 +1620,7 @@ impl Floor {
 enum Callee {
     /// Through `GatewayClient` (token, deadline, retries, span), as the
     /// controllers call.
-    Ours(ccm_proto::ClientConfig),
+    Ours(Box<ccm_proto::ClientConfig>),
     /// A bare tonic client at this address: nothing but the call.
     Bare(String),
 }
@@ -1635,7 +1635,7 @@ impl Callee {
     /// Inside the runtime that will make the calls.
     fn connect(self) -> anyhow::Result<Caller> {
         Ok(match self {
-            Callee::Ours(config) => Caller::Ours(ccm_proto::GatewayClient::new(config)?),
+            Callee::Ours(config) => Caller::Ours(ccm_proto::GatewayClient::new(*config)?),
             Callee::Bare(address) => Caller::Bare(InstancesClient::new(
                 tonic::transport::Endpoint::from_shared(address)?
                     .tcp_nodelay(true)

@@ -89,7 +89,8 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: &Cli) -> anyhow::Result<Vec<Row>> {
-    let settings = Settings::from_args(&cli.gateway).map_err(|p| anyhow::anyhow!("{p}"))?;
+    let settings =
+        Settings::from_args(&cli.gateway.serving_nothing()).map_err(|p| anyhow::anyhow!("{p}"))?;
     if settings.provider != ProviderKind::Aws {
         anyhow::bail!(
             "the preflight is for the AWS provider: pass --provider aws and its settings"

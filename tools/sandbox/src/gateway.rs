@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::process::{Child, Command};
 
+use crate::pki::{GATEWAY_NAME, Issued, Pki};
 use crate::ports::free_port;
 
 /// What a process started to listen on a port did.
@@ -44,11 +45,19 @@ pub async fn until_listening(
     }
 }
 
-/// The gateway binary as a process on loopback, with generated tokens (one
-/// per role in `<dir>/state/tokens/`) and its log in `<dir>/gateway.log`.
+/// The gateway binary as a process on loopback, serving gRPC over TLS
+/// with a certificate from its own CA (`<dir>/pki/`), with generated
+/// tokens (one per role in `<dir>/state/tokens/`) and its log in
+/// `<dir>/gateway.log`.
 pub struct GatewayProcess {
-    /// `http://127.0.0.1:<port>` of the gRPC API.
+    /// `https://127.0.0.1:<port>` of the gRPC API.
     pub address: String,
+    /// The CA that issued its certificate; it issues client certificates
+    /// too.
+    pub pki: Pki,
+    /// Its serving certificate and key: issue another into the same files
+    /// to rotate it.
+    pub serving: Issued,
     /// `127.0.0.1:<port>` of the admin server.
     pub admin: SocketAddr,
     /// The log file.
@@ -74,6 +83,8 @@ impl GatewayProcess {
         let admin = SocketAddr::from(([127, 0, 0, 1], admin));
         let state = dir.join("state");
         let log = dir.join("gateway.log");
+        let pki = Pki::create(&dir.join("pki"), "cloud-gateway test CA")?;
+        let serving = pki.serving("gateway", &["localhost", "127.0.0.1", GATEWAY_NAME])?;
         let child = Command::new(bin_dir.join("cloud-gateway"))
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -85,6 +96,10 @@ impl GatewayProcess {
             .arg(admin.to_string())
             .arg("--state-dir")
             .arg(&state)
+            .arg("--tls-cert")
+            .arg(&serving.cert)
+            .arg("--tls-key")
+            .arg(&serving.key)
             .args(args)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
@@ -92,7 +107,9 @@ impl GatewayProcess {
             .spawn()
             .context("start cloud-gateway (build it first: cargo build --bins)")?;
         let mut gateway = Self {
-            address: format!("http://127.0.0.1:{grpc}"),
+            address: format!("https://127.0.0.1:{grpc}"),
+            pki,
+            serving,
             admin,
             log,
             tokens: state.join("tokens"),
@@ -110,16 +127,73 @@ impl GatewayProcess {
         }
     }
 
+    /// Starts it on the sim (`--provider sim` before `args`) from
+    /// `bin_dir` in `dir`, and waits until it is ready (30 s at most);
+    /// the error carries its log.
+    pub async fn on_the_sim(bin_dir: &Path, dir: &Path, args: &[&str]) -> anyhow::Result<Self> {
+        let args: Vec<String> = ["--provider", "sim"]
+            .iter()
+            .chain(args)
+            .map(|s| s.to_string())
+            .collect();
+        let gateway = Self::start(bin_dir, dir, &args, &[]).await?;
+        if !gateway.wait_ready(Duration::from_secs(30)).await {
+            anyhow::bail!(
+                "cloud-gateway not ready within 30 s:\n{}",
+                gateway.log_text()
+            );
+        }
+        Ok(gateway)
+    }
+
     /// A client for `cluster` with `role`'s token and no retries, so a
     /// test sees every failure as it is.
     pub fn client(&self, role: &str, cluster: &str) -> ccm_proto::GatewayClient {
-        let mut config = ccm_proto::ClientConfig::new(
-            self.address.clone(),
+        let mut config = self.client_config(
             cluster,
             ccm_proto::TokenSource::File(self.tokens.join(format!("{role}.token"))),
         );
         config.retry = ccm_proto::RetryPolicy::none();
         ccm_proto::GatewayClient::new(config).expect("client config")
+    }
+
+    /// How a client for `cluster` with `token` reaches it: over TLS,
+    /// trusting its CA.
+    pub fn client_config(
+        &self,
+        cluster: &str,
+        token: ccm_proto::TokenSource,
+    ) -> ccm_proto::ClientConfig {
+        let mut config = ccm_proto::ClientConfig::new(self.address.clone(), cluster, token);
+        config.tls_ca = Some(self.pki.ca_file());
+        config
+    }
+
+    /// A raw TLS connection to the gRPC port offering HTTP/2, trusting the
+    /// gateway's CA: for tests that speak HTTP/2 themselves.
+    pub async fn tls_connect(
+        &self,
+    ) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let authority = self.address.trim_start_matches("https://");
+        let tcp = tokio::net::TcpStream::connect(authority).await?;
+        let roots =
+            ccm_runtime::tls::roots(&std::fs::read(self.pki.ca_file())?, "the gateway's CA")?;
+        let mut config = rustls::ClientConfig::builder_with_provider(ccm_runtime::tls::provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![ccm_runtime::tls::ALPN_H2.to_vec()];
+        let name = rustls::pki_types::ServerName::try_from("localhost")?;
+        Ok(
+            tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+                .connect(name, tcp)
+                .await?,
+        )
+    }
+
+    /// The file of `role`'s generated token.
+    pub fn token_file(&self, role: &str) -> std::path::PathBuf {
+        self.tokens.join(format!("{role}.token"))
     }
 
     /// The status code of `GET <path>` on the admin server, and the body.

@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod aws;
 pub mod gateway;
+pub mod pki;
 pub mod ports;
 pub mod toy;
 
@@ -151,6 +152,9 @@ pub struct Sandbox {
     pub options: Options,
     pub kubeconfig: PathBuf,
     pub gateway: String,
+    /// The CA bundle the gateway's certificate is verified against (none
+    /// for the toy gateway, which serves on loopback in clear).
+    pub gateway_ca: Option<PathBuf>,
     pub endpoints: BTreeMap<String, String>,
     /// The emulated AWS account, on the AWS cloud.
     pub aws: Option<AwsAccount>,
@@ -354,6 +358,7 @@ impl Sandbox {
             },
             kubeconfig: kubeconfig.clone(),
             gateway: String::new(),
+            gateway_ca: None,
             endpoints: BTreeMap::new(),
             aws: None,
             children: Vec::new(),
@@ -395,12 +400,27 @@ impl Sandbox {
                 &crate::toy::args(&addr(grpc).to_string(), &state.join("tokens")),
                 &[],
             )?;
+            sandbox.gateway = format!("http://{}", addr(grpc));
         } else {
             let (cloud_args, cloud_env) = sandbox.cloud().await?;
+            // Its own CA, as the chart makes one: everything reaches the
+            // gateway over TLS, as in a cluster.
+            let pki = pki::Pki::create(&state.join("pki"), "ccm sandbox CA")?;
+            let serving = pki.serving("gateway", &["localhost", "127.0.0.1", pki::GATEWAY_NAME])?;
+            sandbox.gateway_ca = Some(pki.ca_file());
+            sandbox.gateway = format!("https://{}", addr(grpc));
+            sandbox.endpoints.insert(
+                "gateway_ca_file".into(),
+                pki.ca_file().display().to_string(),
+            );
             sandbox.spawn(
                 "cloud-gateway",
                 "cloud-gateway",
                 &[
+                    "--tls-cert".into(),
+                    serving.cert.display().to_string(),
+                    "--tls-key".into(),
+                    serving.key.display().to_string(),
                     "--listen".into(),
                     addr(grpc).to_string(),
                     "--admin-listen".into(),
@@ -427,7 +447,6 @@ impl Sandbox {
                 .insert("gateway_admin".into(), format!("http://{}", addr(admin)));
             pods.push(("cloud-gateway".to_owned(), "gateway", admin, Some(grpc)));
         }
-        sandbox.gateway = format!("http://{}", addr(grpc));
         sandbox
             .endpoints
             .insert("kube_api".into(), format!("http://{}", addr(api_port)));
@@ -479,6 +498,9 @@ impl Sandbox {
                     "--cluster-name".into(),
                     sandbox.options.cluster.clone(),
                 ];
+                if let Some(ca) = &sandbox.gateway_ca {
+                    args.extend(["--gateway-ca-file".into(), ca.display().to_string()]);
+                }
                 if binary == "node-controller" {
                     // The kubelets below ask for serving certificates.
                     args.extend(["--approve-kubelet-serving-csrs".into(), "true".into()]);
@@ -681,11 +703,13 @@ impl Sandbox {
     /// A gateway client with the admin token.
     pub fn admin(&self) -> anyhow::Result<GatewayClient> {
         let token = PathBuf::from(&self.endpoints["admin_token_file"]);
-        Ok(GatewayClient::new(ClientConfig::new(
+        let mut config = ClientConfig::new(
             self.gateway.clone(),
             &self.options.cluster,
             TokenSource::File(token),
-        ))?)
+        );
+        config.tls_ca = self.gateway_ca.clone();
+        Ok(GatewayClient::new(config)?)
     }
 
     /// The instances of the nodes, `(name, internal IP)`: created through
@@ -755,6 +779,7 @@ impl Sandbox {
         Handle {
             kubeconfig: self.kubeconfig.clone(),
             gateway: self.gateway.clone(),
+            gateway_ca: self.gateway_ca.clone(),
             tokens: PathBuf::from(&self.endpoints["admin_token_file"])
                 .parent()
                 .map(PathBuf::from)
@@ -803,6 +828,8 @@ impl Sandbox {
 pub struct Handle {
     pub kubeconfig: PathBuf,
     pub gateway: String,
+    /// The CA bundle the gateway's certificate is verified against.
+    pub gateway_ca: Option<PathBuf>,
     /// The directory of the gateway's per-role token files.
     pub tokens: PathBuf,
     /// On AWS, the EC2 endpoint and the cluster's VPC.
@@ -819,11 +846,13 @@ impl Handle {
 
     /// How a client with `role`'s token reaches the gateway.
     pub fn client_config(&self, role: &str) -> ClientConfig {
-        ClientConfig::new(
+        let mut config = ClientConfig::new(
             self.gateway.clone(),
             &self.cluster,
             TokenSource::File(self.tokens.join(format!("{role}.token"))),
-        )
+        );
+        config.tls_ca = self.gateway_ca.clone();
+        config
     }
 
     /// One round of simulated kubelets: Ready while the instance runs,

@@ -58,9 +58,6 @@ pub(crate) async fn undecodable(cx: &Context) -> Result<Outcome, String> {
 }
 
 pub(crate) async fn deadline(cx: &Context) -> Result<Outcome, String> {
-    if !cx.target.address.starts_with("http://") {
-        return Ok(Outcome::Skip("checked over plain HTTP/2 only".into()));
-    }
     let hook = match &cx.hook {
         Ok(hook) => hook,
         Err(why) => return Ok(Outcome::Skip(why.clone())),
@@ -96,6 +93,7 @@ pub(crate) async fn deadline(cx: &Context) -> Result<Outcome, String> {
     let deadline = Duration::from_millis(500);
     let answer = call_with_deadline(
         &cx.target.address,
+        cx.target.tls_ca.as_deref(),
         token,
         GET_INSTANCES,
         &request.encode_to_vec(),

@@ -80,11 +80,9 @@ async fn main() -> anyhow::Result<()> {
     let token = endpoints["admin_token_file"]
         .as_str()
         .context("no admin_token_file in endpoints.json")?;
-    let client = GatewayClient::new(ClientConfig::new(
-        gateway,
-        "kubernetes",
-        TokenSource::File(token.into()),
-    ))?;
+    let mut config = ClientConfig::new(gateway, "kubernetes", TokenSource::File(token.into()));
+    config.tls_ca = endpoints["gateway_ca_file"].as_str().map(Into::into);
+    let client = GatewayClient::new(config)?;
     let mut admin = client.sim_admin()?;
     let show = |i: ccm_proto::v1::SimInstance| {
         let state = ccm_proto::v1::InstanceState::try_from(i.state)
