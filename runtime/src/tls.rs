@@ -261,6 +261,14 @@ mod tests {
     }
 
     #[test]
+    fn a_self_signed_certificate_names_what_it_was_made_for() {
+        let tls =
+            ServerTls::self_signed(&["localhost".into(), "127.0.0.1".into()], &[ALPN_H2]).unwrap();
+        assert_eq!(tls.config().alpn_protocols, vec![ALPN_H2.to_vec()]);
+        assert!(!tls.verifies_clients());
+    }
+
+    #[test]
     fn a_file_without_a_certificate_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let (_, key) = pair("a");

@@ -56,6 +56,9 @@ pub struct Sizes {
     pub latency_samples: usize,
     pub latency_low_rate: u32,
     pub latency_high_rate: u32,
+    /// Scenario 2 once more with the gateway serving in clear, for what
+    /// TLS costs in the steady state.
+    pub steady_in_clear: bool,
     /// Longest wait for any one convergence.
     pub limit: Duration,
 }
@@ -81,6 +84,7 @@ impl Sizes {
             latency_samples: 10_000,
             latency_low_rate: 15,
             latency_high_rate: 500,
+            steady_in_clear: false,
             limit: Duration::from_secs(600),
         }
     }
@@ -103,6 +107,7 @@ impl Sizes {
             latency_samples: 100,
             latency_low_rate: 15,
             latency_high_rate: 100,
+            steady_in_clear: false,
             limit: Duration::from_secs(120),
         }
     }
@@ -234,6 +239,8 @@ pub struct Harness {
     /// What each size cost, for the growth plots: scenario 2's and 5's.
     growth: Growth,
     runs: usize,
+    /// The next sandbox serves the gateway in clear.
+    in_clear: bool,
 }
 
 /// Per cluster size, what each process cost: drawn when a scenario ran at
@@ -294,6 +301,7 @@ impl Harness {
             tables: Vec::new(),
             growth: Growth::default(),
             runs: 0,
+            in_clear: false,
         }
     }
 
@@ -332,6 +340,18 @@ impl Harness {
         self.start_replicas(profile, compression, extra, 1).await
     }
 
+    /// [`Self::start`] with the gateway serving in clear (on loopback), to
+    /// measure what TLS costs.
+    async fn start_in_clear(
+        &mut self,
+        profile: Profile,
+        compression: u32,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<Run> {
+        self.in_clear = true;
+        self.start_replicas(profile, compression, extra, 1).await
+    }
+
     /// [`Self::start`] with `replicas` of each controller.
     async fn start_replicas(
         &mut self,
@@ -353,6 +373,7 @@ impl Harness {
         let sandbox = Sandbox::start(Options {
             extra_args: args,
             replicas,
+            gateway_in_clear: std::mem::take(&mut self.in_clear),
             ..Options::new(self.run_dir(), self.bin_dir.clone())
         })
         .await?;
@@ -672,12 +693,14 @@ impl Harness {
         // Ours only: Kubernetes API writes, bytes read, and each process.
         let mut api = ApiCosts::default();
         let mut processes = Vec::new();
-        let profiles = if self.upstream_runs(n, k) {
-            vec![Profile::Ours, Profile::Upstream]
-        } else {
-            vec![Profile::Ours]
-        };
-        for profile in profiles {
+        let mut profiles = vec![(Profile::Ours, false)];
+        if self.upstream_runs(n, k) {
+            profiles.push((Profile::Upstream, false));
+        }
+        if self.sizes.steady_in_clear {
+            profiles.push((Profile::Ours, true));
+        }
+        for (profile, in_clear) in profiles {
             let mut extra = vec![
                 (
                     "node-controller",
@@ -700,7 +723,11 @@ impl Harness {
                     format!("--cache-ttl={}", fmt_secs(Duration::from_secs(10) / k)),
                 ));
             }
-            let run = self.start(profile, k, &extra).await?;
+            let run = if in_clear {
+                self.start_in_clear(profile, k, &extra).await?
+            } else {
+                self.start(profile, k, &extra).await?
+            };
             let ips = run.instances("steady", n).await?;
             run.nodes("steady", &ips, true, false).await?;
             // Listing 100,000 Nodes takes a while: less often then.
@@ -738,13 +765,24 @@ impl Harness {
                 .copied()
                 .unwrap_or(0);
             let hours = window.as_secs_f64() * f64::from(k) / 3600.0;
-            per_node_hour.push(calls as f64 / n as f64 / hours);
+            if !in_clear {
+                per_node_hour.push(calls as f64 / n as f64 / hours);
+            }
             if profile == Profile::Ours {
-                api = ApiCosts::of(&run.api_requests(false).await?);
+                let requests = run.api_requests(false).await?;
+                if !in_clear {
+                    api = ApiCosts::of(&requests);
+                }
+                let transport = if in_clear { " (gateway in clear)" } else { "" };
                 for ((name, before), (_, after)) in cpu_before.iter().zip(run.cpu_seconds()?) {
                     let pid = run.sandbox.pid(&process_of(name)).context("process gone")?;
                     let (rss, peak) = rss_mib(pid)?;
-                    processes.push((name.clone(), rss, peak, (after - before) / minutes));
+                    processes.push((
+                        format!("{name}{transport}"),
+                        rss,
+                        peak,
+                        (after - before) / minutes,
+                    ));
                 }
             }
             run.sandbox.stop().await;
@@ -808,6 +846,7 @@ impl Harness {
             n,
             processes
                 .iter()
+                .filter(|(p, ..)| !p.ends_with("(gateway in clear)"))
                 .map(|(p, _, _, cpu)| (p.clone(), *cpu))
                 .collect(),
         ));
@@ -1410,7 +1449,8 @@ impl Harness {
     }
 
     /// Scenario 6: cache-hit lookups at a low and a high rate, against the
-    /// gateway and against the floor (`latency-floor`, a bare tonic server
+    /// gateway (over TLS, as always, and once more in clear, for what TLS
+    /// costs) and against the floor (`latency-floor`, a bare tonic server
     /// on the same machine), through our client and a bare tonic client.
     async fn latency(&mut self) -> anyhow::Result<Vec<Row>> {
         let samples = self.sizes.latency_samples;
@@ -1418,6 +1458,9 @@ impl Harness {
         let run = self.start(Profile::Ours, 1, &[]).await?;
         let ips = run.instances("lat", 1).await?;
         run.nodes("lat", &ips, false, false).await?;
+        let clear = self.start_in_clear(Profile::Ours, 1, &[]).await?;
+        let ips = clear.instances("lat", 1).await?;
+        clear.nodes("lat", &ips, false, false).await?;
         let floor = Floor::start(&self.bin_dir).await?;
         let series = [
             (
@@ -1429,9 +1472,13 @@ impl Harness {
                 "floor, bare tonic client",
                 Callee::Bare(floor.address.clone()),
             ),
+            (
+                "gateway in clear, our client",
+                Callee::Ours(Box::new(clear.sandbox.handle().client_config("node"))),
+            ),
         ];
         let mut measured: Vec<(String, u32, Vec<f64>)> = Vec::new();
-        // At the low rate the three series take turns (the machine is idle
+        // At the low rate the series take turns (the machine is idle
         // between calls either way); at the high rate each runs alone.
         let pids = [
             run.sandbox.pid("cloud-gateway").context("gateway gone")?,
@@ -1447,10 +1494,32 @@ impl Harness {
         for ((name, _), ms) in series.iter().zip(together) {
             measured.push((name.to_string(), low, ms));
         }
+        // The gateway's CPU per call at the high rate, over TLS and in
+        // clear.
+        let gateways = [
+            (
+                series[0].0,
+                run.sandbox.pid("cloud-gateway").context("gateway gone")?,
+            ),
+            (
+                series[3].0,
+                clear.sandbox.pid("cloud-gateway").context("gateway gone")?,
+            ),
+        ];
+        let mut cpu_per_call = Vec::new();
         for (name, callee) in &series {
+            let pid = gateways
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, pid)| *pid);
+            let cpu_before = pid.map(cpu_seconds).transpose()?;
             let ms = measure(vec![callee.clone()], high, samples)?.remove(0);
+            if let (Some(pid), Some(before)) = (pid, cpu_before) {
+                cpu_per_call.push((cpu_seconds(pid)? - before) * 1000.0 / ms.len() as f64);
+            }
             measured.push((name.to_string(), high, ms));
         }
+        drop(clear);
         drop(floor);
         run.sandbox.stop().await;
         // The upstream profile answers from the cloud (20 ms a call): fewer
@@ -1545,6 +1614,34 @@ impl Harness {
                 });
             }
         }
+        // What TLS costs: the same gateway and client, in clear.
+        for rate in [low, high] {
+            let (tls, clear) = (of(series[0].0, rate), of(series[3].0, rate));
+            rows.push(Row {
+                scenario: scenario.clone(),
+                metric: format!("p99 at {rate} req/s, over TLS against in clear"),
+                ours: tls.p99,
+                upstream: None,
+                unit: "ms",
+                limit: Some(clear.p99),
+                target: None,
+                note: if rate == low {
+                    "the limit here is the same gateway serving in clear (--insecure-plaintext, loopback), called in turn with it: ours ÷ limit is what TLS adds".into()
+                } else {
+                    String::new()
+                },
+            });
+        }
+        rows.push(Row {
+            scenario,
+            metric: format!("gateway CPU per call at {high} req/s, over TLS against in clear"),
+            ours: cpu_per_call[0],
+            upstream: None,
+            unit: "ms",
+            limit: Some(cpu_per_call[1]),
+            target: None,
+            note: "the gateway's CPU seconds (user and system) over the series, per call".into(),
+        });
         Ok(rows)
     }
 }

@@ -85,6 +85,10 @@ struct Args {
     /// Scenario 8: nodes joining on AWS (default 10).
     #[arg(long, value_parser = number_within(1usize, 1000))]
     aws_joining: Option<usize>,
+    /// Scenario 2: also run ours with the gateway serving in clear, for
+    /// what TLS costs in the steady state.
+    #[arg(long)]
+    steady_in_clear: bool,
 }
 
 /// A section's name: lower-case letters, digits and dashes.
@@ -153,6 +157,7 @@ impl Args {
         if let Some(r) = self.latency_high_rate {
             sizes.latency_high_rate = r;
         }
+        sizes.steady_in_clear = self.steady_in_clear;
         sizes
     }
 }

@@ -80,6 +80,9 @@ pub struct Options {
     /// `KubernetesCluster=<cluster>` tag, as clusters made before
     /// Kubernetes 1.6 are.
     pub legacy_cluster_tag: bool,
+    /// Serve the gateway's gRPC in clear on loopback, not over TLS: only
+    /// to measure what TLS costs.
+    pub gateway_in_clear: bool,
 }
 
 impl Options {
@@ -97,6 +100,7 @@ impl Options {
             extra_args: BTreeMap::new(),
             cluster: CLUSTER.to_owned(),
             legacy_cluster_tag: false,
+            gateway_in_clear: false,
         }
     }
 }
@@ -403,43 +407,52 @@ impl Sandbox {
             sandbox.gateway = format!("http://{}", addr(grpc));
         } else {
             let (cloud_args, cloud_env) = sandbox.cloud().await?;
-            // Its own CA, as the chart makes one: everything reaches the
-            // gateway over TLS, as in a cluster.
-            let pki = pki::Pki::create(&state.join("pki"), "ccm sandbox CA")?;
-            let serving = pki.serving("gateway", &["localhost", "127.0.0.1", pki::GATEWAY_NAME])?;
-            sandbox.gateway_ca = Some(pki.ca_file());
-            sandbox.gateway = format!("https://{}", addr(grpc));
-            sandbox.endpoints.insert(
-                "gateway_ca_file".into(),
-                pki.ca_file().display().to_string(),
-            );
-            sandbox.spawn(
-                "cloud-gateway",
-                "cloud-gateway",
-                &[
+            let transport = if sandbox.options.gateway_in_clear {
+                sandbox.gateway = format!("http://{}", addr(grpc));
+                vec!["--insecure-plaintext".into(), "true".into()]
+            } else {
+                // Its own CA, as the chart makes one: everything reaches
+                // the gateway over TLS, as in a cluster.
+                let pki = pki::Pki::create(&state.join("pki"), "ccm sandbox CA")?;
+                let serving =
+                    pki.serving("gateway", &["localhost", "127.0.0.1", pki::GATEWAY_NAME])?;
+                sandbox.gateway_ca = Some(pki.ca_file());
+                sandbox.gateway = format!("https://{}", addr(grpc));
+                sandbox.endpoints.insert(
+                    "gateway_ca_file".into(),
+                    pki.ca_file().display().to_string(),
+                );
+                vec![
                     "--tls-cert".into(),
                     serving.cert.display().to_string(),
                     "--tls-key".into(),
                     serving.key.display().to_string(),
-                    "--listen".into(),
-                    addr(grpc).to_string(),
-                    "--admin-listen".into(),
-                    addr(admin).to_string(),
-                    "--state-dir".into(),
-                    gateway_dir.display().to_string(),
-                    "--kubeconfig".into(),
-                    state.join("kubeconfig-cloud-gateway").display().to_string(),
-                    "--service-account-roles".into(),
-                    roles.join(","),
-                    "--token-audience".into(),
-                    GATEWAY_AUDIENCE.into(),
-                    "--tokens-file".into(),
-                    state.join("gateway-tokens.yaml").display().to_string(),
                 ]
-                .into_iter()
-                .chain(cloud_args)
-                .chain(sandbox.extra_args("cloud-gateway"))
-                .collect::<Vec<_>>(),
+            };
+            sandbox.spawn(
+                "cloud-gateway",
+                "cloud-gateway",
+                &transport
+                    .into_iter()
+                    .chain([
+                        "--listen".into(),
+                        addr(grpc).to_string(),
+                        "--admin-listen".into(),
+                        addr(admin).to_string(),
+                        "--state-dir".into(),
+                        gateway_dir.display().to_string(),
+                        "--kubeconfig".into(),
+                        state.join("kubeconfig-cloud-gateway").display().to_string(),
+                        "--service-account-roles".into(),
+                        roles.join(","),
+                        "--token-audience".into(),
+                        GATEWAY_AUDIENCE.into(),
+                        "--tokens-file".into(),
+                        state.join("gateway-tokens.yaml").display().to_string(),
+                    ])
+                    .chain(cloud_args)
+                    .chain(sandbox.extra_args("cloud-gateway"))
+                    .collect::<Vec<_>>(),
                 &cloud_env,
             )?;
             sandbox

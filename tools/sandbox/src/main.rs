@@ -80,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
         extra_args: Default::default(),
         cluster: args.cluster_name,
         legacy_cluster_tag: args.legacy_cluster_tag,
+        gateway_in_clear: false,
     };
     let sandbox = Sandbox::start(options.clone()).await?;
     println!(
