@@ -286,6 +286,19 @@ def check() -> int:
                  and not any(a.startswith("--gateway-server-name") for a in ctr["args"]) for _, ctr in containers(off)),
              "controllers use gateway.address and the CA of gateway.tls.existingSecret when the gateway is elsewhere")
 
+    # The admin ports: anyone by default (the API server forwards kubectl
+    # ccm's reads), only the sources listed once some are.
+    open_admin = by_name[("NetworkPolicy", "ccm-gateway")]["spec"]["ingress"][1]
+    c.expect("from" not in open_admin and "ccm-controllers" not in k.get("NetworkPolicy", []),
+             "admin ports open to anyone by default")
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    limited = render_sim({"networkPolicy": {"adminSources": monitoring}})
+    validate_all(c, limited, "admin sources")
+    policies = {d["metadata"]["name"]: d for d in limited if d["kind"] == "NetworkPolicy"}
+    c.expect(policies.get("ccm-gateway", {}).get("spec", {}).get("ingress", [{}, {}])[1].get("from") == monitoring
+             and policies.get("ccm-controllers", {}).get("spec", {}).get("ingress", [{}])[0].get("from") == monitoring,
+             f"networkPolicy.adminSources limits every admin port: {sorted(policies)}")
+
     # Options.
     opts = render_sim({
         "hostNetwork": True,
