@@ -76,6 +76,8 @@ async fn toy_conformance(offer: &str) -> (Output, String) {
         &toy.address,
         &toy.tokens,
         &[
+            "--tls-ca",
+            toy.ca_file.to_str().unwrap(),
             "--invalid-annotation",
             "toy.cloudgateway.io/idle-timeout=forever",
         ],

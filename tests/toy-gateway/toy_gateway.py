@@ -600,6 +600,10 @@ def main():
     parser.add_argument("--listen", default="127.0.0.1:7443")
     parser.add_argument("--tokens-dir", required=True)
     parser.add_argument("--offer", default="instances,load_balancers,routes")
+    # TLS, as the controllers require off this machine; read once (a real
+    # gateway reads renewed files again).
+    parser.add_argument("--tls-cert")
+    parser.add_argument("--tls-key")
     parser.add_argument("--proto-dir",
                         default=os.path.join(os.path.dirname(__file__), "..", "..", "proto"))
     args = parser.parse_args()
@@ -624,7 +628,18 @@ def main():
              "grpc.reflection.v1.ServerReflection"]
     reflection.enable_server_reflection(names, server)
     server.add_generic_rpc_handlers([reflection_v1(reflection.ReflectionServicer(names))])
-    if server.add_insecure_port(args.listen) == 0:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("--tls-cert and --tls-key go together")
+    if args.tls_cert:
+        with open(args.tls_cert, "rb") as cert, open(args.tls_key, "rb") as key:
+            credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
+        port = server.add_secure_port(args.listen, credentials)
+    else:
+        host = args.listen.rsplit(":", 1)[0].strip("[]")
+        if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+            raise SystemExit(f"--listen {args.listen}: in clear only on loopback; give --tls-cert and --tls-key")
+        port = server.add_insecure_port(args.listen)
+    if port == 0:
         raise SystemExit(f"cannot listen on {args.listen}")
     server.start()
     print(f"toy-gateway listening on {args.listen}", flush=True)

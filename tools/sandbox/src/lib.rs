@@ -395,39 +395,42 @@ impl Sandbox {
             .iter()
             .map(|(binary, role)| format!("{NAMESPACE}/{}={role}", service_account(binary)))
             .collect();
+        // Its own CA, as the chart makes one: everything reaches the
+        // gateway over TLS, as in a cluster.
+        let serving = if sandbox.options.gateway_in_clear {
+            sandbox.gateway = format!("http://{}", addr(grpc));
+            None
+        } else {
+            let pki = pki::Pki::create(&state.join("pki"), "ccm sandbox CA")?;
+            let serving = pki.serving("gateway", &["localhost", "127.0.0.1", pki::GATEWAY_NAME])?;
+            sandbox.gateway_ca = Some(pki.ca_file());
+            sandbox.gateway = format!("https://{}", addr(grpc));
+            sandbox.endpoints.insert(
+                "gateway_ca_file".into(),
+                pki.ca_file().display().to_string(),
+            );
+            Some(serving)
+        };
         if sandbox.options.cloud == CloudKind::Toy {
             // Its tokens are the files the controllers send, taken as they
             // are: it does no TokenReview.
+            let serving = serving.context("the toy gateway serves over TLS only here")?;
             sandbox.spawn(
                 TOY_GATEWAY,
                 TOY_GATEWAY,
-                &crate::toy::args(&addr(grpc).to_string(), &state.join("tokens")),
+                &crate::toy::args(&addr(grpc).to_string(), &state.join("tokens"), &serving),
                 &[],
             )?;
-            sandbox.gateway = format!("http://{}", addr(grpc));
         } else {
             let (cloud_args, cloud_env) = sandbox.cloud().await?;
-            let transport = if sandbox.options.gateway_in_clear {
-                sandbox.gateway = format!("http://{}", addr(grpc));
-                vec!["--insecure-plaintext".into(), "true".into()]
-            } else {
-                // Its own CA, as the chart makes one: everything reaches
-                // the gateway over TLS, as in a cluster.
-                let pki = pki::Pki::create(&state.join("pki"), "ccm sandbox CA")?;
-                let serving =
-                    pki.serving("gateway", &["localhost", "127.0.0.1", pki::GATEWAY_NAME])?;
-                sandbox.gateway_ca = Some(pki.ca_file());
-                sandbox.gateway = format!("https://{}", addr(grpc));
-                sandbox.endpoints.insert(
-                    "gateway_ca_file".into(),
-                    pki.ca_file().display().to_string(),
-                );
-                vec![
+            let transport: Vec<String> = match &serving {
+                None => vec!["--insecure-plaintext".into(), "true".into()],
+                Some(serving) => vec![
                     "--tls-cert".into(),
                     serving.cert.display().to_string(),
                     "--tls-key".into(),
                     serving.key.display().to_string(),
-                ]
+                ],
             };
             sandbox.spawn(
                 "cloud-gateway",

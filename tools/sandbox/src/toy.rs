@@ -11,6 +11,7 @@ use anyhow::Context as _;
 use tokio::process::{Child, Command};
 
 use crate::gateway::Started;
+use crate::pki::{Issued, Pki};
 
 /// The script, in the source tree.
 pub fn script() -> PathBuf {
@@ -28,9 +29,9 @@ pub fn python() -> String {
     std::env::var("TOY_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
-/// Its flags to listen on `listen` with the role tokens in `tokens`
-/// (`<role>.token`).
-pub fn args(listen: &str, tokens: &Path) -> Vec<String> {
+/// Its flags to listen on `listen` over TLS with `serving`, with the role
+/// tokens in `tokens` (`<role>.token`).
+pub fn args(listen: &str, tokens: &Path, serving: &Issued) -> Vec<String> {
     vec![
         "--listen".into(),
         listen.into(),
@@ -38,14 +39,21 @@ pub fn args(listen: &str, tokens: &Path) -> Vec<String> {
         proto_dir().display().to_string(),
         "--tokens-dir".into(),
         tokens.display().to_string(),
+        "--tls-cert".into(),
+        serving.cert.display().to_string(),
+        "--tls-key".into(),
+        serving.key.display().to_string(),
     ]
 }
 
-/// The toy gateway as a process on loopback, with a token per role in
+/// The toy gateway as a process on loopback, over TLS with a certificate
+/// from its own CA (`<dir>/pki/ca.crt`), with a token per role in
 /// `<dir>/tokens/` and its log in `<dir>/toy-gateway.log`.
 pub struct ToyGateway {
-    /// `http://127.0.0.1:<port>`.
+    /// `https://127.0.0.1:<port>`.
     pub address: String,
+    /// The CA bundle its certificate is verified against.
+    pub ca_file: PathBuf,
     /// The directory of the role tokens.
     pub tokens: PathBuf,
     log: PathBuf,
@@ -64,11 +72,13 @@ impl ToyGateway {
                 format!("{role}-{}", uuid::Uuid::new_v4().simple()),
             )?;
         }
+        let pki = Pki::create(&dir.join("pki"), "toy gateway test CA")?;
+        let serving = pki.serving("gateway", &["localhost", "127.0.0.1"])?;
         let port = crate::ports::free_port()?;
         let log = dir.join("toy-gateway.log");
         let mut child = Command::new(python())
             .arg(script())
-            .args(self::args(&format!("127.0.0.1:{port}"), &tokens))
+            .args(self::args(&format!("127.0.0.1:{port}"), &tokens, &serving))
             .args(args)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
@@ -78,7 +88,8 @@ impl ToyGateway {
         let text = |log: &Path| std::fs::read_to_string(log).unwrap_or_default();
         match crate::gateway::until_listening(&mut child, port, Duration::from_secs(60)).await? {
             Started::Listening => Ok(Self {
-                address: format!("http://127.0.0.1:{port}"),
+                address: format!("https://127.0.0.1:{port}"),
+                ca_file: pki.ca_file(),
                 tokens,
                 log,
                 _child: child,
