@@ -268,3 +268,55 @@ async fn a_mapped_client_certificate_needs_no_token_and_others_are_refused() {
     let node = gw.client("node", "kubernetes");
     assert!(node.provider_info().await.is_ok());
 }
+
+/// The README's way to call the sandbox's gateway with no code of ours:
+/// Python's gRPC over TLS, trusting the CA file, learning the API by
+/// reflection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_with_none_of_our_code_calls_over_tls_trusting_the_ca_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = gateway(dir.path(), &[]).await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/reflect_client.py");
+    let authority = gw.address.trim_start_matches("https://").to_owned();
+    let (ca, token) = (gw.pki.ca_file(), gw.token_file("admin"));
+    let python = move |args: &[&str]| {
+        let out = std::process::Command::new("python3")
+            .arg(&script)
+            .arg(&authority)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ca, token) = (
+        ca.to_str().unwrap().to_owned(),
+        token.to_str().unwrap().to_owned(),
+    );
+    let (listed, called, clear) = tokio::task::spawn_blocking(move || {
+        (
+            python(&["list", "--ca-file", &ca]),
+            python(&[
+                "call",
+                "cloudgateway.v1.Provider/GetProviderInfo",
+                "{}",
+                "--token-file",
+                &token,
+                "--ca-file",
+                &ca,
+            ]),
+            python(&["health"]),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(listed.0, Some(0), "{listed:?}");
+    assert!(listed.1.contains("cloudgateway.v1.Instances"), "{listed:?}");
+    assert_eq!(called.0, Some(0), "{called:?}");
+    assert!(called.1.contains("\"sim\""), "{called:?}");
+    // Without the CA file it speaks in clear, and gets nothing.
+    assert_ne!(clear.0, Some(0), "{clear:?}");
+}
