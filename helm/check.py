@@ -14,9 +14,11 @@ end-to-end scenarios.
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import json
 import shutil
+import ssl
 import sys
 import tempfile
 from pathlib import Path
@@ -164,6 +166,277 @@ GATEWAY_ELSEWHERE = {"gateway": {"enabled": False, "address": "https://10.0.0.10
                                  "tls": {"existingSecret": "external-gateway-ca"}}}
 
 
+# The diagnostics API (diagnostics.cloudgateway.io/v1), served by every
+# controller replica behind ccm-diagnostics.
+DIAGNOSTICS_PORTS = {"node-controller": 7412, "service-controller": 7422, "route-controller": 7432}
+DIAGNOSTICS_LABEL = {"cloudgateway.io/diagnostics": "true"}
+DIAGNOSTICS_NAMES = ["ccm-diagnostics.kube-system.svc", "ccm-diagnostics.kube-system.svc.cluster.local"]
+DIAGNOSTICS_TLS_DIR = "/etc/cloud-controller-manager/diagnostics-tls"
+# A CA's PEM as diagnostics.tls.caBundle takes it (the chart does not parse it).
+DIAGNOSTICS_CA = "-----BEGIN CERTIFICATE-----\nZXhhbXBsZSBDQQ==\n-----END CERTIFICATE-----\n"
+LEASES = ["ccm-node-controller", "ccm-service-controller", "ccm-route-controller"]
+# What each controller reads to answer it, in the release's namespace.
+DIAGNOSTICS_RULES = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": LEASES, "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["endpoints"], "resourceNames": ["ccm-gateway"], "verbs": ["get"]},
+]
+VIEWER_CLUSTER_RULES = [
+    {"apiGroups": [""], "resources": ["services", "nodes"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
+    {"apiGroups": ["diagnostics.cloudgateway.io"], "resources": ["servicediagnoses", "nodediagnoses"],
+     "verbs": ["get", "list"]},
+]
+VIEWER_RULES = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": LEASES, "verbs": ["get"]},
+    {"apiGroups": ["diagnostics.cloudgateway.io"], "resources": ["components"], "verbs": ["get", "list"]},
+]
+# The NetworkPolicyPeer of this release's controllers.
+CONTROLLER_PEER = {"podSelector": {
+    "matchLabels": {"app.kubernetes.io/name": "cloud-controller-manager", "app.kubernetes.io/instance": "ccm"},
+    "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In",
+                          "values": ["node-controller", "service-controller", "route-controller"]}]}}
+
+
+def tls_verifies(cert_pem: str, key_pem: str, ca_pem: str, server_name: str) -> bool:
+    """A TLS handshake in memory: a server presenting `cert_pem` and a client
+    that trusts `ca_pem` alone and checks `server_name`, as kube-apiserver
+    checks an APIService's backend against its caBundle."""
+    with tempfile.TemporaryDirectory() as tmp:
+        crt, key = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
+        crt.write_text(cert_pem)
+        key.write_text(key_pem)
+        server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server_ctx.load_cert_chain(crt, key)
+    client_ctx = ssl.create_default_context(cadata=ca_pem)
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    client = client_ctx.wrap_bio(c_in, c_out, server_hostname=server_name)
+    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
+    try:
+        for _ in range(10):
+            done = True
+            for side in (client, server):
+                try:
+                    side.do_handshake()
+                except ssl.SSLWantReadError:
+                    done = False
+            s_in.write(c_out.read())
+            c_in.write(s_out.read())
+            if done:
+                return True
+    except ssl.SSLError:
+        return False
+    return False
+
+
+def rbac_rules(docs: list[dict]):
+    for d in docs:
+        if d["kind"] in ("ClusterRole", "Role"):
+            for rule in d.get("rules", []):
+                yield d, rule
+
+
+def diagnostics_objects(docs: list[dict]) -> list[str]:
+    """Everything of the diagnostics API in `docs`, by kind/name."""
+    out = []
+    for d in docs:
+        name = d["metadata"]["name"]
+        if "diagnostics" in name or "authentication-reader" in name or d["kind"] == "APIService":
+            out.append(f"{d['kind']}/{name}")
+        out.extend(f"{d['kind']}/{name} rule {rule}" for rule in d.get("rules", [])
+                   if "diagnostics.cloudgateway.io" in rule["apiGroups"])
+    for d, ctr in containers(docs):
+        pod = d["spec"]["template"]
+        out.extend(f"{d['metadata']['name']}: {a}" for a in ctr.get("args", [])
+                   if a.startswith(("--diagnostics", "--release-name")))
+        out.extend(f"{d['metadata']['name']}: port {p['name']}" for p in ctr.get("ports", []) if p["name"] == "diagnostics")
+        out.extend(f"{d['metadata']['name']}: label {k}" for k in pod["metadata"]["labels"] if k in DIAGNOSTICS_LABEL)
+        out.extend(f"{d['metadata']['name']}: volume {v['name']}" for v in pod["spec"]["volumes"]
+                   if "diagnostics" in v["name"])
+    for d in docs:
+        if d["kind"] == "NetworkPolicy":
+            out.extend(f"NetworkPolicy/{d['metadata']['name']}: {r}" for r in d["spec"]["ingress"]
+                       if any(p["port"] == "diagnostics" for p in r.get("ports", [])))
+    return out
+
+
+def check_diagnostics(c: Checks, defaults: list[dict]) -> None:
+    """The aggregated API diagnostics.cloudgateway.io/v1: the controllers
+    serve it on their diagnostics ports, a Service in front of them,
+    kube-apiserver reaching it through the APIService over verified TLS
+    (certificates from each source), the controllers' grants to answer it,
+    and the viewer's to read it."""
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in defaults}
+
+    # The controllers: every replica serves it, found by a pod label the
+    # Deployments' selectors leave out.
+    used_ports = []
+    for d, ctr in containers(defaults):
+        name = d["metadata"]["name"]
+        component = name.removeprefix("ccm-")
+        pod = d["spec"]["template"]
+        used_ports += [p["containerPort"] for p in ctr["ports"]]
+        c.expect(d["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "cloud-controller-manager",
+                                                          "app.kubernetes.io/instance": "ccm",
+                                                          "app.kubernetes.io/component": component},
+                 f"{name}: the Deployment's selector is unchanged: {d['spec']['selector']}")
+        if component == "gateway":
+            c.expect("cloudgateway.io/diagnostics" not in pod["metadata"]["labels"]
+                     and not any(a.startswith("--diagnostics") for a in ctr["args"]),
+                     "the gateway does not serve the diagnostics API")
+            continue
+        port = DIAGNOSTICS_PORTS[component]
+        c.expect(pod["metadata"]["labels"].get("cloudgateway.io/diagnostics") == "true",
+                 f"{name}'s pods carry the diagnostics Service's label")
+        c.expect({"name": "diagnostics", "containerPort": port, "protocol": "TCP"} in ctr["ports"],
+                 f"{name} exposes the diagnostics port {port}: {ctr['ports']}")
+        for flag in (f"--diagnostics-listen=0.0.0.0:{port}", f"--diagnostics-tls-cert={DIAGNOSTICS_TLS_DIR}/tls.crt",
+                     f"--diagnostics-tls-key={DIAGNOSTICS_TLS_DIR}/tls.key", "--release-name=ccm"):
+            c.expect(flag in ctr["args"], f"{name} gets {flag}: {ctr['args']}")
+        mount = [m for m in ctr["volumeMounts"] if m["name"] == "diagnostics-tls"]
+        volume = [v for v in pod["spec"]["volumes"] if v["name"] == "diagnostics-tls"]
+        c.expect(mount == [{"name": "diagnostics-tls", "mountPath": DIAGNOSTICS_TLS_DIR, "readOnly": True}]
+                 and len(volume) == 1 and volume[0]["secret"]["secretName"] == "ccm-diagnostics-tls"
+                 and volume[0]["secret"]["items"] == [{"key": "tls.crt", "path": "tls.crt"},
+                                                      {"key": "tls.key", "path": "tls.key"}],
+                 f"{name} mounts the diagnostics certificate and key, no subPath, so renewals reach it: {mount} {volume}")
+    c.expect(len(used_ports) == len(set(used_ports)), f"every component's ports are distinct (hostNetwork): {used_ports}")
+
+    # The Service kube-apiserver forwards to.
+    service = by_name.get(("Service", "ccm-diagnostics"), {}).get("spec", {})
+    c.expect(service.get("selector") == {"app.kubernetes.io/name": "cloud-controller-manager",
+                                         "app.kubernetes.io/instance": "ccm", **DIAGNOSTICS_LABEL},
+             f"ccm-diagnostics selects this release's pods with the diagnostics label: {service.get('selector')}")
+    c.expect([{k: p.get(k) for k in ("name", "port", "targetPort")} for p in service.get("ports", [])]
+             == [{"name": "https", "port": 443, "targetPort": "diagnostics"}],
+             f"ccm-diagnostics serves 443 (https) from the controllers' diagnostics port: {service.get('ports')}")
+
+    # The APIService, and the certificate it trusts, made by the chart.
+    api = by_name.get(("APIService", "v1.diagnostics.cloudgateway.io"), {})
+    spec = api.get("spec", {})
+    c.expect({k: spec.get(k) for k in ("group", "version", "service", "groupPriorityMinimum", "versionPriority")}
+             == {"group": "diagnostics.cloudgateway.io", "version": "v1",
+                 "service": {"namespace": "kube-system", "name": "ccm-diagnostics", "port": 443},
+                 "groupPriorityMinimum": 1000, "versionPriority": 15},
+             f"the APIService sends diagnostics.cloudgateway.io/v1 to ccm-diagnostics:443: {spec}")
+    secret = by_name.get(("Secret", "ccm-diagnostics-tls"), {})
+    data = secret.get("stringData", {})
+    gateway_ca = by_name[("Secret", "ccm-gateway-tls")]["stringData"]["ca.crt"]
+    c.expect(secret.get("type") == "kubernetes.io/tls" and set(data) == {"tls.crt", "tls.key", "ca.crt"}
+             and data.get("ca.crt") == gateway_ca, "the diagnostics Secret holds its certificate, key and the chart's CA")
+    ca_bundle = base64.b64decode(spec.get("caBundle", "")).decode()
+    c.expect(ca_bundle == gateway_ca, "the APIService's caBundle is the chart's CA")
+    for san in DIAGNOSTICS_NAMES:
+        c.expect(bool(data) and tls_verifies(data["tls.crt"], data["tls.key"], ca_bundle, san),
+                 f"kube-apiserver verifies the diagnostics certificate against caBundle as {san}")
+    c.expect(bool(data) and not tls_verifies(data["tls.crt"], data["tls.key"], ca_bundle, "ccm-gateway.kube-system.svc"),
+             "the diagnostics certificate is not the gateway's")
+    c.expect(not any(d.get("spec", {}).get("insecureSkipTLSVerify") for d in defaults if d["kind"] == "APIService"),
+             "the APIService never skips TLS verification")
+
+    # cert-manager: a Certificate from the gateway's issuer, its CA injected.
+    issuer = {"kind": "ClusterIssuer", "name": "ca"}
+    cm = render_sim({"gateway": {"tls": {"source": "cert-manager", "issuerRef": issuer}}})
+    certs = {d["metadata"]["name"]: d["spec"] for d in cm if d["kind"] == "Certificate"}
+    api = next((d for d in cm if d["kind"] == "APIService"), {})
+    c.expect(certs.get("ccm-diagnostics", {}).get("secretName") == "ccm-diagnostics-tls"
+             and certs["ccm-diagnostics"]["dnsNames"] == DIAGNOSTICS_NAMES
+             and certs["ccm-diagnostics"]["issuerRef"] == certs["ccm-gateway"]["issuerRef"]
+             and "Secret" not in kinds(cm), f"cert-manager: a Certificate for ccm-diagnostics from the same issuer: {certs}")
+    c.expect(api.get("metadata", {}).get("annotations") == {"cert-manager.io/inject-ca-from": "kube-system/ccm-diagnostics"}
+             and "caBundle" not in api.get("spec", {}) and not api["spec"].get("insecureSkipTLSVerify"),
+             f"cert-manager: the cainjector fills the APIService's caBundle: {api.get('metadata')}")
+
+    # A Secret of one's own: the caBundle given, or its ca.crt read (lookup).
+    own = render_sim({"diagnostics": {"tls": {"existingSecret": "my-diagnostics-tls", "caBundle": DIAGNOSTICS_CA}}})
+    validate_all(c, own, "diagnostics existingSecret")
+    api = next((d for d in own if d["kind"] == "APIService"), {})
+    c.expect(api.get("spec", {}).get("caBundle") == base64.b64encode(DIAGNOSTICS_CA.strip().encode()).decode()
+             and "annotations" not in api.get("metadata", {}), "existingSecret: the APIService trusts diagnostics.tls.caBundle")
+    c.expect(kinds(own).get("Secret") == ["ccm-gateway-tls"] and all(
+        v["secret"]["secretName"] == "my-diagnostics-tls" for d, _ in containers(own)
+        for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "diagnostics-tls"),
+        "existingSecret: the controllers mount the Secret named, the chart makes only the gateway's")
+    unowned = render_sim({"diagnostics": {"apiService": {"create": False}, "tls": {"existingSecret": "my-diagnostics-tls"}}})
+    c.expect("APIService" not in kinds(unowned) and "ccm-diagnostics" in kinds(unowned).get("Service", []),
+             "apiService.create=false: the release serves the API and leaves the APIService to another")
+
+    # The controllers' grants, exactly: in the release's namespace, and the
+    # authentication ConfigMap through kube-apiserver's own Role.
+    roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d for d in defaults}
+    # One Role for every controller (any replica answers any question), so
+    # any replica's reads prove each grant used.
+    sas = [{"kind": "ServiceAccount", "name": f"ccm-{component}", "namespace": "kube-system"}
+           for component in DIAGNOSTICS_PORTS]
+    role = roles.get(("Role", "ccm-diagnostics", "kube-system"), {})
+    c.expect(role.get("rules") == DIAGNOSTICS_RULES,
+             f"the controllers may get the three Leases, pods and the gateway's Endpoints, no more: {role.get('rules')}")
+    binding = roles.get(("RoleBinding", "ccm-diagnostics", "kube-system"), {})
+    c.expect(binding.get("roleRef", {}).get("name") == "ccm-diagnostics"
+             and sorted(binding.get("subjects", []), key=str) == sorted(sas, key=str),
+             f"ccm-diagnostics is bound to the controllers' ServiceAccounts only: {binding.get('subjects')}")
+    reader = roles.get(("RoleBinding", "ccm-authentication-reader", "kube-system"), {})
+    c.expect(reader.get("roleRef") == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                       "name": "extension-apiserver-authentication-reader"}
+             and sorted(reader.get("subjects", []), key=str) == sorted(sas, key=str),
+             "the controllers read kube-system/extension-apiserver-authentication through the bootstrap Role")
+    c.expect(not any(n == "extension-apiserver-authentication-reader" for n in kinds(defaults).get("Role", [])),
+             "the chart never makes kube-apiserver's bootstrap Role")
+    c.expect(not any({"pods", "endpoints", "leases", "configmaps"} & set(rule["resources"])
+                     for d, rule in rbac_rules(defaults) if d["kind"] == "ClusterRole"),
+             "no cluster-wide grant on pods, endpoints, Leases or ConfigMaps")
+    c.expect(not any(s["name"] == "ccm-gateway" for d in defaults if d["metadata"]["name"].endswith(
+        ("-diagnostics", "-authentication-reader")) for s in d.get("subjects", [])),
+             "the gateway, which does not serve the API, gets none of its grants")
+
+    # No proxy anywhere: kubectl ccm reads the diagnostics API instead.
+    renders = {"defaults": defaults, "cert-manager": cm, "existingSecret": own,
+               "viewer bound": render_sim({"viewer": {"subjects": [{"kind": "Group", "name": "sre"}]}}),
+               "diagnostics off": render_sim({"diagnostics": {"enabled": False}})}
+    for what, docs in renders.items():
+        proxies = [f"{d['kind']}/{d['metadata']['name']}: {r}" for d, rule in rbac_rules(docs)
+                   for r in rule["resources"] if "proxy" in r]
+        c.expect(not proxies, f"{what}: no proxy subresource is granted: {proxies}")
+
+    # Off: none of it, and the viewer reads what it did before.
+    for what, values in (("diagnostics.enabled=false", {"diagnostics": {"enabled": False}}),
+                         ("no controller", {k: {"enabled": False} for k in CONTROLLERS})):
+        off = render_sim(values)
+        validate_all(c, off, what)
+        c.expect(diagnostics_objects(off) == [], f"{what} renders none of the diagnostics API: {diagnostics_objects(off)}")
+        viewer = {d["kind"]: d["rules"] for d in off if d["metadata"]["name"] == "ccm-viewer"}
+        c.expect(viewer.get("ClusterRole") == VIEWER_CLUSTER_RULES[:2] and viewer.get("Role") == VIEWER_RULES[:1],
+                 f"{what}: the viewer reads Services, Nodes, Events and the Leases: {viewer}")
+    c.expect(kinds(render_sim({"diagnostics": {"enabled": False}})).get("Secret") == ["ccm-gateway-tls"],
+             "diagnostics off: only the gateway's certificate")
+
+    # With the gateway elsewhere the chart still makes the diagnostics
+    # certificate, under a CA of its own.
+    elsewhere = render(GATEWAY_ELSEWHERE)
+    secret = next((d for d in elsewhere if d["kind"] == "Secret"), {})
+    api = next((d for d in elsewhere if d["kind"] == "APIService"), {})
+    data = secret.get("stringData", {})
+    c.expect(secret.get("metadata", {}).get("name") == "ccm-diagnostics-tls" and bool(api)
+             and tls_verifies(data["tls.crt"], data["tls.key"], base64.b64decode(api["spec"]["caBundle"]).decode(),
+                              DIAGNOSTICS_NAMES[0]),
+             "gateway elsewhere: the chart's diagnostics certificate, trusted by the APIService")
+
+    # What cannot render, said clearly.
+    for what, values, names in (
+            ("an existing diagnostics Secret without a CA to trust",
+             {"diagnostics": {"tls": {"existingSecret": "my-diagnostics-tls"}}}, "diagnostics.tls.caBundle"),
+            ("the gateway's own Secret without one for the diagnostics API",
+             {"gateway": {"tls": {"source": "existingSecret", "existingSecret": "my-gateway-tls"}}},
+             "diagnostics.tls.existingSecret"),
+            ("a caBundle without the Secret it signed", {"diagnostics": {"tls": {"caBundle": DIAGNOSTICS_CA}}},
+             "diagnostics.tls.existingSecret")):
+        try:
+            render_sim(values)
+            c.expect(False, f"{what} must fail to render")
+        except helm.HelmError as e:
+            c.expect(names in str(e), f"{what}: the render error names {names}: {e}")
+
+
 def check() -> int:
     c = Checks()
 
@@ -179,22 +452,22 @@ def check() -> int:
     c.expect(len(k.get("PodDisruptionBudget", [])) == 4, "one PDB per component")
     c.expect(k.get("NetworkPolicy") == ["ccm-gateway"], "a NetworkPolicy in front of the gateway")
     c.expect("ServiceMonitor" not in k, "no ServiceMonitor unless asked")
-    c.expect(k.get("Secret") == ["ccm-gateway-tls"], "the gateway's TLS Secret, and no other without credentials")
+    c.expect(sorted(k.get("Secret", [])) == ["ccm-diagnostics-tls", "ccm-gateway-tls"],
+             "the gateway's and the diagnostics API's TLS Secrets, and no other without credentials")
 
     # kubectl ccm's viewer roles: there by default, bound only to whom the
-    # values name, pods/proxy only in the release's namespace, services/proxy
-    # only to the gateway, which serves its admin port for it.
+    # values name, reading the diagnostics API and never through a proxy.
     c.expect("ccm-viewer" in k.get("ClusterRole", []) and "ccm-viewer" in k.get("Role", []),
              "the viewer roles exist by default")
     c.expect("ccm-viewer" not in k.get("ClusterRoleBinding", []) + k.get("RoleBinding", []),
              "nobody is bound to the viewer roles unless named")
     by_name = {(d["kind"], d["metadata"]["name"]): d for d in defaults}
-    cluster_viewer = by_name[("ClusterRole", "ccm-viewer")]["rules"]
-    c.expect(not any("proxy" in r for rule in cluster_viewer for r in rule["resources"]),
-             "no proxy grant cluster-wide")
-    viewer = {r: rule for rule in by_name[("Role", "ccm-viewer")]["rules"] for r in rule["resources"]}
-    c.expect(viewer.get("services/proxy", {}).get("resourceNames") == ["ccm-gateway:admin"],
-             "services/proxy only to the gateway")
+    c.expect(by_name[("ClusterRole", "ccm-viewer")]["rules"] == VIEWER_CLUSTER_RULES,
+             f"the viewer reads Services, Nodes, Events and the diagnoses cluster-wide, nothing else: "
+             f"{by_name[('ClusterRole', 'ccm-viewer')]['rules']}")
+    c.expect(by_name[("Role", "ccm-viewer")]["rules"] == VIEWER_RULES,
+             f"the viewer reads the Leases and the components in the release's namespace, nothing else: "
+             f"{by_name[('Role', 'ccm-viewer')]['rules']}")
     gateway_ports = {p["name"] for p in by_name[("Service", "ccm-gateway")]["spec"]["ports"]}
     c.expect(gateway_ports == {"grpc", "admin"}, f"the gateway Service serves grpc and admin: {gateway_ports}")
     bound = kinds(render_sim({"viewer": {"subjects": [{"kind": "Group", "name": "sre"}]}}))
@@ -202,6 +475,8 @@ def check() -> int:
              "viewer.subjects binds both roles")
     c.expect("ccm-viewer" not in kinds(render_sim({"viewer": {"create": False}})).get("Role", []),
              "viewer.create=false leaves the roles out")
+
+    check_diagnostics(c, defaults)
 
     # Bootstrap and hardening, in every pod.
     for d, ctr in containers(defaults):
@@ -256,7 +531,8 @@ def check() -> int:
              and "ccm-gateway.kube-system.svc" in cert["spec"]["dnsNames"]
              and cert["spec"]["issuerRef"] == {"name": "ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
              and "Secret" not in kinds(cm), "cert-manager: a Certificate into the gateway's Secret, no chart-made one")
-    own = render_sim({"gateway": {"tls": {"source": "existingSecret", "existingSecret": "my-gateway-tls"}}})
+    own = render_sim({"gateway": {"tls": {"source": "existingSecret", "existingSecret": "my-gateway-tls"}},
+                      "diagnostics": {"tls": {"existingSecret": "my-diagnostics-tls", "caBundle": DIAGNOSTICS_CA}}})
     c.expect("Secret" not in kinds(own) and all(
         any(v.get("secret", {}).get("secretName") == "my-gateway-tls" for v in d["spec"]["template"]["spec"]["volumes"])
         for d, _ in containers(own)), "existingSecret: every pod mounts the Secret named, none is made")
@@ -279,6 +555,8 @@ def check() -> int:
                  f"{key}.enabled=false renders no {component} Deployment")
         c.expect(not any(n == f"ccm-{component}" for n, d in zip(names, docs) if d["kind"] in
                          ("ServiceAccount", "ClusterRole")), f"{key}.enabled=false renders no RBAC for it")
+        c.expect(not any(s.get("name") == f"ccm-{component}" for d in docs for s in d.get("subjects", [])),
+                 f"{key}.enabled=false binds no role to its ServiceAccount")
         c.expect(len([d for d in docs if d["kind"] == "Deployment"]) == 3, f"{key} off leaves 3 Deployments")
     off = render(GATEWAY_ELSEWHERE)
     c.expect(all("--gateway-address=https://10.0.0.10:7400" in ctr["args"]
@@ -286,8 +564,9 @@ def check() -> int:
                  and not any(a.startswith("--gateway-server-name") for a in ctr["args"]) for _, ctr in containers(off)),
              "controllers use gateway.address and the CA of gateway.tls.existingSecret when the gateway is elsewhere")
 
-    # The admin ports: anyone by default (the API server forwards kubectl
-    # ccm's reads), only the sources listed once some are.
+    # The admin ports: anyone by default (nothing secret there), only the
+    # sources listed once some are, and the controllers, which read them
+    # to answer the diagnostics API.
     open_admin = by_name[("NetworkPolicy", "ccm-gateway")]["spec"]["ingress"][1]
     c.expect("from" not in open_admin and "ccm-controllers" not in k.get("NetworkPolicy", []),
              "admin ports open to anyone by default")
@@ -295,9 +574,19 @@ def check() -> int:
     limited = render_sim({"networkPolicy": {"adminSources": monitoring}})
     validate_all(c, limited, "admin sources")
     policies = {d["metadata"]["name"]: d for d in limited if d["kind"] == "NetworkPolicy"}
-    c.expect(policies.get("ccm-gateway", {}).get("spec", {}).get("ingress", [{}, {}])[1].get("from") == monitoring
-             and policies.get("ccm-controllers", {}).get("spec", {}).get("ingress", [{}])[0].get("from") == monitoring,
-             f"networkPolicy.adminSources limits every admin port: {sorted(policies)}")
+    ingress = lambda name: policies.get(name, {}).get("spec", {}).get("ingress", [])
+    c.expect(len(ingress("ccm-gateway")) == 2 and ingress("ccm-gateway")[1].get("from") == monitoring + [CONTROLLER_PEER]
+             and len(ingress("ccm-controllers")) == 2
+             and ingress("ccm-controllers")[0] == {"ports": [{"port": "admin", "protocol": "TCP"}],
+                                                   "from": monitoring + [CONTROLLER_PEER]},
+             f"networkPolicy.adminSources limits every admin port to those and the controllers: {sorted(policies)}")
+    c.expect(ingress("ccm-controllers")[1:] == [{"ports": [{"port": "diagnostics", "protocol": "TCP"}]}],
+             f"the diagnostics port is open to any source (kube-apiserver): {ingress('ccm-controllers')}")
+    plain = render_sim({"networkPolicy": {"adminSources": monitoring}, "diagnostics": {"enabled": False}})
+    policies = {d["metadata"]["name"]: d for d in plain if d["kind"] == "NetworkPolicy"}
+    c.expect(ingress("ccm-gateway")[1].get("from") == monitoring
+             and ingress("ccm-controllers") == [{"ports": [{"port": "admin", "protocol": "TCP"}], "from": monitoring}],
+             f"diagnostics off: the admin ports admit only the sources listed, no diagnostics port: {policies}")
 
     # Options.
     opts = render_sim({
@@ -309,9 +598,9 @@ def check() -> int:
     })
     validate_all(c, opts, "options")
     k = kinds(opts)
-    c.expect(sorted(k.get("Secret", [])) == ["ccm-gateway-credentials", "ccm-gateway-tls"],
+    c.expect(sorted(k.get("Secret", [])) == ["ccm-diagnostics-tls", "ccm-gateway-credentials", "ccm-gateway-tls"],
              "credentials data makes a Secret")
-    c.expect(k.get("ServiceMonitor") == ["ccm"] and len(k.get("Service", [])) == 5,
+    c.expect(k.get("ServiceMonitor") == ["ccm"] and len(k.get("Service", [])) == 6,
              "serviceMonitor.enabled adds a ServiceMonitor and a metrics Service per component")
     for d, ctr in containers(opts):
         pod = d["spec"]["template"]["spec"]
@@ -351,7 +640,8 @@ def check() -> int:
     existing = render_sim({"gateway": {"credentials": {"existingSecret": "cloud-keys"}}})
     gw = next(d for d in existing if d["kind"] == "Deployment" and d["metadata"]["name"] == "ccm-gateway")
     c.expect(any(v.get("secret", {}).get("secretName") == "cloud-keys" for v in gw["spec"]["template"]["spec"]["volumes"])
-             and kinds(existing).get("Secret") == ["ccm-gateway-tls"], "an existing Secret is mounted, none created")
+             and sorted(kinds(existing).get("Secret", [])) == ["ccm-diagnostics-tls", "ccm-gateway-tls"],
+             "an existing Secret is mounted, none created")
 
     # The AWS provider: its flags, credentials from a Secret's file, IRSA.
     aws_values = {"gateway": {"provider": "aws", "replicas": 2, "aws": {
@@ -451,6 +741,11 @@ def check() -> int:
         "an unknown certificate source": {"gateway": {"tls": {"source": "vault"}}},
         "an identity that is neither a URI nor CN=": {"gateway": {"tls": {"clientCertRoles": [
             {"identity": "cluster-autoscaler", "role": "node"}]}}},
+        "a diagnostics port as a string": {"routeController": {"diagnosticsPort": "7432"}},
+        "a diagnostics port out of range": {"nodeController": {"diagnosticsPort": 70000}},
+        "an unknown diagnostics key": {"diagnostics": {"apiservice": {"create": False}}},
+        "a caBundle that is not PEM": {"diagnostics": {"tls": {"caBundle": "LS0tLS1CRUdJTg=="}}},
+        "insecureSkipTLSVerify asked for": {"diagnostics": {"apiService": {"insecureSkipTLSVerify": True}}},
     }
     chart = helm.Chart.load(CHART)
     for what, values in bad.items():

@@ -74,6 +74,29 @@ pub struct CommonArgs {
     /// http://otel-collector:4317; off when unset.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// Serve the diagnostics API (diagnostics.cloudgateway.io, aggregated
+    /// by kube-apiserver) on this address, e.g. 0.0.0.0:7412; off when unset.
+    #[arg(long, env = "CCM_DIAGNOSTICS_LISTEN")]
+    pub diagnostics_listen: Option<String>,
+    /// The diagnostics API's serving certificate (PEM, read again while serving).
+    #[arg(long)]
+    pub diagnostics_tls_cert: Option<String>,
+    /// The diagnostics API's private key (PEM).
+    #[arg(long)]
+    pub diagnostics_tls_key: Option<String>,
+    /// The CA bundle that signs kube-apiserver's front-proxy client
+    /// certificate; default: kube-system/extension-apiserver-authentication.
+    #[arg(long)]
+    pub requestheader_client_ca_file: Option<String>,
+    /// Common names the front-proxy certificate may carry, comma-separated
+    /// (empty: any the CA signed); only with --requestheader-client-ca-file.
+    #[arg(long)]
+    pub requestheader_allowed_names: Option<String>,
+    /// The base of the release's object names (<base>-<component>): the
+    /// diagnostics API finds the other controllers' Leases and the
+    /// gateway's Endpoints by it.
+    #[arg(long, env = "CCM_RELEASE_NAME", default_value = "ccm")]
+    pub release_name: String,
 }
 
 /// Leader election settings.
@@ -99,6 +122,8 @@ pub struct Common {
     pub log_format: LogFormat,
     pub log_level: String,
     pub otlp_endpoint: Option<String>,
+    /// How the diagnostics API is served; `None`: it is not.
+    pub diagnostics: Option<crate::diagnostics::Settings>,
 }
 
 impl Common {
@@ -223,6 +248,7 @@ impl CommonArgs {
         if let Some(Err(problem)) = self.kubeconfig.as_deref().map(check_file) {
             p.push("kubeconfig", problem);
         }
+        let diagnostics = self.diagnostics(p);
         let mut gateway = ccm_proto::ClientConfig::new(
             self.gateway_address.clone(),
             self.cluster_name.clone(),
@@ -250,7 +276,87 @@ impl CommonArgs {
             log_format: log_format?,
             log_level: self.log_level.clone(),
             otlp_endpoint: otlp_endpoint?,
+            diagnostics: diagnostics?,
         })
+    }
+
+    /// The diagnostics API's settings, checked; `Some(None)` when it is
+    /// not served.
+    fn diagnostics(&self, p: &mut Problems) -> Option<Option<crate::diagnostics::Settings>> {
+        let file = |p: &mut Problems, key: &str, value: &Option<String>| {
+            let path = value.as_deref()?;
+            match check_file(path) {
+                Ok(()) => Some(PathBuf::from(path)),
+                Err(problem) => {
+                    p.push(key, problem);
+                    None
+                }
+            }
+        };
+        if !crate::names::is_dns_label(&self.release_name) {
+            p.push(
+                "release-name",
+                format!("{:?} is not a DNS label", self.release_name),
+            );
+        }
+        let ca = file(
+            p,
+            "requestheader-client-ca-file",
+            &self.requestheader_client_ca_file,
+        );
+        if self.requestheader_allowed_names.is_some() && self.requestheader_client_ca_file.is_none()
+        {
+            p.push(
+                "requestheader-allowed-names",
+                "only with --requestheader-client-ca-file (else both come from kube-apiserver's ConfigMap)",
+            );
+        }
+        let Some(listen) = &self.diagnostics_listen else {
+            for (key, set) in [
+                ("diagnostics-tls-cert", self.diagnostics_tls_cert.is_some()),
+                ("diagnostics-tls-key", self.diagnostics_tls_key.is_some()),
+                (
+                    "requestheader-client-ca-file",
+                    self.requestheader_client_ca_file.is_some(),
+                ),
+            ] {
+                if set {
+                    p.push(key, "only with --diagnostics-listen");
+                }
+            }
+            return Some(None);
+        };
+        let listen = p.parse("diagnostics-listen", listen, str::parse::<SocketAddr>);
+        let required = |p: &mut Problems, key: &str, value: &Option<String>| {
+            if value.is_none() {
+                p.push(
+                    key,
+                    "is required with --diagnostics-listen: the API is served over TLS only",
+                );
+            }
+            file(p, key, value)
+        };
+        let cert = required(p, "diagnostics-tls-cert", &self.diagnostics_tls_cert);
+        let key = required(p, "diagnostics-tls-key", &self.diagnostics_tls_key);
+        let allowed: Vec<String> = self
+            .requestheader_allowed_names
+            .iter()
+            .flat_map(|names| names.split(','))
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+            .collect();
+        Some(Some(crate::diagnostics::Settings {
+            listen: listen?,
+            cert: cert?,
+            key: key?,
+            request_header: match (&self.requestheader_client_ca_file, ca) {
+                (None, _) => None,
+                (Some(_), ca) => Some((ca?, allowed)),
+            },
+            release: self.release_name.clone(),
+            namespace: self.leader_elect_resource_namespace.clone(),
+        }))
     }
 }
 

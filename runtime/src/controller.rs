@@ -84,6 +84,17 @@ impl<M> Base<M> {
         )
         .await
         .with_context(|| format!("bind admin address {}", common.admin_listen))?;
+        if let Some(diagnostics) = &common.diagnostics {
+            let bound = crate::diagnostics::spawn(
+                diagnostics,
+                client.clone(),
+                identity.clone(),
+                inspection.clone(),
+                shutdown.clone(),
+            )
+            .await?;
+            tracing::info!(address = %bound, "serving the diagnostics API");
+        }
         let reporter = Reporter {
             controller: controller.into(),
             instance: Some(identity),

@@ -21,6 +21,7 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
 use tokio_util::sync::CancellationToken;
 
 /// The ALPN protocol of gRPC (HTTP/2).
@@ -58,6 +59,9 @@ impl PemFiles {
 pub struct ServerTls {
     current: Arc<RwLock<Arc<ServerConfig>>>,
     files: Option<PemFiles>,
+    /// Verifies client certificates by other means than `files.client_ca`
+    /// (a CA that comes from the API server, say).
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
     alpn: Vec<Vec<u8>>,
 }
 
@@ -74,10 +78,32 @@ impl ServerTls {
     /// it); `alpn` lists the protocols offered, e.g. [`ALPN_H2`].
     pub fn from_files(files: PemFiles, alpn: &[&[u8]]) -> anyhow::Result<Self> {
         let alpn: Vec<Vec<u8>> = alpn.iter().map(|p| p.to_vec()).collect();
-        let config = build(&files, &files.read()?, &alpn)?;
+        let config = build(&files, &files.read()?, None, &alpn)?;
         Ok(Self {
             current: Arc::new(RwLock::new(config)),
             files: Some(files),
+            verifier: None,
+            alpn,
+        })
+    }
+
+    /// As [`Self::from_files`] (with no `client_ca` file), asking clients
+    /// for a certificate that `verifier` checks; one may come without.
+    pub fn from_files_verifying(
+        files: PemFiles,
+        verifier: Arc<dyn ClientCertVerifier>,
+        alpn: &[&[u8]],
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            files.client_ca.is_none(),
+            "a client CA file and a verifier of its own: pick one"
+        );
+        let alpn: Vec<Vec<u8>> = alpn.iter().map(|p| p.to_vec()).collect();
+        let config = build(&files, &files.read()?, Some(verifier.clone()), &alpn)?;
+        Ok(Self {
+            current: Arc::new(RwLock::new(config)),
+            files: Some(files),
+            verifier: Some(verifier),
             alpn,
         })
     }
@@ -101,6 +127,7 @@ impl ServerTls {
         Ok(Self {
             current: Arc::new(RwLock::new(Arc::new(config))),
             files: None,
+            verifier: None,
             alpn,
         })
     }
@@ -120,7 +147,7 @@ impl ServerTls {
 
     /// Whether client certificates are asked for.
     pub fn verifies_clients(&self) -> bool {
-        self.files.as_ref().is_some_and(|f| f.client_ca.is_some())
+        self.verifier.is_some() || self.files.as_ref().is_some_and(|f| f.client_ca.is_some())
     }
 
     /// Reads the files again every `interval` until `shutdown`, and swaps
@@ -154,7 +181,7 @@ impl ServerTls {
                 if last.as_ref() == Some(&bytes) {
                     continue;
                 }
-                match build(&files, &bytes, &this.alpn) {
+                match build(&files, &bytes, this.verifier.clone(), &this.alpn) {
                     Ok(config) => {
                         *this.current.write().unwrap_or_else(|e| e.into_inner()) = config;
                         tracing::info!(cert = %files.cert.display(), "TLS certificate reloaded");
@@ -195,12 +222,38 @@ pub fn roots(pem: &[u8], what: &str) -> anyhow::Result<RootCertStore> {
     Ok(roots)
 }
 
+/// A client configuration trusting the CA bundle `ca_pem` (named `what`
+/// in errors), presenting `client` (certificate and key PEM) when given,
+/// offering `alpn`.
+pub fn client_config(
+    ca_pem: &[u8],
+    what: &str,
+    client: Option<(&[u8], &[u8])>,
+    alpn: &[&[u8]],
+) -> anyhow::Result<rustls::ClientConfig> {
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots(ca_pem, what)?);
+    let mut config = match client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let key = PrivateKeyDer::from_pem_slice(key)
+                .map_err(|e| anyhow::anyhow!("the client key: not a PEM private key: {e}"))?;
+            builder.with_client_auth_cert(certificates(cert, "the client certificate")?, key)?
+        }
+    };
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
+}
+
 /// A server configuration from the files' contents, in [`PemFiles::paths`]
 /// order: TLS 1.3 and 1.2, client certificates optional when a client CA
-/// is given (a caller may still come with a token instead).
+/// or a `verifier` is given (a caller may still come with a token
+/// instead).
 fn build(
     files: &PemFiles,
     bytes: &[Vec<u8>],
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
     alpn: &[Vec<u8>],
 ) -> anyhow::Result<Arc<ServerConfig>> {
     let cert_what = files.cert.display().to_string();
@@ -211,9 +264,10 @@ fn build(
     let provider = provider();
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
-    let builder = match &files.client_ca {
-        None => builder.with_no_client_auth(),
-        Some(path) => {
+    let builder = match (&files.client_ca, verifier) {
+        (None, Some(verifier)) => builder.with_client_cert_verifier(verifier),
+        (None, None) => builder.with_no_client_auth(),
+        (Some(path), _) => {
             let roots = roots(&bytes[2], &path.display().to_string())?;
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .allow_unauthenticated()

@@ -29,6 +29,9 @@ fn ports() -> Vec<String> {
         "nodeController.adminPort",
         "serviceController.adminPort",
         "routeController.adminPort",
+        "nodeController.diagnosticsPort",
+        "serviceController.diagnosticsPort",
+        "routeController.diagnosticsPort",
     ]
     .iter()
     .map(|key| format!("{key}={}", ccm_sandbox::ports::free_port().unwrap()))

@@ -582,6 +582,22 @@ mod scenarios {
                     .unwrap();
             assert!(matches!(answer.code, Some(0 | 1)), "{answer:?}");
         }
+        // And lists the diagnostics API, as the viewer roles allow.
+        let kubeconfig = kube::config::Kubeconfig::read_from(&sandbox.kubeconfig).unwrap();
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        config.auth_info.impersonate = Some("operator".into());
+        let operator = kube::Client::try_from(config).unwrap();
+        for path in [
+            "/apis/diagnostics.cloudgateway.io/v1/servicediagnoses",
+            "/apis/diagnostics.cloudgateway.io/v1/nodediagnoses",
+            "/apis/diagnostics.cloudgateway.io/v1/namespaces/kube-system/components",
+        ] {
+            let request = http::Request::get(path).body(Vec::new()).unwrap();
+            let listed = operator.request_text(request).await;
+            assert!(listed.is_ok(), "{path}: {listed:?}");
+        }
 
         // A deleted Service: load balancer, status and finalizer go.
         Api::<Service>::namespaced(client.clone(), "default")

@@ -141,15 +141,23 @@ impl Cluster {
         Api::namespaced(self.sandbox.client().await.unwrap(), "default")
     }
 
-    async fn finish(self) {
+    /// Stops the sandbox; checks that only the stranger was refused, and
+    /// the operator only what proxies (when `proxied`): the controllers
+    /// and the operator had all else they asked for.
+    async fn finish(self, proxied: bool) {
         self.kubelets.abort();
         let report = self.sandbox.rbac_report().await.unwrap().expect("RBAC on");
         self.sandbox.stop().await;
-        // Only the stranger was refused: the controllers and the operator
-        // had all they asked for.
         let denied = report["denied"].as_array().cloned().unwrap_or_default();
         assert!(!denied.is_empty(), "the stranger was refused: {report:#}");
-        assert!(denied.iter().all(|d| d["user"] == "stranger"), "{report:#}");
+        let expected = |d: &serde_json::Value| {
+            let resource = d["resource"].as_str().unwrap_or_default();
+            d["user"] == "stranger"
+                || (proxied
+                    && d["user"] == OPERATOR
+                    && (resource.starts_with("pods") || resource.starts_with("services")))
+        };
+        assert!(denied.iter().all(expected), "{report:#}");
     }
 }
 
@@ -383,5 +391,264 @@ async fn kubectl_ccm_names_each_cause_of_a_pending_service_or_node() {
         c.sandbox.restart(replica).unwrap();
     }
     c.until_cause("service/late", "ready", "ready: ").await;
-    c.finish().await;
+    c.finish(false).await;
+}
+
+/// A client of the sandbox's API server acting as `user` (impersonated by
+/// the admin, as kubectl's `--as`).
+async fn client_as(sandbox: &Sandbox, user: &str) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&sandbox.kubeconfig).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(user.to_owned());
+    kube::Client::try_from(config).unwrap()
+}
+
+/// `GET path` through the API server: the body, or the status code it was
+/// refused with.
+async fn get_raw(client: &kube::Client, path: &str, accept: &str) -> Result<String, u16> {
+    let request = http::Request::get(path)
+        .header(http::header::ACCEPT, accept)
+        .body(Vec::new())
+        .unwrap();
+    client.request_text(request).await.map_err(|e| match e {
+        kube::Error::Api(s) => s.code,
+        other => panic!("{path}: {other}"),
+    })
+}
+
+/// `GET path` straight to a diagnostics port, over TLS trusting the
+/// sandbox's CA, with `client` (certificate and key files) when given and
+/// `headers`; the status code, or why there is none.
+async fn direct_get(
+    port: u16,
+    ca: &std::path::Path,
+    client: Option<(&std::path::Path, &std::path::Path)>,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<u16, String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let client_pem = client.map(|(c, k)| (std::fs::read(c).unwrap(), std::fs::read(k).unwrap()));
+    let config = ccm_runtime::tls::client_config(
+        &std::fs::read(ca).unwrap(),
+        "the sandbox CA",
+        client_pem
+            .as_ref()
+            .map(|(c, k)| (c.as_slice(), k.as_slice())),
+        &[],
+    )
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("ccm-diagnostics.kube-system.svc").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: diagnostics\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    tls.write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    // A server that refuses the certificate after the handshake (TLS 1.3)
+    // shows it here, as a read error.
+    tls.read_to_end(&mut answer)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&answer);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("no status line: {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_diagnostics_api_answers_viewers_through_the_api_server_and_no_one_else() {
+    let mut c = Cluster::start().await;
+    let admin = c.sandbox.client().await.unwrap();
+    let operator = client_as(&c.sandbox, OPERATOR).await;
+    let stranger = client_as(&c.sandbox, "stranger").await;
+    const API: &str = "/apis/diagnostics.cloudgateway.io/v1";
+    const JSON: &str = "application/json";
+    const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+
+    // The API server sees the API available, and an operator bound only to
+    // the viewer roles reads it as any other API, in kubectl's Tables too.
+    c.until("the APIService available", async |_| {
+        let api = get_raw(
+            &admin,
+            "/apis/apiregistration.k8s.io/v1/apiservices/v1.diagnostics.cloudgateway.io",
+            JSON,
+        )
+        .await;
+        api.is_ok_and(|text| {
+            let api: serde_json::Value = serde_json::from_str(&text).unwrap();
+            api["status"]["conditions"][0]["status"] == "True"
+        })
+    })
+    .await;
+    let table = get_raw(
+        &operator,
+        &format!("{API}/namespaces/kube-system/components"),
+        TABLE,
+    )
+    .await
+    .unwrap();
+    let table: serde_json::Value = serde_json::from_str(&table).unwrap();
+    assert_eq!(table["kind"], "Table", "{table:#}");
+    let rows: Vec<(String, String)> = table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["cells"][0].as_str().unwrap().to_owned(),
+                r["cells"][2].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    for name in [
+        "node-controller",
+        "service-controller",
+        "route-controller",
+        "gateway",
+    ] {
+        assert!(
+            rows.contains(&(name.to_owned(), "True".to_owned())),
+            "{name} answered: {rows:?}"
+        );
+    }
+    let services = c.services().await;
+    let svc = services.list(&Default::default()).await.unwrap().items[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    let one = format!("{API}/namespaces/default/servicediagnoses/{svc}");
+    let diagnosis: serde_json::Value =
+        serde_json::from_str(&get_raw(&operator, &one, JSON).await.unwrap()).unwrap();
+    assert_eq!(diagnosis["kind"], "ServiceDiagnosis");
+    assert_eq!(
+        diagnosis["controller"]["answer"]["leading"], true,
+        "{diagnosis:#}"
+    );
+    assert_eq!(
+        diagnosis["object"]["answer"]["key"],
+        format!("default/{svc}")
+    );
+    assert!(diagnosis["gateway"]["answer"].is_object(), "{diagnosis:#}");
+    for list in [
+        format!("{API}/servicediagnoses"),
+        format!("{API}/nodediagnoses"),
+    ] {
+        let listed: serde_json::Value =
+            serde_json::from_str(&get_raw(&operator, &list, JSON).await.unwrap()).unwrap();
+        assert!(listed["items"].is_array(), "{list}: {listed:#}");
+    }
+
+    // No proxying grant anywhere: the operator reaches no pod's or
+    // Service's port through the API server, and a stranger not even the
+    // diagnostics.
+    let pod = c
+        .sandbox
+        .leader("ccm-service-controller")
+        .await
+        .unwrap()
+        .unwrap();
+    for path in [
+        format!("/api/v1/namespaces/kube-system/pods/{pod}/proxy/debug/status"),
+        "/api/v1/namespaces/kube-system/services/ccm-gateway:admin/proxy/debug/status".to_owned(),
+    ] {
+        assert_eq!(get_raw(&operator, &path, JSON).await, Err(403), "{path}");
+    }
+    assert_eq!(get_raw(&stranger, &one, JSON).await, Err(403));
+
+    // Straight to a replica's port: only the API server's front-proxy
+    // certificate is believed, whatever headers a caller sends.
+    let state = c.sandbox.options.state_dir.clone();
+    let ca = state.join("pki/ca.crt");
+    let endpoints: Api<k8s_openapi::api::core::v1::Endpoints> =
+        Api::namespaced(c.sandbox.client().await.unwrap(), "kube-system");
+    let ports: Vec<u16> = endpoints
+        .get("ccm-diagnostics")
+        .await
+        .unwrap()
+        .subsets
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|s| s.ports.unwrap_or_default())
+        .map(|p| p.port as u16)
+        .collect();
+    assert_eq!(
+        ports.len(),
+        6,
+        "two replicas of three controllers: {ports:?}"
+    );
+    let path = "/apis/diagnostics.cloudgateway.io/v1/namespaces/kube-system/components";
+    let forged = [
+        ("X-Remote-User", "system:admin"),
+        ("X-Remote-Group", "system:masters"),
+    ];
+    assert_eq!(
+        direct_get(ports[0], &ca, None, path, &forged).await,
+        Ok(401)
+    );
+    let other =
+        ccm_sandbox::pki::Pki::create(&state.join("other-ca"), "not the front proxy").unwrap();
+    let stranger_cert = other
+        .client("front-proxy-client", None, "front-proxy-client", false)
+        .unwrap();
+    let refused = direct_get(
+        ports[0],
+        &ca,
+        Some((&stranger_cert.cert, &stranger_cert.key)),
+        path,
+        &forged,
+    )
+    .await;
+    assert!(
+        refused.is_err(),
+        "a certificate another CA signed: {refused:?}"
+    );
+    let front_proxy = (
+        state.join("apiserver/front-proxy-client.crt"),
+        state.join("apiserver/front-proxy-client.key"),
+    );
+    let front = Some((front_proxy.0.as_path(), front_proxy.1.as_path()));
+    assert_eq!(
+        direct_get(ports[0], &ca, front, path, &[]).await,
+        Ok(401),
+        "no user named"
+    );
+    assert_eq!(
+        direct_get(ports[0], &ca, front, path, &[("X-Remote-User", "operator")]).await,
+        Ok(200)
+    );
+    assert_eq!(
+        direct_get(ports[0], &ca, None, "/healthz", &[]).await,
+        Ok(200)
+    );
+
+    // A replica killed (the service controller's leader): the API keeps
+    // answering from the others, and the plugin with it.
+    c.sandbox.kill(&pod).await.unwrap();
+    for _ in 0..6 {
+        let again = get_raw(
+            &operator,
+            &format!("{API}/namespaces/kube-system/components"),
+            JSON,
+        )
+        .await;
+        assert!(again.is_ok(), "{again:?}");
+    }
+    c.until_cause(&format!("service/{svc}"), "ready", "ready: ")
+        .await;
+    c.sandbox.restart(&pod).unwrap();
+    c.finish(true).await;
 }

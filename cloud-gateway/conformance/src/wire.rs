@@ -98,14 +98,13 @@ async fn connect(address: &str, tls_ca: Option<&std::path::Path>) -> Result<Box<
     }
     let ca = tls_ca.ok_or("https needs --tls-ca")?;
     let pem = std::fs::read(ca).map_err(|e| format!("read {}: {e}", ca.display()))?;
-    let roots =
-        ccm_runtime::tls::roots(&pem, &ca.display().to_string()).map_err(|e| format!("{e:#}"))?;
-    let mut config = rustls::ClientConfig::builder_with_provider(ccm_runtime::tls::provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![ccm_runtime::tls::ALPN_H2.to_vec()];
+    let config = ccm_runtime::tls::client_config(
+        &pem,
+        &ca.display().to_string(),
+        None,
+        &[ccm_runtime::tls::ALPN_H2],
+    )
+    .map_err(|e| format!("{e:#}"))?;
     let name = rustls::pki_types::ServerName::try_from(
         host.trim_start_matches('[')
             .trim_end_matches(']')

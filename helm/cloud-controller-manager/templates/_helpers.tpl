@@ -153,3 +153,53 @@ startupProbe:
 - --{{ $k }}={{ $v }}
 {{- end }}
 {{- end -}}
+
+{{/* "true" when the diagnostics API is served: diagnostics.enabled and
+a controller runs to serve it. */}}
+{{- define "ccm.diagnosticsOn" -}}
+{{- $root := . -}}
+{{- $on := "" -}}
+{{- if .Values.diagnostics.enabled -}}
+{{- range (include "ccm.controllers" . | fromYamlArray) -}}
+{{- if include "ccm.on" (dict "root" $root "key" .key) -}}{{- $on = "true" -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $on -}}
+{{- end -}}
+
+{{/* The label the diagnostics Service selects the controllers' pods by
+(with the instance label); pod labels only, never a Deployment's selector. */}}
+{{- define "ccm.diagnosticsLabel" -}}
+cloudgateway.io/diagnostics: "true"
+{{- end -}}
+
+{{/* The name the diagnostics API's certificate carries, the one
+kube-apiserver verifies it by (the Service's). */}}
+{{- define "ccm.diagnosticsServerName" -}}
+{{- printf "%s-diagnostics.%s.svc" (include "ccm.base" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/* Where the diagnostics API's certificate comes from, checked: the
+Secret of diagnostics.tls.existingSecret when named, else where the
+gateway's comes from (helm or cert-manager). */}}
+{{- define "ccm.diagnosticsTlsSource" -}}
+{{- $tls := .Values.diagnostics.tls -}}
+{{- if $tls.existingSecret -}}
+existingSecret
+{{- else if eq .Values.gateway.tls.source "existingSecret" -}}
+{{- fail (printf "diagnostics.tls.existingSecret is required with gateway.tls.source existingSecret: a Secret with tls.crt and tls.key for %s and the ca.crt that signed them (or turn diagnostics.enabled off)" (include "ccm.diagnosticsServerName" .)) -}}
+{{- else if $tls.caBundle -}}
+{{- fail "diagnostics.tls.caBundle is the CA of diagnostics.tls.existingSecret: name that Secret, or leave caBundle empty" -}}
+{{- else -}}
+{{- .Values.gateway.tls.source -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret with the diagnostics API's tls.crt and tls.key. */}}
+{{- define "ccm.diagnosticsTlsSecret" -}}
+{{- if eq (include "ccm.diagnosticsTlsSource" .) "existingSecret" -}}
+{{- .Values.diagnostics.tls.existingSecret -}}
+{{- else -}}
+{{- printf "%s-diagnostics-tls" (include "ccm.base" .) -}}
+{{- end -}}
+{{- end -}}

@@ -1,5 +1,6 @@
 //! The HTTP face of the test server: discovery, the resource verbs, the
-//! four patch types, watches, TokenReview, and `proxy` (see `proxy`).
+//! four patch types, watches, TokenReview, `proxy` (see `proxy`), and the
+//! API groups other servers serve (see `aggregation`).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -14,6 +15,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::Shared;
+use super::aggregation;
 use super::patch::strategic_merge;
 use super::protobuf;
 use super::proxy;
@@ -62,7 +64,8 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn query(uri: &Uri) -> HashMap<String, String> {
+/// The query's parameters, decoded.
+pub(crate) fn query(uri: &Uri) -> HashMap<String, String> {
     uri.query()
         .unwrap_or_default()
         .split('&')
@@ -115,6 +118,25 @@ pub async fn handle(
 ) -> Response {
     let path = uri.path().trim_end_matches('/');
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    if let ["apis", group, version, rest @ ..] = segs.as_slice()
+        && let Some(api_service) = aggregation::remote(&shared.store, group, version)
+    {
+        let to = aggregation::Destination {
+            api_service: &api_service,
+            group,
+            version,
+            rest,
+        };
+        let response = aggregation::forward(&shared, &to, &method, &uri, &headers, body)
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
+        return match aggregation::counted_as(&to, &method, &uri) {
+            Some(what) => shared
+                .accounting
+                .count(&shared.user_name(&headers), what, response),
+            None => response,
+        };
+    }
     let response = match segs.as_slice() {
         ["debug", "rbac"] => shared
             .rbac_report()
@@ -143,7 +165,8 @@ pub async fn handle(
                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": shared.address}],
             }),
         )),
-        ["apis"] => Ok(json_response(200, &api_groups())),
+        ["apis"] => Ok(json_response(200, &api_groups(&shared.store))),
+        ["apis", group] => api_group(&shared.store, group).map(|g| json_response(200, &g)),
         ["api", "v1"] => Ok(json_response(200, &resource_list("", "v1"))),
         ["apis", group, version] if resources::groups().contains(group) => {
             Ok(json_response(200, &resource_list(group, version)))
@@ -335,15 +358,40 @@ fn version() -> Value {
     })
 }
 
-fn api_groups() -> Value {
-    let groups: Vec<Value> = resources::groups()
-        .into_iter()
-        .map(|g| {
-            let gv = json!({"groupVersion": format!("{g}/v1"), "version": "v1"});
-            json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
-        })
-        .collect();
+/// A group served here, as discovery describes it (its one version is
+/// `v1`).
+fn served_group(group: &str) -> Value {
+    let gv = json!({"groupVersion": format!("{group}/v1"), "version": "v1"});
+    json!({"name": group, "versions": [gv.clone()], "preferredVersion": gv})
+}
+
+/// `/apis`: the groups served here, then those other servers serve (see
+/// `aggregation`).
+fn api_groups(store: &Store) -> Value {
+    let mut groups: Vec<Value> = resources::groups().into_iter().map(served_group).collect();
+    groups.extend(aggregation::remote_groups(store));
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// `/apis/<group>`: one group, served here or elsewhere.
+fn api_group(store: &Store, group: &str) -> Result<Value, ApiError> {
+    let found = if resources::groups().contains(&group) {
+        Some(served_group(group))
+    } else {
+        aggregation::remote_groups(store)
+            .into_iter()
+            .find(|g| g["name"] == group)
+    };
+    let mut found = found.ok_or_else(|| {
+        ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    })?;
+    found["kind"] = json!("APIGroup");
+    found["apiVersion"] = json!("v1");
+    Ok(found)
 }
 
 fn resource_list(group: &str, version: &str) -> Value {
@@ -397,7 +445,7 @@ fn resource_list(group: &str, version: &str) -> Value {
 }
 
 /// The RBAC verb of a request.
-fn verb(method: &Method, named: bool, q: &HashMap<String, String>) -> &'static str {
+pub(crate) fn verb(method: &Method, named: bool, q: &HashMap<String, String>) -> &'static str {
     let watching = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
     match (method.as_str(), named) {
         ("GET", _) if watching => "watch",
@@ -410,6 +458,18 @@ fn verb(method: &Method, named: bool, q: &HashMap<String, String>) -> &'static s
         ("DELETE", false) => "deletecollection",
         _ => "unknown",
     }
+}
+
+/// The name a list or watch is confined to by its field selector
+/// (`metadata.name=NAME`), which kube-apiserver authorises as a request
+/// for that name: a Role limited to `resourceNames` may list and watch
+/// its objects one at a time.
+pub(crate) fn selected_name(q: &HashMap<String, String>) -> Option<String> {
+    q.get("fieldSelector")?.split(',').find_map(|term| {
+        let (field, value) = term.split_once('=')?;
+        let value = value.strip_prefix('=').unwrap_or(value);
+        (field.trim() == "metadata.name").then(|| value.trim().to_owned())
+    })
 }
 
 /// The object of a create or update: protobuf when the client says so
@@ -730,7 +790,10 @@ fn authorized_target(
                 None => resource.plural.to_owned(),
             },
             namespace: t.namespace.clone(),
-            name: t.name.clone(),
+            name: t
+                .name
+                .clone()
+                .or_else(|| (*method == Method::GET).then(|| selected_name(q)).flatten()),
             path: None,
         },
     )?;
@@ -786,6 +849,10 @@ fn checked(
     let mut stored = stored;
     if resource.group.is_empty() && resource.kind == "Event" {
         super::events::core_shape(&mut stored);
+    }
+    if resource.group == aggregation::GROUP && resource.kind == "APIService" {
+        let name = stored["metadata"]["name"].as_str().unwrap_or_default();
+        aggregation::validate(&stored).map_err(|e| ApiError::invalid(resource, name, e))?;
     }
     Ok(stored)
 }

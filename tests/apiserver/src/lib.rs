@@ -4,11 +4,16 @@
 //! as the `kube-test-apiserver` binary. [`fixtures`] builds the Nodes and
 //! Services that tests and the sandbox put in it. `pods/proxy` and
 //! `services/proxy` reach HTTP servers on loopback through the Pods and
-//! Endpoints a test creates (see the `proxy` module).
+//! Endpoints a test creates (see the `proxy` module). API groups that
+//! other servers serve are aggregated as kube-apiserver aggregates them
+//! (see the `aggregation` module), through a front proxy whose
+//! certificates the server makes (see [`front_proxy`]).
 
 pub mod accounting;
+mod aggregation;
 mod events;
 pub mod fixtures;
+pub mod front_proxy;
 mod http;
 mod journal;
 mod openapi;
@@ -34,6 +39,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+pub use self::front_proxy::FrontProxy;
 pub use self::store::{ApiError, Store};
 
 /// A user a bearer token stands for, as TokenReview reports it.
@@ -117,8 +123,12 @@ pub struct Config {
     pub bookmark_interval: Duration,
     /// Where the store keeps its state (see `journal`), so a server
     /// started again on it has every object it had; in memory only when
-    /// unset.
+    /// unset. The front proxy's certificates are kept there too (see
+    /// [`front_proxy`]).
     pub state_dir: Option<std::path::PathBuf>,
+    /// How often each APIService's availability is checked (see the
+    /// `aggregation` module).
+    pub aggregation_check_interval: Duration,
 }
 
 impl Default for Config {
@@ -128,6 +138,7 @@ impl Default for Config {
             max_history: 100_000,
             bookmark_interval: Duration::from_secs(5),
             state_dir: None,
+            aggregation_check_interval: Duration::from_secs(2),
         }
     }
 }
@@ -144,6 +155,11 @@ pub(crate) struct Shared {
     rbac: Mutex<Option<rbac::Rbac>>,
     /// What each caller asked and was sent.
     pub accounting: accounting::Accounting,
+    /// The certificate requests to aggregated API servers are sent with.
+    pub front_proxy: FrontProxy,
+    /// Which endpoint of an aggregated API server the next request tries
+    /// first, so that requests are spread over them.
+    pub next_backend: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -175,23 +191,29 @@ impl Shared {
         {
             return Ok(None);
         }
-        let unauthorized = || ApiError::new(401, "Unauthorized", "Unauthorized");
+        let user = self
+            .token_user(headers)
+            .ok_or_else(|| ApiError::new(401, "Unauthorized", "Unauthorized"))?;
+        let mut groups = user.groups;
+        groups.push("system:authenticated".into());
+        Ok(Some(rbac::User {
+            username: user.username,
+            groups,
+        }))
+    }
+
+    /// The user a request's bearer token stands for, if it is known and
+    /// bound to the API server's own audience; RBAC enforced or not.
+    pub fn token_user(&self, headers: &axum::http::HeaderMap) -> Option<TokenUser> {
         let token = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(unauthorized)?;
+            .and_then(|v| v.strip_prefix("Bearer "))?;
         let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-        let user = tokens.get(token).ok_or_else(unauthorized)?;
-        if !user.audiences.is_empty() && !user.audiences.iter().any(|a| a == DEFAULT_AUDIENCE) {
-            return Err(unauthorized());
-        }
-        let mut groups = user.groups.clone();
-        groups.push("system:authenticated".into());
-        Ok(Some(rbac::User {
-            username: user.username.clone(),
-            groups,
-        }))
+        tokens
+            .get(token)
+            .filter(|u| u.audiences.is_empty() || u.audiences.iter().any(|a| a == DEFAULT_AUDIENCE))
+            .cloned()
     }
 
     /// Checks `a` for `user` against the loaded policy (403 if refused).
@@ -352,6 +374,8 @@ pub struct ApiServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
     task: JoinHandle<()>,
+    /// The APIServices' availability checks (see `aggregation`).
+    availability: JoinHandle<()>,
 }
 
 /// The namespaces a new cluster has.
@@ -377,6 +401,9 @@ impl ApiServer {
                 .create(namespaces, "", json!({"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}))
                 .expect("a fresh store takes the namespaces");
         }
+        let front_proxy = FrontProxy::load_or_generate(config.state_dir.as_deref())?;
+        publish_front_proxy(&store, &front_proxy);
+        aggregation::register_local(&store);
         let shared = Arc::new(Shared {
             store,
             address: addr.to_string(),
@@ -394,7 +421,11 @@ impl ApiServer {
             token_reviews: Default::default(),
             rbac: Mutex::new(None),
             accounting: Default::default(),
+            front_proxy,
+            next_backend: Default::default(),
         });
+        let availability =
+            aggregation::availability::spawn(shared.clone(), config.aggregation_check_interval);
         let app = axum::Router::new()
             .fallback(http::handle)
             .with_state(shared.clone());
@@ -403,7 +434,20 @@ impl ApiServer {
                 tracing::error!(error = %e, "test API server stopped");
             }
         });
-        Ok(Self { addr, shared, task })
+        Ok(Self {
+            addr,
+            shared,
+            task,
+            availability,
+        })
+    }
+
+    /// The front proxy's CA and client certificate: what an aggregated API
+    /// server trusts (the CA, published in the ConfigMap
+    /// `kube-system/extension-apiserver-authentication`), and what a test
+    /// presents to forge a request from this server.
+    pub fn front_proxy(&self) -> &FrontProxy {
+        &self.shared.front_proxy
     }
 
     /// The address served.
@@ -492,5 +536,26 @@ impl ApiServer {
 impl Drop for ApiServer {
     fn drop(&mut self) {
         self.task.abort();
+        self.availability.abort();
+    }
+}
+
+/// Publishes the ConfigMap aggregated API servers learn the front proxy
+/// from (see [`front_proxy`]), created or brought up to date: a store
+/// kept from an earlier run may hold one naming other certificates.
+fn publish_front_proxy(store: &Store, front_proxy: &FrontProxy) {
+    let config_maps = resources::find("", "v1", "configmaps").expect("ConfigMaps are served");
+    let (namespace, name) = (front_proxy::CONFIG_MAP_NAMESPACE, front_proxy::CONFIG_MAP);
+    let data = front_proxy.config_map_data();
+    let published = match store.get(config_maps, namespace, name) {
+        Ok(_) => store.update(config_maps, namespace, name, false, |old| {
+            let mut new = old.clone();
+            new["data"] = data;
+            Ok(new)
+        }),
+        Err(_) => store.create(config_maps, namespace, front_proxy.config_map()),
+    };
+    if let Err(e) = published {
+        tracing::warn!(error = %e.message, "the front proxy's ConfigMap is not published");
     }
 }

@@ -31,7 +31,10 @@ struct Args {
     rbac: Option<PathBuf>,
     /// Keep the objects in this directory, so that the server started
     /// again on it (even after kill -9) has them all, as kube-apiserver
-    /// has them in etcd; in memory only when unset.
+    /// has them in etcd; in memory only when unset. The front proxy's CA
+    /// and client certificate, which aggregated API servers trust, are
+    /// kept there too (front-proxy-ca.crt, front-proxy-client.crt,
+    /// front-proxy-client.key).
     #[arg(long)]
     state_dir: Option<PathBuf>,
     /// Start with resourceVersions moved on by this much and every

@@ -591,6 +591,7 @@ fn package(name: &str, group: &str) -> &'static str {
             "certificates.k8s.io" => "io.k8s.api.certificates.v1",
             "authentication.k8s.io" => "io.k8s.api.authentication.v1",
             "authorization.k8s.io" => "io.k8s.api.authorization.v1",
+            "apiregistration.k8s.io" => "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1",
             _ => "io.k8s.api.core.v1",
         },
     }

@@ -31,7 +31,7 @@
 //! `X-Forwarded-*` headers are added and HTML answers' links are not
 //! rewritten.
 
-mod upstream;
+pub(crate) mod upstream;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -320,7 +320,7 @@ fn hop_by_hop(name: &str) -> bool {
 /// The caller's headers the backend gets: not the hop-by-hop ones, not
 /// those the proxy sets itself, and not the caller's credentials, which
 /// kube-apiserver drops once it has authenticated the request.
-fn forwarded_headers(headers: &HeaderMap) -> Vec<(&str, &[u8])> {
+pub(crate) fn forwarded_headers(headers: &HeaderMap) -> Vec<(&str, &[u8])> {
     headers
         .iter()
         .map(|(name, value)| (name.as_str(), value.as_bytes()))
@@ -334,7 +334,7 @@ fn forwarded_headers(headers: &HeaderMap) -> Vec<(&str, &[u8])> {
 
 /// The backend's answer as the caller gets it. The body is whole, so its
 /// length is set anew (kept as sent for HEAD, which has none).
-fn answer_response(answer: upstream::Answer, head: bool) -> Response {
+pub(crate) fn answer_response(answer: upstream::Answer, head: bool) -> Response {
     let mut response = Response::new(Body::from(answer.body));
     *response.status_mut() = answer.status;
     for (name, value) in answer.headers {

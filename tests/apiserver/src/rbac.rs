@@ -218,6 +218,52 @@ struct Role {
     namespace: String,
     name: String,
     rules: Vec<Rule>,
+    /// One of kube-apiserver's own (see [`bootstrap_roles`]), not the
+    /// manifests': its grants are never reported unused, since no chart
+    /// can take them back.
+    bootstrap: bool,
+}
+
+/// The roles of kube-apiserver's bootstrap policy that aggregated API
+/// servers are bound to (by the manifests' bindings, as kube-apiserver
+/// has no bindings of them to anyone): `system:auth-delegator` (delegate
+/// authentication and authorization with TokenReviews and
+/// SubjectAccessReviews) and `kube-system/extension-apiserver-authentication-reader`
+/// (read the front proxy's ConfigMap, see `front_proxy`).
+fn bootstrap_roles() -> Vec<Role> {
+    let role = |kind: &str, namespace: &str, name: &str, rules: Value| Role {
+        kind: kind.to_owned(),
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        rules: rules
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(Rule::from_json)
+            .collect(),
+        bootstrap: true,
+    };
+    vec![
+        role(
+            "ClusterRole",
+            "",
+            "system:auth-delegator",
+            json!([
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+            ]),
+        ),
+        role(
+            "Role",
+            crate::front_proxy::CONFIG_MAP_NAMESPACE,
+            "extension-apiserver-authentication-reader",
+            json!([{
+                "apiGroups": [""], "resources": ["configmaps"],
+                "resourceNames": [crate::front_proxy::CONFIG_MAP],
+                "verbs": ["get", "list", "watch"],
+            }]),
+        ),
+    ]
 }
 
 #[derive(Clone, Debug)]
@@ -318,6 +364,7 @@ impl Rbac {
                         .as_array()
                         .map(|r| r.iter().map(Rule::from_json).collect())
                         .unwrap_or_default(),
+                    bootstrap: false,
                 }),
                 "RoleBinding" | "ClusterRoleBinding" => rbac.bindings.push(Binding {
                     name,
@@ -327,6 +374,17 @@ impl Rbac {
                     subjects: o["subjects"].as_array().cloned().unwrap_or_default(),
                 }),
                 _ => {}
+            }
+        }
+        // kube-apiserver keeps its own roles whatever is applied; a
+        // manifest's role of the same name is the one here, as if it had
+        // been reconciled into it.
+        for role in bootstrap_roles() {
+            let defined = rbac.roles.iter().any(|r| {
+                r.kind == role.kind && r.name == role.name && r.namespace == role.namespace
+            });
+            if !defined {
+                rbac.roles.push(role);
             }
         }
         rbac
@@ -443,10 +501,12 @@ impl Rbac {
     }
 
     /// Every refusal so far, and every (rule, verb, resource) grant of the
-    /// policy that no request used.
+    /// policy's own roles that no request used. The bootstrap roles the
+    /// policy's bindings name grant as the manifests' do, but are neither
+    /// counted nor reported: the manifests cannot change them.
     pub fn report(&self) -> Value {
         let mut unused = Vec::new();
-        for (ri, role) in self.roles.iter().enumerate() {
+        for (ri, role) in self.roles.iter().enumerate().filter(|(_, r)| !r.bootstrap) {
             for (i, rule) in role.rules.iter().enumerate() {
                 for verb in &rule.verbs {
                     for resource in &rule.resources {
@@ -462,7 +522,8 @@ impl Rbac {
                 }
             }
         }
-        json!({"denied": self.denied, "unused": unused, "roles": self.roles.len(), "bindings": self.bindings.len()})
+        let roles = self.roles.iter().filter(|r| !r.bootstrap).count();
+        json!({"denied": self.denied, "unused": unused, "roles": roles, "bindings": self.bindings.len()})
     }
 }
 
@@ -592,5 +653,119 @@ mod tests {
             })
             .collect();
         assert_eq!(unused, ["get nodes", "watch nodes", "update leases"]);
+    }
+
+    #[test]
+    fn bindings_to_bootstrap_roles_grant_what_kube_apiserver_s_roles_grant() {
+        let docs: Vec<Value> = serde_norway::from_str(
+            r#"
+- kind: ClusterRoleBinding
+  metadata: {name: diag:auth-delegator}
+  roleRef: {kind: ClusterRole, name: "system:auth-delegator"}
+  subjects: [{kind: ServiceAccount, name: diag, namespace: kube-system}]
+- kind: RoleBinding
+  metadata: {name: diag:auth-reader, namespace: kube-system}
+  roleRef: {kind: Role, name: extension-apiserver-authentication-reader}
+  subjects: [{kind: ServiceAccount, name: diag, namespace: kube-system}]
+"#,
+        )
+        .unwrap();
+        let mut rbac = Rbac::from_objects(&docs);
+        let diag = User {
+            username: "system:serviceaccount:kube-system:diag".into(),
+            groups: vec!["system:serviceaccounts".into()],
+        };
+        let other = User {
+            username: "system:serviceaccount:kube-system:other".into(),
+            groups: vec!["system:serviceaccounts".into()],
+        };
+        let config_map = Some(crate::front_proxy::CONFIG_MAP);
+        let cases = [
+            (
+                &diag,
+                ask(
+                    "create",
+                    "authentication.k8s.io",
+                    "tokenreviews",
+                    None,
+                    None,
+                ),
+                true,
+            ),
+            (
+                &diag,
+                ask(
+                    "create",
+                    "authorization.k8s.io",
+                    "subjectaccessreviews",
+                    None,
+                    None,
+                ),
+                true,
+            ),
+            (
+                &diag,
+                ask("get", "", "configmaps", Some("kube-system"), config_map),
+                true,
+            ),
+            (
+                &diag,
+                ask("watch", "", "configmaps", Some("kube-system"), config_map),
+                true,
+            ),
+            (
+                &diag,
+                ask("list", "", "configmaps", Some("kube-system"), None),
+                false,
+            ),
+            (
+                &diag,
+                ask("get", "", "configmaps", Some("kube-system"), Some("other")),
+                false,
+            ),
+            (
+                &diag,
+                ask("get", "", "configmaps", Some("default"), config_map),
+                false,
+            ),
+            (
+                &other,
+                ask(
+                    "create",
+                    "authentication.k8s.io",
+                    "tokenreviews",
+                    None,
+                    None,
+                ),
+                false,
+            ),
+        ];
+        for (user, a, want) in cases {
+            assert_eq!(
+                rbac.authorize(user, &a),
+                want,
+                "{a:?} for {}",
+                user.username
+            );
+        }
+        let (allowed, reason) = rbac.check(
+            &diag,
+            &ask(
+                "create",
+                "authentication.k8s.io",
+                "tokenreviews",
+                None,
+                None,
+            ),
+        );
+        assert!(allowed);
+        assert_eq!(
+            reason,
+            "RBAC: allowed by ClusterRoleBinding \"diag:auth-delegator\" of ClusterRole \"system:auth-delegator\" to ServiceAccount \"diag/kube-system\""
+        );
+        let report = rbac.report();
+        assert_eq!(report["unused"], json!([]), "{report}");
+        assert_eq!(report["roles"], 0);
+        assert_eq!(report["bindings"], 2);
     }
 }

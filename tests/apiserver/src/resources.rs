@@ -138,6 +138,17 @@ pub static RESOURCES: &[Resource] = &[
         false,
         &["ep"],
     ),
+    // The front-proxy ConfigMap (`kube-system/extension-apiserver-authentication`,
+    // see `front_proxy`) and whatever tests keep in others.
+    resource(
+        "",
+        "configmaps",
+        "configmap",
+        "ConfigMap",
+        true,
+        false,
+        &["cm"],
+    ),
     resource(
         "",
         "namespaces",
@@ -214,6 +225,17 @@ pub static RESOURCES: &[Resource] = &[
         "subjectaccessreview",
         "SubjectAccessReview",
         false,
+    ),
+    // The API groups this server serves and those it forwards to other
+    // servers (see `aggregation`).
+    resource(
+        "apiregistration.k8s.io",
+        "apiservices",
+        "apiservice",
+        "APIService",
+        false,
+        true,
+        &[],
     ),
 ];
 

@@ -31,6 +31,7 @@ fn for_kind<F: WithType>(group: &str, kind: &str, f: F) -> Option<F::Out> {
     use k8s_openapi::api::{
         authentication, authorization, certificates, coordination, core, events,
     };
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration;
     Some(match (group, kind) {
         ("", "Node") => f.with::<core::v1::Node>(),
         ("", "Service") => f.with::<core::v1::Service>(),
@@ -38,6 +39,8 @@ fn for_kind<F: WithType>(group: &str, kind: &str, f: F) -> Option<F::Out> {
         ("", "Namespace") => f.with::<core::v1::Namespace>(),
         ("", "Pod") => f.with::<core::v1::Pod>(),
         ("", "Endpoints") => f.with::<core::v1::Endpoints>(),
+        ("", "ConfigMap") => f.with::<core::v1::ConfigMap>(),
+        ("apiregistration.k8s.io", "APIService") => f.with::<apiregistration::v1::APIService>(),
         ("events.k8s.io", "Event") => f.with::<events::v1::Event>(),
         ("coordination.k8s.io", "Lease") => f.with::<coordination::v1::Lease>(),
         ("certificates.k8s.io", "CertificateSigningRequest") => {

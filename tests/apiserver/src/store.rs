@@ -187,7 +187,8 @@ pub struct Store {
     changes: broadcast::Sender<Arc<Change>>,
 }
 
-fn now() -> String {
+/// Now, as Kubernetes writes timestamps.
+pub(crate) fn now() -> String {
     // RFC 3339 in UTC, whole seconds, as Kubernetes writes timestamps.
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

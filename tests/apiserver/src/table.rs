@@ -1,7 +1,7 @@
 //! Server-side printing: the `meta.k8s.io/v1` Table kubectl asks for
 //! (`Accept: application/json;as=Table;...`), with the columns a real API
-//! server shows for nodes, services, events and certificate signing
-//! requests, and name and age for the rest.
+//! server shows for nodes, services, events, certificate signing
+//! requests, ConfigMaps and APIServices, and name and age for the rest.
 
 use serde_json::{Value, json};
 
@@ -203,6 +203,49 @@ fn csr_row(o: &Value) -> Vec<Value> {
     ]
 }
 
+/// An APIService's row as kube-aggregator prints it: where it is served
+/// (`namespace/name` of its Service, or `Local`) and whether it is
+/// available (`True`, `False (Reason)`, or `Unknown` before the first
+/// check).
+fn api_service_row(o: &Value) -> Vec<Value> {
+    let service = &o["spec"]["service"];
+    let served_by = if service.is_object() {
+        format!("{}/{}", text(&service["namespace"]), text(&service["name"]))
+    } else {
+        "Local".to_owned()
+    };
+    let available = o["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Available"))
+        .map_or_else(
+            || "Unknown".to_owned(),
+            |c| {
+                let (status, reason) = (text(&c["status"]), text(&c["reason"]));
+                if status == "True" || reason.is_empty() {
+                    status
+                } else {
+                    format!("{status} ({reason})")
+                }
+            },
+        );
+    vec![
+        o["metadata"]["name"].clone(),
+        json!(served_by),
+        json!(available),
+        json!(age(&text(&o["metadata"]["creationTimestamp"]))),
+    ]
+}
+
+/// A ConfigMap's row: how many keys it holds, text and binary together.
+fn config_map_row(o: &Value) -> Vec<Value> {
+    let count = |field: &str| o[field].as_object().map_or(0, |m| m.len());
+    vec![
+        o["metadata"]["name"].clone(),
+        json!(count("data") + count("binaryData")),
+        json!(age(&text(&o["metadata"]["creationTimestamp"]))),
+    ]
+}
+
 /// Turns an object into its row's cells.
 type Row = fn(&Value) -> Vec<Value>;
 
@@ -284,6 +327,23 @@ pub fn table(
                 column("Condition", "string", 0),
             ],
             csr_row,
+        ),
+        ("apiregistration.k8s.io", "APIService") => (
+            vec![
+                column("Name", "string", 0),
+                column("Service", "string", 0),
+                column("Available", "string", 0),
+                column("Age", "string", 0),
+            ],
+            api_service_row,
+        ),
+        ("", "ConfigMap") => (
+            vec![
+                column("Name", "string", 0),
+                column("Data", "integer", 0),
+                column("Age", "string", 0),
+            ],
+            config_map_row,
         ),
         _ => (
             vec![column("Name", "string", 0), column("Age", "string", 0)],

@@ -1,7 +1,7 @@
 //! Reading what a verdict needs, through the Kubernetes API server only,
 //! as the person running the plugin: the object, its controller's Lease,
-//! the leader's admin server through `pods/proxy`, the gateway's through
-//! `services/proxy`, and the object's events.
+//! the release's diagnostics API (`diagnostics.cloudgateway.io/v1`, which
+//! asks the leader and the gateway) and the object's events.
 
 use ccm_runtime::names;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -28,10 +28,6 @@ pub struct Install {
 impl Install {
     fn lease(&self, controller: &str) -> String {
         format!("{}-{controller}", self.release)
-    }
-
-    fn gateway_service(&self) -> String {
-        format!("{}-gateway", self.release)
     }
 }
 
@@ -119,67 +115,33 @@ fn encode(key: &str) -> String {
         .collect()
 }
 
-/// The leader pod's admin server at `path`, through `pods/proxy`. No port
-/// is named: kube-apiserver takes the pod's first container port, and a
-/// controller's only one is its admin port (a name would not be looked up).
-pub async fn from_leader(
-    client: &kube::Client,
-    install: &Install,
-    leader: &Leader,
-    path: &str,
-) -> Answer {
-    // The holder is asked even when its Lease looks expired by this
-    // machine's clock: its own answer says whether it leads.
-    let Some(pod) = &leader.pod else {
-        return Err("no replica holds the Lease".into());
-    };
-    get_json(
-        client,
-        &format!(
-            "/api/v1/namespaces/{}/pods/{pod}/proxy{path}",
-            install.namespace
-        ),
-    )
-    .await
+/// Where the release's diagnostics API is served (an aggregated API).
+const DIAGNOSTICS: &str = "/apis/diagnostics.cloudgateway.io/v1";
+
+/// `GET path` of the diagnostics API; a 404 means the API is not there.
+async fn diagnostics(client: &kube::Client, path: &str) -> Answer {
+    get_json(client, &format!("{DIAGNOSTICS}{path}"))
+        .await
+        .map_err(|why| {
+            if why.starts_with("404 ") {
+                format!(
+                    "{why} (is the diagnostics API installed? kubectl get apiservice v1.diagnostics.cloudgateway.io)"
+                )
+            } else {
+                why
+            }
+        })
 }
 
-/// The gateway's admin server at `path`, through `services/proxy`.
-pub async fn from_gateway(client: &kube::Client, install: &Install, path: &str) -> Answer {
-    get_json(
-        client,
-        &format!(
-            "/api/v1/namespaces/{}/services/{}:admin/proxy{path}",
-            install.namespace,
-            install.gateway_service()
-        ),
-    )
-    .await
-}
-
-/// The leader's view of the object `key`.
-async fn leader_object(
-    client: &kube::Client,
-    install: &Install,
-    leader: &Leader,
-    key: &str,
-) -> Answer {
-    from_leader(
-        client,
-        install,
-        leader,
-        &format!("/debug/object?key={}", encode(key)),
-    )
-    .await
-}
-
-/// The gateway's last calls for `object`.
-async fn gateway_calls(client: &kube::Client, install: &Install, object: &str) -> Answer {
-    from_gateway(
-        client,
-        install,
-        &format!("/debug/object?key={}", encode(object)),
-    )
-    .await
+/// The field `name` of a diagnosis or component: what the process asked
+/// answered, or why there is no answer.
+fn field(object: &Answer, name: &str) -> Answer {
+    let object = object.as_ref().map_err(Clone::clone)?;
+    match (&object[name]["answer"], object[name]["error"].as_str()) {
+        (_, Some(why)) => Err(why.to_owned()),
+        (Value::Null, None) => Err(format!("the diagnostics API gave no {name}")),
+        (answer, None) => Ok(answer.clone()),
+    }
 }
 
 /// The newest events of the object `kind`/`name` in `namespace`, or why
@@ -240,15 +202,17 @@ pub async fn service(
     let spec = svc.spec.clone().unwrap_or_default();
     let status = svc.status.clone().unwrap_or_default();
     let key = format!("{namespace}/{name}");
-    let leader = leader(client, install, "service-controller").await?;
-    let object = format!("service/{namespace}/{name}");
-    let (controller, queue, gateway, calls, events) = tokio::join!(
-        from_leader(client, install, &leader, "/debug/status"),
-        leader_object(client, install, &leader, &key),
-        from_gateway(client, install, "/debug/status"),
-        gateway_calls(client, install, &object),
+    let path = format!(
+        "/namespaces/{}/servicediagnoses/{}",
+        encode(namespace),
+        encode(name)
+    );
+    let (leader, diagnosis, events) = tokio::join!(
+        leader(client, install, "service-controller"),
+        diagnostics(client, &path),
         events(client, namespace, "Service", name),
     );
+    let leader = leader?;
     Ok(ServiceFacts {
         service: key,
         type_: spec.type_.unwrap_or_else(|| "ClusterIP".into()),
@@ -272,10 +236,10 @@ pub async fn service(
                 message: c.message,
             }),
         leader,
-        controller,
-        queue,
-        gateway,
-        gateway_calls: calls,
+        controller: field(&diagnosis, "controller"),
+        queue: field(&diagnosis, "object"),
+        gateway: field(&diagnosis, "gateway"),
+        gateway_calls: field(&diagnosis, "gatewayCalls"),
         events,
     })
 }
@@ -291,25 +255,23 @@ pub async fn node(
     let spec = node.spec.clone().unwrap_or_default();
     let taints = spec.taints.unwrap_or_default();
     let tainted = |key: &str| taints.iter().any(|t| t.key == key);
-    let leader = leader(client, install, "node-controller").await?;
-    let object = format!("node/{name}");
-    let (controller, queue, gateway, calls, events) = tokio::join!(
-        from_leader(client, install, &leader, "/debug/status"),
-        leader_object(client, install, &leader, name),
-        from_gateway(client, install, "/debug/status"),
-        gateway_calls(client, install, &object),
+    let path = format!("/nodediagnoses/{}", encode(name));
+    let (leader, diagnosis, events) = tokio::join!(
+        leader(client, install, "node-controller"),
+        diagnostics(client, &path),
         events(client, "default", "Node", name),
     );
+    let leader = leader?;
     Ok(NodeFacts {
         node: name.into(),
         provider_id: spec.provider_id,
         uninitialized: tainted(names::TAINT_UNINITIALIZED),
         shutdown: tainted(names::TAINT_SHUTDOWN),
         leader,
-        controller,
-        queue,
-        gateway,
-        gateway_calls: calls,
+        controller: field(&diagnosis, "controller"),
+        queue: field(&diagnosis, "object"),
+        gateway: field(&diagnosis, "gateway"),
+        gateway_calls: field(&diagnosis, "gatewayCalls"),
         events,
     })
 }
@@ -320,9 +282,29 @@ pub async fn controller(
     install: &Install,
     name: &str,
 ) -> Result<(Leader, Answer), String> {
-    let leader = leader(client, install, name).await?;
-    let status = from_leader(client, install, &leader, "/debug/status").await;
-    Ok((leader, status))
+    let (leader, component) = tokio::join!(
+        leader(client, install, name),
+        component(client, install, name)
+    );
+    Ok((leader?, field(&component, "status")))
+}
+
+/// The gateway's state for `status`.
+pub async fn gateway(client: &kube::Client, install: &Install) -> Answer {
+    field(&component(client, install, "gateway").await, "status")
+}
+
+/// The component `name` of the release, as the diagnostics API tells it.
+async fn component(client: &kube::Client, install: &Install, name: &str) -> Answer {
+    diagnostics(
+        client,
+        &format!(
+            "/namespaces/{}/components/{}",
+            encode(&install.namespace),
+            encode(name)
+        ),
+    )
+    .await
 }
 
 /// The value at `pointer` in an answer, if it was read.

@@ -1,8 +1,9 @@
 //! `kubectl ccm`: asks the cloud controller manager why a Service is
 //! pending or a Node uninitialised, and how the whole is doing. It reaches
 //! everything through the Kubernetes API server with the caller's own
-//! credentials and RBAC: Leases name the leaders, `pods/proxy` reaches a
-//! leader's admin server and `services/proxy` the gateway's.
+//! credentials and RBAC: Leases name the leaders, and the release's
+//! diagnostics API (`diagnostics.cloudgateway.io/v1`, an aggregated API the
+//! controllers serve) tells what each leader and the gateway say.
 //!
 //! Exit codes: 0 all is well (or the object is fine), 1 something needs a
 //! person, 2 the question could not be answered (bad arguments, the API
@@ -136,8 +137,8 @@ async fn client(args: &Args) -> anyhow::Result<(kube::Client, String)> {
     // An admin server that does not answer is an answer, not a reason to
     // retry for minutes.
     config.default_retry = false;
-    // A proxied admin server that takes the connection and never answers
-    // must not hang the question: kube-apiserver puts no limit on proxying.
+    // A diagnostics API that takes the connection and never answers must
+    // not hang the question.
     config.read_timeout = Some(std::time::Duration::from_secs(10));
     config.connect_timeout = Some(std::time::Duration::from_secs(10));
     if let Some(user) = &args.as_user {

@@ -264,7 +264,7 @@ pub async fn run(args: &Args) -> anyhow::Result<ExitCode> {
         facts::controller(&client, &install, CONTROLLERS[0]),
         facts::controller(&client, &install, CONTROLLERS[1]),
         facts::controller(&client, &install, CONTROLLERS[2]),
-        facts::from_gateway(&client, &install, "/debug/status"),
+        facts::gateway(&client, &install),
     );
     let mut controllers = Vec::new();
     for (name, answer) in CONTROLLERS.into_iter().zip([node, service, route]) {

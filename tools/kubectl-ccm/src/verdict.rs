@@ -186,7 +186,7 @@ fn controller_verdict(leader: &Leader, controller: &Answer) -> Option<Verdict> {
         Err(why) => {
             return Some(verdict(
                 "leader_unreachable",
-                format!("the {name} leader {pod} does not answer through the API server: {why}"),
+                format!("the {name} leader {pod} does not answer: {why}"),
                 true,
             ));
         }

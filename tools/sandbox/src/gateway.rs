@@ -176,13 +176,12 @@ impl GatewayProcess {
     ) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
         let authority = self.address.trim_start_matches("https://");
         let tcp = tokio::net::TcpStream::connect(authority).await?;
-        let roots =
-            ccm_runtime::tls::roots(&std::fs::read(self.pki.ca_file())?, "the gateway's CA")?;
-        let mut config = rustls::ClientConfig::builder_with_provider(ccm_runtime::tls::provider())
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        config.alpn_protocols = vec![ccm_runtime::tls::ALPN_H2.to_vec()];
+        let config = ccm_runtime::tls::client_config(
+            &std::fs::read(self.pki.ca_file())?,
+            "the gateway's CA",
+            None,
+            &[ccm_runtime::tls::ALPN_H2],
+        )?;
         let name = rustls::pki_types::ServerName::try_from("localhost")?;
         Ok(
             tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))

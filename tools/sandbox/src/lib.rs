@@ -135,6 +135,17 @@ pub fn service_account(binary: &str) -> String {
 }
 
 /// The labels the chart gives a component's objects.
+/// A process registered as the chart's Pod, with its ports.
+struct PodPorts {
+    name: String,
+    /// The binary (`cloud-gateway`, `node-controller`, ...).
+    component: &'static str,
+    admin: u16,
+    grpc: Option<u16>,
+    /// The diagnostics API's port (the controllers').
+    diagnostics: Option<u16>,
+}
+
 fn chart_labels(component: &str) -> serde_json::Value {
     json!({
         "app.kubernetes.io/name": "cloud-controller-manager",
@@ -390,18 +401,23 @@ impl Sandbox {
         let gateway_dir = state.join("gateway");
         // Each process as the chart's Pod: name, component, admin and gRPC
         // ports.
-        let mut pods: Vec<(String, &str, u16, Option<u16>)> = Vec::new();
+        let mut pods: Vec<PodPorts> = Vec::new();
         let roles: Vec<String> = COMPONENTS[1..]
             .iter()
             .map(|(binary, role)| format!("{NAMESPACE}/{}={role}", service_account(binary)))
             .collect();
         // Its own CA, as the chart makes one: everything reaches the
-        // gateway over TLS, as in a cluster.
+        // gateway over TLS, as in a cluster, and the API server reaches the
+        // controllers' diagnostics API by it.
+        let pki = pki::Pki::create(&state.join("pki"), "ccm sandbox CA")?;
+        let diagnostics = pki.serving(
+            "diagnostics",
+            &["localhost", "127.0.0.1", pki::DIAGNOSTICS_NAME],
+        )?;
         let serving = if sandbox.options.gateway_in_clear {
             sandbox.gateway = format!("http://{}", addr(grpc));
             None
         } else {
-            let pki = pki::Pki::create(&state.join("pki"), "ccm sandbox CA")?;
             let serving = pki.serving("gateway", &["localhost", "127.0.0.1", pki::GATEWAY_NAME])?;
             sandbox.gateway_ca = Some(pki.ca_file());
             sandbox.gateway = format!("https://{}", addr(grpc));
@@ -461,7 +477,13 @@ impl Sandbox {
             sandbox
                 .endpoints
                 .insert("gateway_admin".into(), format!("http://{}", addr(admin)));
-            pods.push(("cloud-gateway".to_owned(), "gateway", admin, Some(grpc)));
+            pods.push(PodPorts {
+                name: "cloud-gateway".to_owned(),
+                component: "gateway",
+                admin,
+                grpc: Some(grpc),
+                diagnostics: None,
+            });
         }
         sandbox
             .endpoints
@@ -488,7 +510,7 @@ impl Sandbox {
         ];
         for (binary, role, extra) in controllers {
             for replica in 0..sandbox.options.replicas {
-                let admin = free_port()?;
+                let (admin, diagnostics_port) = (free_port()?, free_port()?);
                 let name = format!("{binary}-{replica}");
                 let mut args = vec![
                     "--kubeconfig".to_owned(),
@@ -513,6 +535,14 @@ impl Sandbox {
                     "1s".into(),
                     "--cluster-name".into(),
                     sandbox.options.cluster.clone(),
+                    "--diagnostics-listen".into(),
+                    addr(diagnostics_port).to_string(),
+                    "--diagnostics-tls-cert".into(),
+                    diagnostics.cert.display().to_string(),
+                    "--diagnostics-tls-key".into(),
+                    diagnostics.key.display().to_string(),
+                    "--release-name".into(),
+                    RELEASE.into(),
                 ];
                 if let Some(ca) = &sandbox.gateway_ca {
                     args.extend(["--gateway-ca-file".into(), ca.display().to_string()]);
@@ -527,10 +557,17 @@ impl Sandbox {
                 sandbox
                     .endpoints
                     .insert(format!("{name}_admin"), format!("http://{}", addr(admin)));
-                pods.push((name, binary, admin, None));
+                pods.push(PodPorts {
+                    name,
+                    component: binary,
+                    admin,
+                    grpc: None,
+                    diagnostics: Some(diagnostics_port),
+                });
             }
         }
         sandbox.register_pods(&pods).await?;
+        sandbox.register_diagnostics(&pods, &pki.ca_file()).await?;
         std::fs::write(
             state.join("endpoints.json"),
             serde_json::to_string_pretty(&sandbox.endpoints)?,
@@ -544,15 +581,26 @@ impl Sandbox {
     /// reaches them through the API server (`pods/proxy`,
     /// `services/proxy`, `kubectl ccm`) works as in a cluster. A Lease
     /// holder's identity starts with its Pod's name.
-    async fn register_pods(&self, pods: &[(String, &str, u16, Option<u16>)]) -> anyhow::Result<()> {
+    async fn register_pods(&self, pods: &[PodPorts]) -> anyhow::Result<()> {
         let client = self.client().await?;
         let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), NAMESPACE);
-        for (name, component, admin, grpc) in pods {
+        for PodPorts {
+            name,
+            component,
+            admin,
+            grpc,
+            diagnostics,
+        } in pods
+        {
             let component = component.trim_start_matches("cloud-");
             let mut ports =
                 vec![json!({"name": "admin", "containerPort": admin, "protocol": "TCP"})];
             if let Some(grpc) = grpc {
                 ports.push(json!({"name": "grpc", "containerPort": grpc, "protocol": "TCP"}));
+            }
+            if let Some(port) = diagnostics {
+                ports
+                    .push(json!({"name": "diagnostics", "containerPort": port, "protocol": "TCP"}));
             }
             let pod = json!({
                 "apiVersion": "v1",
@@ -571,7 +619,12 @@ impl Sandbox {
                 .await
                 .with_context(|| format!("set the status of pod {name}"))?;
         }
-        let Some((_, _, admin, Some(grpc))) = pods.iter().find(|p| p.1 == "gateway") else {
+        let Some(PodPorts {
+            admin,
+            grpc: Some(grpc),
+            ..
+        }) = pods.iter().find(|p| p.component == "gateway")
+        else {
             return Ok(());
         };
         let gateway = format!("{RELEASE}-gateway");
@@ -607,6 +660,80 @@ impl Sandbox {
             .create(&PostParams::default(), &serde_json::from_value(endpoints)?)
             .await
             .context("register the gateway's endpoints")?;
+        Ok(())
+    }
+
+    /// Registers the diagnostics API as the chart does: a Service
+    /// `<release>-diagnostics` whose endpoints are every controller
+    /// replica's `diagnostics` port, and the APIService that has the API
+    /// server aggregate `diagnostics.cloudgateway.io/v1` to it, trusting
+    /// the sandbox's CA.
+    async fn register_diagnostics(&self, pods: &[PodPorts], ca: &Path) -> anyhow::Result<()> {
+        let client = self.client().await?;
+        let name = format!("{RELEASE}-diagnostics");
+        let labels = chart_labels("diagnostics");
+        let service = json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+            "spec": {
+                "selector": {"app.kubernetes.io/instance": RELEASE, "cloudgateway.io/diagnostics": "true"},
+                "ports": [{"name": "https", "port": 443, "targetPort": "diagnostics", "protocol": "TCP"}],
+            },
+        });
+        Api::<Service>::namespaced(client.clone(), NAMESPACE)
+            .create(&PostParams::default(), &serde_json::from_value(service)?)
+            .await
+            .context("register the diagnostics Service")?;
+        // Each replica listens on a port of its own, so each is a subset.
+        let subsets: Vec<serde_json::Value> = pods
+            .iter()
+            .filter_map(|p| {
+                let port = p.diagnostics?;
+                Some(json!({
+                    "addresses": [{"ip": "127.0.0.1", "targetRef": {"kind": "Pod", "namespace": NAMESPACE, "name": p.name}}],
+                    "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+                }))
+            })
+            .collect();
+        let endpoints = json!({
+            "apiVersion": "v1",
+            "kind": "Endpoints",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": chart_labels("diagnostics")},
+            "subsets": subsets,
+        });
+        Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(client.clone(), NAMESPACE)
+            .create(&PostParams::default(), &serde_json::from_value(endpoints)?)
+            .await
+            .context("register the diagnostics endpoints")?;
+        let ca_bundle = data_encoding::BASE64.encode(&std::fs::read(ca)?);
+        let api_service = json!({
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": "v1.diagnostics.cloudgateway.io", "labels": chart_labels("diagnostics")},
+            "spec": {
+                "group": "diagnostics.cloudgateway.io",
+                "version": "v1",
+                "service": {"namespace": NAMESPACE, "name": name, "port": 443},
+                "caBundle": ca_bundle,
+                "groupPriorityMinimum": 1000,
+                "versionPriority": 15,
+            },
+        });
+        let resource = kube::api::ApiResource {
+            group: "apiregistration.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "apiregistration.k8s.io/v1".into(),
+            kind: "APIService".into(),
+            plural: "apiservices".into(),
+        };
+        Api::<kube::api::DynamicObject>::all_with(client, &resource)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(api_service)?,
+            )
+            .await
+            .context("register the diagnostics APIService")?;
         Ok(())
     }
 

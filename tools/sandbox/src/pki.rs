@@ -14,6 +14,10 @@ use rcgen::{
 /// `127.0.0.1`, as the chart's Service would be named.
 pub const GATEWAY_NAME: &str = "ccm-gateway.kube-system.svc";
 
+/// The name the diagnostics API's certificate carries, as the API server
+/// verifies it (`<service>.<namespace>.svc`).
+pub const DIAGNOSTICS_NAME: &str = "ccm-diagnostics.kube-system.svc";
+
 /// A CA whose certificate is in `<dir>/ca.crt`.
 pub struct Pki {
     dir: PathBuf,

@@ -1,5 +1,7 @@
 //! The proxy's side of the conversation with a backend: a minimal HTTP/1.1
-//! client. One request per connection (`Connection: close`); the answer is
+//! client, over TCP ([`exchange`]) or any stream already open, such as a
+//! TLS one ([`exchange_over`]). One request per connection
+//! (`Connection: close`); the answer is
 //! read whole, bounded in size ([`MAX_ANSWER`]) and in time, its body framed
 //! by `Content-Length`, `Transfer-Encoding: chunked` or the end of the
 //! connection. Errors are worded as Go's dialer and HTTP client word them,
@@ -10,7 +12,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader,
+};
 use tokio::net::TcpStream;
 
 /// The most an answer may hold, head and body together.
@@ -48,13 +52,28 @@ pub async fn exchange(
 }
 
 async fn talk(addr: SocketAddr, request: &Request<'_>) -> Result<Answer, String> {
-    let mut stream = TcpStream::connect(addr)
+    let stream = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("dial tcp {addr}: connect: {}", describe(&e)))?;
-    stream
-        .write_all(&encode(addr, request))
+    exchange_over(stream, &addr.to_string(), request).await
+}
+
+/// Sends `request` over `stream`, open to `host` (which the `Host` header
+/// and errors name), and reads the answer. Unbounded in time: the caller
+/// sets the deadline.
+pub async fn exchange_over(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
+    host: &str,
+    request: &Request<'_>,
+) -> Result<Answer, String> {
+    let written = async {
+        stream.write_all(&encode(host, request)).await?;
+        // A TLS stream holds what it was given until flushed.
+        stream.flush().await
+    };
+    written
         .await
-        .map_err(|e| format!("write tcp {addr}: {}", describe(&e)))?;
+        .map_err(|e| format!("write tcp {host}: {}", describe(&e)))?;
     let mut reader = BufReader::new(stream.take(MAX_ANSWER));
     // Interim answers (100 Continue and the like) precede the real one.
     let (status, headers) = loop {
@@ -97,9 +116,9 @@ fn read_error(e: std::io::Error) -> String {
 }
 
 /// The request's bytes: line, headers, body.
-fn encode(addr: SocketAddr, request: &Request<'_>) -> Vec<u8> {
+fn encode(host: &str, request: &Request<'_>) -> Vec<u8> {
     let mut out = format!(
-        "{} {} HTTP/1.1\r\nHost: {addr}\r\n",
+        "{} {} HTTP/1.1\r\nHost: {host}\r\n",
         request.method, request.target
     )
     .into_bytes();
@@ -308,7 +327,7 @@ mod tests {
 
     #[test]
     fn requests_carry_host_length_and_close() {
-        let addr: SocketAddr = "10.0.0.1:8080".parse().unwrap();
+        let addr = "10.0.0.1:8080";
         let post = Request {
             method: "POST",
             target: "/x",

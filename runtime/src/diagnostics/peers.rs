@@ -1,0 +1,282 @@
+//! Where the diagnostics API's answers come from: each controller's leader
+//! (named by its Lease, reached at its Pod's IP and `admin` port) and the
+//! gateway (its Service's endpoints, `admin` port), asked for their
+//! `/debug/status` and `/debug/object`. A question for this very process
+//! is answered from its own [`Inspection`], with no request.
+//!
+//! Every failure is an answer too (`Err` with why), so one dead leader
+//! leaves the rest of a diagnosis readable.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Empty, Limited};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Endpoints, Pod};
+use kube::Api;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::inspect::Inspection;
+
+/// What a process answered, or why there is no answer.
+pub type Answer = Result<Value, String>;
+
+/// How long a peer has to answer, connection included.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most a peer's answer may hold.
+const MAX_ANSWER: usize = 4 << 20;
+
+/// The admin port's name in the chart's Pods and the gateway's Service.
+const ADMIN_PORT: &str = "admin";
+
+/// What a process is asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ask {
+    /// `/debug/status`.
+    Status,
+    /// `/debug/object?key=...`.
+    Object(String),
+}
+
+impl Ask {
+    fn path(&self) -> String {
+        match self {
+            Ask::Status => "/debug/status".into(),
+            Ask::Object(key) => format!(
+                "/debug/object?{}",
+                form_urlencoded::Serializer::new(String::new())
+                    .append_pair("key", key)
+                    .finish()
+            ),
+        }
+    }
+}
+
+/// Who holds a controller's Lease, as the diagnosis reports it.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderRef {
+    pub controller: String,
+    /// `namespace/name`.
+    pub lease: String,
+    /// The Lease's holder identity; `None` when it is free or missing.
+    pub holder: Option<String>,
+    /// The holder's Pod (the identity up to its last `_`).
+    pub pod: Option<String>,
+    /// Why the Lease could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The release's processes, as this one reaches them.
+#[derive(Clone)]
+pub struct Peers {
+    client: kube::Client,
+    /// The release's namespace: Leases, Pods, the gateway's Endpoints.
+    pub namespace: String,
+    /// The base of the release's object names (`<release>-<component>`).
+    pub release: String,
+    /// This process's Lease identity, and what it tells of its work.
+    own_identity: String,
+    own: Inspection,
+}
+
+impl Peers {
+    pub fn new(
+        client: kube::Client,
+        namespace: String,
+        release: String,
+        own_identity: String,
+        own: Inspection,
+    ) -> Self {
+        Self {
+            client,
+            namespace,
+            release,
+            own_identity,
+            own,
+        }
+    }
+
+    /// This process's Lease identity.
+    pub fn own_identity(&self) -> &str {
+        &self.own_identity
+    }
+
+    /// Who holds `controller`'s Lease.
+    pub async fn leader(&self, controller: &str) -> LeaderRef {
+        let name = format!("{}-{controller}", self.release);
+        let mut leader = LeaderRef {
+            controller: controller.into(),
+            lease: format!("{}/{name}", self.namespace),
+            ..LeaderRef::default()
+        };
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        match leases.get_opt(&name).await {
+            Ok(lease) => {
+                leader.holder = lease
+                    .and_then(|l| l.spec?.holder_identity)
+                    .filter(|h| !h.is_empty());
+                leader.pod = leader
+                    .holder
+                    .as_deref()
+                    .map(|h| h.rsplit_once('_').map_or(h, |(pod, _)| pod).to_owned());
+            }
+            Err(e) => leader.error = Some(format!("read Lease {}: {e}", leader.lease)),
+        }
+        leader
+    }
+
+    /// `ask`, put to `leader`'s holder.
+    pub async fn from_leader(&self, leader: &LeaderRef, ask: &Ask) -> Answer {
+        if let Some(error) = &leader.error {
+            return Err(error.clone());
+        }
+        let (Some(holder), Some(pod)) = (&leader.holder, &leader.pod) else {
+            return Err("no replica holds the Lease".into());
+        };
+        if *holder == self.own_identity {
+            return self.ask_own(ask);
+        }
+        let addr = self.pod_admin(pod).await?;
+        fetch(addr, &ask.path()).await
+    }
+
+    /// `ask`, put to the gateway: its endpoints in turn until one answers
+    /// (a replica gone but still listed is skipped).
+    pub async fn from_gateway(&self, ask: &Ask) -> Answer {
+        let name = format!("{}-gateway", self.release);
+        let api: Api<Endpoints> = Api::namespaced(self.client.clone(), &self.namespace);
+        let endpoints = api
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("read Endpoints {}/{name}: {e}", self.namespace))?
+            .ok_or_else(|| format!("no Endpoints {}/{name}: no gateway Service", self.namespace))?;
+        let mut addrs = Vec::new();
+        for subset in endpoints.subsets.unwrap_or_default() {
+            let Some(port) = subset
+                .ports
+                .unwrap_or_default()
+                .into_iter()
+                .find(|p| p.name.as_deref() == Some(ADMIN_PORT))
+            else {
+                continue;
+            };
+            for address in subset.addresses.unwrap_or_default() {
+                if let (Ok(ip), Ok(port)) = (address.ip.parse::<IpAddr>(), u16::try_from(port.port))
+                {
+                    addrs.push(SocketAddr::new(ip, port));
+                }
+            }
+        }
+        let mut last = format!(
+            "no ready gateway endpoint with an {ADMIN_PORT:?} port in {}/{name}",
+            self.namespace
+        );
+        for addr in addrs {
+            match fetch(addr, &ask.path()).await {
+                Ok(answer) => return Ok(answer),
+                Err(why) => last = why,
+            }
+        }
+        Err(last)
+    }
+
+    fn ask_own(&self, ask: &Ask) -> Answer {
+        let Some(inspect) = self.own.get() else {
+            return Err("the process is still starting".into());
+        };
+        match ask {
+            Ask::Status => Ok(inspect.status()),
+            Ask::Object(key) => inspect.object(key),
+        }
+    }
+
+    /// The admin address of the Pod `name`: its first IP and the container
+    /// port named `admin`.
+    async fn pod_admin(&self, name: &str) -> Result<SocketAddr, String> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let pod = pods
+            .get_opt(name)
+            .await
+            .map_err(|e| format!("read Pod {}/{name}: {e}", self.namespace))?
+            .ok_or_else(|| format!("the leader's Pod {}/{name} does not exist", self.namespace))?;
+        let status = pod.status.unwrap_or_default();
+        let ip = status
+            .pod_ips
+            .and_then(|ips| ips.into_iter().next())
+            .map(|ip| ip.ip)
+            .or(status.pod_ip)
+            .ok_or_else(|| format!("the leader's Pod {name} has no IP"))?;
+        let ip: IpAddr = ip
+            .parse()
+            .map_err(|_| format!("the leader's Pod {name} has no valid IP ({ip:?})"))?;
+        let port = pod
+            .spec
+            .unwrap_or_default()
+            .containers
+            .iter()
+            .flat_map(|c| c.ports.iter().flatten())
+            .find(|p| p.name.as_deref() == Some(ADMIN_PORT))
+            .map(|p| p.container_port)
+            .ok_or_else(|| format!("the leader's Pod {name} declares no {ADMIN_PORT:?} port"))?;
+        let port = u16::try_from(port).map_err(|_| format!("port {port} of Pod {name}"))?;
+        Ok(SocketAddr::new(ip, port))
+    }
+}
+
+/// `GET path` from the admin server at `addr`, as JSON, within
+/// [`FETCH_TIMEOUT`].
+async fn fetch(addr: SocketAddr, path: &str) -> Answer {
+    let url = format!("http://{addr}{path}");
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("dial {addr}: {e}"))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        tokio::spawn(connection);
+        let request = http::Request::get(path)
+            .header(http::header::HOST, addr.to_string())
+            .header(http::header::ACCEPT, "application/json")
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| format!("{url}: {e}"))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_ANSWER)
+            .collect()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?
+            .to_bytes();
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body);
+            return Err(format!("{url}: {status}: {}", text.trim()));
+        }
+        serde_json::from_slice(&body).map_err(|e| format!("{url}: not JSON: {e}"))
+    };
+    tokio::time::timeout(FETCH_TIMEOUT, exchange)
+        .await
+        .unwrap_or_else(|_| Err(format!("{url}: no answer within {FETCH_TIMEOUT:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_object_key_is_sent_encoded() {
+        assert_eq!(Ask::Status.path(), "/debug/status");
+        assert_eq!(
+            Ask::Object("default/web app".into()).path(),
+            "/debug/object?key=default%2Fweb+app"
+        );
+    }
+}
