@@ -241,14 +241,16 @@ def diagnostics_objects(docs: list[dict]) -> list[str]:
     out = []
     for d in docs:
         name = d["metadata"]["name"]
-        if "diagnostics" in name or "authentication-reader" in name or d["kind"] == "APIService":
+        if any(n in name for n in ("diagnostics", "authentication-reader", "debug-reader")) or d["kind"] == "APIService":
             out.append(f"{d['kind']}/{name}")
         out.extend(f"{d['kind']}/{name} rule {rule}" for rule in d.get("rules", [])
-                   if "diagnostics.cloudgateway.io" in rule["apiGroups"])
+                   if "diagnostics.cloudgateway.io" in rule.get("apiGroups", []))
     for d, ctr in containers(docs):
         pod = d["spec"]["template"]
-        out.extend(f"{d['metadata']['name']}: {a}" for a in ctr.get("args", [])
-                   if a.startswith(("--diagnostics", "--release-name")))
+        # The controllers' admin certificate is the diagnostics API's; the
+        # gateway's is its own.
+        flags = ("--diagnostics", "--release-name") + (() if d["metadata"]["name"].endswith("-gateway") else ("--admin-tls",))
+        out.extend(f"{d['metadata']['name']}: {a}" for a in ctr.get("args", []) if a.startswith(flags))
         out.extend(f"{d['metadata']['name']}: port {p['name']}" for p in ctr.get("ports", []) if p["name"] == "diagnostics")
         out.extend(f"{d['metadata']['name']}: label {k}" for k in pod["metadata"]["labels"] if k in DIAGNOSTICS_LABEL)
         out.extend(f"{d['metadata']['name']}: volume {v['name']}" for v in pod["spec"]["volumes"]
@@ -298,8 +300,9 @@ def check_diagnostics(c: Checks, defaults: list[dict]) -> None:
         c.expect(mount == [{"name": "diagnostics-tls", "mountPath": DIAGNOSTICS_TLS_DIR, "readOnly": True}]
                  and len(volume) == 1 and volume[0]["secret"]["secretName"] == "ccm-diagnostics-tls"
                  and volume[0]["secret"]["items"] == [{"key": "tls.crt", "path": "tls.crt"},
-                                                      {"key": "tls.key", "path": "tls.key"}],
-                 f"{name} mounts the diagnostics certificate and key, no subPath, so renewals reach it: {mount} {volume}")
+                                                      {"key": "tls.key", "path": "tls.key"},
+                                                      {"key": "ca.crt", "path": "ca.crt"}],
+                 f"{name} mounts the diagnostics certificate, key and CA, no subPath, so renewals reach it: {mount} {volume}")
     c.expect(len(used_ports) == len(set(used_ports)), f"every component's ports are distinct (hostNetwork): {used_ports}")
 
     # The Service kube-apiserver forwards to.
@@ -382,11 +385,11 @@ def check_diagnostics(c: Checks, defaults: list[dict]) -> None:
              "the controllers read kube-system/extension-apiserver-authentication through the bootstrap Role")
     c.expect(not any(n == "extension-apiserver-authentication-reader" for n in kinds(defaults).get("Role", [])),
              "the chart never makes kube-apiserver's bootstrap Role")
-    c.expect(not any({"pods", "endpoints", "leases", "configmaps"} & set(rule["resources"])
+    c.expect(not any({"pods", "endpoints", "leases", "configmaps"} & set(rule.get("resources", []))
                      for d, rule in rbac_rules(defaults) if d["kind"] == "ClusterRole"),
              "no cluster-wide grant on pods, endpoints, Leases or ConfigMaps")
     c.expect(not any(s["name"] == "ccm-gateway" for d in defaults if d["metadata"]["name"].endswith(
-        ("-diagnostics", "-authentication-reader")) for s in d.get("subjects", [])),
+        ("-diagnostics", "-authentication-reader", "-debug-reader")) for s in d.get("subjects", [])),
              "the gateway, which does not serve the API, gets none of its grants")
 
     # No proxy anywhere: kubectl ccm reads the diagnostics API instead.
@@ -395,7 +398,7 @@ def check_diagnostics(c: Checks, defaults: list[dict]) -> None:
                "diagnostics off": render_sim({"diagnostics": {"enabled": False}})}
     for what, docs in renders.items():
         proxies = [f"{d['kind']}/{d['metadata']['name']}: {r}" for d, rule in rbac_rules(docs)
-                   for r in rule["resources"] if "proxy" in r]
+                   for r in rule.get("resources", []) if "proxy" in r]
         c.expect(not proxies, f"{what}: no proxy subresource is granted: {proxies}")
 
     # Off: none of it, and the viewer reads what it did before.
@@ -435,6 +438,211 @@ def check_diagnostics(c: Checks, defaults: list[dict]) -> None:
             c.expect(False, f"{what} must fail to render")
         except helm.HelmError as e:
             c.expect(names in str(e), f"{what}: the render error names {names}: {e}")
+
+
+# The admin ports serve HTTPS as upstream's secure port: probes over HTTPS,
+# the gateway with its gRPC certificate, the controllers with the
+# diagnostics API's (self-signed with it off), and /metrics and /debug only
+# for tokens allowed them (TokenReview and SubjectAccessReview through
+# kube-apiserver's system:auth-delegator).
+SA_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+GATEWAY_TLS_DIR = "/etc/cloud-gateway/tls"
+AUTH_DELEGATOR_REF = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:auth-delegator"}
+METRICS_RULES = [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+DEBUG_RULES = [{"nonResourceURLs": ["/debug/status", "/debug/object"], "verbs": ["get"]}]
+PROMETHEUS = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
+GATEWAY_SERVER_NAME = "ccm-gateway.kube-system.svc"
+
+
+def sa(component: str) -> dict:
+    return {"kind": "ServiceAccount", "name": f"ccm-{component}", "namespace": NAMESPACE}
+
+
+def mounted_from(pod: dict, ctr: dict, path: str) -> tuple[str, str] | None:
+    """The (Secret, key) a file path of `ctr` reads, through a whole-volume
+    mount (no subPath) of a Secret volume whose items, if listed, carry it."""
+    directory, _, file = path.rpartition("/")
+    for m in ctr.get("volumeMounts", []):
+        if m["mountPath"] == directory and "subPath" not in m:
+            volume = next((v for v in pod["volumes"] if v["name"] == m["name"]), {})
+            secret = volume.get("secret")
+            if not secret:
+                return None
+            items = secret.get("items")
+            if items is None:
+                return secret["secretName"], file
+            key = next((i["key"] for i in items if i["path"] == file), None)
+            return (secret["secretName"], key) if key else None
+    return None
+
+
+def flag_values(ctr: dict, flag: str) -> list[str]:
+    return [a.split("=", 1)[1] for a in ctr.get("args", []) if a.startswith(f"{flag}=")]
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """A label selector (matchLabels, matchExpressions with In) on `labels`."""
+    return (all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+            and all(e["operator"] == "In" and labels.get(e["key"]) in e["values"]
+                    for e in selector.get("matchExpressions", [])))
+
+
+def check_admin_certificates(c: Checks, docs: list[dict], label: str, gateway_secret: str | None,
+                             diagnostics_secret: str | None) -> None:
+    """Which certificate, key and peer CA each process's admin port gets, and
+    from which Secret: the gateway's from `gateway_secret`, the controllers'
+    from `diagnostics_secret` (None: diagnostics off, self-signed)."""
+    for d, ctr in containers(docs):
+        name = d["metadata"]["name"]
+        pod = d["spec"]["template"]["spec"]
+        got = {flag: flag_values(ctr, flag) for flag in
+               ("--admin-tls-cert", "--admin-tls-key", "--diagnostics-peer-ca-file")}
+        if name == "ccm-gateway":
+            want = {"--admin-tls-cert": [f"{GATEWAY_TLS_DIR}/tls.crt"], "--admin-tls-key": [f"{GATEWAY_TLS_DIR}/tls.key"],
+                    "--diagnostics-peer-ca-file": []}
+            c.expect(got == want, f"{label}: the gateway's admin port serves its gRPC certificate: {got}")
+            c.expect([mounted_from(pod, ctr, f"{GATEWAY_TLS_DIR}/{f}") for f in ("tls.crt", "tls.key")]
+                     == [(gateway_secret, "tls.crt"), (gateway_secret, "tls.key")],
+                     f"{label}: the gateway's admin certificate and key come from {gateway_secret}")
+        elif diagnostics_secret:
+            want = {"--admin-tls-cert": [f"{DIAGNOSTICS_TLS_DIR}/tls.crt"],
+                    "--admin-tls-key": [f"{DIAGNOSTICS_TLS_DIR}/tls.key"],
+                    "--diagnostics-peer-ca-file": [f"{DIAGNOSTICS_TLS_DIR}/ca.crt"]}
+            c.expect(got == want, f"{label}: {name}'s admin port serves the diagnostics certificate, "
+                                  f"and verifies its peers against that Secret's CA: {got}")
+            c.expect([mounted_from(pod, ctr, f"{DIAGNOSTICS_TLS_DIR}/{f}") for f in ("tls.crt", "tls.key", "ca.crt")]
+                     == [(diagnostics_secret, f) for f in ("tls.crt", "tls.key", "ca.crt")],
+                     f"{label}: {name}'s admin certificate, key and peer CA come from {diagnostics_secret}")
+        else:
+            c.expect(got == {flag: [] for flag in got},
+                     f"{label}: diagnostics off, {name}'s admin port serves a self-signed certificate: {got}")
+
+
+def check_admin(c: Checks, defaults: list[dict]) -> None:
+    # Probes over HTTPS, paths and timings unchanged.
+    probes = {"livenessProbe": ("/livez", 10, 3), "readinessProbe": ("/readyz", 5, 2), "startupProbe": ("/livez", 2, 60)}
+    for docs, label in ((defaults, "defaults"), (render_sim({"diagnostics": {"enabled": False}}), "diagnostics off")):
+        for d, ctr in containers(docs):
+            for probe, (path, period, failures) in probes.items():
+                got = ctr.get(probe, {})
+                c.expect(got.get("httpGet") == {"path": path, "port": "admin", "scheme": "HTTPS"}
+                         and (got.get("periodSeconds"), got.get("failureThreshold")) == (period, failures),
+                         f"{label}: {d['metadata']['name']}'s {probe} gets {path} over HTTPS every {period}s: {got}")
+
+    # The admin certificates, for each source of the Secrets.
+    issuer = {"kind": "ClusterIssuer", "name": "ca"}
+    own_diagnostics = {"tls": {"existingSecret": "my-diagnostics-tls", "caBundle": DIAGNOSTICS_CA}}
+    sources = {
+        "helm": (defaults, "ccm-gateway-tls", "ccm-diagnostics-tls"),
+        "cert-manager": (render_sim({"gateway": {"tls": {"source": "cert-manager", "issuerRef": issuer}}}),
+                         "ccm-gateway-tls", "ccm-diagnostics-tls"),
+        "existingSecret": (render_sim({"gateway": {"tls": {"source": "existingSecret", "existingSecret": "my-gateway-tls"}},
+                                       "diagnostics": own_diagnostics}), "my-gateway-tls", "my-diagnostics-tls"),
+        "helm gateway, own diagnostics Secret": (render_sim({"diagnostics": own_diagnostics}),
+                                                 "ccm-gateway-tls", "my-diagnostics-tls"),
+        "diagnostics off": (render_sim({"diagnostics": {"enabled": False}}), "ccm-gateway-tls", None),
+        "gateway elsewhere": (render(GATEWAY_ELSEWHERE), None, "ccm-diagnostics-tls"),
+    }
+    for label, (docs, gateway_secret, diagnostics_secret) in sources.items():
+        check_admin_certificates(c, docs, label, gateway_secret, diagnostics_secret)
+
+    # The chart's own certificates verify as the diagnostics API's replicas
+    # and the ServiceMonitors check them: the peer CA file (the diagnostics
+    # Secret's ca.crt) verifies the leaders' admin certificate by the
+    # diagnostics Service's name and the gateway's by its Service's.
+    secrets = {d["metadata"]["name"]: d["stringData"] for d in defaults if d["kind"] == "Secret"}
+    peer_ca = secrets["ccm-diagnostics-tls"]["ca.crt"]
+    for secret, server_name in (("ccm-diagnostics-tls", DIAGNOSTICS_NAMES[0]), ("ccm-gateway-tls", GATEWAY_SERVER_NAME)):
+        c.expect(tls_verifies(secrets[secret]["tls.crt"], secrets[secret]["tls.key"], peer_ca, server_name),
+                 f"the controllers' peer CA verifies the admin certificate of {secret} as {server_name}")
+
+    # RBAC: system:auth-delegator bound to every component, never made.
+    variants = {
+        "defaults": (defaults, ["gateway", "node-controller", "service-controller", "route-controller"]),
+        "gateway elsewhere": (render(GATEWAY_ELSEWHERE), ["node-controller", "service-controller", "route-controller"]),
+        "route controller off": (render_sim({"routeController": {"enabled": False}}),
+                                 ["gateway", "node-controller", "service-controller"]),
+        "no controller": (render_sim({k: {"enabled": False} for k in CONTROLLERS}), ["gateway"]),
+        "diagnostics off": (render_sim({"diagnostics": {"enabled": False}}),
+                            ["gateway", "node-controller", "service-controller", "route-controller"]),
+    }
+    for label, (docs, components) in variants.items():
+        by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+        delegator = by_name.get(("ClusterRoleBinding", "ccm-auth-delegator"), {})
+        c.expect(delegator.get("roleRef") == AUTH_DELEGATOR_REF
+                 and delegator.get("subjects") == [sa(x) for x in components],
+                 f"{label}: ccm-auth-delegator binds system:auth-delegator to exactly {components}: {delegator}")
+        c.expect(not any(d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"] == "system:auth-delegator"
+                         for d in docs), f"{label}: the chart never makes system:auth-delegator")
+        reviews = [f"{d['metadata']['name']}: {rule}" for d, rule in rbac_rules(docs)
+                   if {"tokenreviews", "subjectaccessreviews"} & set(rule.get("resources", []))]
+        c.expect(reviews == [], f"{label}: reviews are granted through system:auth-delegator only: {reviews}")
+        c.expect(("ClusterRole", "ccm-gateway") not in by_name and ("ClusterRoleBinding", "ccm-gateway") not in by_name,
+                 f"{label}: the gateway needs no ClusterRole of its own")
+        # /metrics for scrapers only, /debug for the controllers only.
+        c.expect(by_name.get(("ClusterRole", "ccm-metrics-reader"), {}).get("rules") == METRICS_RULES,
+                 f"{label}: ccm-metrics-reader grants get /metrics, nothing else")
+        c.expect(("ClusterRoleBinding", "ccm-metrics-reader") not in by_name,
+                 f"{label}: nobody may scrape unless metrics.scrapers names them")
+        urls = [f"{d['metadata']['name']}: {rule}" for d, rule in rbac_rules(docs) if "nonResourceURLs" in rule
+                and d["metadata"]["name"] not in ("ccm-metrics-reader", "ccm-debug-reader")]
+        c.expect(urls == [], f"{label}: no other role grants a non-resource URL: {urls}")
+        controllers = [x for x in components if x != "gateway"]
+        reader = by_name.get(("ClusterRole", "ccm-debug-reader"))
+        binding = by_name.get(("ClusterRoleBinding", "ccm-debug-reader"))
+        if label != "diagnostics off" and controllers:
+            c.expect(reader is not None and reader.get("rules") == DEBUG_RULES,
+                     f"{label}: ccm-debug-reader grants get /debug/status and /debug/object, nothing else: {reader}")
+            c.expect(binding is not None and binding.get("roleRef") == {"apiGroup": "rbac.authorization.k8s.io",
+                                                                        "kind": "ClusterRole", "name": "ccm-debug-reader"}
+                     and binding.get("subjects") == [sa(x) for x in controllers],
+                     f"{label}: ccm-debug-reader is bound to exactly the controllers {controllers}: {binding}")
+        else:
+            c.expect(reader is None and binding is None, f"{label}: no diagnostics API, no /debug grant")
+
+    # metrics.scrapers binds the metrics reader, to them exactly.
+    scraped = render_sim({"metrics": {"scrapers": [PROMETHEUS, {"kind": "Group", "name": "scrapers"}]}})
+    validate_all(c, scraped, "metrics scrapers")
+    binding = next((d for d in scraped if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == "ccm-metrics-reader"), {})
+    c.expect(binding.get("roleRef") == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                        "name": "ccm-metrics-reader"}
+             and binding.get("subjects") == [PROMETHEUS, {"kind": "Group", "name": "scrapers"}],
+             f"metrics.scrapers are bound to ccm-metrics-reader, and only they: {binding}")
+
+    # The ServiceMonitors: HTTPS, the scraper's token, the right CA and name.
+    def monitors(values: dict) -> tuple[dict[str, dict], list[dict]]:
+        docs = render_sim(merge(values, {"serviceMonitor": {"enabled": True}}))
+        return ({d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"},
+                [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-metrics")])
+
+    def tls_of(secret: str, server_name: str) -> dict:
+        return {"ca": {"secret": {"name": secret, "key": "ca.crt"}}, "serverName": server_name}
+
+    skip = {"insecureSkipVerify": True}
+    cases = {
+        "helm": ({}, tls_of("ccm-gateway-tls", GATEWAY_SERVER_NAME), tls_of("ccm-diagnostics-tls", DIAGNOSTICS_NAMES[0])),
+        "existingSecret": ({"gateway": {"tls": {"source": "existingSecret", "existingSecret": "my-gateway-tls"}},
+                            "diagnostics": own_diagnostics},
+                           tls_of("my-gateway-tls", GATEWAY_SERVER_NAME), tls_of("my-diagnostics-tls", DIAGNOSTICS_NAMES[0])),
+        "diagnostics off": ({"diagnostics": {"enabled": False}}, tls_of("ccm-gateway-tls", GATEWAY_SERVER_NAME), skip),
+        "gateway elsewhere": (GATEWAY_ELSEWHERE, None, tls_of("ccm-diagnostics-tls", DIAGNOSTICS_NAMES[0])),
+        "no controller": ({k: {"enabled": False} for k in CONTROLLERS}, tls_of("ccm-gateway-tls", GATEWAY_SERVER_NAME), None),
+    }
+    for label, (values, gateway_tls, controllers_tls) in cases.items():
+        got, services = monitors(values)
+        want = {name: tls for name, tls in (("ccm-gateway", gateway_tls), ("ccm-controllers", controllers_tls)) if tls}
+        c.expect(sorted(got) == sorted(want), f"{label}: a ServiceMonitor per admin certificate: {sorted(got)}")
+        for name, tls in want.items():
+            endpoints = got.get(name, {}).get("spec", {}).get("endpoints", [])
+            c.expect(endpoints == [{"port": "admin", "path": "/metrics", "scheme": "https", "interval": "30s",
+                                    "bearerTokenFile": SA_TOKEN, "tlsConfig": tls}],
+                     f"{label}: {name} scrapes /metrics over HTTPS with the scraper's token, TLS {tls}: {endpoints}")
+        # Each metrics Service is scraped by exactly the ServiceMonitor of its certificate.
+        for svc in services:
+            component = svc["metadata"]["labels"]["app.kubernetes.io/component"]
+            by = [n for n, m in got.items() if selects(m["spec"]["selector"], svc["metadata"]["labels"])]
+            c.expect(by == [f"ccm-{'gateway' if component == 'gateway' else 'controllers'}"],
+                     f"{label}: {svc['metadata']['name']} is scraped by {by}")
 
 
 def check() -> int:
@@ -477,6 +685,7 @@ def check() -> int:
              "viewer.create=false leaves the roles out")
 
     check_diagnostics(c, defaults)
+    check_admin(c, defaults)
 
     # Bootstrap and hardening, in every pod.
     for d, ctr in containers(defaults):
@@ -600,8 +809,8 @@ def check() -> int:
     k = kinds(opts)
     c.expect(sorted(k.get("Secret", [])) == ["ccm-diagnostics-tls", "ccm-gateway-credentials", "ccm-gateway-tls"],
              "credentials data makes a Secret")
-    c.expect(k.get("ServiceMonitor") == ["ccm"] and len(k.get("Service", [])) == 6,
-             "serviceMonitor.enabled adds a ServiceMonitor and a metrics Service per component")
+    c.expect(sorted(k.get("ServiceMonitor", [])) == ["ccm-controllers", "ccm-gateway"] and len(k.get("Service", [])) == 6,
+             "serviceMonitor.enabled adds a ServiceMonitor per admin certificate and a metrics Service per component")
     for d, ctr in containers(opts):
         pod = d["spec"]["template"]["spec"]
         c.expect(pod.get("hostNetwork") is True and pod.get("dnsPolicy") == "ClusterFirstWithHostNet",
@@ -746,6 +955,11 @@ def check() -> int:
         "an unknown diagnostics key": {"diagnostics": {"apiservice": {"create": False}}},
         "a caBundle that is not PEM": {"diagnostics": {"tls": {"caBundle": "LS0tLS1CRUdJTg=="}}},
         "insecureSkipTLSVerify asked for": {"diagnostics": {"apiService": {"insecureSkipTLSVerify": True}}},
+        "a scraper ServiceAccount without its namespace": {"metrics": {"scrapers": [
+            {"kind": "ServiceAccount", "name": "prometheus-k8s"}]}},
+        "a scraper that is no RBAC subject": {"metrics": {"scrapers": [{"kind": "Pod", "name": "prometheus-0"}]}},
+        "an unknown metrics key": {"metrics": {"scraper": []}},
+        "an admin certificate through the gateway's config": {"gateway": {"config": {"admin-tls-cert": "/x"}}},
     }
     chart = helm.Chart.load(CHART)
     for what, values in bad.items():

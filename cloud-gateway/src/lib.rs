@@ -57,6 +57,7 @@ use ccm_proto::v1::routes_server::RoutesServer;
 use ccm_proto::v1::sim_admin_server::SimAdminServer;
 use ccm_provider::Provider;
 use ccm_provider_sim::SimCloud;
+use ccm_runtime::admin::access::{Access, Check, Decision, Reviews};
 use ccm_runtime::admin::{AdminServer, Readiness};
 use ccm_runtime::tls::{ALPN_H2, ServerTls};
 use prometheus_client::registry::Registry;
@@ -151,7 +152,7 @@ impl Gateway {
         let metrics = Metrics::register(&mut registry);
         let budget = Budget::start(settings.budget.clone());
         let cloud = Arc::new(Cloud::new(provider, budget, metrics.clone()));
-        let (authenticator, token_files) = authenticator(&settings, &metrics).await?;
+        let (authenticator, token_files, admin_access) = authenticator(&settings, &metrics).await?;
 
         let readiness = Readiness::new();
         let admin = AdminServer::bind(settings.admin_listen)
@@ -163,10 +164,17 @@ impl Gateway {
             cloud: cloud.clone(),
             readiness: readiness.clone(),
         }));
+        let admin_security = ccm_runtime::admin::Security {
+            tls: settings.admin.server_tls(&shutdown)?,
+            access: admin_access,
+        };
         let admin = tokio::spawn({
             let (registry, readiness) = (Arc::new(registry), readiness.clone());
             async move {
-                if let Err(e) = admin.serve(registry, readiness, inspection).await {
+                if let Err(e) = admin
+                    .serve(registry, readiness, inspection, admin_security)
+                    .await
+                {
                     tracing::error!(error = %e, "admin server failed");
                 }
             }
@@ -224,16 +232,22 @@ impl Gateway {
 /// directory when neither they nor ServiceAccounts are configured) and
 /// ServiceAccount tokens checked with TokenReview. Also the generated
 /// token files.
+/// Who may call (the gRPC services' authenticator, and the files of the
+/// tokens it generated) and who may read the admin port: the gateway's
+/// admin-role tokens, or with ServiceAccounts configured a token the API
+/// server reviews and lets `get` the path.
 async fn authenticator(
     settings: &Settings,
     metrics: &Metrics,
-) -> anyhow::Result<(Authenticator, Vec<PathBuf>)> {
+) -> anyhow::Result<(Authenticator, Vec<PathBuf>, Access)> {
+    let mut reviews = None;
     let reviewer = match &settings.service_accounts {
         None => None,
         Some(sa) => {
             let client = ccm_runtime::kube::client(sa.kubeconfig.as_deref())
                 .await
                 .context("a Kubernetes client for TokenReview")?;
+            reviews = Some(Reviews::new(client.clone()));
             tracing::info!(
                 audience = %sa.audience,
                 accounts = sa.roles.len(),
@@ -258,6 +272,7 @@ async fn authenticator(
         }
     };
 
+    let admin_access = admin_access(settings, tokens.clone(), reviews);
     let mut authenticator = Authenticator::new(tokens, reviewer);
     if let Some(tls) = &settings.tls
         && !tls.client_cert_roles.is_empty()
@@ -268,7 +283,29 @@ async fn authenticator(
         );
         authenticator = authenticator.with_client_certs(tls.client_cert_roles.clone());
     }
-    Ok((authenticator, token_files))
+    Ok((authenticator, token_files, admin_access))
+}
+
+/// The admin port's access: the always-allowed paths, then an admin-role
+/// token of the gateway's own, then (with an API server) the reviews.
+fn admin_access(settings: &Settings, tokens: Tokens, reviews: Option<Arc<Reviews>>) -> Access {
+    let reviewed = reviews.map(|r| r.check());
+    let check: Check = Arc::new(move |token, path| {
+        let admin = tokens
+            .caller(token.as_bytes())
+            .is_some_and(|c| c.role == Role::Admin);
+        let reviewed = reviewed.clone();
+        Box::pin(async move {
+            match (admin, reviewed) {
+                (true, _) => Decision::Allow,
+                (false, Some(reviewed)) => reviewed(token, path).await,
+                (false, None) => Decision::Unauthenticated(
+                    "not an admin token of this gateway's, and no API server to review it".into(),
+                ),
+            }
+        })
+    });
+    Access::new(settings.admin.always_allow.clone(), Some(check))
 }
 
 /// Serves gRPC on `listener` until `shutdown`: the layers, then every

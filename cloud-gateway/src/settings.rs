@@ -262,6 +262,8 @@ pub struct Args {
     /// Endpoints for single AWS APIs, ahead of --aws-endpoint-url: service=URL pairs, comma-separated, for ec2, elasticloadbalancing and sts (for assuming --aws-role-arn; upstream's ServiceOverride).
     #[arg(long, env = "CLOUD_GATEWAY_AWS_ENDPOINTS")]
     pub aws_endpoints: Option<String>,
+    #[command(flatten)]
+    pub admin: ccm_runtime::admin::AdminArgs,
 }
 
 impl Args {
@@ -278,6 +280,7 @@ impl Args {
             tls_client_ca: None,
             client_cert_roles: None,
             insecure_plaintext: "true".into(),
+            admin: ccm_runtime::admin::AdminArgs::default(),
             ..self.clone()
         }
     }
@@ -316,6 +319,8 @@ const PROVIDERS: &str = if cfg!(feature = "aws") {
 pub struct Settings {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// The admin port's certificate and open paths.
+    pub admin: ccm_runtime::admin::AdminSettings,
     pub state_dir: PathBuf,
     /// Tokens from `--tokens-file`; `None` generates them unless
     /// ServiceAccounts are configured.
@@ -382,6 +387,7 @@ impl Settings {
         let mut p = Problems::new();
         let listen = p.parse("listen", &args.listen, str::parse::<SocketAddr>);
         let admin_listen = p.parse("admin-listen", &args.admin_listen, str::parse::<SocketAddr>);
+        let admin = args.admin.resolve(&mut p);
         if args.state_dir.is_empty() {
             p.push("state-dir", "must not be empty");
         }
@@ -407,6 +413,7 @@ impl Settings {
         p.finish(|| Settings {
             listen: listen.expect("checked"),
             admin_listen: admin_listen.expect("checked"),
+            admin: admin.expect("checked"),
             state_dir: PathBuf::from(&args.state_dir),
             tokens,
             service_accounts,

@@ -249,12 +249,53 @@ async fn health_reports_serving_for_the_server_and_each_service() {
     }
 }
 
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+/// A CA made here and an admin certificate it signed, as PEM files in
+/// `dir`: the gateway's admin port serves the certificate, and the test
+/// trusts the CA.
+fn admin_certificate(dir: &Path) -> (ccm_runtime::tls::PemFiles, Vec<u8>) {
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let issuer =
+        rcgen::CertifiedIssuer::self_signed(ca, rcgen::KeyPair::generate().unwrap()).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    let files = ccm_runtime::tls::PemFiles {
+        cert: dir.join("admin.crt"),
+        key: dir.join("admin.key"),
+        client_ca: None,
+    };
+    std::fs::write(&files.cert, leaf.pem()).unwrap();
+    std::fs::write(&files.key, key.serialize_pem()).unwrap();
+    (files, issuer.pem().into_bytes())
+}
+
+/// `GET path` on the admin port over HTTPS, trusting `ca`, with `token`.
+async fn https_get(
+    addr: std::net::SocketAddr,
+    ca: &[u8],
+    path: &str,
+    token: Option<&str>,
+) -> (u16, String) {
+    let config = ccm_runtime::tls::client_config(ca, "the test CA", None, &[b"http/1.1"]).unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let authorization = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{authorization}Connection: close\r\n\r\n"
+    );
     stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response).await;
+    let response = String::from_utf8_lossy(&response);
     let status = response.split(' ').nth(1).unwrap().parse().unwrap();
     let body = response
         .split_once("\r\n\r\n")
@@ -265,7 +306,9 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 
 #[tokio::test]
 async fn admin_endpoints_report_liveness_readiness_and_metrics() {
-    let gw = TestGateway::start(|_| {}).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (files, ca) = admin_certificate(dir.path());
+    let gw = TestGateway::start(|s| s.admin.tls = Some(files)).await;
     gw.create_instance("node-a").await;
     let node = gw.client(Role::Node);
     for _ in 0..2 {
@@ -285,10 +328,17 @@ async fn admin_endpoints_report_liveness_readiness_and_metrics() {
         .get_instances(vec![], ccm_proto::v1::LookupPurpose::Refresh, false)
         .await;
     let admin = gw.gateway.admin_addr;
-    assert_eq!(timed(http_get(admin, "/livez")).await.0, 200);
+    let http_get = |path: &'static str, token: Option<String>| {
+        let ca = ca.clone();
+        async move { https_get(admin, &ca, path, token.as_deref()).await }
+    };
+    // Probes answer anyone; the rest only the gateway's admin role, with
+    // no API server to review other tokens.
+    assert_eq!(timed(http_get("/livez", None)).await.0, 200);
+    assert_eq!(timed(http_get("/healthz", None)).await.0, 200);
     let ready = timed(async {
         loop {
-            if http_get(admin, "/readyz").await.0 == 200 {
+            if http_get("/readyz", None).await.0 == 200 {
                 break true;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -296,7 +346,18 @@ async fn admin_endpoints_report_liveness_readiness_and_metrics() {
     })
     .await;
     assert!(ready);
-    let (status, metrics) = timed(http_get(admin, "/metrics")).await;
+    let token = |role| {
+        Some(
+            std::fs::read_to_string(gw.token_file(role))
+                .unwrap()
+                .trim()
+                .to_owned(),
+        )
+    };
+    assert_eq!(timed(http_get("/metrics", None)).await.0, 401);
+    assert_eq!(timed(http_get("/debug/status", None)).await.0, 401);
+    assert_eq!(timed(http_get("/metrics", token(Role::Node))).await.0, 401);
+    let (status, metrics) = timed(http_get("/metrics", token(Role::Admin))).await;
     assert_eq!(status, 200);
     for expected in [
         r#"cloud_gateway_grpc_requests_total{method="/cloudgateway.v1.Instances/GetInstances",code="Ok"} 2"#,

@@ -97,6 +97,14 @@ pub struct CommonArgs {
     /// gateway's Endpoints by it.
     #[arg(long, env = "CCM_RELEASE_NAME", default_value = "ccm")]
     pub release_name: String,
+    /// The CA bundle that signed the leaders' and the gateway's admin
+    /// certificates, which the diagnostics API verifies before it sends them
+    /// its token (by <release>-diagnostics.<namespace>.svc and
+    /// <release>-gateway.<namespace>.svc).
+    #[arg(long)]
+    pub diagnostics_peer_ca_file: Option<String>,
+    #[command(flatten)]
+    pub admin: crate::admin::AdminArgs,
 }
 
 /// Leader election settings.
@@ -117,6 +125,8 @@ pub struct Common {
     pub kubeconfig: Option<PathBuf>,
     pub cluster_name: String,
     pub admin_listen: SocketAddr,
+    /// The admin port's certificate and open paths.
+    pub admin: crate::admin::AdminSettings,
     pub gateway: ccm_proto::ClientConfig,
     pub lease: LeaseSettings,
     pub log_format: LogFormat,
@@ -249,6 +259,7 @@ impl CommonArgs {
             p.push("kubeconfig", problem);
         }
         let diagnostics = self.diagnostics(p);
+        let admin = self.admin.resolve(p);
         let mut gateway = ccm_proto::ClientConfig::new(
             self.gateway_address.clone(),
             self.cluster_name.clone(),
@@ -261,6 +272,7 @@ impl CommonArgs {
             kubeconfig: self.kubeconfig.as_ref().map(PathBuf::from),
             cluster_name: self.cluster_name.clone(),
             admin_listen: admin_listen?,
+            admin: admin?,
             gateway,
             lease: LeaseSettings {
                 enabled: enabled?,
@@ -303,6 +315,11 @@ impl CommonArgs {
             p,
             "requestheader-client-ca-file",
             &self.requestheader_client_ca_file,
+        );
+        let peer_ca = file(
+            p,
+            "diagnostics-peer-ca-file",
+            &self.diagnostics_peer_ca_file,
         );
         if self.requestheader_allowed_names.is_some() && self.requestheader_client_ca_file.is_none()
         {
@@ -356,6 +373,11 @@ impl CommonArgs {
             },
             release: self.release_name.clone(),
             namespace: self.leader_elect_resource_namespace.clone(),
+            peer_ca: match (&self.diagnostics_peer_ca_file, peer_ca) {
+                (None, _) => None,
+                (Some(_), ca) => Some(ca?),
+            },
+            gateway_ca: self.gateway_ca_file.as_ref().map(PathBuf::from),
         }))
     }
 }

@@ -76,11 +76,20 @@ impl<M> Base<M> {
             );
         let readiness = Readiness::new();
         let inspection = Inspection::new();
+        let reviews = crate::admin::access::Reviews::new(client.clone());
+        let security = crate::admin::Security {
+            tls: common.admin.server_tls(shutdown)?,
+            access: crate::admin::access::Access::new(
+                common.admin.always_allow.clone(),
+                Some(reviews.check()),
+            ),
+        };
         let admin_addr = crate::admin::spawn(
             common.admin_listen,
             registry,
             readiness.clone(),
             inspection.clone(),
+            security,
         )
         .await
         .with_context(|| format!("bind admin address {}", common.admin_listen))?;
@@ -88,6 +97,7 @@ impl<M> Base<M> {
             let bound = crate::diagnostics::spawn(
                 diagnostics,
                 client.clone(),
+                crate::kube::own_token(common.kubeconfig.as_deref()).await?,
                 identity.clone(),
                 inspection.clone(),
                 shutdown.clone(),

@@ -185,11 +185,12 @@ pub async fn events(
         .collect()
 }
 
-/// A plain HTTP GET (admin endpoints): `(status, body)`.
+/// A GET on an admin port (HTTPS) with the test API server's admin token:
+/// `(status, body)`.
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    ccm_sandbox::admin::try_http_get(addr, path)
+    ccm_sandbox::admin::admin_get(addr, path, Some(kube_test_apiserver::ADMIN_TOKEN))
         .await
-        .expect("HTTP GET")
+        .expect("HTTPS GET")
 }
 
 /// The value of the first sample of `metric` (with its labels, e.g.

@@ -355,9 +355,13 @@ impl Node<'_> {
                     container.name,
                 );
             }
-            if let Ok((200, _)) =
-                ccm_sandbox::admin::try_http_get(address, text(&probe["path"])).await
-            {
+            let path = text(&probe["path"]);
+            let answer = if probe["scheme"] == "HTTPS" {
+                ccm_sandbox::admin::admin_get(address, path, None).await
+            } else {
+                ccm_sandbox::admin::try_http_get(address, path).await
+            };
+            if let Ok((200, _)) = answer {
                 return Ok(());
             }
             if started.elapsed() > within {

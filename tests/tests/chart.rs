@@ -185,9 +185,10 @@ async fn the_dashboard_and_alerts_use_only_metrics_the_binaries_export() {
         if !name.ends_with("admin") {
             continue;
         }
-        let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+        let addr: std::net::SocketAddr = url.trim_start_matches("https://").parse().unwrap();
         let body = ccm_testkit::env::eventually(&format!("{name} /metrics"), || async {
-            match ccm_sandbox::admin::try_http_get(addr, "/metrics").await {
+            let token = Some(kube_test_apiserver::ADMIN_TOKEN);
+            match ccm_sandbox::admin::admin_get(addr, "/metrics", token).await {
                 Ok((200, body)) => Some(body),
                 _ => None,
             }

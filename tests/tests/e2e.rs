@@ -1159,8 +1159,16 @@ mod scenarios {
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        let groups = elb.describe_target_groups().send().await.unwrap();
-        assert_eq!(groups.target_groups().len(), 1, "{groups:?}");
+        // Its target groups go after it, in the same delete.
+        let start = Instant::now();
+        loop {
+            let groups = elb.describe_target_groups().send().await.unwrap();
+            if groups.target_groups().len() == 1 {
+                break;
+            }
+            assert!(start.elapsed() < LIMIT, "{groups:?}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
         finish(sandbox, kubelets).await;
     }
 

@@ -635,6 +635,67 @@ async fn the_diagnostics_api_answers_viewers_through_the_api_server_and_no_one_e
         Ok(200)
     );
 
+    // Every admin port as upstream serves its secure port: HTTPS only;
+    // the probes' paths to anyone; /metrics and /debug/* only to a token
+    // the API server reviews and lets get the path (the chart grants the
+    // controllers /debug/* for the diagnostics API, the gateway neither).
+    let api_token = |binary: &str| {
+        let kubeconfig =
+            std::fs::read_to_string(state.join(format!("kubeconfig-{binary}"))).unwrap();
+        let kubeconfig: serde_json::Value = serde_norway::from_str(&kubeconfig).unwrap();
+        kubeconfig["users"][0]["user"]["token"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let controller = Some(api_token("service-controller"));
+    let gateway = Some(api_token("cloud-gateway"));
+    let admin_token = Some(kube_test_apiserver::ADMIN_TOKEN.to_owned());
+    let admin_ports: Vec<(String, std::net::SocketAddr)> = c
+        .sandbox
+        .endpoints
+        .iter()
+        .filter(|(name, _)| name.ends_with("_admin"))
+        .map(|(name, url)| {
+            (
+                name.clone(),
+                url.trim_start_matches("https://").parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(admin_ports.len(), 7, "{admin_ports:?}");
+    for (name, addr) in &admin_ports {
+        let get = async |path: &str, token: &Option<String>| {
+            ccm_sandbox::admin::admin_get(*addr, path, token.as_deref())
+                .await
+                .map(|(code, _)| code)
+                .unwrap_or_else(|e| panic!("{name} {path}: {e}"))
+        };
+        for path in ["/livez", "/readyz", "/healthz"] {
+            assert_eq!(get(path, &None).await, 200, "{name} {path}");
+        }
+        for path in ["/metrics", "/debug/status"] {
+            assert_eq!(get(path, &None).await, 401, "{name} {path} anonymous");
+            assert_eq!(
+                get(path, &Some("not-a-token".into())).await,
+                401,
+                "{name} {path}"
+            );
+            assert_eq!(get(path, &admin_token).await, 200, "{name} {path} as admin");
+        }
+        assert_eq!(
+            get("/metrics", &gateway).await,
+            403,
+            "{name}: the gateway may not scrape"
+        );
+        assert_eq!(get("/debug/status", &gateway).await, 403, "{name}");
+        assert_eq!(get("/metrics", &controller).await, 403, "{name}");
+        assert_eq!(get("/debug/status", &controller).await, 200, "{name}");
+        // Nothing in clear: an HTTP request gets no HTTP answer.
+        let plain = ccm_sandbox::admin::try_http_get(*addr, "/livez").await;
+        assert!(!matches!(plain, Ok((200, _))), "{name} in clear: {plain:?}");
+    }
+
     // A replica killed (the service controller's leader): the API keeps
     // answering from the others, and the plugin with it.
     c.sandbox.kill(&pod).await.unwrap();

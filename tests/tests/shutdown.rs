@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use ccm_sandbox::admin::try_http_get;
+use ccm_sandbox::admin::admin_get;
 use ccm_sandbox::gateway::GatewayProcess;
 use ccm_testkit::env::TestEnv;
 use cloud_gateway::identity::Role;
@@ -58,7 +58,7 @@ fn spawn(dir: &Path, name: &str, binary: &str, args: &[String]) -> Proc {
 impl Proc {
     async fn alive(&self) {
         let start = Instant::now();
-        while try_http_get(self.admin, "/livez").await.is_err() {
+        while admin_get(self.admin, "/livez", None).await.is_err() {
             assert!(
                 start.elapsed() < Duration::from_secs(20),
                 "{} never served /livez:\n{}",

@@ -131,18 +131,20 @@ affinity:
 {{- end }}
 {{- end -}}
 
-{{/* Liveness and readiness on the admin port. */}}
+{{/* Liveness and readiness on the admin port, which serves HTTPS only;
+the kubelet does not verify the certificate, and /livez and /readyz need
+no token. */}}
 {{- define "ccm.probes" -}}
 livenessProbe:
-  httpGet: {path: /livez, port: admin}
+  httpGet: {path: /livez, port: admin, scheme: HTTPS}
   periodSeconds: 10
   failureThreshold: 3
 readinessProbe:
-  httpGet: {path: /readyz, port: admin}
+  httpGet: {path: /readyz, port: admin, scheme: HTTPS}
   periodSeconds: 5
   failureThreshold: 2
 startupProbe:
-  httpGet: {path: /livez, port: admin}
+  httpGet: {path: /livez, port: admin, scheme: HTTPS}
   periodSeconds: 2
   failureThreshold: 60
 {{- end -}}

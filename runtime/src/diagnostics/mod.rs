@@ -58,6 +58,13 @@ pub struct Settings {
     pub release: String,
     /// The release's namespace.
     pub namespace: String,
+    /// The CA bundle that signed the leaders' and the gateway's admin
+    /// certificates; without it no peer is asked (its certificate cannot
+    /// be verified, and it would be sent this process's token).
+    pub peer_ca: Option<PathBuf>,
+    /// The CA bundle the gateway's certificate is verified by (its gRPC
+    /// one, which serves its admin port too).
+    pub gateway_ca: Option<PathBuf>,
 }
 
 #[derive(Clone)]
@@ -72,6 +79,7 @@ struct Served {
 pub async fn spawn(
     settings: &Settings,
     client: kube::Client,
+    token: crate::kube::OwnToken,
     identity: String,
     own: Inspection,
     shutdown: CancellationToken,
@@ -102,6 +110,11 @@ pub async fn spawn(
         client,
         settings.namespace.clone(),
         settings.release.clone(),
+        peers::Trust {
+            ca: settings.peer_ca.clone(),
+            gateway_ca: settings.gateway_ca.clone(),
+            token,
+        },
         identity,
         own,
     );

@@ -20,6 +20,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::inspect::Inspection;
+use crate::kube::OwnToken;
 
 /// What a process answered, or why there is no answer.
 pub type Answer = Result<Value, String>;
@@ -72,10 +73,23 @@ pub struct LeaderRef {
     pub error: Option<String>,
 }
 
+/// How this process proves itself to a peer, and knows the peer.
+#[derive(Clone, Debug)]
+pub struct Trust {
+    /// The CA bundle that signed the leaders' admin certificates; `None`:
+    /// no leader is asked.
+    pub ca: Option<std::path::PathBuf>,
+    /// The CA bundle this process verifies the gateway's gRPC certificate
+    /// by, which serves its admin port too; `None`: `ca`.
+    pub gateway_ca: Option<std::path::PathBuf>,
+    pub token: OwnToken,
+}
+
 /// The release's processes, as this one reaches them.
 #[derive(Clone)]
 pub struct Peers {
     client: kube::Client,
+    trust: Trust,
     /// The release's namespace: Leases, Pods, the gateway's Endpoints.
     pub namespace: String,
     /// The base of the release's object names (`<release>-<component>`).
@@ -90,11 +104,13 @@ impl Peers {
         client: kube::Client,
         namespace: String,
         release: String,
+        trust: Trust,
         own_identity: String,
         own: Inspection,
     ) -> Self {
         Self {
             client,
+            trust,
             namespace,
             release,
             own_identity,
@@ -143,7 +159,9 @@ impl Peers {
             return self.ask_own(ask);
         }
         let addr = self.pod_admin(pod).await?;
-        fetch(addr, &ask.path()).await
+        let name = format!("{}-diagnostics.{}.svc", self.release, self.namespace);
+        self.fetch(addr, self.trust.ca.as_deref(), &name, &ask.path())
+            .await
     }
 
     /// `ask`, put to the gateway: its endpoints in turn until one answers
@@ -177,8 +195,14 @@ impl Peers {
             "no ready gateway endpoint with an {ADMIN_PORT:?} port in {}/{name}",
             self.namespace
         );
+        let server = format!("{name}.{}.svc", self.namespace);
+        let ca = self
+            .trust
+            .gateway_ca
+            .as_deref()
+            .or(self.trust.ca.as_deref());
         for addr in addrs {
-            match fetch(addr, &ask.path()).await {
+            match self.fetch(addr, ca, &server, &ask.path()).await {
                 Ok(answer) => return Ok(answer),
                 Err(why) => last = why,
             }
@@ -229,42 +253,71 @@ impl Peers {
     }
 }
 
-/// `GET path` from the admin server at `addr`, as JSON, within
-/// [`FETCH_TIMEOUT`].
-async fn fetch(addr: SocketAddr, path: &str) -> Answer {
-    let url = format!("http://{addr}{path}");
-    let exchange = async {
-        let tcp = tokio::net::TcpStream::connect(addr)
+impl Peers {
+    /// `GET path` from the admin server at `addr`, verified by `ca` as
+    /// `server_name`, as JSON, within [`FETCH_TIMEOUT`].
+    async fn fetch(
+        &self,
+        addr: SocketAddr,
+        ca: Option<&std::path::Path>,
+        server_name: &str,
+        path: &str,
+    ) -> Answer {
+        let url = format!("https://{addr}{path}");
+        let Some(ca) = ca else {
+            return Err(format!(
+                "{url}: not asked: without a CA bundle (--diagnostics-peer-ca-file) its certificate cannot be verified"
+            ));
+        };
+        let exchange = async {
+            let pem = tokio::fs::read(ca)
+                .await
+                .map_err(|e| format!("read {}: {e}", ca.display()))?;
+            let config =
+                crate::tls::client_config(&pem, &ca.display().to_string(), None, &[b"http/1.1"])
+                    .map_err(|e| format!("{e:#}"))?;
+            let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
+                .map_err(|e| format!("{server_name}: {e}"))?;
+            let tcp = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("dial {addr}: {e}"))?;
+            let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+                .connect(name, tcp)
+                .await
+                .map_err(|e| format!("{url}: TLS as {server_name}: {e}"))?;
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                .await
+                .map_err(|e| format!("{url}: {e}"))?;
+            tokio::spawn(connection);
+            let mut request = http::Request::get(path)
+                .header(http::header::HOST, server_name)
+                .header(http::header::ACCEPT, "application/json");
+            if let Some(token) = self.trust.token.get() {
+                request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+            }
+            let request = request
+                .body(Empty::<Bytes>::new())
+                .map_err(|e| format!("{url}: {e}"))?;
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| format!("{url}: {e}"))?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| format!("{url}: {e}"))?
+                .to_bytes();
+            if !status.is_success() {
+                let text = String::from_utf8_lossy(&body);
+                return Err(format!("{url}: {status}: {}", text.trim()));
+            }
+            serde_json::from_slice(&body).map_err(|e| format!("{url}: not JSON: {e}"))
+        };
+        tokio::time::timeout(FETCH_TIMEOUT, exchange)
             .await
-            .map_err(|e| format!("dial {addr}: {e}"))?;
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        tokio::spawn(connection);
-        let request = http::Request::get(path)
-            .header(http::header::HOST, addr.to_string())
-            .header(http::header::ACCEPT, "application/json")
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| format!("{url}: {e}"))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
-        let status = response.status();
-        let body = Limited::new(response.into_body(), MAX_ANSWER)
-            .collect()
-            .await
-            .map_err(|e| format!("{url}: {e}"))?
-            .to_bytes();
-        if !status.is_success() {
-            let text = String::from_utf8_lossy(&body);
-            return Err(format!("{url}: {status}: {}", text.trim()));
-        }
-        serde_json::from_slice(&body).map_err(|e| format!("{url}: not JSON: {e}"))
-    };
-    tokio::time::timeout(FETCH_TIMEOUT, exchange)
-        .await
-        .unwrap_or_else(|_| Err(format!("{url}: no answer within {FETCH_TIMEOUT:?}")))
+            .unwrap_or_else(|_| Err(format!("{url}: no answer within {FETCH_TIMEOUT:?}")))
+    }
 }
 
 #[cfg(test)]

@@ -236,9 +236,22 @@ impl FrontProxy {
 }
 
 /// Accepts any server certificate, still checking that the server holds
-/// its key: `insecureSkipTLSVerify`.
+/// its key: `insecureSkipTLSVerify`, and what kubelet's HTTPS probes do.
 #[derive(Debug)]
-struct AnyServer(Arc<CryptoProvider>);
+pub struct AnyServer(Arc<CryptoProvider>);
+
+impl AnyServer {
+    /// A verifier on the crypto provider every TLS user here shares.
+    pub fn new() -> Self {
+        Self(ccm_runtime::tls::provider())
+    }
+}
+
+impl Default for AnyServer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl ServerCertVerifier for AnyServer {
     fn verify_server_cert(

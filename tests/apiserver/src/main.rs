@@ -51,6 +51,8 @@ async fn main() -> anyhow::Result<()> {
         directives: "info".into(),
         ..Default::default()
     });
+    // Before the port opens: a SIGTERM at any moment after is a clean stop.
+    let shutdown = ccm_runtime::shutdown::on_signals()?;
     let server = ApiServer::start_with(Config {
         listen: args.listen,
         state_dir: args.state_dir.clone(),
@@ -89,7 +91,6 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!(kubeconfig = %path.display(), "kubeconfig written");
     }
     tracing::info!(url = %server.url(), "kube-test-apiserver serving");
-    let shutdown = ccm_runtime::shutdown::on_signals()?;
     shutdown.cancelled().await;
     Ok(())
 }

@@ -2221,14 +2221,17 @@ impl Run {
     }
 }
 
-/// The status code of a GET, or `None` when nothing answers.
-/// A controller's `/debug/status` (`admin`: `http://ADDR`), if it
+/// A controller's `/debug/status` (`admin`: `https://ADDR`), if it
 /// answers.
 async fn debug_status(admin: &str) -> Option<serde_json::Value> {
-    let addr = admin.strip_prefix("http://")?.parse().ok()?;
+    let addr = admin.strip_prefix("https://")?.parse().ok()?;
     let (code, body) = tokio::time::timeout(
         Duration::from_secs(2),
-        ccm_sandbox::admin::try_http_get(addr, "/debug/status"),
+        ccm_sandbox::admin::admin_get(
+            addr,
+            "/debug/status",
+            Some(kube_test_apiserver::ADMIN_TOKEN),
+        ),
     )
     .await
     .ok()?
@@ -2236,12 +2239,14 @@ async fn debug_status(admin: &str) -> Option<serde_json::Value> {
     (code == 200).then(|| serde_json::from_str(&body).ok())?
 }
 
+/// The status code of a GET on an admin port, or `None` when nothing
+/// answers.
 async fn status_of(url: &str) -> Option<u16> {
-    let rest = url.strip_prefix("http://")?;
+    let rest = url.strip_prefix("https://")?;
     let (addr, path) = rest.split_at(rest.find('/')?);
     let (code, _) = tokio::time::timeout(
         Duration::from_secs(2),
-        ccm_sandbox::admin::try_http_get(addr.parse().ok()?, path),
+        ccm_sandbox::admin::admin_get(addr.parse().ok()?, path, None),
     )
     .await
     .ok()?

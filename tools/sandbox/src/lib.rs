@@ -414,11 +414,15 @@ impl Sandbox {
             "diagnostics",
             &["localhost", "127.0.0.1", pki::DIAGNOSTICS_NAME],
         )?;
+        // The gateway's certificate serves its admin port even when its
+        // gRPC is in clear.
+        let gateway_cert =
+            pki.serving("gateway", &["localhost", "127.0.0.1", pki::GATEWAY_NAME])?;
         let serving = if sandbox.options.gateway_in_clear {
             sandbox.gateway = format!("http://{}", addr(grpc));
             None
         } else {
-            let serving = pki.serving("gateway", &["localhost", "127.0.0.1", pki::GATEWAY_NAME])?;
+            let serving = gateway_cert.clone();
             sandbox.gateway_ca = Some(pki.ca_file());
             sandbox.gateway = format!("https://{}", addr(grpc));
             sandbox.endpoints.insert(
@@ -468,6 +472,10 @@ impl Sandbox {
                         GATEWAY_AUDIENCE.into(),
                         "--tokens-file".into(),
                         state.join("gateway-tokens.yaml").display().to_string(),
+                        "--admin-tls-cert".into(),
+                        gateway_cert.cert.display().to_string(),
+                        "--admin-tls-key".into(),
+                        gateway_cert.key.display().to_string(),
                     ])
                     .chain(cloud_args)
                     .chain(sandbox.extra_args("cloud-gateway"))
@@ -476,7 +484,7 @@ impl Sandbox {
             )?;
             sandbox
                 .endpoints
-                .insert("gateway_admin".into(), format!("http://{}", addr(admin)));
+                .insert("gateway_admin".into(), format!("https://{}", addr(admin)));
             pods.push(PodPorts {
                 name: "cloud-gateway".to_owned(),
                 component: "gateway",
@@ -543,6 +551,14 @@ impl Sandbox {
                     diagnostics.key.display().to_string(),
                     "--release-name".into(),
                     RELEASE.into(),
+                    // The admin port serves the diagnostics certificate, which
+                    // the other replicas' diagnostics API verifies by the CA.
+                    "--admin-tls-cert".into(),
+                    diagnostics.cert.display().to_string(),
+                    "--admin-tls-key".into(),
+                    diagnostics.key.display().to_string(),
+                    "--diagnostics-peer-ca-file".into(),
+                    pki.ca_file().display().to_string(),
                 ];
                 if let Some(ca) = &sandbox.gateway_ca {
                     args.extend(["--gateway-ca-file".into(), ca.display().to_string()]);
@@ -556,7 +572,7 @@ impl Sandbox {
                 sandbox.spawn(&name, binary, &args, &[])?;
                 sandbox
                     .endpoints
-                    .insert(format!("{name}_admin"), format!("http://{}", addr(admin)));
+                    .insert(format!("{name}_admin"), format!("https://{}", addr(admin)));
                 pods.push(PodPorts {
                     name,
                     component: binary,
