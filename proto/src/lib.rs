@@ -8,7 +8,7 @@ pub mod codec;
 pub mod error;
 pub mod reason;
 mod spans;
-mod tls;
+pub mod tls;
 pub mod v1;
 
 pub use client::{

@@ -1,6 +1,7 @@
 //! How the client checks the gateway: against a CA bundle file that is
 //! read again when it changes (a rotated CA in a mounted Secret is trusted
-//! without a restart), and never in clear except on this machine.
+//! without a restart), and never in clear except on this machine. The
+//! diagnostics API checks the release's admin ports the same way.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -17,7 +18,7 @@ use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 /// rare) and rebuilt when its bytes change. A file that cannot be read or
 /// holds no CA keeps the last good bundle; with none, the handshake fails.
 #[derive(Debug)]
-pub(crate) struct CaFile {
+pub struct CaFile {
     path: PathBuf,
     algorithms: WebPkiSupportedAlgorithms,
     provider: Arc<CryptoProvider>,
@@ -27,7 +28,7 @@ pub(crate) struct CaFile {
 impl CaFile {
     /// Reads `path` now: a bundle that does not load is a configuration
     /// error at start.
-    pub(crate) fn new(path: PathBuf) -> Result<Self, String> {
+    pub fn new(path: PathBuf) -> Result<Self, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let this = Self {
             algorithms: provider.signature_verification_algorithms,

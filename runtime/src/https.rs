@@ -128,15 +128,34 @@ impl axum::extract::connect_info::Connected<IncomingStream<'_, TlsListener>> for
     }
 }
 
-/// The subject's common names in a DER certificate, as the front proxy's
-/// allowed names are matched against them.
-pub fn common_names(cert: &CertificateDer<'_>) -> Vec<String> {
+/// The parts of a certificate's subject that name a client: its common
+/// names (the front proxy's allowed names are matched against them; a
+/// Kubernetes client certificate's username) and its organizations (a
+/// Kubernetes client certificate's groups).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Subject {
+    pub common_names: Vec<String>,
+    pub organizations: Vec<String>,
+}
+
+/// The subject of a DER certificate; empty when it does not parse.
+pub fn subject(cert: &CertificateDer<'_>) -> Subject {
     let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
-        return Vec::new();
+        return Subject::default();
     };
-    parsed
-        .subject()
-        .iter_common_name()
-        .filter_map(|cn| cn.as_str().ok().map(str::to_owned))
-        .collect()
+    let strings = |attrs: Vec<&x509_parser::x509::AttributeTypeAndValue<'_>>| {
+        attrs
+            .into_iter()
+            .filter_map(|a| a.as_str().ok().map(str::to_owned))
+            .collect()
+    };
+    Subject {
+        common_names: strings(parsed.subject().iter_common_name().collect()),
+        organizations: strings(parsed.subject().iter_organization().collect()),
+    }
+}
+
+/// The subject's common names in a DER certificate.
+pub fn common_names(cert: &CertificateDer<'_>) -> Vec<String> {
+    subject(cert).common_names
 }

@@ -132,6 +132,16 @@ impl ServerTls {
         })
     }
 
+    /// A configuration made elsewhere, served as it is: nothing to reload.
+    pub fn fixed(config: Arc<ServerConfig>) -> Self {
+        Self {
+            alpn: config.alpn_protocols.clone(),
+            current: Arc::new(RwLock::new(config)),
+            files: None,
+            verifier: None,
+        }
+    }
+
     /// The configuration to accept the next connection with.
     pub fn config(&self) -> Arc<ServerConfig> {
         self.current
@@ -197,9 +207,11 @@ impl ServerTls {
     }
 }
 
-/// The one crypto provider every TLS user here is built on.
+/// The one crypto provider every TLS user here is built on, made once.
 pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    static PROVIDER: std::sync::LazyLock<Arc<CryptoProvider>> =
+        std::sync::LazyLock::new(|| Arc::new(rustls::crypto::ring::default_provider()));
+    PROVIDER.clone()
 }
 
 /// Every certificate in a PEM bundle; an error when there is none.

@@ -283,6 +283,7 @@ impl Node<'_> {
             &kubeconfig,
             kube_test_apiserver::kubeconfig(
                 &self.api.url(),
+                &self.api.pki().ca_pem,
                 &account,
                 &self.token(&namespace, &account, &[]),
             ),

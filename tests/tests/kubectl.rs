@@ -946,3 +946,155 @@ async fn kubectl_patch_to_cluster_ip_leaves_no_node_port() {
     })
     .await;
 }
+
+/// Who may read Nodes: the ServiceAccount `default/robot` and the group
+/// `ops` (client certificates name theirs in O).
+const NODE_READERS: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: node-reader}
+rules:
+- {apiGroups: [""], resources: [nodes], verbs: [get, list]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: node-readers}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: node-reader}
+subjects:
+- {kind: ServiceAccount, name: robot, namespace: default}
+- {kind: Group, name: ops, apiGroup: rbac.authorization.k8s.io}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_accounts_get_tokens_that_work_until_they_expire_or_the_account_goes() {
+    let server = ApiServer::start().await.unwrap();
+    server.enforce_rbac(&kube_test_apiserver::documents(NODE_READERS).unwrap());
+    let kubectl = Kubectl::new(&server);
+    blocking(move || {
+        kubectl.run(&["create", "serviceaccount", "robot"], None);
+        let account = kubectl.json(&["get", "sa", "robot"]);
+        let uid = account["metadata"]["uid"].as_str().unwrap().to_owned();
+        let token = kubectl.run(&["create", "token", "robot", "--duration", "10m"], None);
+        let token = token.trim();
+        // Its own grants, no more; over HTTPS, as kubectl sends no token
+        // in clear.
+        kubectl.run(&["--token", token, "get", "nodes"], None);
+        let (code, _, err) = kubectl.try_run(&["--token", token, "get", "services"], None);
+        assert_ne!(code, 0);
+        assert!(
+            err.contains("system:serviceaccount:default:robot")
+                && err.contains("cannot list resource \"services\""),
+            "{err}"
+        );
+        // The API server reviews it as kube-apiserver does.
+        let review = format!(
+            "apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec: {{token: {token}}}\n"
+        );
+        let reviewed: Value =
+            serde_json::from_str(&kubectl.run(&["create", "-f", "-", "-o", "json"], Some(&review)))
+                .unwrap();
+        assert_eq!(reviewed["status"]["authenticated"], true, "{reviewed}");
+        assert_eq!(
+            reviewed["status"]["user"]["username"],
+            "system:serviceaccount:default:robot"
+        );
+        assert_eq!(reviewed["status"]["user"]["uid"], uid.as_str());
+        // A token for another audience is no key to the API server.
+        let elsewhere = kubectl.run(
+            &["create", "token", "robot", "--audience", "cloud-gateway"],
+            None,
+        );
+        let (code, _, err) = kubectl.try_run(&["--token", elsewhere.trim(), "get", "nodes"], None);
+        assert_ne!(code, 0);
+        assert!(err.contains("Unauthorized"), "{err}");
+        // Too short a lifetime, and an account that does not exist.
+        let (code, _, err) =
+            kubectl.try_run(&["create", "token", "robot", "--duration", "5m"], None);
+        assert_ne!(code, 0);
+        assert!(err.contains("less than 10 minutes"), "{err}");
+        let (code, _, err) = kubectl.try_run(&["create", "token", "nobody"], None);
+        assert_ne!(code, 0);
+        assert!(
+            err.contains("serviceaccounts \"nobody\" not found"),
+            "{err}"
+        );
+        // Deleting the account revokes its tokens.
+        kubectl.run(&["delete", "sa", "robot"], None);
+        let (code, _, err) = kubectl.try_run(&["--token", token, "get", "nodes"], None);
+        assert_ne!(code, 0);
+        assert!(err.contains("Unauthorized"), "{err}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_reaches_the_api_only_over_https_with_a_certificate_of_its_ca() {
+    let server = ApiServer::start().await.unwrap();
+    server.enforce_rbac(&kube_test_apiserver::documents(NODE_READERS).unwrap());
+    let kubectl = Kubectl::new(&server);
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    // A user of the cluster CA (CN jane, O ops), one of another CA that
+    // claims system:masters, and that other CA.
+    let jane = server.pki().issue_client("jane", Some("ops")).unwrap();
+    let other = kube_test_apiserver::ClusterPki::generate().unwrap();
+    let mallory = other
+        .issue_client("mallory", Some("system:masters"))
+        .unwrap();
+    let (jane_cert, jane_key) = (
+        write("jane.crt", &jane.cert_pem),
+        write("jane.key", &jane.key_pem),
+    );
+    let (mallory_cert, mallory_key) = (
+        write("mallory.crt", &mallory.cert_pem),
+        write("mallory.key", &mallory.key_pem),
+    );
+    let other_ca = write("other-ca.crt", &other.ca_pem);
+    let (https, http) = (server.url(), format!("http://{}", server.addr()));
+    blocking(move || {
+        // Only as the certificate's user may: Nodes, not Services.
+        let as_cert = |cert: &str, key: &str, args: &[&str]| {
+            let mut all = vec![
+                "--token",
+                "",
+                "--client-certificate",
+                cert,
+                "--client-key",
+                key,
+            ];
+            all.extend(args);
+            kubectl.try_run(&all, None)
+        };
+        let (code, _, err) = as_cert(&jane_cert, &jane_key, &["get", "nodes"]);
+        assert_eq!(code, 0, "{err}");
+        let (code, _, err) = as_cert(&jane_cert, &jane_key, &["get", "services"]);
+        assert_ne!(code, 0);
+        assert!(err.contains("User \"jane\" cannot list"), "{err}");
+        // Another CA's certificate does not get through the handshake.
+        let (code, _, err) = as_cert(&mallory_cert, &mallory_key, &["get", "nodes"]);
+        assert_ne!(code, 0);
+        assert!(!err.contains("forbidden"), "{err}");
+        // Nor does a client that trusts another CA, nor one in clear.
+        let (code, _, err) = kubectl.try_run(
+            &[
+                "--server",
+                &https,
+                "--certificate-authority",
+                &other_ca,
+                "get",
+                "nodes",
+            ],
+            None,
+        );
+        assert_ne!(code, 0);
+        assert!(err.contains("certificate"), "{err}");
+        let (code, out, _) = kubectl.try_run(&["--server", &http, "get", "nodes"], None);
+        assert_ne!(code, 0);
+        assert!(out.is_empty());
+    })
+    .await;
+}

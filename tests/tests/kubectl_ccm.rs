@@ -543,13 +543,22 @@ async fn the_diagnostics_api_answers_viewers_through_the_api_server_and_no_one_e
         format!("default/{svc}")
     );
     assert!(diagnosis["gateway"]["answer"].is_object(), "{diagnosis:#}");
-    for list in [
-        format!("{API}/servicediagnoses"),
-        format!("{API}/nodediagnoses"),
+    // A list holds what its controller is having trouble with: not the
+    // settled Service.
+    for (list, kind) in [
+        (format!("{API}/servicediagnoses"), "ServiceDiagnosis"),
+        (format!("{API}/nodediagnoses"), "NodeDiagnosis"),
     ] {
         let listed: serde_json::Value =
             serde_json::from_str(&get_raw(&operator, &list, JSON).await.unwrap()).unwrap();
-        assert!(listed["items"].is_array(), "{list}: {listed:#}");
+        assert_eq!(listed["kind"], format!("{kind}List"), "{list}: {listed:#}");
+        assert_eq!(listed["apiVersion"], "diagnostics.cloudgateway.io/v1");
+        let items = listed["items"].as_array().unwrap();
+        assert!(items.iter().all(|i| i["kind"] == kind), "{listed:#}");
+        assert!(
+            !items.iter().any(|i| i["metadata"]["name"] == svc.as_str()),
+            "{list} lists the settled {svc}: {listed:#}"
+        );
     }
 
     // No proxying grant anywhere: the operator reaches no pod's or

@@ -38,6 +38,8 @@ async fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> D
 struct Proxy {
     addr: std::net::SocketAddr,
     target: std::net::SocketAddr,
+    /// The API server's CA, which the proxy's clients verify it with.
+    pki: kube_test_apiserver::ClusterPki,
     tasks: JoinSet<()>,
 }
 
@@ -47,6 +49,7 @@ impl Proxy {
         let mut proxy = Self {
             addr: listener.local_addr().unwrap(),
             target: server.addr(),
+            pki: server.pki().clone(),
             tasks: JoinSet::new(),
         };
         proxy.forward(listener);
@@ -68,8 +71,9 @@ impl Proxy {
     }
 
     async fn client(&self) -> kube::Client {
-        let url = format!("http://{}", self.addr);
-        kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap()
+        let url = format!("https://{}", self.addr);
+        let config = kube_test_apiserver::client_config(&url, &self.pki, None);
+        kube::Client::try_from(config).unwrap()
     }
 
     /// Drops every connection and refuses new ones.

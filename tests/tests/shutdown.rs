@@ -127,7 +127,12 @@ async fn controllers_waiting_for_the_gateway_or_the_api_server_exit_on_sigterm()
     let unreachable_api = dir.path().join("kubeconfig-nowhere");
     std::fs::write(
         &unreachable_api,
-        kube_test_apiserver::kubeconfig(&nowhere, "nobody", "token"),
+        kube_test_apiserver::kubeconfig(
+            &format!("https://{}", free_addr()),
+            &env.api.pki().ca_pem,
+            "nobody",
+            "token",
+        ),
     )
     .unwrap();
     for (binary, role) in CONTROLLERS {

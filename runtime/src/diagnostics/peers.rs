@@ -8,6 +8,8 @@
 //! leaves the rest of a diagnosis readable.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -85,11 +87,34 @@ pub struct Trust {
     pub token: OwnToken,
 }
 
+/// A TLS client configuration that verifies servers by a CA bundle file
+/// (read again when it changes), or why there is none.
+type ClientTls = Result<Arc<rustls::ClientConfig>, String>;
+
+/// The configuration to reach admin ports signed by the CA in `ca` with.
+fn client_tls(ca: &Path) -> ClientTls {
+    let verifier = ccm_proto::tls::CaFile::new(ca.to_owned())?;
+    let mut config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// The release's processes, as this one reaches them.
 #[derive(Clone)]
 pub struct Peers {
     client: kube::Client,
     trust: Trust,
+    /// How the leaders' admin ports are verified (`trust.ca`); `None`:
+    /// they are not asked.
+    leader_tls: Option<ClientTls>,
+    /// How the gateway's admin port is verified (`trust.gateway_ca`, else
+    /// `trust.ca`).
+    gateway_tls: Option<ClientTls>,
     /// The release's namespace: Leases, Pods, the gateway's Endpoints.
     pub namespace: String,
     /// The base of the release's object names (`<release>-<component>`).
@@ -108,9 +133,16 @@ impl Peers {
         own_identity: String,
         own: Inspection,
     ) -> Self {
+        let leader_tls = trust.ca.as_deref().map(client_tls);
+        let gateway_tls = match &trust.gateway_ca {
+            Some(ca) => Some(client_tls(ca)),
+            None => leader_tls.clone(),
+        };
         Self {
             client,
             trust,
+            leader_tls,
+            gateway_tls,
             namespace,
             release,
             own_identity,
@@ -160,7 +192,7 @@ impl Peers {
         }
         let addr = self.pod_admin(pod).await?;
         let name = format!("{}-diagnostics.{}.svc", self.release, self.namespace);
-        self.fetch(addr, self.trust.ca.as_deref(), &name, &ask.path())
+        self.fetch(addr, self.leader_tls.as_ref(), &name, &ask.path())
             .await
     }
 
@@ -196,13 +228,11 @@ impl Peers {
             self.namespace
         );
         let server = format!("{name}.{}.svc", self.namespace);
-        let ca = self
-            .trust
-            .gateway_ca
-            .as_deref()
-            .or(self.trust.ca.as_deref());
         for addr in addrs {
-            match self.fetch(addr, ca, &server, &ask.path()).await {
+            match self
+                .fetch(addr, self.gateway_tls.as_ref(), &server, &ask.path())
+                .await
+            {
                 Ok(answer) => return Ok(answer),
                 Err(why) => last = why,
             }
@@ -254,34 +284,29 @@ impl Peers {
 }
 
 impl Peers {
-    /// `GET path` from the admin server at `addr`, verified by `ca` as
+    /// `GET path` from the admin server at `addr`, verified by `tls` as
     /// `server_name`, as JSON, within [`FETCH_TIMEOUT`].
     async fn fetch(
         &self,
         addr: SocketAddr,
-        ca: Option<&std::path::Path>,
+        tls: Option<&ClientTls>,
         server_name: &str,
         path: &str,
     ) -> Answer {
         let url = format!("https://{addr}{path}");
-        let Some(ca) = ca else {
+        let Some(tls) = tls else {
             return Err(format!(
                 "{url}: not asked: without a CA bundle (--diagnostics-peer-ca-file) its certificate cannot be verified"
             ));
         };
         let exchange = async {
-            let pem = tokio::fs::read(ca)
-                .await
-                .map_err(|e| format!("read {}: {e}", ca.display()))?;
-            let config =
-                crate::tls::client_config(&pem, &ca.display().to_string(), None, &[b"http/1.1"])
-                    .map_err(|e| format!("{e:#}"))?;
+            let config = tls.clone()?;
             let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
                 .map_err(|e| format!("{server_name}: {e}"))?;
             let tcp = tokio::net::TcpStream::connect(addr)
                 .await
                 .map_err(|e| format!("dial {addr}: {e}"))?;
-            let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+            let tls = tokio_rustls::TlsConnector::from(config)
                 .connect(name, tcp)
                 .await
                 .map_err(|e| format!("{url}: TLS as {server_name}: {e}"))?;

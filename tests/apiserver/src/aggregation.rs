@@ -39,13 +39,13 @@ use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::Shared;
 use super::front_proxy::{GROUP_HEADER, UID_HEADER, USER_HEADER};
 use super::http::{query, selected_name, verb};
 use super::proxy::{self, upstream};
 use super::rbac;
 use super::resources::{self, RESOURCES, Resource};
 use super::store::{ApiError, Store};
+use super::{Shared, TokenUser};
 
 /// The group of APIServices.
 pub(crate) const GROUP: &str = "apiregistration.k8s.io";
@@ -191,14 +191,10 @@ pub(crate) fn attributes(
     q: &HashMap<String, String>,
 ) -> rbac::Attributes {
     if rest.is_empty() {
-        return rbac::Attributes {
-            verb: method.as_str().to_ascii_lowercase(),
-            group: String::new(),
-            resource: String::new(),
-            namespace: None,
-            name: None,
-            path: Some(format!("/apis/{group}/{version}")),
-        };
+        return rbac::Attributes::non_resource(
+            method.as_str(),
+            &format!("/apis/{group}/{version}"),
+        );
     }
     let (namespace, parts) = split_namespace(rest);
     let name = parts.get(1).map(|n| n.to_string());
@@ -341,8 +337,13 @@ impl Identity {
     /// `system:anonymous`, as a server with anonymous requests allowed
     /// names them). The uid is the token's, unless someone else is
     /// impersonated.
-    fn of(shared: &Shared, caller: Option<rbac::User>, headers: &HeaderMap) -> Self {
-        let token = shared.token_user(headers);
+    fn of(
+        shared: &Shared,
+        caller: Option<rbac::User>,
+        headers: &HeaderMap,
+        cert: Option<&TokenUser>,
+    ) -> Self {
+        let token = shared.token_user(headers, cert);
         let impersonating = headers.contains_key("impersonate-user");
         let uid = token
             .as_ref()
@@ -421,15 +422,16 @@ pub(crate) async fn forward(
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
+    cert: Option<&TokenUser>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let q = query(uri);
-    let caller = shared.caller(headers)?;
+    let caller = shared.caller(headers, cert)?;
     shared.authorize(
         caller.as_ref(),
         &attributes(to.group, to.version, to.rest, method, &q),
     )?;
-    let identity = Identity::of(shared, caller, headers);
+    let identity = Identity::of(shared, caller, headers, cert);
     let service = backend::ServiceRef::of(to.api_service)
         .ok_or_else(|| ApiError::new(503, "ServiceUnavailable", "service unavailable"))?;
     let addresses = backend::addresses(&shared.store, &service).map_err(|missing| {

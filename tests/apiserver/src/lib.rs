@@ -8,6 +8,11 @@
 //! other servers serve are aggregated as kube-apiserver aggregates them
 //! (see the `aggregation` module), through a front proxy whose
 //! certificates the server makes (see [`front_proxy`]).
+//!
+//! It serves HTTPS only, as kube-apiserver has since its insecure port
+//! went: a certificate of the cluster's own CA (see [`pki`]), bearer
+//! tokens (a tokens file's, or ServiceAccount tokens it mints: see
+//! `tokens`) and client certificates of that CA.
 
 pub mod accounting;
 mod aggregation;
@@ -18,6 +23,7 @@ mod http;
 mod journal;
 mod openapi;
 pub mod patch;
+pub mod pki;
 pub mod protobuf;
 mod proxy;
 pub mod rbac;
@@ -28,6 +34,7 @@ pub mod selectors;
 mod services;
 pub mod store;
 pub mod table;
+mod tokens;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -40,6 +47,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use self::front_proxy::FrontProxy;
+pub use self::pki::ClusterPki;
 pub use self::store::{ApiError, Store};
 
 /// A user a bearer token stands for, as TokenReview reports it.
@@ -105,10 +113,12 @@ pub const DEFAULT_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local
 /// kubeconfigs the server writes.
 pub const ADMIN_TOKEN: &str = "test-admin";
 
-/// A kubeconfig for `server` that presents `token` as `user`.
-pub fn kubeconfig(server: &str, user: &str, token: &str) -> String {
+/// A kubeconfig for `server`, trusting the CA `ca_pem`, that presents
+/// `token` as `user`.
+pub fn kubeconfig(server: &str, ca_pem: &str, user: &str, token: &str) -> String {
+    let ca = data_encoding::BASE64.encode(ca_pem.as_bytes());
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: {user}\n    namespace: default\ncurrent-context: test\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: {user}\n    namespace: default\ncurrent-context: test\n"
     )
 }
 
@@ -157,23 +167,20 @@ pub(crate) struct Shared {
     pub accounting: accounting::Accounting,
     /// The certificate requests to aggregated API servers are sent with.
     pub front_proxy: FrontProxy,
+    /// The cluster CA and the key tokens are signed with.
+    pki: ClusterPki,
     /// Which endpoint of an aggregated API server the next request tries
     /// first, so that requests are spread over them.
     pub next_backend: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
-    /// The name of the user a request's bearer token stands for, RBAC
-    /// enforced or not (`anonymous` without a known token).
-    pub fn user_name(&self, headers: &axum::http::HeaderMap) -> String {
-        let token = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-        token
-            .and_then(|t| tokens.get(t))
-            .map_or_else(|| "anonymous".to_owned(), |u| u.username.clone())
+    /// The name of the user a request authenticates as (see
+    /// [`Self::token_user`]), RBAC enforced or not (`anonymous` without
+    /// known credentials).
+    pub fn user_name(&self, headers: &axum::http::HeaderMap, cert: Option<&TokenUser>) -> String {
+        self.token_user(headers, cert)
+            .map_or_else(|| "anonymous".to_owned(), |u| u.username)
     }
 
     /// Who sent a request: `Ok(None)` while RBAC is off (everyone may do
@@ -182,6 +189,7 @@ impl Shared {
     pub fn authenticate(
         &self,
         headers: &axum::http::HeaderMap,
+        cert: Option<&TokenUser>,
     ) -> Result<Option<rbac::User>, ApiError> {
         if self
             .rbac
@@ -192,7 +200,7 @@ impl Shared {
             return Ok(None);
         }
         let user = self
-            .token_user(headers)
+            .token_user(headers, cert)
             .ok_or_else(|| ApiError::new(401, "Unauthorized", "Unauthorized"))?;
         let mut groups = user.groups;
         groups.push("system:authenticated".into());
@@ -202,18 +210,36 @@ impl Shared {
         }))
     }
 
-    /// The user a request's bearer token stands for, if it is known and
-    /// bound to the API server's own audience; RBAC enforced or not.
-    pub fn token_user(&self, headers: &axum::http::HeaderMap) -> Option<TokenUser> {
+    /// The user a request authenticates as, RBAC enforced or not: the
+    /// one its connection's client certificate names (`cert`, verified by
+    /// the cluster CA), else its bearer token's, if that is known and
+    /// bound to the API server's own audience.
+    pub fn token_user(
+        &self,
+        headers: &axum::http::HeaderMap,
+        cert: Option<&TokenUser>,
+    ) -> Option<TokenUser> {
+        if let Some(user) = cert {
+            return Some(user.clone());
+        }
         let token = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))?;
-        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-        tokens
-            .get(token)
+        self.bearer(token)
             .filter(|u| u.audiences.is_empty() || u.audiences.iter().any(|a| a == DEFAULT_AUDIENCE))
-            .cloned()
+    }
+
+    /// Whom `token` stands for: a tokens file's entry, or a ServiceAccount
+    /// token minted here that is still good (see `tokens`).
+    fn bearer(&self, token: &str) -> Option<TokenUser> {
+        let known = self
+            .tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(token)
+            .cloned();
+        known.or_else(|| tokens::verify(&self.store, &self.pki.signing_key, token))
     }
 
     /// Checks `a` for `user` against the loaded policy (403 if refused).
@@ -221,8 +247,12 @@ impl Shared {
     /// impersonates (`Impersonate-User`, `Impersonate-Group`: kubectl's
     /// `--as`, `--as-group`) when that user may impersonate them, as on a
     /// real server. Without RBAC any request may impersonate anyone.
-    pub fn caller(&self, headers: &axum::http::HeaderMap) -> Result<Option<rbac::User>, ApiError> {
-        let real = self.authenticate(headers)?;
+    pub fn caller(
+        &self,
+        headers: &axum::http::HeaderMap,
+        cert: Option<&TokenUser>,
+    ) -> Result<Option<rbac::User>, ApiError> {
+        let real = self.authenticate(headers, cert)?;
         let Some(name) = headers
             .get("impersonate-user")
             .and_then(|v| v.to_str().ok())
@@ -314,7 +344,8 @@ impl Shared {
             .map(rbac::Rbac::report)
     }
 
-    /// Answers a TokenReview from the registered tokens.
+    /// Answers a TokenReview: the tokens file's tokens and those minted
+    /// here are known.
     pub fn token_review(&self, mut review: Value) -> Value {
         self.token_reviews
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -330,13 +361,7 @@ impl Shared {
                     .collect()
             })
             .unwrap_or_default();
-        let user = self
-            .tokens
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&token)
-            .cloned();
-        let status = match user {
+        let status = match self.bearer(&token) {
             None => json!({"authenticated": false, "error": "invalid bearer token"}),
             Some(user) => {
                 let has: Vec<String> = if user.audiences.is_empty() {
@@ -402,6 +427,9 @@ impl ApiServer {
                 .expect("a fresh store takes the namespaces");
         }
         let front_proxy = FrontProxy::load_or_generate(config.state_dir.as_deref())?;
+        let pki = ClusterPki::load_or_generate(config.state_dir.as_deref())?;
+        let tls = ccm_runtime::tls::ServerTls::fixed(pki.server_config(addr)?);
+        let listener = ccm_runtime::https::TlsListener::new(listener, tls)?;
         publish_front_proxy(&store, &front_proxy);
         aggregation::register_local(&store);
         let shared = Arc::new(Shared {
@@ -422,6 +450,7 @@ impl ApiServer {
             rbac: Mutex::new(None),
             accounting: Default::default(),
             front_proxy,
+            pki,
             next_backend: Default::default(),
         });
         let availability =
@@ -429,6 +458,7 @@ impl ApiServer {
         let app = axum::Router::new()
             .fallback(http::handle)
             .with_state(shared.clone());
+        let app = app.into_make_service_with_connect_info::<ccm_runtime::https::Peer>();
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "test API server stopped");
@@ -455,9 +485,15 @@ impl ApiServer {
         self.addr
     }
 
-    /// `http://addr`.
+    /// `https://addr`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("https://{}", self.addr)
+    }
+
+    /// The cluster CA: what clients verify the server with, and what signs
+    /// the client certificates it accepts.
+    pub fn pki(&self) -> &ClusterPki {
+        &self.shared.pki
     }
 
     /// The store, for tests that need to look behind the API.
@@ -512,7 +548,7 @@ impl ApiServer {
 
     /// A kubeconfig for this server with the admin token, as YAML.
     pub fn kubeconfig(&self) -> String {
-        kubeconfig(&self.url(), "admin", ADMIN_TOKEN)
+        kubeconfig(&self.url(), &self.shared.pki.ca_pem, "admin", ADMIN_TOKEN)
     }
 
     /// Writes [`Self::kubeconfig`] to `path`.
@@ -527,9 +563,13 @@ impl ApiServer {
 
     /// A kube client for this server, as the admin.
     pub async fn client(&self) -> kube::Result<kube::Client> {
-        let mut config = kube::Config::new(self.url().parse().expect("valid URL"));
-        config.auth_info.token = Some(ADMIN_TOKEN.to_owned().into());
-        kube::Client::try_from(config)
+        kube::Client::try_from(self.client_config(Some(ADMIN_TOKEN)))
+    }
+
+    /// A kube client configuration for this server that trusts its CA and
+    /// presents `token`, if one is given.
+    pub fn client_config(&self, token: Option<&str>) -> kube::Config {
+        client_config(&self.url(), &self.shared.pki, token)
     }
 }
 
@@ -538,6 +578,15 @@ impl Drop for ApiServer {
         self.task.abort();
         self.availability.abort();
     }
+}
+
+/// A kube client configuration for the server at `url` with the CA of
+/// `pki`, presenting `token` if one is given.
+pub fn client_config(url: &str, pki: &ClusterPki, token: Option<&str>) -> kube::Config {
+    let mut config = kube::Config::new(url.parse().expect("valid URL"));
+    config.root_cert = Some(vec![pki.ca_der()]);
+    config.auth_info.token = token.map(|t| t.to_owned().into());
+    config
 }
 
 /// Publishes the ConfigMap aggregated API servers learn the front proxy

@@ -1,6 +1,6 @@
 //! `kube-test-apiserver --listen ADDR --kubeconfig FILE [--tokens FILE] [--rbac FILE]
 //! [--state-dir DIR]`: a Kubernetes API server for tests, the sandbox and
-//! people, in memory or on disk.
+//! people, in memory or on disk, over HTTPS only.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -31,10 +31,13 @@ struct Args {
     rbac: Option<PathBuf>,
     /// Keep the objects in this directory, so that the server started
     /// again on it (even after kill -9) has them all, as kube-apiserver
-    /// has them in etcd; in memory only when unset. The front proxy's CA
-    /// and client certificate, which aggregated API servers trust, are
-    /// kept there too (front-proxy-ca.crt, front-proxy-client.crt,
-    /// front-proxy-client.key).
+    /// has them in etcd; in memory only when unset. The cluster CA the
+    /// server's HTTPS certificate and client certificates are signed by
+    /// (ca.crt, ca.key), the key its ServiceAccount tokens are signed with
+    /// (sa.key), and the front proxy's CA and client certificate, which
+    /// aggregated API servers trust (front-proxy-ca.crt,
+    /// front-proxy-client.crt, front-proxy-client.key), are kept there
+    /// too, made when missing.
     #[arg(long)]
     state_dir: Option<PathBuf>,
     /// Start with resourceVersions moved on by this much and every

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_pb::api::authentication::v1 as authentication;
 use k8s_pb::api::authorization::v1 as authorization;
 use k8s_pb::api::certificates::v1 as certificates;
 use k8s_pb::api::core::v1 as core;
@@ -54,6 +55,20 @@ pub fn decode(body: &[u8]) -> Result<Value, Refused> {
     let mut object = match (api_version.as_str(), kind.as_str()) {
         ("v1", "Namespace") => namespace(core::Namespace::decode(raw.as_slice()).map_err(bad)?),
         ("v1", "Service") => service(core::Service::decode(raw.as_slice()).map_err(bad)?),
+        // `kubectl create serviceaccount` and `kubectl create token`.
+        ("v1", "ServiceAccount") => {
+            let sa = core::ServiceAccount::decode(raw.as_slice()).map_err(bad)?;
+            Obj::default()
+                .put("metadata", metadata(sa.metadata))
+                .flag(
+                    "automountServiceAccountToken",
+                    sa.automount_service_account_token,
+                )
+                .0
+        }
+        ("authentication.k8s.io/v1", "TokenRequest") => {
+            token_request(authentication::TokenRequest::decode(raw.as_slice()).map_err(bad)?)
+        }
         // `kubectl certificate approve/deny` sends these.
         ("certificates.k8s.io/v1", "CertificateSigningRequest") => {
             csr(certificates::CertificateSigningRequest::decode(raw.as_slice()).map_err(bad)?)
@@ -255,6 +270,26 @@ fn int_or_string(v: IntOrString) -> Option<Value> {
         (_, Some(i), _) if i != 0 => Some(json!(i)),
         _ => None,
     }
+}
+
+fn token_request(r: authentication::TokenRequest) -> Map<String, Value> {
+    let spec = r.spec.unwrap_or_default();
+    let bound = spec.bound_object_ref.and_then(|b| {
+        Obj::default()
+            .string("kind", b.kind)
+            .string("apiVersion", b.api_version)
+            .string("name", b.name)
+            .string("uid", b.u_id)
+            .value()
+    });
+    let spec = Obj::default()
+        .list("audiences", spec.audiences)
+        .put(
+            "expirationSeconds",
+            spec.expiration_seconds.filter(|s| *s != 0).map(Value::from),
+        )
+        .put("boundObjectRef", bound);
+    review(r.metadata, spec)
 }
 
 fn namespace(ns: core::Namespace) -> Map<String, Value> {

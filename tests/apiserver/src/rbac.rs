@@ -153,6 +153,19 @@ impl Attributes {
             path: None,
         }
     }
+
+    /// A request on a non-resource URL: the verb is the HTTP method's,
+    /// lower case, as kube-apiserver names it.
+    pub fn non_resource(method: &str, path: &str) -> Self {
+        Self {
+            verb: method.to_ascii_lowercase(),
+            group: String::new(),
+            resource: String::new(),
+            namespace: None,
+            name: None,
+            path: Some(path.into()),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

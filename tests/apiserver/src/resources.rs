@@ -61,6 +61,7 @@ impl Resource {
                 format!("{}ProxyOptions", self.kind),
                 &["create", "delete", "get", "patch", "update"],
             ),
+            "token" => ("TokenRequest".to_owned(), &["create"]),
             _ => (self.kind.to_owned(), &["get", "patch", "update"]),
         }
     }
@@ -127,6 +128,19 @@ pub static RESOURCES: &[Resource] = &[
         subresources: &["proxy"],
         categories: ALL,
         ..resource("", "pods", "pod", "Pod", true, true, &["po"])
+    },
+    // Who workloads are; `token` mints their tokens (see `tokens`).
+    Resource {
+        subresources: &["token"],
+        ..resource(
+            "",
+            "serviceaccounts",
+            "serviceaccount",
+            "ServiceAccount",
+            true,
+            false,
+            &["sa"],
+        )
     },
     // Where `services/proxy` finds a Service's backends.
     resource(

@@ -189,11 +189,20 @@ pub struct Store {
 
 /// Now, as Kubernetes writes timestamps.
 pub(crate) fn now() -> String {
-    // RFC 3339 in UTC, whole seconds, as Kubernetes writes timestamps.
-    let secs = std::time::SystemTime::now()
+    timestamp(unix_now())
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// `secs` since the Unix epoch as Kubernetes writes timestamps: RFC 3339
+/// in UTC, whole seconds.
+pub(crate) fn timestamp(secs: u64) -> String {
     let days = secs / 86_400;
     let (h, m, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
     let (y, mo, d) = civil_from_days(days as i64);

@@ -222,10 +222,7 @@ fn answer(
 /// A client presenting `token` (none if empty), without kube's retries
 /// of 503s.
 fn client(server: &ApiServer, token: &str) -> kube::Client {
-    let mut config = kube::Config::new(server.url().parse().unwrap());
-    if !token.is_empty() {
-        config.auth_info.token = Some(token.to_owned().into());
-    }
+    let mut config = server.client_config(Some(token).filter(|t| !t.is_empty()));
     config.default_retry = false;
     kube::Client::try_from(config).unwrap()
 }

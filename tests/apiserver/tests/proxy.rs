@@ -81,8 +81,7 @@ async fn closed_port() -> u16 {
 /// A client presenting `token`, without kube's retries of 503s (they
 /// would make every refusal here take minutes).
 fn client(server: &ApiServer, token: &str) -> kube::Client {
-    let mut config = kube::Config::new(server.url().parse().unwrap());
-    config.auth_info.token = Some(token.to_owned().into());
+    let mut config = server.client_config(Some(token));
     config.default_retry = false;
     kube::Client::try_from(config).unwrap()
 }

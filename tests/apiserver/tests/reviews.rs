@@ -42,8 +42,7 @@ subjects: [{kind: ServiceAccount, name: ctl}]
 "#;
 
 fn client(server: &ApiServer, token: &str, impersonate: Option<&str>) -> kube::Client {
-    let mut config = kube::Config::new(server.url().parse().unwrap());
-    config.auth_info.token = Some(token.to_owned().into());
+    let mut config = server.client_config(Some(token));
     config.auth_info.impersonate = impersonate.map(str::to_owned);
     config.default_retry = false;
     kube::Client::try_from(config).unwrap()

@@ -379,8 +379,12 @@ impl Sandbox {
             children: Vec::new(),
         };
         let api_port = free_port()?;
-        let api_url = format!("http://{}", addr(api_port));
-        let tokens = sandbox.identities(&api_url)?;
+        let api_url = format!("https://{}", addr(api_port));
+        // Made here and loaded by the API server from its state
+        // directory: the kubeconfigs below trust its CA before it starts.
+        let pki =
+            kube_test_apiserver::ClusterPki::load_or_generate(Some(&state.join("apiserver")))?;
+        let tokens = sandbox.identities(&api_url, &pki.ca_pem)?;
         // On disk, so the API server killed and started again (the soak,
         // the outage tests) has every object it had.
         let mut api_args = vec![
@@ -493,9 +497,7 @@ impl Sandbox {
                 diagnostics: None,
             });
         }
-        sandbox
-            .endpoints
-            .insert("kube_api".into(), format!("http://{}", addr(api_port)));
+        sandbox.endpoints.insert("kube_api".into(), api_url.clone());
         sandbox
             .endpoints
             .insert("kubeconfig".into(), kubeconfig.display().to_string());
@@ -807,7 +809,7 @@ impl Sandbox {
     /// gateway's audience (in `tokens/<role>.token`), which the gateway
     /// checks with TokenReview as in a cluster. The admin's gateway token is
     /// a static one. Returns the API server's tokens file.
-    fn identities(&self, api_url: &str) -> anyhow::Result<PathBuf> {
+    fn identities(&self, api_url: &str, ca_pem: &str) -> anyhow::Result<PathBuf> {
         let state = &self.options.state_dir;
         std::fs::create_dir_all(state.join("tokens"))?;
         let mut entries = Vec::new();
@@ -816,7 +818,7 @@ impl Sandbox {
             let api_token = random_token();
             std::fs::write(
                 state.join(format!("kubeconfig-{binary}")),
-                kube_test_apiserver::kubeconfig(api_url, &account, &api_token),
+                kube_test_apiserver::kubeconfig(api_url, ca_pem, &account, &api_token),
             )?;
             entries.push(TokenEntry {
                 token: api_token,
