@@ -47,14 +47,6 @@ pub struct HeldBack {
     pub at: std::time::SystemTime,
 }
 
-/// How a node is named to the gateway.
-pub fn node_ref(node: &crate::plan::NodeView) -> NodeRef {
-    NodeRef {
-        name: node.name.clone(),
-        provider_id: node.provider_id.clone(),
-    }
-}
-
 impl Context {
     /// Fails unless this replica leads now. Every write checks it first.
     pub fn ensure_leader(&self) -> Result<()> {

@@ -171,11 +171,11 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
     }
     if ctx.tagging.is_some() {
         // Once for the process: they act only while this replica leads.
-        tokio::spawn(tagging::tag_worker(ctx.clone()));
-        tokio::spawn(tagging::untag_worker(ctx.clone()));
+        tokio::spawn(tagging::worker::tag_worker(ctx.clone()));
+        tokio::spawn(tagging::worker::untag_worker(ctx.clone()));
     }
     if ctx.csrs.is_some() {
-        tokio::spawn(serving_csrs::worker(ctx.clone()));
+        tokio::spawn(serving_csrs::worker::worker(ctx.clone()));
     }
     // Awaited each time this replica leads, so it may say so first.
     let caches = || {

@@ -414,6 +414,14 @@ pub fn tags_text(tags: &BTreeMap<String, String>) -> String {
     pairs.join(",")
 }
 
+/// How a node is named to the gateway.
+pub fn node_ref(node: &NodeView) -> ccm_proto::v1::NodeRef {
+    ccm_proto::v1::NodeRef {
+        name: node.name.clone(),
+        provider_id: node.provider_id.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use ccm_proto::v1::{InstanceState, NodeAddress as CloudAddress};

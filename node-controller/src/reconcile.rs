@@ -14,9 +14,10 @@ use kube::runtime::events::{Event, EventType};
 use serde_json::json;
 use tracing::Instrument as _;
 
-use crate::context::{Context, node_ref};
+use crate::context::Context;
 use crate::error::{Error, NodeError, Result};
 use crate::metrics::ActionLabels;
+use crate::plan::node_ref;
 use crate::plan::{self, NodeView, Triage, Verdict};
 
 const FIELD_MANAGER: &str = ccm_runtime::names::MANAGER_NODE_CONTROLLER;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::config_checks::{Problems, check_file, duration_within};
+pub use crate::leader::LeaseSettings;
 use crate::telemetry::LogFormat;
 
 /// Flags shared by every controller.
@@ -105,18 +106,6 @@ pub struct CommonArgs {
     pub diagnostics_peer_ca_file: Option<String>,
     #[command(flatten)]
     pub admin: crate::admin::AdminArgs,
-}
-
-/// Leader election settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseSettings {
-    /// Whether to elect at all.
-    pub enabled: bool,
-    pub name: String,
-    pub namespace: String,
-    pub lease_duration: Duration,
-    pub renew_deadline: Duration,
-    pub retry_period: Duration,
 }
 
 /// The checked shared settings.

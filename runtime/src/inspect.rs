@@ -1,7 +1,7 @@
 //! What an operator can ask a process about its work, served by the admin
 //! server as JSON: `/debug/status` (the process at a glance) and
-//! `/debug/object?key=...` (one object). `kubectl ccm` reads them through
-//! the API server's `pods/proxy` and `services/proxy`. Every answer is
+//! `/debug/object?key=...` (one object). The diagnostics API (see
+//! `diagnostics`) reads them for `kubectl ccm`. Every answer is
 //! bounded in size and holds nothing secret: object keys, states, error
 //! messages and times.
 //!

@@ -31,7 +31,17 @@ use kube_leader_election::{LeaseLock, LeaseLockParams, LeaseLockResult};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::common_args::LeaseSettings;
+/// Leader election settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// Whether to elect at all.
+    pub enabled: bool,
+    pub name: String,
+    pub namespace: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
 
 /// What this replica knows of its leadership.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

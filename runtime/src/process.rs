@@ -1,4 +1,4 @@
-//! The `main` every controller binary shares: parse flags (with a config
+//! The `main` the gateway and every controller share: parse flags (with a config
 //! file under them), check them all, start logging, run until SIGTERM.
 //! Invalid settings exit with code 2 and list every problem.
 

@@ -31,8 +31,8 @@
 //! is idempotent, so an ensure that failed half way is finished by the
 //! next.
 //!
-//! This file only maps [`LoadBalancers`] onto the operations beside it.
-//! Whatever any kind of load balancer needs: `targets` (the instances
+//! This file holds the ensure of both kinds, over the operations beside
+//! it. Whatever any kind of load balancer needs: `targets` (the instances
 //! behind the selected hosts), `placement` (VPC and subnets),
 //! `security_groups` over the pure `ingress_rules`, `health_check`. The
 //! NLB's own (ELBv2): `nlb`, `listeners`, `target_groups`, `elb_tags`,

@@ -1,71 +1,24 @@
-//! Kubelet serving certificates approved on the cloud's word (off unless
-//! `--approve-kubelet-serving-csrs`): each pending CSR of the signer
-//! `kubernetes.io/kubelet-serving` is judged by `csr` (the request on its
-//! own, then its addresses and names against a fresh gateway lookup of the
-//! node's instance, batched with the other CSRs waiting) and approved or
-//! denied through its `approval` subresource, with an event and a metric.
-//! A CSR of any other signer is never touched; one whose node or cloud
-//! cannot answer yet stays pending and is asked about again later. Only
-//! the leader decides.
+//! The serving CSR approver's worker: decides the queued CSRs while
+//! leading (see the parent module).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use ccm_proto::v1::{InstanceState, LookupPurpose, NodeRef};
-use ccm_runtime::queue::{Backoff, WorkQueue};
 use k8s_openapi::api::certificates::v1::{
     CertificateSigningRequest, CertificateSigningRequestCondition,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::PostParams;
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Resource, ResourceExt};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
 
-use crate::context::{Context, node_ref};
+use super::{ServingCsrs, is_pending};
+use crate::context::Context;
 use crate::csr::{self, Denial, Request};
 use crate::metrics::CsrLabels;
-use crate::plan::NodeView;
-
-/// Undecided CSRs are asked about again after 5 s, doubling up to 5
-/// minutes.
-const BACKOFF: Backoff = Backoff {
-    base: Duration::from_secs(5),
-    max: Duration::from_secs(300),
-};
-
-/// The CSRs, their cache and the work waiting.
-pub struct ServingCsrs {
-    pub api: Api<CertificateSigningRequest>,
-    pub store: Store<CertificateSigningRequest>,
-    pub queue: WorkQueue<String>,
-}
-
-impl ServingCsrs {
-    pub fn new(
-        api: Api<CertificateSigningRequest>,
-        store: Store<CertificateSigningRequest>,
-    ) -> Self {
-        Self {
-            api,
-            store,
-            queue: WorkQueue::new(BACKOFF),
-        }
-    }
-}
-
-/// Whether `c` is a kubelet serving CSR still waiting for a decision.
-pub fn is_pending(c: &CertificateSigningRequest) -> bool {
-    let decided = c.status.as_ref().is_some_and(|s| {
-        s.certificate.is_some()
-            || s.conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "Approved" || c.type_ == "Denied" || c.type_ == "Failed")
-    });
-    c.spec.signer_name == csr::SIGNER && !decided
-}
+use crate::plan::{NodeView, node_ref};
 
 /// Decides the queued CSRs, a batch at a time, while leading.
 pub async fn worker(ctx: Arc<Context>) {
