@@ -1,15 +1,31 @@
 # The two commands the README promises. Cargo's target directory may be
 # shared between clones through CARGO_TARGET_DIR.
 
-.PHONY: run test bench bench-large bench-xl soak
+.PHONY: run test proto-compat proto-baseline bench bench-large bench-xl soak
 
 # The whole system on loopback on the simulated cloud (see README).
 run:
 	cargo build --bins
 	cargo run --bin sandbox
 
+# The buf CLI, at the version tools/buf pins (npm carries its binary).
+BUF := tools/buf/node_modules/.bin/buf
+$(BUF): tools/buf/package.json tools/buf/package-lock.json
+	npm ci --prefix tools/buf --silent --no-audit --no-fund
+	touch $@
+
+# Fails on any change to cloudgateway.v1 that breaks, on the wire or in
+# JSON, what the last release's controllers or gateways expect
+# (proto/compat/baseline.json; see RELEASING.md). Additions pass.
+proto-compat: $(BUF)
+	$(BUF) breaking proto --against proto/compat/baseline.json
+
+# At a release only: the contract as it stands becomes the baseline.
+proto-baseline: $(BUF)
+	$(BUF) build proto --exclude-source-info -o proto/compat/baseline.json
+
 # Everything the tests need, then every test of the workspace.
-test:
+test: proto-compat
 	python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 	cargo test --doc -p cloud-gateway -p ccm-provider
 	# The tests start the real binaries (gateway-conformance too): build

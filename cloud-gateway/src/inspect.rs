@@ -62,6 +62,7 @@ impl Inspect for GatewayInspector {
         let (objects, recorded) = self.cloud.calls().size();
         json!({
             "component": "cloud-gateway",
+            "build": ccm_runtime::version::json(),
             "provider": self.cloud.name(),
             "ready": self.readiness.is_ready(),
             "budget": {

@@ -150,6 +150,7 @@ impl Gateway {
     ) -> anyhow::Result<Self> {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
+        ccm_runtime::version::register(&mut registry);
         let budget = Budget::start(settings.budget.clone());
         let cloud = Arc::new(Cloud::new(provider, budget, metrics.clone()));
         let (authenticator, token_files, admin_access) = authenticator(&settings, &metrics).await?;

@@ -28,7 +28,7 @@ use ccm_provider_sim::SimConfig;
 /// The cloud gateway: the only component of the cloud controller manager
 /// that talks to the cloud.
 #[derive(Clone, Debug, Parser)]
-#[command(name = "cloud-gateway", version, args_override_self = true)]
+#[command(name = "cloud-gateway", version = ccm_runtime::version::LONG, args_override_self = true)]
 pub struct Args {
     /// Config file (YAML or TOML) with settings named as the flags; flags and environment win over it.
     #[arg(long, env = "CLOUD_GATEWAY_CONFIG")]

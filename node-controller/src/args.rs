@@ -11,7 +11,7 @@ use clap::Parser;
 /// Initialises nodes from the cloud, keeps their addresses current, and
 /// removes or taints nodes whose instance is gone or shut down.
 #[derive(Parser, Debug)]
-#[command(name = "node-controller", version, args_override_self = true)]
+#[command(name = "node-controller", version = ccm_runtime::version::LONG, args_override_self = true)]
 pub struct Args {
     #[command(flatten)]
     pub common: CommonArgs,

@@ -13,7 +13,7 @@ use crate::plan::parse_cluster_cidrs;
 /// Programs a cloud route for each node's pod CIDRs and reports it in the
 /// node's NetworkUnavailable condition.
 #[derive(Parser, Debug)]
-#[command(name = "route-controller", version, args_override_self = true)]
+#[command(name = "route-controller", version = ccm_runtime::version::LONG, args_override_self = true)]
 pub struct Args {
     #[command(flatten)]
     pub common: CommonArgs,

@@ -67,6 +67,7 @@ impl<M> Base<M> {
         );
         let mut registry = Registry::default();
         let metrics = metrics(&mut registry);
+        crate::version::register(&mut registry);
         registry
             .sub_registry_with_label(("lease".into(), common.lease.name.clone().into()))
             .register(

@@ -143,6 +143,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Inspect for ControllerInspect
         let (troubled, total) = self.queue.troubled(MAX_LISTED);
         let mut status = json!({
             "controller": self.controller,
+            "build": crate::version::json(),
             "identity": self.leadership.identity(),
             "lease": self.lease,
             "leading": self.leadership.is_leader(),

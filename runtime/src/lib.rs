@@ -8,7 +8,8 @@
 //! clients ([`kube`], [`gateway`]), leader election ([`leader`]), and the
 //! caches of watched objects, whole ([`watch`]) or as each controller's
 //! compact views ([`view`]), and TLS for servers with certificates reloaded
-//! from their files ([`tls`]). It stays small and boring: nothing here knows
+//! from their files ([`tls`]), and which release a process is
+//! ([`version`]). It stays small and boring: nothing here knows
 //! what a controller does.
 
 pub mod admin;
@@ -29,5 +30,6 @@ pub mod queue;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;
+pub mod version;
 pub mod view;
 pub mod watch;

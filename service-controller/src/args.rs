@@ -11,7 +11,7 @@ use crate::plan::ClassPolicy;
 
 /// Cloud load balancers for Services of type LoadBalancer.
 #[derive(Parser, Debug)]
-#[command(name = "service-controller", version, args_override_self = true)]
+#[command(name = "service-controller", version = ccm_runtime::version::LONG, args_override_self = true)]
 pub struct Args {
     #[command(flatten)]
     pub common: CommonArgs,

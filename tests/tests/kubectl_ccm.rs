@@ -177,6 +177,14 @@ async fn kubectl_ccm_names_each_cause_of_a_pending_service_or_node() {
     let (code, status) = c.status_code().await;
     assert_eq!(code, Some(0), "{status:?}");
     assert!(status.stdout.contains("nothing needs you"), "{status:?}");
+    // Every process says which release it is, here all the same one.
+    let release = format!("{} (", ccm_runtime::version::VERSION);
+    assert_eq!(
+        status.stdout.matches(&release).count(),
+        4,
+        "three controllers and the gateway: {status:?}"
+    );
+    assert!(!status.stdout.contains("releases differ"), "{status:?}");
     let svc = services.list(&Default::default()).await.unwrap().items[0].clone();
     let ready = format!("service/{}", svc.metadata.name.unwrap());
     c.until_cause(&ready, "ready", "ready: the load balancer answers at")

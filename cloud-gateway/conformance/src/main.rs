@@ -17,7 +17,7 @@ use gateway_conformance::{Target, run, summary};
 
 /// Checks a cloudgateway.v1 gateway against the contract.
 #[derive(Parser)]
-#[command(name = "gateway-conformance", version)]
+#[command(name = "gateway-conformance", version = ccm_runtime::version::LONG)]
 struct Args {
     /// The gateway, `https://host:port` (with --tls-ca), or `http://` on this machine only.
     #[arg(long)]

@@ -11,7 +11,7 @@ use kube_test_apiserver::{ApiServer, Config, TokenEntry, documents};
 
 /// A Kubernetes API server in memory, for tests and the local sandbox.
 #[derive(Parser)]
-#[command(name = "kube-test-apiserver", version)]
+#[command(name = "kube-test-apiserver", version = ccm_runtime::version::LONG)]
 struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:6443")]

@@ -19,7 +19,7 @@ const FINDINGS: &str = "<!-- findings: kept across runs -->";
 
 /// Benchmarks: our defaults against the upstream profile, in one run.
 #[derive(Parser)]
-#[command(name = "bench", version)]
+#[command(name = "bench", version = ccm_runtime::version::LONG)]
 struct Args {
     /// A few of everything: proves the harness works, measures nothing.
     #[arg(long)]

@@ -24,7 +24,7 @@ use crate::verdict::{EventLine, Leader, Verdict, human};
 
 /// Asks the cloud controller manager why something is pending.
 #[derive(Parser, Debug)]
-#[command(name = "kubectl ccm", version)]
+#[command(name = "kubectl ccm", version = ccm_runtime::version::LONG)]
 struct Args {
     #[command(subcommand)]
     command: Command,

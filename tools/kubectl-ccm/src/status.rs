@@ -65,7 +65,41 @@ pub fn judge(controllers: &[ControllerReport], gateway: &Answer) -> (Vec<String>
             }
         }
     }
+    if let Some(mixed) = mixed_releases(controllers, gateway) {
+        notes.push(mixed);
+    }
     (problems, notes)
+}
+
+/// The release a process said it is (`/debug/status`'s `build`).
+fn release(status: &Value) -> Option<String> {
+    let build = &status["build"];
+    Some(format!(
+        "{} ({})",
+        build["version"].as_str()?,
+        build["commit"].as_str().unwrap_or("?")
+    ))
+}
+
+/// A note naming each process's release when they are not all the same
+/// one: an upgrade under way, or one stuck half done.
+fn mixed_releases(controllers: &[ControllerReport], gateway: &Answer) -> Option<String> {
+    let mut seen: Vec<(String, String)> = controllers
+        .iter()
+        .filter_map(|c| Some((c.name.to_owned(), release(c.status.as_ref().ok()?)?)))
+        .collect();
+    if let Some(g) = gateway.as_ref().ok().and_then(release) {
+        seen.push(("gateway".into(), g));
+    }
+    let first = &seen.first()?.1;
+    if seen.iter().all(|(_, r)| r == first) {
+        return None;
+    }
+    let each: Vec<String> = seen.iter().map(|(n, r)| format!("{n} {r}")).collect();
+    Some(format!(
+        "releases differ (an upgrade under way?): {}",
+        each.join(", ")
+    ))
 }
 
 /// One controller's problems and notes. A leader's own answer wins over
@@ -192,13 +226,18 @@ fn controller_row(c: &ControllerReport) -> String {
             .unwrap_or_else(|| "-".into())
     };
     format!(
-        "{:<20}{:<26}{:<14}{:<8}{:<10}{}",
+        "{:<20}{:<26}{:<14}{:<8}{:<10}{:<9}{}",
         c.name,
         leader,
         held,
         num("/queue/depth"),
         num("/queue/failing"),
         num("/queue/waiting"),
+        c.status
+            .as_ref()
+            .ok()
+            .and_then(release)
+            .unwrap_or_else(|| "-".into()),
     )
 }
 
@@ -218,13 +257,14 @@ fn gateway_lines(gateway: &Answer) -> Vec<String> {
         .unwrap_or_else(|| "never".into());
     let mut lines = vec![
         format!(
-            "{} on {}",
+            "{} on {}, release {}",
             if g["ready"] == true {
                 "ready"
             } else {
                 "NOT ready"
             },
-            g["provider"].as_str().unwrap_or("?")
+            g["provider"].as_str().unwrap_or("?"),
+            release(g).unwrap_or_else(|| "?".into())
         ),
         format!(
             "budget: {}/s (now {}/s), {} tokens, waiting high {} normal {} low {}, last throttled {throttled}",
@@ -286,8 +326,8 @@ pub async fn run(args: &Args) -> anyhow::Result<ExitCode> {
     };
     if args.output == Output::Text {
         println!(
-            "{:<20}{:<26}{:<14}{:<8}{:<10}WAITING",
-            "CONTROLLER", "LEADER", "LEADS FOR", "QUEUE", "FAILING"
+            "{:<20}{:<26}{:<14}{:<8}{:<10}{:<9}RELEASE",
+            "CONTROLLER", "LEADER", "LEADS FOR", "QUEUE", "FAILING", "WAITING"
         );
         for c in &report.controllers {
             println!("{}", controller_row(c));
@@ -349,6 +389,26 @@ mod tests {
 
     fn gateway() -> Answer {
         Ok(json!({"ready": true, "budget": {"rate": 20.0}}))
+    }
+
+    #[test]
+    fn a_half_done_upgrade_is_a_note_naming_each_release() {
+        let build = |version: &str| json!({"build": {"version": version, "commit": "abc"}});
+        let mut controllers: Vec<_> = CONTROLLERS.map(healthy).into();
+        for c in &mut controllers {
+            c.status = leads(c.name, build("0.2.0"));
+        }
+        let gateway = Ok(json!({"ready": true, "build": {"version": "0.2.0", "commit": "abc"}}));
+        assert_eq!(judge(&controllers, &gateway), (vec![], vec![]));
+        controllers[1].status = leads("service-controller", build("0.1.0"));
+        let (problems, notes) = judge(&controllers, &gateway);
+        assert!(problems.is_empty());
+        assert_eq!(
+            notes,
+            [
+                "releases differ (an upgrade under way?): node-controller 0.2.0 (abc), service-controller 0.1.0 (abc), route-controller 0.2.0 (abc), gateway 0.2.0 (abc)"
+            ]
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use clap::Parser;
 /// Runs the cloud controller manager locally: API server, gateway on the
 /// simulated cloud, and every controller, with simulated kubelets.
 #[derive(Parser)]
-#[command(name = "sandbox", version)]
+#[command(name = "sandbox", version = ccm_runtime::version::LONG)]
 struct Args {
     /// The cloud: sim (the simulated cloud), aws (the AWS provider against
     /// moto, an AWS API emulator from PyPI, started on loopback) or toy (no

@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 
 /// A bare gRPC server answering GetInstances with a fixed instance.
 #[derive(Parser)]
-#[command(name = "latency-floor", version)]
+#[command(name = "latency-floor", version = ccm_runtime::version::LONG)]
 struct Args {
     /// Where to listen.
     #[arg(long, default_value = "127.0.0.1:50099")]

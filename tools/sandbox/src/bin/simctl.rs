@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 
 /// Acts on the simulated cloud: instances and faults.
 #[derive(Parser)]
-#[command(name = "simctl", version)]
+#[command(name = "simctl", version = ccm_runtime::version::LONG)]
 struct Args {
     /// The sandbox's endpoints.json (gateway address and admin token).
     #[arg(long, default_value = ".sandbox/endpoints.json")]
