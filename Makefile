@@ -1,7 +1,7 @@
 # The two commands the README promises. Cargo's target directory may be
 # shared between clones through CARGO_TARGET_DIR.
 
-.PHONY: run test proto-compat proto-baseline bench bench-large bench-xl soak
+.PHONY: run test proto-compat proto-baseline chart-baseline bench bench-large bench-xl soak
 
 # The whole system on loopback on the simulated cloud (see README).
 run:
@@ -23,6 +23,12 @@ proto-compat: $(BUF)
 # At a release only: the contract as it stands becomes the baseline.
 proto-baseline: $(BUF)
 	$(BUF) build proto --exclude-source-info -o proto/compat/baseline.json
+
+# At a release only: what `helm upgrade` from it must keep (immutable
+# selectors, Service ports, the objects the last release's pods use),
+# which `helm/check.py check` compares the chart with.
+chart-baseline:
+	python3 helm/check.py upgrade-baseline
 
 # Everything the tests need, then every test of the workspace.
 test: proto-compat

@@ -5,6 +5,9 @@ v4) and the Kubernetes JSON schemas (kubernetes-validate), offline.
     python3 helm/check.py check       lint, render variants, schema, validate
     python3 helm/check.py render [--release R] [--namespace N] [--set k=v ...]
                                       print the rendered manifests
+    python3 helm/check.py upgrade-baseline
+                                      at a release: record what an upgrade
+                                      from it must keep (compat/baseline.json)
 
 `make test` installs both packages (tests/requirements.txt); the Rust test
 tests/tests/chart.rs runs `check` and renders the chart for the RBAC-enforced
@@ -645,6 +648,92 @@ def check_admin(c: Checks, defaults: list[dict]) -> None:
                      f"{label}: {svc['metadata']['name']} is scraped by {by}")
 
 
+# What `helm upgrade` cannot change in place (the API server refuses it,
+# or the objects of the last release stop matching), by kind; and the
+# kinds whose every object must still be there after an upgrade (a
+# renamed Service cuts off the processes of the last release mid-upgrade).
+IMMUTABLE = {
+    "Deployment": ("/spec/selector",),
+    "StatefulSet": ("/spec/selector", "/spec/serviceName"),
+    "DaemonSet": ("/spec/selector",),
+    "PodDisruptionBudget": ("/spec/selector",),
+    "Service": ("/spec/selector", "/spec/ports/*/name", "/spec/clusterIP"),
+}
+KEPT = ("Deployment", "Service", "ServiceAccount", "Secret")
+UPGRADE_BASELINE = Path(__file__).resolve().parent / "compat" / "baseline.json"
+# The installs an upgrade is checked on: the sim's defaults and AWS's.
+UPGRADE_VARIANTS = {"sim": SIM, "aws": {"gateway": {"provider": "aws", "aws": {"region": "eu-west-1"}}}}
+
+
+def pointer(doc, path: str):
+    """The values at `path` (`*` steps into every element of a list)."""
+    nodes = [doc]
+    for step in path.strip("/").split("/"):
+        nxt = []
+        for n in nodes:
+            if step == "*" and isinstance(n, list):
+                nxt.extend(n)
+            elif isinstance(n, dict) and step in n:
+                nxt.append(n[step])
+        nodes = nxt
+    return nodes
+
+
+def upgrade_facts(docs: list[dict]) -> dict:
+    """`kind/name` of each object an upgrade must keep, with its immutable fields."""
+    out = {}
+    for d in docs:
+        kind = d["kind"]
+        if kind in IMMUTABLE or kind in KEPT:
+            out[f"{kind}/{d['metadata']['name']}"] = {p: pointer(d, p) for p in IMMUTABLE.get(kind, ())}
+    return out
+
+
+def upgrade_breaks(old: dict, new: dict) -> list[str]:
+    """What an upgrade from `old` to `new` (both `upgrade_facts`) would break."""
+    broken = []
+    for key, fields in sorted(old.items()):
+        if key not in new:
+            broken.append(f"{key} is gone (renamed or removed)")
+            continue
+        for path, value in fields.items():
+            if new[key].get(path) != value:
+                broken.append(f"{key} {path}: {value} -> {new[key].get(path)}")
+    return broken
+
+
+def upgrade_baseline() -> int:
+    facts = {name: upgrade_facts(render(values)) for name, values in UPGRADE_VARIANTS.items()}
+    UPGRADE_BASELINE.parent.mkdir(exist_ok=True)
+    UPGRADE_BASELINE.write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {UPGRADE_BASELINE}")
+    return 0
+
+
+def check_upgrade(c: Checks) -> None:
+    """`helm upgrade` from the last release keeps every immutable field and
+    every object the processes of that release use."""
+    baseline = json.loads(UPGRADE_BASELINE.read_text())
+    for name, values in UPGRADE_VARIANTS.items():
+        new = upgrade_facts(render(values))
+        broken = upgrade_breaks(baseline[name], new)
+        c.expect(not broken, f"an upgrade of the {name} install from the last release breaks: {broken}")
+    # The comparison itself sees a changed selector, port name and a
+    # renamed Service.
+    old = baseline["sim"]
+    changed = copy.deepcopy(old)
+    deployment = next(k for k in changed if k.startswith("Deployment/"))
+    changed[deployment]["/spec/selector"] = [{"matchLabels": {"app": "other"}}]
+    service = next(k for k in changed if k.startswith("Service/") and changed[k]["/spec/ports/*/name"])
+    changed[service]["/spec/ports/*/name"] = ["renamed"]
+    gone = next(k for k in changed if k.startswith("Service/") and k != service)
+    del changed[gone]
+    found = upgrade_breaks(old, changed)
+    c.expect(len(found) == 3 and any(deployment in f for f in found) and any(gone in f and "gone" in f
+                                                                               for f in found),
+             f"the upgrade check names a changed selector, port name and a gone Service: {found}")
+
+
 def check() -> int:
     c = Checks()
 
@@ -686,6 +775,7 @@ def check() -> int:
 
     check_diagnostics(c, defaults)
     check_admin(c, defaults)
+    check_upgrade(c)
 
     # Bootstrap and hardening, in every pod.
     for d, ctr in containers(defaults):
@@ -1008,6 +1098,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("check")
+    sub.add_parser("upgrade-baseline")
     r = sub.add_parser("render")
     r.add_argument("--release", default=RELEASE)
     r.add_argument("--namespace", default=NAMESPACE)
@@ -1016,6 +1107,8 @@ def main() -> int:
     args = p.parse_args()
     if args.cmd == "check":
         return check()
+    if args.cmd == "upgrade-baseline":
+        return upgrade_baseline()
     values: dict = {}
     for path in args.values:
         with open(path) as f:
