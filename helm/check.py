@@ -836,11 +836,12 @@ def check() -> int:
         any(v.get("secret", {}).get("secretName") == "my-gateway-tls" for v in d["spec"]["template"]["spec"]["volumes"])
         for d, _ in containers(own)), "existingSecret: every pod mounts the Secret named, none is made")
     mtls = render_sim({"gateway": {"tls": {"clientCA": {"existingSecret": "client-ca"}, "clientCertRoles": [
-        {"identity": "spiffe://cluster.local/ns/kube-system/sa/cluster-autoscaler", "role": "node"}]}}})
+        {"identity": "spiffe://cluster.local/ns/kube-system/sa/cluster-autoscaler", "role": "autoscaler"}]}}})
     validate_all(c, mtls, "mutual TLS")
     gw = next(ctr for d, ctr in containers(mtls) if d["metadata"]["name"] == "ccm-gateway")
     c.expect("--tls-client-ca=/etc/cloud-gateway/client-ca/ca.crt" in gw["args"]
-             and "--client-cert-roles=spiffe://cluster.local/ns/kube-system/sa/cluster-autoscaler=node" in gw["args"],
+             and "--client-cert-roles=spiffe://cluster.local/ns/kube-system/sa/cluster-autoscaler=autoscaler"
+             in gw["args"] and "--cluster-name=kubernetes" in gw["args"],
              f"mutual TLS: the client CA and the identities' roles reach the gateway: {gw['args']}")
 
     # Each component off on its own.

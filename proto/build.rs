@@ -1,5 +1,6 @@
-//! Compiles `cloudgateway/v1/*.proto` with protox, a protobuf compiler in
-//! Rust, so that a fresh machine builds without a system `protoc`.
+//! Compiles `cloudgateway/v1/*.proto`, and the third-party protocols the
+//! gateway also serves (`third_party/`), with protox, a protobuf compiler
+//! in Rust, so that a fresh machine builds without a system `protoc`.
 
 use std::path::PathBuf;
 
@@ -14,8 +15,12 @@ const PROTOS: &[&str] = &[
     "cloudgateway/v1/sim_admin.proto",
 ];
 
+/// Third-party protocols, vendored verbatim: compiled with tonic's own
+/// codec, which skips unknown fields as their owners' clients expect.
+const THIRD_PARTY: &[&str] = &["third_party/externalgrpc/externalgrpc.proto"];
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    for proto in PROTOS {
+    for proto in PROTOS.iter().chain(THIRD_PARTY) {
         println!("cargo:rerun-if-changed={proto}");
     }
     let descriptors = protox::compile(PROTOS, ["."])?;
@@ -28,5 +33,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .codec_path("crate::codec::StrictCodec")
         .compile_fds(descriptors)?;
+    let third_party = protox::compile(THIRD_PARTY, ["."])?;
+    std::fs::write(
+        out_dir.join("third_party_descriptor.bin"),
+        third_party.encode_to_vec(),
+    )?;
+    tonic_prost_build::configure().compile_fds(third_party)?;
     Ok(())
 }

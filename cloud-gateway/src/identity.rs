@@ -13,13 +13,21 @@ pub enum Role {
     Service,
     /// The route controller: routes.
     Route,
+    /// Cluster Autoscaler: its external gRPC cloud provider (node groups).
+    Autoscaler,
     /// People and tests: everything, including SimAdmin.
     Admin,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 4] = [Role::Admin, Role::Node, Role::Service, Role::Route];
+    pub const ALL: [Role; 5] = [
+        Role::Admin,
+        Role::Node,
+        Role::Service,
+        Role::Route,
+        Role::Autoscaler,
+    ];
 
     /// The role's name in the tokens file.
     pub fn as_str(self) -> &'static str {
@@ -27,6 +35,7 @@ impl Role {
             Self::Node => "node",
             Self::Service => "service",
             Self::Route => "route",
+            Self::Autoscaler => "autoscaler",
             Self::Admin => "admin",
         }
     }
@@ -39,7 +48,9 @@ impl FromStr for Role {
         Self::ALL
             .into_iter()
             .find(|r| r.as_str() == s)
-            .ok_or_else(|| format!("unknown role {s:?}; use admin, node, service or route"))
+            .ok_or_else(|| {
+                format!("unknown role {s:?}; use admin, node, service, route or autoscaler")
+            })
     }
 }
 
@@ -79,6 +90,9 @@ pub fn allowed_roles(path: &str) -> Option<&'static [Role]> {
         "cloudgateway.v1.Instances" => &[Role::Node, Role::Admin],
         "cloudgateway.v1.LoadBalancers" => &[Role::Service, Role::Admin],
         "cloudgateway.v1.Routes" => &[Role::Route, Role::Admin],
+        "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider" => {
+            &[Role::Autoscaler, Role::Admin]
+        }
         // SimAdmin and anything unknown: admins only, who then get
         // UNIMPLEMENTED for a path that does not exist.
         _ => &[Role::Admin],

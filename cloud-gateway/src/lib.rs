@@ -50,6 +50,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
+use ccm_proto::externalgrpc::cloud_provider_server::CloudProviderServer;
 use ccm_proto::v1::instances_server::InstancesServer;
 use ccm_proto::v1::load_balancers_server::LoadBalancersServer;
 use ccm_proto::v1::provider_server::ProviderServer;
@@ -73,8 +74,10 @@ use crate::cloud::Cloud;
 use crate::cloud::budget::Budget;
 use crate::cloud::instance_lookups::InstanceLookups;
 use crate::cloud::load_balancer_reads::LoadBalancerReads;
+use crate::cloud::node_group_snapshots::NodeGroupSnapshots;
 use crate::grpc::{
-    InstancesService, LoadBalancersService, ProviderService, RoutesService, SimAdminService,
+    AutoscalerService, InstancesService, LoadBalancersService, ProviderService, RoutesService,
+    SimAdminService,
 };
 use crate::identity::Role;
 use crate::layers::auth::{AuthLayer, Authenticator, Tokens};
@@ -267,7 +270,7 @@ async fn authenticator(
                 .with_context(|| format!("generate tokens in {}", dir.display()))?;
             tracing::info!(
                 dir = %dir.display(),
-                "no tokens file given; one token per role (admin, node, service, route) is in <dir>/<role>.token"
+                "no tokens file given; one token per role (admin, node, service, route, autoscaler) is in <dir>/<role>.token"
             );
             (tokens, files)
         }
@@ -323,10 +326,12 @@ fn serve(
     let lookups = InstanceLookups::start(cloud.clone(), settings.lookups.clone());
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ccm_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(ccm_proto::THIRD_PARTY_FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(ccm_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(ccm_proto::THIRD_PARTY_FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
@@ -375,6 +380,16 @@ fn serve(
         )
         .add_service(
             RoutesServer::new(RoutesService::new(cloud.clone())).max_decoding_message_size(largest),
+        )
+        .add_service(
+            CloudProviderServer::new(AutoscalerService::new(
+                cloud.clone(),
+                Arc::new(NodeGroupSnapshots::new(
+                    settings.cluster_name.clone(),
+                    settings.node_groups_refresh_interval,
+                )),
+            ))
+            .max_decoding_message_size(limits::AUTOSCALER_MAX_REQUEST),
         )
         .add_optional_service(
             sim.clone()

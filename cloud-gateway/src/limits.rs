@@ -107,11 +107,23 @@ pub fn largest_request_bytes() -> usize {
     max_request_bytes("/cloudgateway.v1.LoadBalancers/EnsureLoadBalancer").unwrap_or_default()
 }
 
+/// Cluster Autoscaler's external gRPC service (see `grpc::autoscaler`).
+const AUTOSCALER_PATH: &str = "/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/";
+
+/// Its requests carry Nodes with their labels and annotations (up to
+/// 256 KiB of annotations each in Kubernetes), several at once when it
+/// deletes nodes: tonic's default ceiling, 4 MiB.
+pub const AUTOSCALER_MAX_REQUEST: usize = 4 * 1024 * 1024;
+
 /// The largest encoded size of any valid request to the gRPC method at
-/// `path`, from the limits the checks above enforce; `None` for a path
-/// that is not a method of `cloudgateway.v1`. The gateway refuses a larger
+/// `path`, from the limits the checks above enforce (the autoscaler's,
+/// tonic's default); `None` for a path that is not a method of
+/// `cloudgateway.v1` or the autoscaler's. The gateway refuses a larger
 /// request before reading it.
 pub fn max_request_bytes(path: &str) -> Option<usize> {
+    if path.starts_with(AUTOSCALER_PATH) {
+        return Some(AUTOSCALER_MAX_REQUEST);
+    }
     let method = path.strip_prefix("/cloudgateway.v1.")?;
     let p = &*PARTS;
     Some(match method {

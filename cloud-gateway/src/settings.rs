@@ -78,6 +78,12 @@ pub struct Args {
     /// The cloud provider, required: aws, or sim (the simulated cloud, for trying things out: it knows none of a real cluster's machines).
     #[arg(long, env = "CLOUD_GATEWAY_PROVIDER")]
     pub provider: Option<String>,
+    /// The cluster whose node groups Cluster Autoscaler scales through the gateway (on AWS, the Auto Scaling groups tagged k8s.io/cluster-autoscaler/<name>); the controllers name theirs in each call.
+    #[arg(long, env = "CLOUD_GATEWAY_CLUSTER_NAME", default_value = "kubernetes")]
+    pub cluster_name: String,
+    /// How old the node groups the autoscaler reads may be before its Refresh lists them again; however many autoscalers ask, the cloud is listed at most this often.
+    #[arg(long, default_value = "10s")]
+    pub node_groups_refresh_interval: String,
     /// Log format: plain or json.
     #[arg(long, env = "CLOUD_GATEWAY_LOG_FORMAT", default_value = "plain")]
     pub log_format: String,
@@ -338,6 +344,10 @@ pub struct Settings {
     /// What one client may make the gateway hold.
     pub limits: Limits,
     pub lookups: LookupConfig,
+    /// The cluster whose node groups the autoscaler scales.
+    pub cluster_name: String,
+    /// How often the node groups are listed again at most.
+    pub node_groups_refresh_interval: Duration,
     pub sim: SimConfig,
     #[cfg(feature = "aws")]
     pub aws: AwsSettings,
@@ -407,6 +417,14 @@ impl Settings {
         let budget = budget(&mut p, args);
         let limits = limits(&mut p, args);
         let lookups = lookups(&mut p, args);
+        if !ccm_runtime::names::is_cluster_name(&args.cluster_name) {
+            p.push("cluster-name", ccm_runtime::names::CLUSTER_NAME_RULE);
+        }
+        let node_groups_refresh_interval = p.parse(
+            "node-groups-refresh-interval",
+            &args.node_groups_refresh_interval,
+            duration_within(Duration::from_secs(1), Duration::from_secs(600)),
+        );
         let sim = sim(&mut p, args);
         #[cfg(feature = "aws")]
         let aws = aws(&mut p, args);
@@ -425,6 +443,8 @@ impl Settings {
             budget: budget.expect("checked"),
             limits,
             lookups: lookups.expect("checked"),
+            cluster_name: args.cluster_name.clone(),
+            node_groups_refresh_interval: node_groups_refresh_interval.expect("checked"),
             sim: sim.expect("checked"),
             #[cfg(feature = "aws")]
             aws: aws.expect("checked"),

@@ -1,6 +1,7 @@
 //! The provider API: what a cloud implements to sit behind the cloud
 //! gateway. One trait, [`Provider`], with an optional capability per
-//! upstream interface ([`Instances`], [`LoadBalancers`], [`Routes`]), in
+//! upstream interface ([`Instances`], [`LoadBalancers`], [`Routes`]) and
+//! Cluster Autoscaler's node groups ([`NodeGroups`]), in
 //! plain Rust values ([`types`]) the gateway has already checked; the
 //! [`CloudError`] every call returns; the [`Operation`] names used for
 //! metrics, the audit log and sim faults; and the request meter
@@ -11,6 +12,7 @@
 
 mod error;
 mod meter;
+pub mod node_groups;
 mod operation;
 pub mod types;
 /// The forms an operator's values take (durations, quoting), the same in
@@ -21,6 +23,7 @@ use async_trait::async_trait;
 
 pub use error::{CloudError, Result};
 pub use meter::{count_api_request, metered};
+pub use node_groups::NodeGroups;
 pub use operation::Operation;
 pub use types::{
     AddressType, Host, Ingress, Instance, IpFamily, LoadBalancer, LoadBalancerSpec,
@@ -47,6 +50,12 @@ pub trait Provider: Send + Sync + 'static {
 
     /// Routes, if supported.
     fn routes(&self) -> Option<&dyn Routes>;
+
+    /// Node groups Cluster Autoscaler scales, if supported (none unless a
+    /// provider says so).
+    fn node_groups(&self) -> Option<&dyn NodeGroups> {
+        None
+    }
 
     /// Succeeds when the provider can serve (credentials valid, API
     /// reachable); gates the gateway's readiness.

@@ -27,13 +27,19 @@ pub enum Operation {
     CreateRoute,
     /// Delete a route.
     DeleteRoute,
+    /// List the node groups and their instances.
+    ListNodeGroups,
+    /// Set a node group's target size.
+    SetNodeGroupSize,
+    /// Delete named instances of a node group.
+    DeleteGroupInstances,
     /// The provider's readiness check (`Provider::check`).
     Check,
 }
 
 impl Operation {
     /// Every operation, for listing accepted values.
-    pub const ALL: [Operation; 11] = [
+    pub const ALL: [Operation; 14] = [
         Self::GetInstances,
         Self::TagInstances,
         Self::GetLoadBalancer,
@@ -44,6 +50,9 @@ impl Operation {
         Self::ListRoutes,
         Self::CreateRoute,
         Self::DeleteRoute,
+        Self::ListNodeGroups,
+        Self::SetNodeGroupSize,
+        Self::DeleteGroupInstances,
         Self::Check,
     ];
 
@@ -60,6 +69,9 @@ impl Operation {
             Self::ListRoutes => "list_routes",
             Self::CreateRoute => "create_route",
             Self::DeleteRoute => "delete_route",
+            Self::ListNodeGroups => "list_node_groups",
+            Self::SetNodeGroupSize => "set_node_group_size",
+            Self::DeleteGroupInstances => "delete_group_instances",
             Self::Check => "check",
         }
     }
@@ -74,6 +86,8 @@ impl Operation {
                 | Self::DeleteLoadBalancer
                 | Self::CreateRoute
                 | Self::DeleteRoute
+                | Self::SetNodeGroupSize
+                | Self::DeleteGroupInstances
         )
     }
 }

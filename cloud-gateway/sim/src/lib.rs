@@ -8,6 +8,7 @@
 pub mod annotations;
 mod instances;
 mod load_balancers;
+mod node_groups;
 mod pool;
 mod routes;
 pub mod store;
@@ -26,6 +27,7 @@ use ccm_provider::{
 };
 use ipnet::IpNet;
 
+pub use self::node_groups::{GPU_LABEL, NEW_INSTANCE_TIME};
 use self::store::{InstanceRecord, LoadBalancerRecord, RouteRecord, Store};
 
 /// The provider's name and provider-ID scheme.
@@ -313,7 +315,17 @@ impl SimCloud {
 
     /// Creates a running instance.
     pub fn create_instance(&self, new: NewInstance) -> Result<InstanceRecord> {
-        let mut state = self.state();
+        self.create_instance_in(&mut self.state(), new, None)
+    }
+
+    /// Creates an instance with the state locked; one of a node group
+    /// (`group`: its id, and until when it is being made) records that.
+    fn create_instance_in(
+        &self,
+        state: &mut State,
+        new: NewInstance,
+        group: Option<(&str, u64)>,
+    ) -> Result<InstanceRecord> {
         if state.store.instance_id(&new.name)?.is_some() {
             return Err(CloudError::Conflict(format!(
                 "an instance named {:?} exists",
@@ -364,6 +376,8 @@ impl SimCloud {
             running: true,
             addresses,
             labels: new.labels,
+            group: group.map(|(id, _)| id.to_owned()),
+            ready_at_ms: group.map(|(_, ready_at)| ready_at),
         };
         state.store.put_instance(&record, &counters)?;
         for (name, value) in counters {
@@ -440,6 +454,10 @@ impl Provider for SimCloud {
     }
 
     fn routes(&self) -> Option<&dyn Routes> {
+        Some(self)
+    }
+
+    fn node_groups(&self) -> Option<&dyn ccm_provider::NodeGroups> {
         Some(self)
     }
 

@@ -26,6 +26,29 @@ pub struct InstanceRecord {
     /// `(NodeAddressType name, address)` pairs.
     pub addresses: Vec<(String, String)>,
     pub labels: BTreeMap<String, String>,
+    /// The node group that made it, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Until when (ms since the epoch) a node group's new instance is
+    /// still being made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_at_ms: Option<u64>,
+}
+
+/// A node group as the simulated cloud stores it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeGroupRecord {
+    pub cluster: String,
+    pub id: String,
+    pub min_size: u32,
+    pub max_size: u32,
+    pub target_size: u32,
+    pub instance_type: String,
+    /// Zones new instances go to, in turn.
+    pub zones: Vec<String>,
+    /// Labels and taints (`key`, `value`, `effect`) its nodes carry.
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<(String, String, String)>,
 }
 
 /// A load balancer as the simulated cloud stores it.
@@ -103,6 +126,9 @@ CREATE TABLE IF NOT EXISTS routes (
     cluster TEXT NOT NULL, name TEXT NOT NULL, body TEXT NOT NULL,
     PRIMARY KEY (cluster, name));
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS node_groups (
+    cluster TEXT NOT NULL, id TEXT NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (cluster, id));
 ";
 
 /// A failure of the state database. One the disk causes and the disk's
@@ -342,6 +368,25 @@ impl Store {
                 params![record.id, record.name, body],
             )?;
             put_counters(tx, counters)
+        })
+    }
+
+    /// Every node group, of every cluster.
+    pub fn node_groups(&self) -> Result<Vec<NodeGroupRecord>> {
+        let mut out: Vec<NodeGroupRecord> = load_all(&self.db, "node_groups")?;
+        out.sort_by(|a, b| (&a.cluster, &a.id).cmp(&(&b.cluster, &b.id)));
+        Ok(out)
+    }
+
+    /// Stores a node group.
+    pub fn put_node_group(&mut self, record: &NodeGroupRecord) -> Result<()> {
+        let body = to_json(record)?;
+        self.write(|tx| {
+            tx.execute(
+                "INSERT OR REPLACE INTO node_groups (cluster, id, body) VALUES (?1, ?2, ?3)",
+                params![record.cluster, record.id, body],
+            )
+            .map(drop)
         })
     }
 

@@ -11,13 +11,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ccm_provider::{
-    self as provider, CloudError, Instances, LoadBalancers, Operation, Provider, Result, Routes,
+    self as provider, CloudError, Instances, LoadBalancers, NodeGroups, Operation, Provider,
+    Result, Routes,
 };
 
 pub mod budget;
 pub mod calls;
 pub mod instance_lookups;
 pub mod load_balancer_reads;
+pub mod node_group_snapshots;
 
 use self::budget::{Budget, Priority};
 use crate::metrics::{CloudLabels, Metrics, OperationLabels, PriorityLabels};
@@ -68,6 +70,7 @@ impl Cloud {
             instances: self.provider.instances().is_some(),
             load_balancers: self.provider.load_balancers().is_some(),
             routes: self.provider.routes().is_some(),
+            node_groups: self.provider.node_groups().is_some(),
             instance_tags: self
                 .provider
                 .instances()
@@ -117,6 +120,19 @@ impl Cloud {
     /// Routes; `NotImplemented` when the provider has none.
     pub fn routes(&self) -> Result<Capability<'_, dyn Routes + '_>> {
         self.capability(self.provider.routes(), "routes")
+    }
+
+    /// Node groups; `NotImplemented` when the provider has none.
+    pub fn node_groups(&self) -> Result<Capability<'_, dyn NodeGroups + '_>> {
+        self.capability(self.provider.node_groups(), "node groups")
+    }
+
+    /// The provider's GPU label and types (no cloud call); `None` without
+    /// node groups.
+    pub fn gpus(&self) -> Option<(&'static str, Vec<String>)> {
+        self.provider
+            .node_groups()
+            .map(|g| (g.gpu_label(), g.gpu_types()))
     }
 
     fn capability<'a, C: ?Sized>(
@@ -250,6 +266,8 @@ pub struct Offers {
     pub load_balancers: bool,
     /// Routes.
     pub routes: bool,
+    /// Node groups for Cluster Autoscaler.
+    pub node_groups: bool,
     /// Instance tags.
     pub instance_tags: bool,
     /// Service annotations that select hosts by Node label.

@@ -3,15 +3,18 @@
 //! and the metrics layer in front of them all. Auth is a layer too
 //! (`crate::layers::auth`). Errors become statuses in one place ([`status`]).
 
+mod autoscaler;
 pub mod convert;
 mod instances;
 mod load_balancers;
+mod node_template;
 mod provider_info;
 mod routes;
 mod sim_admin;
 pub mod status;
 pub mod validate;
 
+pub use autoscaler::AutoscalerService;
 pub use instances::InstancesService;
 pub use load_balancers::LoadBalancersService;
 pub use provider_info::ProviderService;

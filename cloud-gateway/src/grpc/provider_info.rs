@@ -36,6 +36,7 @@ impl Provider for ProviderService {
                 load_balancers: offers.load_balancers,
                 routes: offers.routes,
                 instance_tags: offers.instance_tags,
+                node_groups: offers.node_groups,
                 host_label_annotations: offers
                     .host_label_annotations
                     .iter()

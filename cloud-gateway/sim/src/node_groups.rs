@@ -1,0 +1,269 @@
+//! The sim's node groups, as an Auto Scaling group behaves: the cloud
+//! keeps a group's instances at its target, making new ones (each takes
+//! [`NEW_INSTANCE_TIME`] to be made, and its name is `<group>-<number>`)
+//! and removing the youngest first when the target drops. Deleting named
+//! instances lowers the target with them, never below the minimum. Groups
+//! live in the state database with everything else.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ccm_provider::node_groups::{
+    GroupInstance, GroupInstanceState, GroupOptions, NodeGroup, NodeGroups, NodeTemplate, Taint,
+};
+use ccm_provider::{CloudError, Operation, Result};
+
+use crate::store::{InstanceRecord, NodeGroupRecord};
+use crate::{NewInstance, PROVIDER_ID_PREFIX, SimCloud, State, now_ms};
+
+/// How long a node group's new instance takes to be made.
+pub const NEW_INSTANCE_TIME: Duration = Duration::from_secs(3);
+
+/// The label that marks the sim's GPU nodes and names their type.
+pub const GPU_LABEL: &str = "sim.cloudgateway.io/accelerator";
+
+fn invalid(field: &str, problem: String) -> CloudError {
+    CloudError::InvalidArgument(vec![(field.to_owned(), problem)])
+}
+
+/// What an instance type offers: `sim.<family>-<cpus>` has that many CPUs
+/// and 4 GiB of memory each; `gpu` families one GPU.
+fn capacity(instance_type: &str) -> std::collections::BTreeMap<String, String> {
+    let cpus: u32 = instance_type
+        .rsplit('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2);
+    let mut out = std::collections::BTreeMap::from([
+        ("cpu".to_owned(), cpus.to_string()),
+        ("memory".to_owned(), format!("{}Gi", cpus * 4)),
+        ("pods".to_owned(), "110".to_owned()),
+    ]);
+    if instance_type.contains("gpu") {
+        out.insert("nvidia.com/gpu".to_owned(), "1".to_owned());
+    }
+    out
+}
+
+impl SimCloud {
+    /// Creates a node group and its first instances (`target_size` of
+    /// them).
+    pub fn create_node_group(&self, mut group: NodeGroupRecord) -> Result<NodeGroupRecord> {
+        let mut problems = Vec::new();
+        if group.id.is_empty() {
+            problems.push(("id".to_owned(), "must not be empty".to_owned()));
+        }
+        if !(group.min_size <= group.target_size && group.target_size <= group.max_size) {
+            problems.push((
+                "target_size".to_owned(),
+                format!(
+                    "must be within min {} and max {}, not {}",
+                    group.min_size, group.max_size, group.target_size
+                ),
+            ));
+        }
+        if let Some(zone) = group.zones.iter().find(|z| !self.config.zones.contains(z)) {
+            problems.push((
+                "zones".to_owned(),
+                format!("{zone:?} is not a zone of the sim"),
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(CloudError::InvalidArgument(problems));
+        }
+        if group.zones.is_empty() {
+            group.zones = self.config.zones.clone();
+        }
+        if group.instance_type.is_empty() {
+            group.instance_type = self.config.default_instance_type.clone();
+        }
+        let mut state = self.state();
+        if state
+            .store
+            .node_groups()?
+            .iter()
+            .any(|g| g.cluster == group.cluster && g.id == group.id)
+        {
+            return Err(CloudError::Conflict(format!(
+                "node group {:?} exists",
+                group.id
+            )));
+        }
+        state.store.put_node_group(&group)?;
+        self.converge(&mut state, &group)?;
+        Ok(group)
+    }
+
+    /// The cluster's group `id`.
+    fn group_record(state: &State, cluster: &str, id: &str) -> Result<NodeGroupRecord> {
+        state
+            .store
+            .node_groups()?
+            .into_iter()
+            .find(|g| g.cluster == cluster && g.id == id)
+            .ok_or_else(|| CloudError::NotFound(format!("node group {id:?}")))
+    }
+
+    fn members(state: &State, group: &NodeGroupRecord) -> Result<Vec<InstanceRecord>> {
+        Ok(state
+            .store
+            .instances()?
+            .into_iter()
+            .filter(|i| i.group.as_deref() == Some(&group.id))
+            .collect())
+    }
+
+    /// Makes or removes instances until the group holds its target.
+    fn converge(&self, state: &mut State, group: &NodeGroupRecord) -> Result<()> {
+        let mut members = Self::members(state, group)?;
+        let target = group.target_size as usize;
+        while members.len() < target {
+            let n = state
+                .counters
+                .get(crate::COUNTER_INSTANCE)
+                .copied()
+                .unwrap_or(1);
+            let zone = group.zones[n as usize % group.zones.len()].clone();
+            let created = self.create_instance_in(
+                state,
+                NewInstance {
+                    name: format!("{}-{n}", group.id),
+                    instance_type: group.instance_type.clone(),
+                    zone,
+                    addresses: Vec::new(),
+                    labels: group.labels.clone(),
+                },
+                Some((&group.id, now_ms() + NEW_INSTANCE_TIME.as_millis() as u64)),
+            )?;
+            members.push(created);
+        }
+        // The youngest (highest number) go first.
+        members.sort_by(|a, b| a.id.cmp(&b.id));
+        while members.len() > target {
+            let gone = members.pop().expect("more than the target");
+            state.store.delete_instance(&gone.id)?;
+        }
+        Ok(())
+    }
+
+    fn to_group(&self, state: &State, group: &NodeGroupRecord) -> Result<NodeGroup> {
+        let now = now_ms();
+        let instances = Self::members(state, group)?
+            .into_iter()
+            .map(|i| GroupInstance {
+                provider_id: i.provider_id(),
+                state: if i.ready_at_ms.is_some_and(|at| at > now) {
+                    GroupInstanceState::Creating
+                } else {
+                    GroupInstanceState::Running
+                },
+                error: None,
+            })
+            .collect();
+        Ok(NodeGroup {
+            id: group.id.clone(),
+            min_size: group.min_size,
+            max_size: group.max_size,
+            target_size: group.target_size,
+            instances,
+            template: NodeTemplate {
+                instance_type: group.instance_type.clone(),
+                zones: group.zones.clone(),
+                region: self.config.region.clone(),
+                capacity: capacity(&group.instance_type),
+                labels: group.labels.clone(),
+                taints: group
+                    .taints
+                    .iter()
+                    .map(|(key, value, effect)| Taint {
+                        key: key.clone(),
+                        value: value.clone(),
+                        effect: effect.clone(),
+                    })
+                    .collect(),
+            },
+            options: GroupOptions::default(),
+        })
+    }
+}
+
+#[async_trait]
+impl NodeGroups for SimCloud {
+    async fn list(&self, cluster: &str) -> Result<Vec<NodeGroup>> {
+        let _call = self.enter(Operation::ListNodeGroups).await?;
+        let state = self.state();
+        state
+            .store
+            .node_groups()?
+            .iter()
+            .filter(|g| g.cluster == cluster)
+            .map(|g| self.to_group(&state, g))
+            .collect()
+    }
+
+    async fn set_target_size(&self, cluster: &str, group: &str, size: u32) -> Result<()> {
+        let _call = self.enter(Operation::SetNodeGroupSize).await?;
+        let mut state = self.state();
+        let mut record = Self::group_record(&state, cluster, group)?;
+        if !(record.min_size..=record.max_size).contains(&size) {
+            return Err(invalid(
+                "size",
+                format!(
+                    "{size} is outside node group {group:?}'s bounds {}..={}",
+                    record.min_size, record.max_size
+                ),
+            ));
+        }
+        record.target_size = size;
+        state.store.put_node_group(&record)?;
+        self.converge(&mut state, &record)
+    }
+
+    async fn delete_instances(
+        &self,
+        cluster: &str,
+        group: &str,
+        provider_ids: &[String],
+    ) -> Result<()> {
+        let _call = self.enter(Operation::DeleteGroupInstances).await?;
+        let mut state = self.state();
+        let mut record = Self::group_record(&state, cluster, group)?;
+        let members = Self::members(&state, &record)?;
+        let mut gone = Vec::new();
+        for id in provider_ids {
+            let bare = id.strip_prefix(PROVIDER_ID_PREFIX).unwrap_or(id);
+            match members.iter().find(|m| m.id == bare) {
+                Some(m) => gone.push(m.id.clone()),
+                None => {
+                    return Err(invalid(
+                        "provider_ids",
+                        format!("{id:?} is not an instance of node group {group:?}"),
+                    ));
+                }
+            }
+        }
+        let count = u32::try_from(gone.len()).unwrap_or(u32::MAX);
+        if record.target_size.saturating_sub(count) < record.min_size {
+            return Err(invalid(
+                "provider_ids",
+                format!(
+                    "deleting {count} would take node group {group:?} below its minimum {}",
+                    record.min_size
+                ),
+            ));
+        }
+        for id in &gone {
+            state.store.delete_instance(id)?;
+        }
+        record.target_size -= count;
+        state.store.put_node_group(&record)
+    }
+
+    fn gpu_label(&self) -> &'static str {
+        GPU_LABEL
+    }
+
+    fn gpu_types(&self) -> Vec<String> {
+        vec!["sim.gpu-8".to_owned()]
+    }
+}
