@@ -78,7 +78,7 @@ pub struct Args {
     /// The cloud provider, required: aws, or sim (the simulated cloud, for trying things out: it knows none of a real cluster's machines).
     #[arg(long, env = "CLOUD_GATEWAY_PROVIDER")]
     pub provider: Option<String>,
-    /// The cluster whose node groups Cluster Autoscaler scales through the gateway (on AWS, the Auto Scaling groups tagged k8s.io/cluster-autoscaler/<name>); the controllers name theirs in each call.
+    /// The cluster's name, as the controllers' --cluster-name (upstream's ClusterID): Cluster Autoscaler scales this cluster's node groups through the gateway (on AWS, the Auto Scaling groups tagged k8s.io/cluster-autoscaler/<name>); the controllers name it in each call.
     #[arg(long, env = "CLOUD_GATEWAY_CLUSTER_NAME", default_value = "kubernetes")]
     pub cluster_name: String,
     /// How old the node groups the autoscaler reads may be before its Refresh lists them again; however many autoscalers ask, the cloud is listed at most this often.

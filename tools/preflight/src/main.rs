@@ -41,9 +41,6 @@ struct Cli {
     /// The kubeconfig context to use (default: its current one).
     #[arg(long)]
     context: Option<String>,
-    /// The cluster name the controllers will run with: the name in the cluster tag, upstream's ClusterID.
-    #[arg(long, env = "CCM_CLUSTER_NAME")]
-    cluster_name: String,
     /// Only the Services of this namespace.
     #[arg(short = 'n', long)]
     namespace: Option<String>,
@@ -51,7 +48,9 @@ struct Cli {
     #[arg(short = 'o', long, value_enum, default_value = "table")]
     output: Output,
     /// The gateway's settings; its --kubeconfig is the cluster's
-    /// (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    /// (default: $KUBECONFIG, ~/.kube/config, or in-cluster), and its
+    /// --cluster-name the one the controllers will run with (the name in
+    /// the cluster tag, upstream's ClusterID).
     #[command(flatten)]
     gateway: cloud_gateway::Args,
 }
@@ -117,7 +116,7 @@ async fn run(cli: &Cli) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for svc in list.iter().filter(|s| is_load_balancer(s)) {
         let verdict = if plan::wants_load_balancer(svc, &serving) {
-            judge(&cloud, &cli.cluster_name, svc).await
+            judge(&cloud, &cli.gateway.cluster_name, svc).await
         } else {
             let class = svc
                 .spec
