@@ -168,16 +168,7 @@ impl FrontProxy {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join(CA_FILE), &self.ca_pem)?;
         std::fs::write(dir.join(CLIENT_CERT_FILE), &self.client_cert_pem)?;
-        let key = dir.join(CLIENT_KEY_FILE);
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut file = options.open(&key)?;
-        // A key file left by an earlier run keeps its mode on open.
-        #[cfg(unix)]
-        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-        std::io::Write::write_all(&mut file, self.client_key_pem.as_bytes())
+        crate::pki::write_private(&dir.join(CLIENT_KEY_FILE), self.client_key_pem.as_bytes())
     }
 
     /// The data of the ConfigMap [`CONFIG_MAP`], as kube-apiserver

@@ -153,17 +153,7 @@ impl ClusterPki {
         params
             .distinguished_name
             .push(DnType::CommonName, "kube-apiserver");
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, &self.issuer()?)?;
-        Ok(Issued {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        })
+        self.sign(params, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
     /// A client certificate for `user`, in `group` if one is given, as
@@ -177,11 +167,20 @@ impl ClusterPki {
                 .distinguished_name
                 .push(DnType::OrganizationName, group);
         }
+        self.sign(params, ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    /// A new key, and a certificate of `params` for `usage` the CA signs.
+    fn sign(
+        &self,
+        mut params: CertificateParams,
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Result<Issued, rcgen::Error> {
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.extended_key_usages = vec![usage];
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer()?)?;
         Ok(Issued {
