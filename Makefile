@@ -1,7 +1,7 @@
 # The two commands the README promises. Cargo's target directory may be
 # shared between clones through CARGO_TARGET_DIR.
 
-.PHONY: run test proto-compat proto-baseline chart-baseline bench bench-large bench-xl soak
+.PHONY: run test proto-compat proto-baseline chart-baseline previous-release bench bench-large bench-xl soak
 
 # The whole system on loopback on the simulated cloud (see README).
 run:
@@ -30,8 +30,14 @@ proto-baseline: $(BUF)
 chart-baseline:
 	python3 helm/check.py upgrade-baseline
 
+# The previous release's gateway and controllers, which the version skew
+# test upgrades from (tools/previous-release/release.toml): built once per
+# commit, kept beside cargo's target directory.
+previous-release:
+	bash tools/previous-release/build.sh
+
 # Everything the tests need, then every test of the workspace.
-test: proto-compat
+test: proto-compat previous-release
 	python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 	cargo test --doc -p cloud-gateway -p ccm-provider
 	# The tests start the real binaries (gateway-conformance too): build

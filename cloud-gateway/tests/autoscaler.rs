@@ -49,6 +49,8 @@ fn group(id: &str, min: u32, max: u32, target: u32) -> NodeGroupRecord {
         zones: vec!["sim-zone-a".into()],
         labels: BTreeMap::from([("team".into(), "ml".into())]),
         taints: vec![("gpu".into(), String::new(), "NoSchedule".into())],
+        failed: Vec::new(),
+        next_failed: 0,
     }
 }
 
@@ -282,4 +284,71 @@ async fn only_the_autoscaler_and_admins_reach_the_service() {
     assert_eq!(err.code(), Code::PermissionDenied, "{err}");
     let mut admin = client(&gw, Role::Admin).await;
     admin.node_groups(ca::NodeGroupsRequest {}).await.unwrap();
+}
+
+/// A zone out of capacity: the launch fails as an Auto Scaling group's
+/// does, a placeholder with an out-of-resources error that counts in the
+/// target until the autoscaler decreases it (never a running instance),
+/// and launches succeed again once the zone has capacity.
+#[tokio::test]
+async fn a_launch_without_capacity_is_an_out_of_resources_placeholder() {
+    let gw = TestGateway::start(|_| {}).await;
+    gw.sim().create_node_group(group("gpus", 0, 5, 1)).unwrap();
+    gw.sim().set_faults(ccm_provider_sim::FaultSettings {
+        capacity_exhausted_zones: ["sim-zone-a".to_owned()].into(),
+        ..Default::default()
+    });
+    let mut c = client(&gw, Role::Autoscaler).await;
+    c.node_group_increase_size(ca::NodeGroupIncreaseSizeRequest {
+        id: "gpus".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    c.refresh(ca::RefreshRequest {}).await.unwrap();
+    let members = instances(&mut c, "gpus").await;
+    let failed: Vec<_> = members
+        .iter()
+        .filter_map(|i| i.status.as_ref()?.error_info.as_ref())
+        .collect();
+    assert_eq!(members.len(), 2, "{members:?}");
+    assert_eq!(failed.len(), 1, "{members:?}");
+    // Upstream's cloudprovider.OutOfResourcesErrorClass.
+    assert_eq!(failed[0].instance_error_class, 1);
+    assert_eq!(failed[0].error_code, "InsufficientInstanceCapacity");
+    // The running instance may not go this way; the failed launch may.
+    let refused = c
+        .node_group_decrease_target_size(ca::NodeGroupDecreaseTargetSizeRequest {
+            id: "gpus".into(),
+            delta: -2,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    c.node_group_decrease_target_size(ca::NodeGroupDecreaseTargetSizeRequest {
+        id: "gpus".into(),
+        delta: -1,
+    })
+    .await
+    .unwrap();
+    c.refresh(ca::RefreshRequest {}).await.unwrap();
+    let members = instances(&mut c, "gpus").await;
+    assert_eq!(members.len(), 1, "{members:?}");
+    assert!(members[0].status.as_ref().unwrap().error_info.is_none());
+    // Capacity back: the next launch succeeds.
+    gw.sim().set_faults(Default::default());
+    c.node_group_increase_size(ca::NodeGroupIncreaseSizeRequest {
+        id: "gpus".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    c.refresh(ca::RefreshRequest {}).await.unwrap();
+    let members = instances(&mut c, "gpus").await;
+    assert_eq!(members.len(), 2);
+    assert!(
+        members
+            .iter()
+            .all(|i| i.status.as_ref().unwrap().error_info.is_none())
+    );
 }

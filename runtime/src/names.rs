@@ -42,6 +42,12 @@ pub const LABEL_EXCLUDE_FROM_LB: &str = "node.kubernetes.io/exclude-from-externa
 /// Finalizer on Services whose load balancer must be cleaned up. Never change.
 pub const FINALIZER_LB_CLEANUP: &str = "service.kubernetes.io/load-balancer-cleanup";
 
+/// Annotation on a Service: what the service controller last made its load
+/// balancer as (a digest of the spec and hosts asked for), or absent while a
+/// write is under way. A new leader whose ensure would ask for exactly this,
+/// and whose load balancer the cloud confirms, writes nothing. Never change.
+pub const ANNOTATION_LB_APPLIED: &str = "cloudgateway.io/load-balancer-applied";
+
 /// The Service condition the service controller writes: whether the load
 /// balancer matches the Service. `kubectl ccm` reads it: never change.
 pub const CONDITION_LB_SYNCED: &str = "LoadBalancerSynced";

@@ -21,6 +21,7 @@ pub struct Metrics {
     pub host_sync_delay: Histogram,
     pub host_updates: Counter,
     pub host_update_errors: Counter,
+    pub takeovers_confirmed: Counter,
     pub orphans: Gauge,
     pub orphans_deleted: Counter,
     pub queue: QueueMetrics,
@@ -38,6 +39,7 @@ impl Metrics {
             host_sync_delay: Histogram::new(slo_buckets()),
             host_updates: Counter::default(),
             host_update_errors: Counter::default(),
+            takeovers_confirmed: Counter::default(),
             orphans: Gauge::default(),
             orphans_deleted: Counter::default(),
             queue: QueueMetrics::register(r),
@@ -77,6 +79,11 @@ impl Metrics {
             "host_update_errors",
             "Load balancer host updates that failed",
             m.host_update_errors.clone(),
+        );
+        r.register(
+            "ensures_skipped",
+            "Services whose recorded load balancer the cloud confirmed when a new term began, so no ensure was sent",
+            m.takeovers_confirmed.clone(),
         );
         r.register(
             "orphaned_load_balancers",

@@ -139,7 +139,7 @@ pub fn fingerprint(svc: &Service) -> Value {
     json!({
         "uid": svc.metadata.uid,
         "deleting": svc.metadata.deletion_timestamp.is_some(),
-        "annotations": svc.metadata.annotations,
+        "annotations": user_annotations(svc),
         "type": s.and_then(|s| s.type_.clone()),
         "class": s.and_then(|s| s.load_balancer_class.clone()),
         "ports": s.and_then(|s| s.ports.as_ref()).map(|ports| ports.iter().map(|p| json!([
@@ -295,24 +295,108 @@ pub fn hosts<'a>(
 /// with `addresses` too: two sets with the same digest need no update. A load balancer's last host set is
 /// remembered by this digest, not by a copy of up to 100,000 hosts.
 pub fn hosts_digest(hosts: &[Host], addresses: bool) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut h = Fnv::default();
     let mut sorted: Vec<&Host> = hosts.iter().collect();
     sorted.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-    sorted.len().hash(&mut h);
+    h.u64(sorted.len() as u64);
     for host in sorted {
-        host.name.hash(&mut h);
-        host.provider_id.hash(&mut h);
+        h.str(&host.name);
+        h.str(&host.provider_id);
         let mut labels: Vec<_> = host.labels.iter().collect();
         labels.sort_unstable();
-        labels.hash(&mut h);
+        h.u64(labels.len() as u64);
+        for (k, v) in labels {
+            h.str(k);
+            h.str(v);
+        }
         if addresses {
+            h.u64(host.addresses.len() as u64);
             for a in &host.addresses {
-                (a.r#type, &a.address).hash(&mut h);
+                h.u64(a.r#type as u64);
+                h.str(&a.address);
             }
         }
     }
     h.finish()
+}
+
+/// FNV-1a over bytes fed explicitly (never through `Hash`, whose output
+/// Rust may change between releases): a digest that is the same in every
+/// process and every release of this controller.
+#[derive(Debug)]
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn bytes(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn u64(&mut self, n: u64) {
+        self.bytes(&n.to_le_bytes());
+    }
+
+    /// Length first, so two fields never run into each other.
+    fn str(&mut self, s: &str) {
+        self.u64(s.len() as u64);
+        self.bytes(s.as_bytes());
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// What an ensure asks for, as a digest every process and release agrees
+/// on: the spec's protobuf encoding (which leaves out fields at their
+/// defaults, so a field a later release adds changes nothing until it is
+/// set), its annotations sorted, and the hosts' [`hosts_digest`] with
+/// addresses. The service controller records it on the Service
+/// ([`names::ANNOTATION_LB_APPLIED`]).
+pub fn applied_fingerprint(spec: &LoadBalancerSpec, hosts_full_digest: u64) -> u64 {
+    use prost::Message as _;
+    let mut bare = spec.clone();
+    let annotations: BTreeMap<String, String> =
+        std::mem::take(&mut bare.annotations).into_iter().collect();
+    let mut h = Fnv::default();
+    let encoded = bare.encode_to_vec();
+    h.u64(encoded.len() as u64);
+    h.bytes(&encoded);
+    h.u64(annotations.len() as u64);
+    for (k, v) in &annotations {
+        h.str(k);
+        h.str(v);
+    }
+    h.u64(hosts_full_digest);
+    h.finish()
+}
+
+/// The record of what the Service's load balancer was last made as, if
+/// the Service carries one.
+pub fn recorded_fingerprint(svc: &Service) -> Option<u64> {
+    let value = svc.annotations().get(names::ANNOTATION_LB_APPLIED)?;
+    u64::from_str_radix(value, 16).ok()
+}
+
+/// [`applied_fingerprint`] as the annotation writes it.
+pub fn fingerprint_text(fingerprint: u64) -> String {
+    format!("{fingerprint:016x}")
+}
+
+/// The Service's annotations but the service controller's own record:
+/// what the gateway gets and what a change of makes a sync.
+fn user_annotations(svc: &Service) -> BTreeMap<String, String> {
+    let mut annotations = svc.annotations().clone();
+    annotations.remove(names::ANNOTATION_LB_APPLIED);
+    annotations
 }
 
 fn protocol(p: Option<&str>) -> Protocol {
@@ -337,7 +421,7 @@ pub fn service_ref(svc: &Service) -> ServiceRef {
 /// spec field, else the annotation; the gateway validates them.
 pub fn lb_spec(svc: &Service) -> LoadBalancerSpec {
     let s = spec(svc).cloned().unwrap_or_default();
-    let annotations = svc.annotations().clone();
+    let annotations = user_annotations(svc);
     let source_ranges = match s
         .load_balancer_source_ranges
         .clone()

@@ -49,7 +49,12 @@ async fn set_finalizer(ctx: &Context, svc: &Service, present: bool) -> Result<bo
     let patch = if present {
         json!({"metadata": {"uid": uid, "finalizers": [finalizer]}})
     } else {
-        json!({"metadata": {"uid": uid, "$deleteFromPrimitiveList/finalizers": [finalizer]}})
+        // The record of what the load balancer was goes with it.
+        json!({"metadata": {
+            "uid": uid,
+            "$deleteFromPrimitiveList/finalizers": [finalizer],
+            "annotations": {ccm_runtime::names::ANNOTATION_LB_APPLIED: null},
+        }})
     };
     let result = api(ctx, &svc.namespace().unwrap_or_default())
         .patch(
@@ -68,6 +73,45 @@ async fn set_finalizer(ctx: &Context, svc: &Service, present: bool) -> Result<bo
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// Records on the Service what its load balancer was just made as
+/// (`Some`), or, before a write, that one is under way (`None`): a later
+/// leader trusts a record only when its own ensure would ask for exactly
+/// that, so no record may outlive the start of a write that could leave
+/// the load balancer otherwise.
+async fn record_applied(ctx: &Context, svc: &Service, fingerprint: Option<u64>) -> Result<()> {
+    ctx.ensure_leader()?;
+    let value = fingerprint.map(plan::fingerprint_text);
+    let patch = json!({"metadata": {"annotations": {
+        ccm_runtime::names::ANNOTATION_LB_APPLIED: value,
+    }}});
+    match api(ctx, &svc.namespace().unwrap_or_default())
+        .patch(
+            &svc.name_any(),
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether the cloud has `svc`'s load balancer with the addresses the
+/// Service already shows: its status if so.
+async fn confirmed(ctx: &Context, svc: &Service) -> Option<ccm_proto::v1::LoadBalancerStatus> {
+    let answer = ctx
+        .gateway
+        .get_load_balancer(plan::service_ref(svc))
+        .await
+        .inspect_err(|e| tracing::debug!(error = %e, "could not confirm the load balancer"))
+        .ok()?;
+    let status = answer.status.filter(|_| answer.exists)?;
+    (!status.ingress.is_empty() && plan::ingress(&status) == plan::current_ingress(svc))
+        .then_some(status)
 }
 
 /// Writes the ingress when it changed (a merge patch replaces the list).
@@ -204,9 +248,9 @@ enum Poll {
     Unknown,
 }
 
-/// A stable fingerprint of what an ensure asks for.
+/// What an ensure asks for ([`plan::applied_fingerprint`]).
 fn fingerprint(spec: &ccm_proto::v1::LoadBalancerSpec, hosts: &Hosts) -> u64 {
-    plan::digest((format!("{spec:?}"), hosts.full_digest))
+    plan::applied_fingerprint(spec, hosts.full_digest)
 }
 
 /// Reads the status of a load balancer the cloud is provisioning, which the
@@ -246,6 +290,32 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         // made it: only the Service's own status may be missing.
         tracing::debug!("the load balancer is as asked; writing the Service's status only");
         return record_success(ctx, key, svc, had_ingress, &status).await;
+    }
+    // A new term (this replica's first, or after another led): the Service
+    // records what its load balancer was last made as. When that is what
+    // this ensure would ask for and the cloud confirms the load balancer
+    // at the Service's addresses, there is nothing to write: a leader
+    // taking over (an upgrade, a restart) costs the cloud one read, served
+    // from the gateway's listing, per settled Service.
+    let recorded = plan::recorded_fingerprint(svc);
+    if had_ingress
+        && recorded == Some(fingerprint)
+        && let Some(status) = confirmed(ctx, svc).await
+    {
+        tracing::info!("the load balancer is as the Service records; nothing to write");
+        ctx.metrics.takeovers_confirmed.inc();
+        ctx.remember_hosts(key, hosts.digest);
+        ctx.set_applied(
+            key,
+            Some(Applied {
+                fingerprint,
+                status: status.clone(),
+            }),
+        );
+        return record_success(ctx, key, svc, had_ingress, &status).await;
+    }
+    if recorded.is_some() {
+        record_applied(ctx, svc, None).await?;
     }
     publish(
         ctx,
@@ -319,7 +389,8 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
                 "Ensured load balancer".into(),
             )
             .await;
-            record_success(ctx, key, svc, had_ingress, &status).await
+            record_success(ctx, key, svc, had_ingress, &status).await?;
+            record_applied(ctx, svc, Some(fingerprint)).await
         }
         Err(GatewayError::ImplementedElsewhere { .. }) => Ok(()),
         Err(GatewayError::InvalidArgument {
@@ -476,14 +547,29 @@ pub async fn sync_hosts(ctx: &Context) {
             if ctx_ref.remembered_hosts(&key) == Some(hosts.digest) {
                 return true;
             }
+            // The Service's record goes before the write, and comes back
+            // with the new hosts after it.
+            if plan::recorded_fingerprint(svc).is_some()
+                && let Err(e) = record_applied(ctx_ref, svc, None).await
+            {
+                tracing::warn!(error = %e, "could not clear the load balancer's record; later");
+                return false;
+            }
             ctx_ref.remember_hosts(&key, hosts.digest);
             ctx_ref.metrics.host_updates.inc();
             let count = hosts.list.len();
-            match ctx_ref
+            let spec = plan::lb_spec(svc);
+            let applied = fingerprint(&spec, &hosts);
+            let updated = ctx_ref
                 .gateway
-                .update_load_balancer_hosts(plan::lb_spec(svc), hosts.list.to_vec())
-                .await
+                .update_load_balancer_hosts(spec, hosts.list.to_vec())
+                .await;
+            if updated.is_ok()
+                && let Err(e) = record_applied(ctx_ref, svc, Some(applied)).await
             {
+                tracing::debug!(error = %e, "could not record the load balancer's hosts");
+            }
+            match updated {
                 Ok(()) if count == 0 => {
                     publish(
                         ctx_ref,

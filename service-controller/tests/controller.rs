@@ -544,10 +544,21 @@ async fn an_unchanged_status_is_not_written_again() {
         .await
         .unwrap();
     ingress_ip(&services, "web").await;
+    let recorded = |svc: &Service| {
+        svc.annotations()
+            .get(ccm_runtime::names::ANNOTATION_LB_APPLIED)
+            .cloned()
+    };
+    let first = eventually("the load balancer recorded", || async {
+        recorded(&services.get("web").await.unwrap())
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = services.get("web").await.unwrap().resource_version();
-    // A label change does not sync; an annotation change does, but the
-    // ingress is the same, so nothing is written.
+    // A label change does not sync; an annotation change does: the load
+    // balancer is ensured again and the record follows, but the ingress
+    // is the same, so the status is not written, and once recorded
+    // nothing more is.
     services
         .patch(
             "web",
@@ -558,11 +569,16 @@ async fn an_unchanged_status_is_not_written_again() {
         .unwrap();
     let after_patch = services.get("web").await.unwrap().resource_version();
     assert_ne!(before, after_patch);
+    eventually("the new spec recorded", || async {
+        let svc = services.get("web").await.unwrap();
+        (recorded(&svc).is_some() && recorded(&svc) != Some(first.clone())).then_some(())
+    })
+    .await;
+    let settled = services.get("web").await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        services.get("web").await.unwrap().resource_version(),
-        after_patch
-    );
+    let now = services.get("web").await.unwrap();
+    assert_eq!(now.resource_version(), settled.resource_version());
+    assert_eq!(now.status, settled.status);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -636,4 +652,85 @@ fn invalid_flags_exit_non_zero_listing_every_problem() {
 async fn readyz_reports_ready_once_the_caches_have_synced() {
     let env = TestEnv::start().await;
     start(&env, &[]).await.wait_ready().await;
+}
+
+/// A new leader (a restart, an upgrade, another replica) writes nothing to
+/// the cloud for a Service whose record matches what it would ask and whose
+/// load balancer the cloud confirms; a record that does not match, or a
+/// load balancer the cloud no longer has, is ensured as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_ensures_only_what_the_services_record_and_the_cloud_do_not_confirm() {
+    let env = TestEnv::start().await;
+    add_nodes(&env, ["n1".to_owned(), "n2".to_owned()]).await;
+    let services: Api<Service> = Api::namespaced(env.client().await, "default");
+    let first = start(&env, &[]).await;
+    for name in ["settled", "tampered", "gone"] {
+        services
+            .create(
+                &PostParams::default(),
+                &load_balancer("default", name).build(),
+            )
+            .await
+            .unwrap();
+    }
+    let record = |svc: &Service| svc.annotations().get(names::ANNOTATION_LB_APPLIED).cloned();
+    let mut recorded = std::collections::BTreeMap::new();
+    for name in ["settled", "tampered", "gone"] {
+        ingress_ip(&services, name).await;
+        let value = eventually(&format!("{name} recorded"), || async {
+            record(&services.get(name).await.unwrap())
+        })
+        .await;
+        recorded.insert(name, value);
+    }
+    drop(first);
+    // While nobody leads: one record no longer matches, and one load
+    // balancer is deleted behind the controller's back.
+    services
+        .patch(
+            "tampered",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                names::ANNOTATION_LB_APPLIED: "0000000000000000",
+            }}})),
+        )
+        .await
+        .unwrap();
+    let gone = services.get("gone").await.unwrap();
+    env.gateway_client(Role::Service)
+        .delete_load_balancer(ServiceRef {
+            namespace: "default".into(),
+            name: "gone".into(),
+            uid: gone.metadata.uid.clone().unwrap(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(lb_count(&env).await, 2);
+    let ensures = env.calls(Operation::EnsureLoadBalancer);
+    let second = start(&env, &[]).await;
+    eventually("the deleted load balancer made again", || async {
+        (lb_count(&env).await == 3).then_some(())
+    })
+    .await;
+    eventually("the tampered record mended", || async {
+        (record(&services.get("tampered").await.unwrap()).as_ref() == recorded.get("tampered"))
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        env.calls(Operation::EnsureLoadBalancer) - ensures,
+        2,
+        "only the tampered and the deleted Services are ensured"
+    );
+    assert_eq!(
+        second
+            .metric("service_controller_ensures_skipped_total")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        record(&services.get("settled").await.unwrap()).as_ref(),
+        recorded.get("settled")
+    );
 }

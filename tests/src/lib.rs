@@ -65,3 +65,14 @@ pub fn kubectl_ccm(kubeconfig: &std::path::Path, args: &[&str]) -> PluginAnswer 
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// The summary the soak (and its upgrade run) prints last on stderr, as
+/// JSON; the test fails with everything the soak said when there is none.
+pub fn soak_summary(out: &std::process::Output) -> serde_json::Value {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    stderr
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no summary; the soak said:\n{stderr}"))
+}

@@ -48,13 +48,8 @@ fn two_minutes_of_chaos_break_no_invariant_and_the_system_converges() {
         .arg(dir.path().join("state"))
         .output()
         .expect("run the soak (built with the workspace's binaries)");
-    let stderr = String::from_utf8_lossy(&out.stderr);
     let report = String::from_utf8_lossy(&out.stdout);
-    let summary: serde_json::Value = stderr
-        .lines()
-        .last()
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_else(|| panic!("no summary; the soak said:\n{stderr}"));
+    let summary = ccm_testkit::soak_summary(&out);
     assert_eq!(summary["violations"], serde_json::json!([]), "{summary:#}");
     assert!(
         summary["converged_s"].is_number(),

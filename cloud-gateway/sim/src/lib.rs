@@ -89,6 +89,8 @@ pub struct FaultSettings {
     pub throttle_retry_after: Duration,
     /// How long new load balancers take to provision.
     pub lb_provisioning_delay: Duration,
+    /// Zones where a node group's new instance fails to launch.
+    pub capacity_exhausted_zones: std::collections::BTreeSet<String>,
 }
 
 /// Load balancers, routes and counters are held in memory beside the store;
@@ -136,7 +138,7 @@ pub struct NewInstance {
     pub labels: BTreeMap<String, String>,
 }
 
-fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ccm_provider::node_groups::{
-    GroupInstance, GroupInstanceState, GroupOptions, NodeGroup, NodeGroups, NodeTemplate, Taint,
+    GroupInstance, GroupInstanceState, GroupOptions, InstanceError, InstanceErrorClass, NodeGroup,
+    NodeGroups, NodeTemplate, Taint,
 };
 use ccm_provider::{CloudError, Operation, Result};
 
-use crate::store::{InstanceRecord, NodeGroupRecord};
+use crate::store::{FailedLaunch, InstanceRecord, NodeGroupRecord};
 use crate::{NewInstance, PROVIDER_ID_PREFIX, SimCloud, State, now_ms};
 
 /// How long a node group's new instance takes to be made.
@@ -90,8 +91,23 @@ impl SimCloud {
             )));
         }
         state.store.put_node_group(&group)?;
-        self.converge(&mut state, &group)?;
+        self.converge(&mut state, &mut group)?;
         Ok(group)
+    }
+
+    /// Every node group, of every cluster, each with its instances' names.
+    pub fn node_groups(&self) -> Result<Vec<(NodeGroupRecord, Vec<String>)>> {
+        let mut state = self.state();
+        let mut out = Vec::new();
+        for mut group in state.store.node_groups()? {
+            self.converge(&mut state, &mut group)?;
+            let names = Self::members(&state, &group)?
+                .into_iter()
+                .map(|i| i.name)
+                .collect();
+            out.push((group, names));
+        }
+        Ok(out)
     }
 
     /// The cluster's group `id`.
@@ -113,17 +129,37 @@ impl SimCloud {
             .collect())
     }
 
-    /// Makes or removes instances until the group holds its target.
-    fn converge(&self, state: &mut State, group: &NodeGroupRecord) -> Result<()> {
+    /// Makes or removes instances until the group holds its target, as an
+    /// Auto Scaling group does: a new instance goes to the next of the
+    /// group's zones that has capacity; with none, the launch fails and
+    /// its placeholder counts in the target until its zone has capacity
+    /// again. Failed launches go first when the target falls, then the
+    /// youngest instances.
+    fn converge(&self, state: &mut State, group: &mut NodeGroupRecord) -> Result<()> {
+        let exhausted = self.faults().capacity_exhausted_zones;
+        let before = (group.failed.clone(), group.next_failed);
+        group.failed.retain(|f| exhausted.contains(&f.zone));
         let mut members = Self::members(state, group)?;
         let target = group.target_size as usize;
-        while members.len() < target {
+        while members.len() + group.failed.len() < target {
             let n = state
                 .counters
                 .get(crate::COUNTER_INSTANCE)
                 .copied()
                 .unwrap_or(1);
-            let zone = group.zones[n as usize % group.zones.len()].clone();
+            let first = n as usize % group.zones.len();
+            let zone = (0..group.zones.len())
+                .map(|k| &group.zones[(first + k) % group.zones.len()])
+                .find(|z| !exhausted.contains(*z))
+                .cloned();
+            let Some(zone) = zone else {
+                group.failed.push(FailedLaunch {
+                    id: format!("{}-failed-{}", group.id, group.next_failed),
+                    zone: group.zones[first].clone(),
+                });
+                group.next_failed += 1;
+                continue;
+            };
             let created = self.create_instance_in(
                 state,
                 NewInstance {
@@ -139,9 +175,15 @@ impl SimCloud {
         }
         // The youngest (highest number) go first.
         members.sort_by(|a, b| a.id.cmp(&b.id));
-        while members.len() > target {
+        while members.len() + group.failed.len() > target {
+            if group.failed.pop().is_some() {
+                continue;
+            }
             let gone = members.pop().expect("more than the target");
             state.store.delete_instance(&gone.id)?;
+        }
+        if (group.failed.clone(), group.next_failed) != before {
+            state.store.put_node_group(group)?;
         }
         Ok(())
     }
@@ -159,6 +201,18 @@ impl SimCloud {
                 },
                 error: None,
             })
+            .chain(group.failed.iter().map(|f| GroupInstance {
+                provider_id: format!("{PROVIDER_ID_PREFIX}{}", f.id),
+                state: GroupInstanceState::Creating,
+                error: Some(InstanceError {
+                    class: InstanceErrorClass::OutOfResources,
+                    code: "InsufficientInstanceCapacity".to_owned(),
+                    message: format!(
+                        "zone {} has no capacity for {}",
+                        f.zone, group.instance_type
+                    ),
+                }),
+            }))
             .collect();
         Ok(NodeGroup {
             id: group.id.clone(),
@@ -191,14 +245,16 @@ impl SimCloud {
 impl NodeGroups for SimCloud {
     async fn list(&self, cluster: &str) -> Result<Vec<NodeGroup>> {
         let _call = self.enter(Operation::ListNodeGroups).await?;
-        let state = self.state();
-        state
-            .store
-            .node_groups()?
-            .iter()
-            .filter(|g| g.cluster == cluster)
-            .map(|g| self.to_group(&state, g))
-            .collect()
+        let mut state = self.state();
+        let mut out = Vec::new();
+        for mut group in state.store.node_groups()? {
+            if group.cluster == cluster {
+                // Failed launches are tried again as zones get capacity.
+                self.converge(&mut state, &mut group)?;
+                out.push(self.to_group(&state, &group)?);
+            }
+        }
+        Ok(out)
     }
 
     async fn set_target_size(&self, cluster: &str, group: &str, size: u32) -> Result<()> {
@@ -216,7 +272,7 @@ impl NodeGroups for SimCloud {
         }
         record.target_size = size;
         state.store.put_node_group(&record)?;
-        self.converge(&mut state, &record)
+        self.converge(&mut state, &mut record)
     }
 
     async fn delete_instances(
@@ -230,8 +286,13 @@ impl NodeGroups for SimCloud {
         let mut record = Self::group_record(&state, cluster, group)?;
         let members = Self::members(&state, &record)?;
         let mut gone = Vec::new();
+        let mut placeholders = Vec::new();
         for id in provider_ids {
             let bare = id.strip_prefix(PROVIDER_ID_PREFIX).unwrap_or(id);
+            if record.failed.iter().any(|f| f.id == bare) {
+                placeholders.push(bare.to_owned());
+                continue;
+            }
             match members.iter().find(|m| m.id == bare) {
                 Some(m) => gone.push(m.id.clone()),
                 None => {
@@ -242,7 +303,7 @@ impl NodeGroups for SimCloud {
                 }
             }
         }
-        let count = u32::try_from(gone.len()).unwrap_or(u32::MAX);
+        let count = u32::try_from(gone.len() + placeholders.len()).unwrap_or(u32::MAX);
         if record.target_size.saturating_sub(count) < record.min_size {
             return Err(invalid(
                 "provider_ids",
@@ -255,6 +316,7 @@ impl NodeGroups for SimCloud {
         for id in &gone {
             state.store.delete_instance(id)?;
         }
+        record.failed.retain(|f| !placeholders.contains(&f.id));
         record.target_size -= count;
         state.store.put_node_group(&record)
     }

@@ -49,6 +49,22 @@ pub struct NodeGroupRecord {
     /// Labels and taints (`key`, `value`, `effect`) its nodes carry.
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<(String, String, String)>,
+    /// Launches that failed for want of capacity, counted in the target
+    /// as an Auto Scaling group's are: tried again once their zone has
+    /// capacity, dropped first when the target falls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<FailedLaunch>,
+    /// The number the next failed launch's placeholder gets.
+    #[serde(default)]
+    pub next_failed: u64,
+}
+
+/// A node group's launch that failed: a placeholder with no instance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedLaunch {
+    /// `<group>-failed-<n>`, as its provider ID names it.
+    pub id: String,
+    pub zone: String,
 }
 
 /// A load balancer as the simulated cloud stores it.

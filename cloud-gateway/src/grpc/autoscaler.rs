@@ -317,12 +317,13 @@ impl CloudProvider for AutoscalerService {
                 .ok_or_else(|| invalid("delta", format!("must be negative, not {}", req.delta)))?;
             let group = self.group(&req.id).await?;
             let size = group.target_size.saturating_sub(by);
-            // Only instances not yet made may go this way: a running one
-            // is deleted by name (NodeGroupDeleteNodes) or not at all.
+            // Only instances not yet made may go this way (launches that
+            // failed among them): a running one is deleted by name
+            // (NodeGroupDeleteNodes) or not at all.
             let existing = group
                 .instances
                 .iter()
-                .filter(|n| n.state != GroupInstanceState::Deleting)
+                .filter(|n| n.state != GroupInstanceState::Deleting && n.error.is_none())
                 .count();
             if (size as usize) < existing {
                 return Err(invalid(

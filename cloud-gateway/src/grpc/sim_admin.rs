@@ -6,16 +6,17 @@ use std::time::Duration;
 
 use ccm_proto::v1::sim_admin_server::SimAdmin;
 use ccm_proto::v1::{
-    CreateInstanceRequest, Faults, GetFaultsRequest, GetStatsRequest, InstanceId, InstanceState,
-    ListInstancesRequest, ListInstancesResponse, SetInstanceAddressesRequest, SimInstance, Stats,
-    TerminateInstanceResponse,
+    CreateInstanceRequest, CreateNodeGroupRequest, Faults, GetFaultsRequest, GetStatsRequest,
+    InstanceId, InstanceState, ListInstancesRequest, ListInstancesResponse,
+    ListSimNodeGroupsRequest, ListSimNodeGroupsResponse, SetInstanceAddressesRequest, SimInstance,
+    SimNodeGroup, SimTaint, Stats, TerminateInstanceResponse,
 };
 use tonic::{Request, Response, Status};
 
 use super::status::answer;
 
 use ccm_provider::{CloudError, Operation};
-use ccm_provider_sim::store::InstanceRecord;
+use ccm_provider_sim::store::{InstanceRecord, NodeGroupRecord};
 use ccm_provider_sim::{FaultSettings, NewInstance, SimCloud};
 
 use super::convert;
@@ -58,7 +59,99 @@ fn sim_instance(record: &InstanceRecord) -> SimInstance {
         } as i32,
         addresses: convert::addresses_to_wire(record.node_addresses()),
         labels: record.labels.clone().into_iter().collect(),
+        node_group: record.group.clone().unwrap_or_default(),
+        creating: record
+            .ready_at_ms
+            .is_some_and(|at| at > ccm_provider_sim::now_ms()),
     }
+}
+
+fn sim_node_group(group: &NodeGroupRecord, instances: Vec<String>) -> SimNodeGroup {
+    SimNodeGroup {
+        cluster_name: group.cluster.clone(),
+        id: group.id.clone(),
+        min_size: group.min_size,
+        max_size: group.max_size,
+        target_size: group.target_size,
+        instance_type: group.instance_type.clone(),
+        zones: group.zones.clone(),
+        labels: group.labels.clone().into_iter().collect(),
+        taints: group
+            .taints
+            .iter()
+            .map(|(key, value, effect)| SimTaint {
+                key: key.clone(),
+                value: value.clone(),
+                effect: effect.clone(),
+            })
+            .collect(),
+        instances,
+        failed_launches: group.failed.iter().map(|f| f.id.clone()).collect(),
+    }
+}
+
+/// The largest node group the console makes.
+const MAX_GROUP_SIZE: u32 = 1000;
+
+fn node_group_record(req: CreateNodeGroupRequest) -> Result<NodeGroupRecord, CloudError> {
+    let mut v = Violations::default();
+    v.cluster_name(&req.cluster_name);
+    if req.id.len() > 40 || !ccm_runtime::names::is_dns_label(&req.id) {
+        v.add(
+            "id",
+            format!("{:?} is not a DNS label of at most 40 characters", req.id),
+        );
+    }
+    if req.max_size > MAX_GROUP_SIZE {
+        v.add("max_size", format!("at most {MAX_GROUP_SIZE}"));
+    }
+    if !(req.min_size <= req.target_size && req.target_size <= req.max_size) {
+        v.add(
+            "target_size",
+            format!(
+                "min_size <= target_size <= max_size does not hold for {} <= {} <= {}",
+                req.min_size, req.target_size, req.max_size
+            ),
+        );
+    }
+    if req.labels.len() > 64 {
+        v.add("labels", "at most 64 labels");
+    }
+    for (i, t) in req.taints.iter().enumerate() {
+        if t.key.is_empty() {
+            v.add(format!("taints[{i}].key"), "must not be empty");
+        }
+        if !matches!(
+            t.effect.as_str(),
+            "NoSchedule" | "PreferNoSchedule" | "NoExecute"
+        ) {
+            v.add(
+                format!("taints[{i}].effect"),
+                format!(
+                    "{:?} is not NoSchedule, PreferNoSchedule or NoExecute",
+                    t.effect
+                ),
+            );
+        }
+    }
+    v.finish()?;
+    Ok(NodeGroupRecord {
+        cluster: req.cluster_name,
+        id: req.id,
+        min_size: req.min_size,
+        max_size: req.max_size,
+        target_size: req.target_size,
+        instance_type: req.instance_type,
+        zones: req.zones,
+        labels: req.labels.into_iter().collect(),
+        taints: req
+            .taints
+            .into_iter()
+            .map(|t| (t.key, t.value, t.effect))
+            .collect(),
+        failed: Vec::new(),
+        next_failed: 0,
+    })
 }
 
 fn to_proto_duration(d: Duration) -> Option<prost_types::Duration> {
@@ -88,6 +181,7 @@ fn faults_to_proto(f: &FaultSettings) -> Faults {
         throttle_rate: f.throttle_rate,
         throttle_retry_after: to_proto_duration(f.throttle_retry_after),
         lb_provisioning_delay: to_proto_duration(f.lb_provisioning_delay),
+        capacity_exhausted_zones: f.capacity_exhausted_zones.iter().cloned().collect(),
     }
 }
 
@@ -96,8 +190,12 @@ fn faults_from_proto(f: Faults) -> Result<FaultSettings, CloudError> {
     let mut out = FaultSettings {
         error_rate: f.error_rate,
         throttle_rate: f.throttle_rate,
+        capacity_exhausted_zones: f.capacity_exhausted_zones.iter().cloned().collect(),
         ..Default::default()
     };
+    if f.capacity_exhausted_zones.len() > 64 {
+        v.add("capacity_exhausted_zones", "at most 64 zones");
+    }
     for (name, rate) in [
         ("error_rate", f.error_rate),
         ("throttle_rate", f.throttle_rate),
@@ -268,6 +366,41 @@ impl SimAdmin for SimAdminService {
             tracing::info!(target: "audit", ?faults, "sim faults set");
             self.sim.set_faults(faults);
             Ok(Response::new(faults_to_proto(&self.sim.faults())))
+        })
+        .await
+    }
+
+    async fn create_node_group(
+        &self,
+        request: Request<CreateNodeGroupRequest>,
+    ) -> Result<Response<SimNodeGroup>, Status> {
+        answer(async move {
+            let record = self.sim.create_node_group(node_group_record(request.into_inner())?)?;
+            tracing::info!(target: "audit", cluster = %record.cluster, node_group = %record.id, "sim node group created");
+            let instances = self
+                .sim
+                .node_groups()?
+                .into_iter()
+                .find(|(g, _)| g.cluster == record.cluster && g.id == record.id)
+                .map(|(_, names)| names)
+                .unwrap_or_default();
+            Ok(Response::new(sim_node_group(&record, instances)))
+        })
+        .await
+    }
+
+    async fn list_node_groups(
+        &self,
+        _request: Request<ListSimNodeGroupsRequest>,
+    ) -> Result<Response<ListSimNodeGroupsResponse>, Status> {
+        answer(async move {
+            let node_groups = self
+                .sim
+                .node_groups()?
+                .into_iter()
+                .map(|(group, instances)| sim_node_group(&group, instances))
+                .collect();
+            Ok(Response::new(ListSimNodeGroupsResponse { node_groups }))
         })
         .await
     }

@@ -66,6 +66,10 @@ pub struct Options {
     pub replicas: usize,
     /// Where the binaries are (the directory of the running executable).
     pub bin_dir: PathBuf,
+    /// Where the components' binaries (the gateway and the controllers)
+    /// come from, if not `bin_dir`: another release's, for the version
+    /// skew run, which then [`Sandbox::replace`]s them one at a time.
+    pub components_dir: Option<PathBuf>,
     /// Manifests whose RBAC the API server enforces (the chart, rendered
     /// with release `ccm` in `kube-system`); without it every identity may
     /// do anything.
@@ -96,6 +100,7 @@ impl Options {
             services: 0,
             replicas: 1,
             bin_dir,
+            components_dir: None,
             rbac: None,
             extra_args: BTreeMap::new(),
             cluster: CLUSTER.to_owned(),
@@ -111,6 +116,9 @@ pub const RELEASE: &str = "ccm";
 pub const NAMESPACE: &str = "kube-system";
 /// The audience of the controllers' gateway tokens, as in the chart.
 pub const GATEWAY_AUDIENCE: &str = "cloud-gateway";
+/// The common name of Cluster Autoscaler's client certificate, which the
+/// gateway maps to the `autoscaler` role.
+pub const AUTOSCALER_CN: &str = "cluster-autoscaler";
 /// The process name (and log) of the toy gateway.
 const TOY_GATEWAY: &str = "toy-gateway";
 /// The components, each with its gateway role.
@@ -190,6 +198,8 @@ pub struct AwsAccount {
 struct Process {
     name: String,
     binary: String,
+    /// The directory its binary comes from.
+    bin_dir: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
     child: Child,
@@ -210,9 +220,18 @@ async fn wait_for_file(path: &Path) -> anyhow::Result<()> {
 }
 
 impl Sandbox {
+    /// The directory `binary` is started from.
+    fn bin_dir_of(&self, binary: &str) -> &Path {
+        match &self.options.components_dir {
+            Some(dir) if COMPONENTS.iter().any(|(component, _)| *component == binary) => dir,
+            _ => &self.options.bin_dir,
+        }
+    }
+
     fn launch(
         &self,
         name: &str,
+        bin_dir: &Path,
         binary: &str,
         args: &[String],
         env: &[(String, String)],
@@ -221,7 +240,7 @@ impl Sandbox {
             .create(true)
             .append(true)
             .open(self.options.state_dir.join(format!("{name}.log")))?;
-        let path = self.options.bin_dir.join(binary);
+        let path = bin_dir.join(binary);
         let mut command = if binary == TOY_GATEWAY {
             let mut command = Command::new(crate::toy::python());
             command.arg(crate::toy::script());
@@ -257,10 +276,12 @@ impl Sandbox {
         args: &[String],
         env: &[(String, String)],
     ) -> anyhow::Result<()> {
-        let child = self.launch(name, binary, args, env)?;
+        let bin_dir = self.bin_dir_of(binary).to_path_buf();
+        let child = self.launch(name, &bin_dir, binary, args, env)?;
         self.children.push(Process {
             name: name.into(),
             binary: binary.into(),
+            bin_dir,
             args: args.to_vec(),
             env: env.to_vec(),
             child,
@@ -330,25 +351,60 @@ impl Sandbox {
             .iter()
             .position(|p| p.name == name)
             .context("no such process")?;
-        let (binary, mut args, env) = (
-            self.children[i].binary.clone(),
-            self.children[i].args.clone(),
-            self.children[i].env.clone(),
+        let p = &self.children[i];
+        let (bin_dir, binary, mut args, env) = (
+            p.bin_dir.clone(),
+            p.binary.clone(),
+            p.args.clone(),
+            p.env.clone(),
         );
         args.extend_from_slice(extra);
-        self.children[i].child = self.launch(name, &binary, &args, &env)?;
+        self.children[i].child = self.launch(name, &bin_dir, &binary, &args, &env)?;
         Ok(())
+    }
+
+    /// The directory a process's binary comes from.
+    pub fn bin_dir(&self, name: &str) -> Option<&Path> {
+        Some(&self.children.iter().find(|p| p.name == name)?.bin_dir)
+    }
+
+    /// Replaces a process as a rolling update replaces a pod: stops it
+    /// (SIGTERM, so a leader hands its lease over; SIGKILL after 15 s)
+    /// and starts `bin_dir`'s binary in its place, with the same
+    /// arguments, ports and state.
+    pub async fn replace(&mut self, name: &str, bin_dir: &Path) -> anyhow::Result<()> {
+        self.signal(name, "TERM")?;
+        let p = self
+            .children
+            .iter_mut()
+            .find(|p| p.name == name)
+            .context("no such process")?;
+        if tokio::time::timeout(Duration::from_secs(15), p.child.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(process = %name, "did not stop in time; killing");
+            p.child.kill().await?;
+        }
+        p.bin_dir = bin_dir.to_path_buf();
+        self.restart(name)
+    }
+
+    /// The identity holding `lease` (`<process>_<unique suffix>`), if any:
+    /// a process started again holds it under another.
+    pub async fn lease_holder(&self, lease: &str) -> anyhow::Result<Option<String>> {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(self.client().await?, "kube-system");
+        Ok(leases
+            .get_opt(lease)
+            .await?
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty()))
     }
 
     /// The process holding `lease` (e.g. "ccm-node-controller"), if any.
     pub async fn leader(&self, lease: &str) -> anyhow::Result<Option<String>> {
-        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-            Api::namespaced(self.client().await?, "kube-system");
-        let holder = leases
-            .get_opt(lease)
-            .await?
-            .and_then(|l| l.spec?.holder_identity)
-            .unwrap_or_default();
+        let holder = self.lease_holder(lease).await?.unwrap_or_default();
         Ok(self
             .children
             .iter()
@@ -449,12 +505,46 @@ impl Sandbox {
             let (cloud_args, cloud_env) = sandbox.cloud().await?;
             let transport: Vec<String> = match &serving {
                 None => vec!["--insecure-plaintext".into(), "true".into()],
-                Some(serving) => vec![
-                    "--tls-cert".into(),
-                    serving.cert.display().to_string(),
-                    "--tls-key".into(),
-                    serving.key.display().to_string(),
-                ],
+                Some(serving) => {
+                    let mut transport = vec![
+                        "--tls-cert".into(),
+                        serving.cert.display().to_string(),
+                        "--tls-key".into(),
+                        serving.key.display().to_string(),
+                    ];
+                    // Cluster Autoscaler's identity: a client certificate
+                    // of the sandbox's CA, and the cloud-config its
+                    // `--cloud-provider=externalgrpc` reads. Not for
+                    // another release's gateway (the skew run), which may
+                    // not know the role.
+                    if sandbox.options.components_dir.is_some() {
+                        transport
+                    } else {
+                        let autoscaler = pki.client("autoscaler", None, AUTOSCALER_CN, false)?;
+                        let config = state.join("autoscaler-cloud-config.yaml");
+                        std::fs::write(
+                            &config,
+                            format!(
+                                "address: \"{}\"\ncert: \"{}\"\nkey: \"{}\"\ncacert: \"{}\"\ngrpc_timeout: \"30s\"\n",
+                                addr(grpc),
+                                autoscaler.cert.display(),
+                                autoscaler.key.display(),
+                                pki.ca_file().display()
+                            ),
+                        )?;
+                        sandbox.endpoints.insert(
+                            "autoscaler_cloud_config".into(),
+                            config.display().to_string(),
+                        );
+                        transport.extend([
+                            "--tls-client-ca".into(),
+                            pki.ca_file().display().to_string(),
+                            "--client-cert-roles".into(),
+                            format!("CN={AUTOSCALER_CN}=autoscaler"),
+                        ]);
+                        transport
+                    }
+                }
             };
             sandbox.spawn(
                 "cloud-gateway",
@@ -1017,10 +1107,13 @@ impl Handle {
     }
 
     /// One round of simulated kubelets: Ready while the instance runs,
-    /// Unknown (no heartbeat) once it stopped or is gone.
+    /// Unknown (no heartbeat) once it stopped or is gone; on the sim, a
+    /// node group's new instance registers its Node once it is made, as
+    /// its kubelet would (so Cluster Autoscaler's scale-ups end in Nodes).
     pub async fn heartbeat(&self) -> anyhow::Result<()> {
         let client = ccm_runtime::kube::client(Some(&self.kubeconfig)).await?;
-        let nodes: Api<Node> = Api::all(client);
+        let nodes: Api<Node> = Api::all(client.clone());
+        let mut grown = Vec::new();
         let running: BTreeMap<String, bool> = match &self.aws {
             Some((endpoint, vpc)) => aws::instance_states(&aws::ec2_client(endpoint), vpc)
                 .await?
@@ -1042,10 +1135,33 @@ impl Handle {
                 .into_inner()
                 .instances
                 .into_iter()
-                .map(|i| (i.name, i.state == InstanceState::Running as i32))
+                .map(|i| {
+                    let up = i.state == InstanceState::Running as i32;
+                    if up && !i.node_group.is_empty() && !i.creating {
+                        grown.push((i.name.clone(), internal_ip(&i)));
+                    }
+                    (i.name, up)
+                })
                 .collect(),
         };
-        let all = nodes.list(&Default::default()).await?.items;
+        let mut all = nodes.list(&Default::default()).await?.items;
+        let known: std::collections::BTreeSet<String> =
+            all.iter().filter_map(|n| n.metadata.name.clone()).collect();
+        let mut taken: std::collections::BTreeSet<String> = all
+            .iter()
+            .filter_map(|n| n.spec.as_ref()?.pod_cidr.clone())
+            .collect();
+        for (name, ip) in grown.into_iter().filter(|(n, _)| !known.contains(n)) {
+            let Some(cidr) = (0..=255)
+                .map(|i| format!("10.244.{i}.0/24"))
+                .find(|c| !taken.contains(c))
+            else {
+                anyhow::bail!("no pod CIDR left for {name}");
+            };
+            register_node(&client, &name, &ip, &cidr).await?;
+            taken.insert(cidr);
+            all.push(nodes.get(&name).await?);
+        }
         for n in &all {
             let name = n.metadata.name.clone().unwrap_or_default();
             let status = if running.get(&name).copied().unwrap_or(false) {

@@ -76,6 +76,7 @@ async fn main() -> anyhow::Result<()> {
         services: args.services,
         replicas: args.replicas,
         bin_dir,
+        components_dir: None,
         rbac: args.rbac.map(|p| p.canonicalize()).transpose()?,
         extra_args: Default::default(),
         cluster: args.cluster_name,

@@ -87,6 +87,22 @@ const ACTIONS: [(&str, u32); 9] = [
     ("colliding Service ensured", 2),
 ];
 
+/// What the churn leaves alone (the version skew run's): Nodes and
+/// Services it never stops, terminates, changes, labels or deletes, so
+/// their cloud resources stay settled; and a switch that holds it between
+/// two actions while a process hands over.
+#[derive(Clone, Debug, Default)]
+pub struct Spare {
+    pub names: Arc<BTreeSet<String>>,
+    pub paused: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Spare {
+    fn paused(&self) -> bool {
+        self.paused.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// One churn action every `churn_every` until `over`; then every made-up
 /// Service's load balancer is deleted.
 pub async fn run(
@@ -95,9 +111,11 @@ pub async fn run(
     options: Options,
     counts: Arc<Mutex<Counts>>,
     collisions: Collisions,
+    spare: Spare,
     over: CancellationToken,
 ) {
     let mut churn = Churn {
+        spare,
         handle,
         cloud_dir,
         rng: rng(options.seed, 3),
@@ -116,7 +134,12 @@ pub async fn run(
             _ = tokio::time::sleep(options.churn_every) => {}
             _ = over.cancelled() => break,
         }
+        // Held: rounds that are due still end (the cloud must settle), but
+        // nothing new begins.
         churn.end_collisions(Instant::now()).await;
+        if churn.spare.paused() {
+            continue;
+        }
         let mut pick = churn.rng.u32(0..total);
         let action = ACTIONS
             .iter()
@@ -147,6 +170,7 @@ pub async fn run(
 }
 
 struct Churn {
+    spare: Spare,
     handle: Handle,
     cloud_dir: PathBuf,
     rng: fastrand::Rng,
@@ -185,6 +209,19 @@ impl Churn {
             .collect())
     }
 
+    /// The objects the churn may act on: all but those it spares.
+    fn unspared<'a, K: kube::Resource>(&self, objects: &'a [K]) -> Vec<&'a K> {
+        objects
+            .iter()
+            .filter(|o| {
+                !o.meta()
+                    .name
+                    .as_ref()
+                    .is_some_and(|name| self.spare.names.contains(name))
+            })
+            .collect()
+    }
+
     fn number(&mut self) -> u64 {
         self.next += 1;
         self.next
@@ -192,6 +229,11 @@ impl Churn {
 
     /// Does `action`; whether it was done.
     async fn act(&mut self, action: &str) -> anyhow::Result<bool> {
+        // A stopped node comes back on its own a minute later, whenever
+        // that is: not while the run wants the cloud quiet.
+        if action == "node stops" && !self.spare.names.is_empty() {
+            return Ok(false);
+        }
         match action {
             "node joins" => self.join().await,
             "node stops" => self.stop().await,
@@ -229,8 +271,8 @@ impl Churn {
         Ok(true)
     }
 
-    /// A node's instance, chosen at random among the running ones, while
-    /// more than the minimum run.
+    /// A node's instance, chosen at random among the running ones the
+    /// churn does not spare, while more than the minimum run.
     async fn running_victim(&mut self) -> anyhow::Result<Option<String>> {
         let running: Vec<String> = self
             .handle
@@ -247,7 +289,13 @@ impl Churn {
         if running.len() <= self.min_nodes {
             return Ok(None);
         }
-        Ok(self.rng.choice(running))
+        let names = self.spare.names.clone();
+        Ok(self.rng.choice(
+            running
+                .into_iter()
+                .filter(|name| !names.contains(name))
+                .collect::<Vec<_>>(),
+        ))
     }
 
     /// Stops an instance, and starts it again a minute or so later.
@@ -302,7 +350,7 @@ impl Churn {
     /// Adds a second port to a Service, or takes it away.
     async fn change_service(&mut self) -> anyhow::Result<bool> {
         let services = self.load_balancers().await?;
-        let Some(svc) = self.rng.choice(services.iter()) else {
+        let Some(svc) = self.rng.choice(self.unspared(&services)) else {
             return Ok(false);
         };
         let name = svc.metadata.name.clone().unwrap_or_default();
@@ -340,7 +388,7 @@ impl Churn {
         }
         let Some(name) = self
             .rng
-            .choice(services.iter())
+            .choice(self.unspared(&services))
             .and_then(|s| s.metadata.name.clone())
         else {
             return Ok(false);
@@ -355,7 +403,7 @@ impl Churn {
         let nodes = self.nodes().await?;
         let Some(name) = self
             .rng
-            .choice(nodes.iter())
+            .choice(self.unspared(&nodes))
             .and_then(|n| n.metadata.name.clone())
         else {
             return Ok(false);

@@ -16,11 +16,16 @@
 //! converge, within a stated bound, with nothing leaked. Each process's
 //! resident memory is sampled throughout. The report ([`report`]) goes
 //! into BENCHMARKS.md.
+//!
+//! With [`Options::upgrade`] the same machinery runs the version skew
+//! test instead of the chaos ([`upgrade`]): the sandbox starts on another
+//! release's components and this build replaces them one at a time.
 
 pub mod chaos;
 pub mod churn;
 pub mod observer;
 pub mod report;
+pub mod upgrade;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -67,6 +72,10 @@ pub struct Options {
     pub bin_dir: PathBuf,
     /// The seed of every random choice, so a run can be repeated.
     pub seed: u64,
+    /// Instead of the chaos: start on another release's components and
+    /// upgrade them to this build's, one process at a time
+    /// ([`upgrade`]).
+    pub upgrade: Option<upgrade::Upgrade>,
 }
 
 /// The kinds of fault and churn, with how many of each happened.
@@ -142,6 +151,7 @@ pub async fn run(options: Options) -> anyhow::Result<Outcome> {
         nodes: options.nodes,
         services: options.services,
         replicas: 2,
+        components_dir: options.upgrade.as_ref().map(|u| u.from.clone()),
         ..SandboxOptions::new(options.state_dir.clone(), options.bin_dir.clone())
     })
     .await
@@ -166,6 +176,26 @@ pub async fn run(options: Options) -> anyhow::Result<Outcome> {
         anyhow::bail!("the sandbox never converged before the chaos: {off}");
     }
     tracing::info!("converged; the chaos begins");
+    // An upgrade run leaves the objects settled now alone.
+    let log = options.state_dir.join("cloud-gateway.log");
+    let (spare, settled) = match &options.upgrade {
+        Some(_) => {
+            // Settled: converged, and the cloud quiet (a host pass may
+            // follow the first ensures).
+            if !upgrade::quiet(&log, Duration::from_secs(5), Duration::from_secs(60)).await {
+                anyhow::bail!("the cloud never went quiet before the upgrade");
+            }
+            let names = settled_names(&handle).await?;
+            let settled = upgrade::Settled::read(&handle, &cloud_dir, names.clone()).await?;
+            let audit_from = upgrade::audit_mark(&log);
+            let spare = churn::Spare {
+                names: Arc::new(names),
+                ..Default::default()
+            };
+            (spare, Some((Arc::new(settled), audit_from)))
+        }
+        None => (churn::Spare::default(), None),
+    };
 
     let sandbox = Arc::new(tokio::sync::Mutex::new(sandbox));
     let done = CancellationToken::new();
@@ -197,26 +227,54 @@ pub async fn run(options: Options) -> anyhow::Result<Outcome> {
         options.clone(),
         churned.clone(),
         collisions,
+        spare.clone(),
         chaos_over.clone(),
     ));
-    let clouding = tokio::spawn(chaos::cloud_faults(
-        handle.clone(),
-        options.clone(),
-        faults.clone(),
-        chaos_over.clone(),
-    ));
-    chaos::processes(
-        sandbox.clone(),
-        options.clone(),
-        started,
-        faults.clone(),
-        memory.clone(),
-        tokio::time::sleep(options.duration),
-    )
-    .await;
-    chaos_over.cancel();
-    let _ = churning.await;
-    let _ = clouding.await;
+    let upgrading = match (&options.upgrade, settled) {
+        (Some(upgrade), Some((settled, audit_from))) => Some(upgrade::Run {
+            sandbox: sandbox.clone(),
+            handle: handle.clone(),
+            cloud_dir: cloud_dir.clone(),
+            new: options.bin_dir.clone(),
+            upgrade: upgrade.clone(),
+            spare,
+            settled,
+            started,
+            violations: violations.clone(),
+            steps: faults.clone(),
+            first_records: Default::default(),
+            log: log.clone(),
+            audit_from,
+        }),
+        _ => None,
+    };
+    match &upgrading {
+        Some(run) => {
+            run.go().await;
+            chaos_over.cancel();
+            let _ = churning.await;
+        }
+        None => {
+            let clouding = tokio::spawn(chaos::cloud_faults(
+                handle.clone(),
+                options.clone(),
+                faults.clone(),
+                chaos_over.clone(),
+            ));
+            chaos::processes(
+                sandbox.clone(),
+                options.clone(),
+                started,
+                faults.clone(),
+                memory.clone(),
+                tokio::time::sleep(options.duration),
+            )
+            .await;
+            chaos_over.cancel();
+            let _ = churning.await;
+            let _ = clouding.await;
+        }
+    }
     let chaos = started.elapsed();
     // Everything back as it should be: faults cleared, frozen processes
     // thawed, dead ones started (the chaos loop leaves none, but a
@@ -245,6 +303,12 @@ pub async fn run(options: Options) -> anyhow::Result<Outcome> {
     let cleared = Instant::now();
     let converged = observer::wait_converged(&handle, &cloud_dir, options.converge_within).await;
     let converged = converged.map(|()| cleared.elapsed());
+    if let Some(run) = &upgrading {
+        run.check_settled()
+            .await
+            .context("read what the upgrade left")?;
+    }
+    drop(upgrading);
     done.cancel();
     let observed = observing.await.context("observer")?;
     let _ = sampling.await;
@@ -266,6 +330,26 @@ pub async fn run(options: Options) -> anyhow::Result<Outcome> {
         converged,
         memory,
     })
+}
+
+/// The Nodes and LoadBalancer Services there are now.
+async fn settled_names(
+    handle: &ccm_sandbox::Handle,
+) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    let client = ccm_runtime::kube::client(Some(&handle.kubeconfig)).await?;
+    let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .list(&Default::default())
+        .await?
+        .items;
+    let services = kube::Api::<k8s_openapi::api::core::v1::Service>::all(client)
+        .list(&Default::default())
+        .await?
+        .items;
+    Ok(nodes
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .chain(services.into_iter().filter_map(|s| s.metadata.name))
+        .collect())
 }
 
 /// Samples each process's resident memory until `done`.

@@ -75,6 +75,23 @@ struct Args {
     /// The seed of every random choice; a new one each run by default.
     #[arg(long)]
     seed: Option<u64>,
+    /// Instead of the chaos, a version skew run: start the gateway and
+    /// the controllers from this directory (another release's binaries,
+    /// tools/previous-release/build.sh) and replace them with this
+    /// build's one process at a time, checking that nothing settled is
+    /// lost, moved or written to.
+    #[arg(long)]
+    upgrade_from: Option<PathBuf>,
+    /// Which goes first in the upgrade: gateway-first or
+    /// controllers-first.
+    #[arg(long, default_value = "gateway-first")]
+    upgrade_order: ccm_soak::upgrade::Order,
+    /// How long the old and the new run side by side after each step.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    side_by_side: Duration,
+    /// How long after a handover its cloud writes are held against it.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    handover: Duration,
     /// Write the report into this file's soak section (BENCHMARKS.md),
     /// the plot beside it under `benchmarks/`; else print it.
     #[arg(long)]
@@ -115,6 +132,15 @@ async fn main() -> anyhow::Result<()> {
         converge_within: args.converge_within,
         sample_every: args.sample_every,
         state_dir: args.state_dir.clone(),
+        upgrade: args
+            .upgrade_from
+            .clone()
+            .map(|from| ccm_soak::upgrade::Upgrade {
+                from,
+                order: args.upgrade_order,
+                side_by_side: args.side_by_side,
+                handover: args.handover,
+            }),
         bin_dir,
         seed,
     };

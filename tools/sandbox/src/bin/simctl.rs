@@ -6,13 +6,14 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use ccm_proto::v1::{
-    CreateInstanceRequest, Faults, GetStatsRequest, InstanceId, ListInstancesRequest,
+    CreateInstanceRequest, CreateNodeGroupRequest, Faults, GetStatsRequest, InstanceId,
+    ListInstancesRequest, ListSimNodeGroupsRequest, SimNodeGroup, SimTaint,
 };
 use ccm_proto::{ClientConfig, GatewayClient, TokenSource};
 use ccm_runtime::config_checks::number_within;
 use clap::{Parser, Subcommand};
 
-/// Acts on the simulated cloud: instances and faults.
+/// Acts on the simulated cloud: instances, node groups and faults.
 #[derive(Parser)]
 #[command(name = "simctl", version = ccm_runtime::version::LONG)]
 struct Args {
@@ -49,9 +50,78 @@ enum Cmd {
         /// How long new load balancers take to provision, e.g. 2s.
         #[arg(long)]
         provisioning: Option<String>,
+        /// A zone out of capacity: node groups' launches there fail
+        /// (repeat for more zones).
+        #[arg(long = "capacity-exhausted-zone")]
+        capacity_exhausted_zones: Vec<String>,
+    },
+    /// List node groups, with their instances and failed launches.
+    Groups,
+    /// Create a node group (an Auto Scaling group for Cluster Autoscaler).
+    CreateGroup {
+        /// Its ID (a DNS label); instances are named `<id>-<number>`.
+        id: String,
+        #[arg(long, default_value_t = 0)]
+        min: u32,
+        #[arg(long, default_value_t = 10)]
+        max: u32,
+        /// Instances to start with.
+        #[arg(long, default_value_t = 0)]
+        target: u32,
+        /// e.g. sim.standard-4 (4 CPUs, 16 GiB) or sim.gpu-8.
+        #[arg(long, default_value = "")]
+        instance_type: String,
+        /// A zone its instances go to (repeat; every zone by default).
+        #[arg(long = "zone")]
+        zones: Vec<String>,
+        /// A label of its nodes, key=value (repeat).
+        #[arg(long = "label", value_parser = key_value)]
+        labels: Vec<(String, String)>,
+        /// A taint of its template, key=value:Effect (repeat).
+        #[arg(long = "taint", value_parser = taint)]
+        taints: Vec<SimTaint>,
+        /// The cluster whose group it is.
+        #[arg(long, default_value = "kubernetes")]
+        cluster: String,
     },
     /// Provider calls so far, by operation.
     Stats,
+}
+
+fn key_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{s:?} is not key=value"))
+}
+
+fn taint(s: &str) -> Result<SimTaint, String> {
+    let (kv, effect) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?} is not key=value:Effect"))?;
+    let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
+    Ok(SimTaint {
+        key: key.to_owned(),
+        value: value.to_owned(),
+        effect: effect.to_owned(),
+    })
+}
+
+fn show_group(g: &SimNodeGroup) {
+    println!(
+        "{}\t{}\tmin {} max {} target {}\t{}\t{}\t{}",
+        g.cluster_name,
+        g.id,
+        g.min_size,
+        g.max_size,
+        g.target_size,
+        g.instance_type,
+        g.instances.join(","),
+        if g.failed_launches.is_empty() {
+            String::new()
+        } else {
+            format!("failed: {}", g.failed_launches.join(","))
+        }
+    );
 }
 
 fn duration(s: &Option<String>) -> anyhow::Result<Option<prost_types::Duration>> {
@@ -144,11 +214,13 @@ async fn main() -> anyhow::Result<()> {
             throttle_rate,
             latency,
             provisioning,
+            capacity_exhausted_zones,
         } => {
             let mut faults = Faults {
                 error_rate,
                 throttle_rate,
                 lb_provisioning_delay: duration(&provisioning)?,
+                capacity_exhausted_zones,
                 ..Default::default()
             };
             if let Some(d) = duration(&latency)? {
@@ -156,6 +228,42 @@ async fn main() -> anyhow::Result<()> {
             }
             println!("{:?}", admin.set_faults(faults).await?.into_inner());
         }
+        Cmd::Groups => {
+            for g in admin
+                .list_node_groups(ListSimNodeGroupsRequest {})
+                .await?
+                .into_inner()
+                .node_groups
+            {
+                show_group(&g);
+            }
+        }
+        Cmd::CreateGroup {
+            id,
+            min,
+            max,
+            target,
+            instance_type,
+            zones,
+            labels,
+            taints,
+            cluster,
+        } => show_group(
+            &admin
+                .create_node_group(CreateNodeGroupRequest {
+                    cluster_name: cluster,
+                    id,
+                    min_size: min,
+                    max_size: max,
+                    target_size: target,
+                    instance_type,
+                    zones,
+                    labels: labels.into_iter().collect(),
+                    taints,
+                })
+                .await?
+                .into_inner(),
+        ),
         Cmd::Stats => {
             let stats = admin
                 .get_stats(GetStatsRequest { reset: false })

@@ -1,0 +1,329 @@
+//! Cluster Autoscaler through the gateway, end to end on the sandbox: a
+//! client with none of our code (`tests/tools/autoscaler_client.py`, its
+//! stubs generated from the vendored proto when it starts) reads the
+//! cloud-config the sandbox writes, dials with the autoscaler's client
+//! certificate, and does what cluster-autoscaler does to a sim node group;
+//! the sandbox's kubelets register the new instances' Nodes, which the node
+//! controller initialises and the route controller routes.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use ccm_proto::v1::{CreateNodeGroupRequest, Faults, ListInstancesRequest, SimTaint};
+use ccm_proto::{ClientConfig, GatewayClient, TokenSource};
+use ccm_sandbox::CloudKind;
+use ccm_testkit::env::eventually;
+use ccm_testkit::scenario;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use serde_json::{Value, json};
+
+const ZONE: &str = "sim-zone-b";
+
+/// Runs `steps` (each `(rpc, request)`) through the Python client; one
+/// answer per step.
+fn autoscaler(config: &str, steps: &[(&str, Value)]) -> Vec<Value> {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/autoscaler_client.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(config)
+        .args(
+            steps
+                .iter()
+                .map(|(rpc, request)| json!({"rpc": rpc, "request": request}).to_string()),
+        )
+        .output()
+        .expect("run the autoscaler client");
+    assert!(
+        out.status.success(),
+        "the autoscaler client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn one(config: &str, rpc: &str, request: Value) -> Value {
+    autoscaler(config, &[(rpc, request)]).remove(0)
+}
+
+fn ok(answer: Value) -> Value {
+    answer
+        .get("ok")
+        .cloned()
+        .unwrap_or_else(|| panic!("refused: {answer}"))
+}
+
+/// The group's instances as NodeGroupNodes answers them after a Refresh.
+fn instances(config: &str) -> Vec<Value> {
+    let mut answers = autoscaler(
+        config,
+        &[
+            ("Refresh", json!({})),
+            ("NodeGroupNodes", json!({"id": "workers"})),
+        ],
+    );
+    ok(answers.remove(1))["instances"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The workers' Nodes: name → (provider ID, initialised).
+async fn worker_nodes(nodes: &Api<Node>) -> BTreeMap<String, (String, bool)> {
+    nodes
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| {
+            let name = n.metadata.name.clone()?;
+            let spec = n.spec.clone().unwrap_or_default();
+            let initialised = !spec
+                .taints
+                .unwrap_or_default()
+                .iter()
+                .any(|t| t.key == kube_test_apiserver::fixtures::UNINITIALIZED);
+            name.starts_with("workers-")
+                .then(|| (name, (spec.provider_id.unwrap_or_default(), initialised)))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_autoscaler_scales_a_sim_node_group_and_nodes_join_and_leave() {
+    let mut extra = BTreeMap::new();
+    extra.insert(
+        "cloud-gateway".to_owned(),
+        vec!["--node-groups-refresh-interval".to_owned(), "1s".to_owned()],
+    );
+    let (sandbox, kubelets, _dir) = scenario::start_with(CloudKind::Sim, 2, 0, extra).await;
+    let config = sandbox.endpoints["autoscaler_cloud_config"].clone();
+    let admin = sandbox.admin().unwrap();
+    admin
+        .sim_admin()
+        .unwrap()
+        .create_node_group(CreateNodeGroupRequest {
+            cluster_name: "kubernetes".into(),
+            id: "workers".into(),
+            min_size: 1,
+            max_size: 3,
+            target_size: 1,
+            instance_type: "sim.standard-4".into(),
+            zones: vec![ZONE.into()],
+            labels: [("pool".to_owned(), "workers".to_owned())].into(),
+            taints: vec![SimTaint {
+                key: "dedicated".into(),
+                value: "workers".into(),
+                effect: "NoSchedule".into(),
+            }],
+        })
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(sandbox.client().await.unwrap());
+
+    // The loop's first reads: the group, its template, an unmanaged node.
+    let answers = autoscaler(
+        &config,
+        &[
+            ("Refresh", json!({})),
+            ("NodeGroups", json!({})),
+            ("NodeGroupTargetSize", json!({"id": "workers"})),
+            ("NodeGroupTemplateNodeInfo", json!({"id": "workers"})),
+        ],
+    );
+    let groups = ok(answers[1].clone())["nodeGroups"].clone();
+    let groups: Vec<_> = groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g["id"].clone(), g["minSize"].clone(), g["maxSize"].clone()))
+        .collect();
+    assert_eq!(
+        groups,
+        [(json!("workers"), json!(1), json!(3))],
+        "{answers:?}"
+    );
+    assert_eq!(ok(answers[2].clone())["targetSize"], 1);
+    assert!(
+        ok(answers[3].clone())["nodeBytes"].is_string(),
+        "a template node: {:?}",
+        answers[3]
+    );
+    let unmanaged = nodes.get("node-0").await.unwrap();
+    let unmanaged_id = eventually("node-0 initialised", || async {
+        nodes.get("node-0").await.ok()?.spec?.provider_id
+    })
+    .await;
+    let answer = ok(one(
+        &config,
+        "NodeGroupForNode",
+        json!({"node": {"providerID": unmanaged_id, "name": unmanaged.metadata.name}}),
+    ));
+    assert_eq!(
+        answer["nodeGroup"]
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or(""),
+        "",
+        "an unmanaged node's group is the empty id: {answer}"
+    );
+
+    // The first instance joins: its Node registered, initialised, routed.
+    let first = eventually("the group's first Node initialised", || async {
+        let workers = worker_nodes(&nodes).await;
+        (workers.len() == 1 && workers.values().all(|(id, init)| *init && !id.is_empty()))
+            .then_some(workers)
+    })
+    .await;
+    let (first_name, (first_id, _)) = first.into_iter().next().unwrap();
+    let answer = ok(one(
+        &config,
+        "NodeGroupForNode",
+        json!({"node": {"providerID": first_id, "name": first_name}}),
+    ));
+    assert_eq!(answer["nodeGroup"]["id"], "workers", "{answer}");
+
+    // Scale up by one: a second Node joins; past the maximum is refused.
+    let answers = autoscaler(
+        &config,
+        &[
+            (
+                "NodeGroupIncreaseSize",
+                json!({"id": "workers", "delta": 1}),
+            ),
+            ("NodeGroupTargetSize", json!({"id": "workers"})),
+            (
+                "NodeGroupIncreaseSize",
+                json!({"id": "workers", "delta": 2}),
+            ),
+        ],
+    );
+    ok(answers[0].clone());
+    assert_eq!(ok(answers[1].clone())["targetSize"], 2);
+    assert_eq!(answers[2]["code"], "INVALID_ARGUMENT", "{answers:?}");
+    let workers = eventually("two workers initialised", || async {
+        let workers = worker_nodes(&nodes).await;
+        (workers.len() == 2 && workers.values().all(|(_, init)| *init)).then_some(workers)
+    })
+    .await;
+    let cloud = sandbox.options.state_dir.join("gateway");
+    eventually("a route to each worker", || async {
+        let routes = ccm_provider_sim::store::Store::read(&cloud).ok()?.routes;
+        workers
+            .keys()
+            .all(|w| routes.iter().any(|r| r.target_node == *w))
+            .then_some(())
+    })
+    .await;
+
+    // Delete a named node: its instance goes, and the node controller
+    // deletes its Node; the last one may not go below the minimum.
+    let (gone_name, (gone_id, _)) = workers.iter().last().unwrap();
+    let (kept_name, (kept_id, _)) = workers.iter().next().unwrap();
+    let answers = autoscaler(
+        &config,
+        &[
+            ("Refresh", json!({})),
+            (
+                "NodeGroupDeleteNodes",
+                json!({"id": "workers", "nodes": [{"providerID": gone_id, "name": gone_name}]}),
+            ),
+            ("NodeGroupTargetSize", json!({"id": "workers"})),
+            (
+                "NodeGroupDeleteNodes",
+                json!({"id": "workers", "nodes": [{"providerID": kept_id, "name": kept_name}]}),
+            ),
+            (
+                "NodeGroupDecreaseTargetSize",
+                json!({"id": "workers", "delta": -1}),
+            ),
+        ],
+    );
+    ok(answers[1].clone());
+    assert_eq!(ok(answers[2].clone())["targetSize"], 1);
+    assert_eq!(
+        answers[3]["code"], "INVALID_ARGUMENT",
+        "below the minimum: {answers:?}"
+    );
+    assert_eq!(
+        answers[4]["code"], "INVALID_ARGUMENT",
+        "decreasing the target never deletes a running node: {answers:?}"
+    );
+    eventually("the deleted node's instance and Node gone", || async {
+        let instances = admin
+            .sim_admin()
+            .ok()?
+            .list_instances(ListInstancesRequest {})
+            .await
+            .ok()?
+            .into_inner()
+            .instances;
+        let workers = worker_nodes(&nodes).await;
+        (!instances.iter().any(|i| i.name == *gone_name)
+            && workers.keys().collect::<Vec<_>>() == vec![kept_name])
+        .then_some(())
+    })
+    .await;
+
+    // No capacity in the zone: the launch fails and shows as the
+    // instance's error, out of resources, until the target drops again.
+    let mut sim = admin.sim_admin().unwrap();
+    sim.set_faults(Faults {
+        capacity_exhausted_zones: vec![ZONE.into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    ok(one(
+        &config,
+        "NodeGroupIncreaseSize",
+        json!({"id": "workers", "delta": 1}),
+    ));
+    let failed: Vec<Value> = instances(&config)
+        .into_iter()
+        .filter(|i| i["status"].get("errorInfo").is_some())
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(
+        failed[0]["status"]["errorInfo"]["instanceErrorClass"], 1,
+        "out of resources: {failed:?}"
+    );
+    let answers = autoscaler(
+        &config,
+        &[
+            (
+                "NodeGroupDecreaseTargetSize",
+                json!({"id": "workers", "delta": -1}),
+            ),
+            ("NodeGroupTargetSize", json!({"id": "workers"})),
+        ],
+    );
+    ok(answers[0].clone());
+    assert_eq!(ok(answers[1].clone())["targetSize"], 1);
+    assert_eq!(instances(&config).len(), 1);
+
+    // Its certificate opens this service and nothing else.
+    let pki = sandbox.options.state_dir.join("pki");
+    let mut as_autoscaler =
+        ClientConfig::new(sandbox.gateway.clone(), "kubernetes", TokenSource::None);
+    as_autoscaler.tls_ca = sandbox.gateway_ca.clone();
+    as_autoscaler.client_cert = Some((pki.join("autoscaler.crt"), pki.join("autoscaler.key")));
+    let refused = GatewayClient::new(as_autoscaler)
+        .unwrap()
+        .list_load_balancers()
+        .await
+        .expect_err("the autoscaler's certificate may not list load balancers");
+    assert!(
+        refused.to_string().to_lowercase().contains("permission"),
+        "{refused}"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    scenario::finish(sandbox, kubelets).await;
+}
