@@ -314,9 +314,9 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         );
         return record_success(ctx, key, svc, had_ingress, &status).await;
     }
-    if recorded.is_some() {
-        record_applied(ctx, svc, None).await?;
-    }
+    // Cleared whatever the cache shows: it may not have seen the record
+    // this replica's last write left yet.
+    record_applied(ctx, svc, None).await?;
     publish(
         ctx,
         svc,
@@ -547,11 +547,9 @@ pub async fn sync_hosts(ctx: &Context) {
             if ctx_ref.remembered_hosts(&key) == Some(hosts.digest) {
                 return true;
             }
-            // The Service's record goes before the write, and comes back
-            // with the new hosts after it.
-            if plan::recorded_fingerprint(svc).is_some()
-                && let Err(e) = record_applied(ctx_ref, svc, None).await
-            {
+            // The Service's record goes before the write (whatever the
+            // cache shows), and comes back with the new hosts after it.
+            if let Err(e) = record_applied(ctx_ref, svc, None).await {
                 tracing::warn!(error = %e, "could not clear the load balancer's record; later");
                 return false;
             }
