@@ -212,6 +212,13 @@ def tls_verifies(cert_pem: str, key_pem: str, ca_pem: str, server_name: str) -> 
         server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         server_ctx.load_cert_chain(crt, key)
     client_ctx = ssl.create_default_context(cadata=ca_pem)
+    return handshake(client_ctx, server_ctx, server_name) is not None
+
+
+def handshake(client_ctx: ssl.SSLContext, server_ctx: ssl.SSLContext, server_name: str):
+    """A TLS handshake in memory between the two contexts, the client
+    checking `server_name`: the server's side once it completes, else
+    None."""
     c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
     client = client_ctx.wrap_bio(c_in, c_out, server_hostname=server_name)
     server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
@@ -226,10 +233,10 @@ def tls_verifies(cert_pem: str, key_pem: str, ca_pem: str, server_name: str) -> 
             s_in.write(c_out.read())
             c_in.write(s_out.read())
             if done:
-                return True
+                return server
     except ssl.SSLError:
-        return False
-    return False
+        return None
+    return None
 
 
 def rbac_rules(docs: list[dict]):
@@ -710,6 +717,75 @@ def upgrade_baseline() -> int:
     return 0
 
 
+def mutual_tls(server: dict, client: dict, ca_pem: str, server_name: str) -> bool:
+    """A mutual TLS handshake in memory: a server presenting `server`'s
+    tls.crt and requiring a client certificate signed by `ca_pem`, and a
+    client presenting `client`'s and checking `server_name` against
+    `ca_pem`, as the gateway and Cluster Autoscaler meet."""
+    with tempfile.TemporaryDirectory() as tmp:
+        def chain(ctx: ssl.SSLContext, pair: dict, name: str) -> None:
+            crt, key = Path(tmp, f"{name}.crt"), Path(tmp, f"{name}.key")
+            crt.write_text(pair.get("tls.crt", ""))
+            key.write_text(pair.get("tls.key", ""))
+            ctx.load_cert_chain(crt, key)
+        server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server_ctx.verify_mode = ssl.CERT_REQUIRED
+        server_ctx.load_verify_locations(cadata=ca_pem)
+        client_ctx = ssl.create_default_context(cadata=ca_pem)
+        try:
+            chain(server_ctx, server, "server")
+            chain(client_ctx, client, "client")
+        except (ssl.SSLError, OSError):
+            return False
+    server_side = handshake(client_ctx, server_ctx, server_name)
+    return server_side is not None and server_side.getpeercert() is not None
+
+
+def check_autoscaler(c: Checks) -> None:
+    """Cluster Autoscaler's way in: its certificate from the gateway's CA,
+    mapped to its role alone, the cloud-config naming the gateway by its
+    certificate's name, and the NetworkPolicy's door."""
+    docs = render_sim({"autoscaler": {"enabled": True}})
+    validate_all(c, docs, "autoscaler")
+    secrets = {d["metadata"]["name"]: d["stringData"] for d in docs if d["kind"] == "Secret"}
+    tls, gateway = secrets.get("ccm-autoscaler-tls", {}), secrets.get("ccm-gateway-tls", {})
+    c.expect(mutual_tls(gateway, tls, gateway.get("ca.crt", ""), GATEWAY_SERVER_NAME),
+             "the autoscaler and the gateway meet over mutual TLS, by the gateway's name")
+    c.expect(tls.get("ca.crt") == gateway.get("ca.crt"), "the autoscaler trusts the gateway's CA")
+    config = secrets.get("ccm-autoscaler-cloud-config", {}).get("cloud-config", "")
+    c.expect(f'address: "{GATEWAY_SERVER_NAME}:7400"' in config and 'cert: "/etc/cluster-autoscaler/tls/tls.crt"' in config
+             and 'grpc_timeout: "60s"' in config, f"the cloud-config names the gateway and the files: {config}")
+    args = next(x["args"] for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "ccm-gateway"
+                for x in d["spec"]["template"]["spec"]["containers"])
+    c.expect("--tls-client-ca=/etc/cloud-gateway/tls/ca.crt" in args
+             and "--client-cert-roles=CN=cluster-autoscaler=autoscaler" in args,
+             f"the gateway trusts its own CA for clients and maps the autoscaler's certificate alone: {args}")
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "ccm-gateway")
+    peers = policy["spec"]["ingress"][0]["from"]
+    c.expect({"podSelector": {"matchLabels": {"app.kubernetes.io/name": "externalgrpc-cluster-autoscaler"}}} in peers,
+             f"the NetworkPolicy lets the autoscaler's pods in to gRPC: {peers}")
+    off = render_sim()
+    c.expect(not any(d["kind"] == "Secret" and "autoscaler" in d["metadata"]["name"] for d in off),
+             "no autoscaler Secrets unless asked")
+    managed = render_sim({"autoscaler": {"enabled": True},
+                          "gateway": {"tls": {"source": "cert-manager", "issuerRef": {"name": "my-ca"}}}})
+    cert = next((d for d in managed if d["kind"] == "Certificate" and d["metadata"]["name"] == "ccm-autoscaler"), {})
+    c.expect(cert.get("spec", {}).get("usages") == ["client auth", "digital signature", "key encipherment"]
+             and cert["spec"].get("secretName") == "ccm-autoscaler-tls" and "dnsNames" not in cert["spec"],
+             f"with cert-manager, a client certificate from the gateway's issuer: {cert}")
+    for what, values, names in (
+            ("the autoscaler with a CA of the operator's", {"gateway": {"tls": {
+                "source": "existingSecret", "existingSecret": "mine"}}}, "gateway.tls.source"),
+            ("the autoscaler beside another client CA", {"gateway": {"tls": {
+                "clientCA": {"existingSecret": "x"}, "clientCertRoles": [{"identity": "CN=x", "role": "admin"}]}}},
+             "gateway.tls.clientCA.existingSecret")):
+        try:
+            render_sim(merge({"autoscaler": {"enabled": True}}, values))
+            c.expect(False, f"{what} must fail to render")
+        except helm.HelmError as e:
+            c.expect(names in str(e), f"{what}: the render error names {names}: {e}")
+
+
 def check_upgrade(c: Checks) -> None:
     """`helm upgrade` from the last release keeps every immutable field and
     every object the processes of that release use."""
@@ -775,6 +851,7 @@ def check() -> int:
 
     check_diagnostics(c, defaults)
     check_admin(c, defaults)
+    check_autoscaler(c)
     check_upgrade(c)
 
     # Bootstrap and hardening, in every pod.

@@ -97,6 +97,13 @@ impl Inspect for GatewayInspector {
                 "message": e.message,
             })).collect::<Vec<_>>(),
             "calls": {"objects": objects, "recorded": recorded},
+            "served": metrics
+                .served
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(service, n)| (service.clone(), json!({"ok": n.ok, "failed": n.failed})))
+                .collect::<serde_json::Map<_, _>>(),
         })
     }
 

@@ -1,5 +1,8 @@
 //! The gateway's Prometheus metrics, all under `cloud_gateway_`.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -104,12 +107,50 @@ pub struct Metrics {
     pub request_bytes_in_flight: Gauge,
     pub requests_refused: Family<RefusalLabels, Counter>,
     pub token_reviews: Family<ReviewLabels, Counter>,
+    /// Calls answered per gRPC service (`package.Service`), for
+    /// `/debug/status`: the controllers' services beside Cluster
+    /// Autoscaler's and any other tool's.
+    pub served: Arc<Mutex<BTreeMap<String, Served>>>,
+}
+
+/// Calls one gRPC service answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Served {
+    pub ok: u64,
+    pub failed: u64,
+}
+
+/// The most services [`Metrics::served`] keeps: the gateway serves about
+/// ten; paths of services it does not have are counted up to this.
+const MAX_SERVICES: usize = 32;
+
+impl Metrics {
+    /// Counts a call to `method` (`/package.Service/Method`) answered
+    /// `ok` or not.
+    pub fn count_served(&self, method: &str, ok: bool) {
+        let service = method
+            .trim_start_matches('/')
+            .split('/')
+            .next()
+            .unwrap_or_default();
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        if !served.contains_key(service) && served.len() >= MAX_SERVICES {
+            return;
+        }
+        let entry = served.entry(service.to_owned()).or_default();
+        if ok {
+            entry.ok += 1;
+        } else {
+            entry.failed += 1;
+        }
+    }
 }
 
 impl Metrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
+            served: Arc::default(),
             grpc_requests: Family::default(),
             grpc_duration: HistogramFamily::new_with_constructor(latency_histogram),
             cloud_calls: Family::default(),

@@ -81,7 +81,7 @@ pub struct Args {
     /// The cluster's name, as the controllers' --cluster-name (upstream's ClusterID): Cluster Autoscaler scales this cluster's node groups through the gateway (on AWS, the Auto Scaling groups tagged k8s.io/cluster-autoscaler/<name>); the controllers name it in each call.
     #[arg(long, env = "CLOUD_GATEWAY_CLUSTER_NAME", default_value = "kubernetes")]
     pub cluster_name: String,
-    /// How old the node groups the autoscaler reads may be before its Refresh lists them again; however many autoscalers ask, the cloud is listed at most this often.
+    /// How old the node groups the autoscaler reads may be before its Refresh lists them again; however many autoscalers ask, the cloud is listed at most this often (0s: every Refresh lists them, as a provider with no cache of its own does).
     #[arg(long, default_value = "10s")]
     pub node_groups_refresh_interval: String,
     /// Log format: plain or json.
@@ -265,7 +265,7 @@ pub struct Args {
     /// kube-proxy's health path for --aws-cluster-health-probe shared (/healthz when not given).
     #[arg(long, env = "CLOUD_GATEWAY_AWS_SHARED_HEALTH_PROBE_PATH")]
     pub aws_shared_health_probe_path: Option<String>,
-    /// Endpoints for single AWS APIs, ahead of --aws-endpoint-url: service=URL pairs, comma-separated, for ec2, elasticloadbalancing and sts (for assuming --aws-role-arn; upstream's ServiceOverride).
+    /// Endpoints for single AWS APIs, ahead of --aws-endpoint-url: service=URL pairs, comma-separated, for autoscaling, ec2, elasticloadbalancing and sts (for assuming --aws-role-arn; upstream's ServiceOverride).
     #[arg(long, env = "CLOUD_GATEWAY_AWS_ENDPOINTS")]
     pub aws_endpoints: Option<String>,
     #[command(flatten)]
@@ -423,7 +423,7 @@ impl Settings {
         let node_groups_refresh_interval = p.parse(
             "node-groups-refresh-interval",
             &args.node_groups_refresh_interval,
-            duration_within(Duration::from_secs(1), Duration::from_secs(600)),
+            duration_within(Duration::ZERO, Duration::from_secs(600)),
         );
         let sim = sim(&mut p, args);
         #[cfg(feature = "aws")]
@@ -1013,7 +1013,7 @@ mod tests {
             "aws-elb-security-group",
             "aws-nlb-security-group-mode",
             "aws-shared-health-probe-port: needs --aws-cluster-health-probe shared",
-            "\"s3\" is not one of ec2, elasticloadbalancing, sts",
+            "\"s3\" is not one of autoscaling, ec2, elasticloadbalancing, sts",
         ] {
             assert!(problems.contains(key), "{key} missing from {problems}");
         }

@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::process::Command;
-use std::time::Duration;
 
 use ccm_proto::v1::{CreateNodeGroupRequest, Faults, ListInstancesRequest, SimTaint};
 use ccm_proto::{ClientConfig, GatewayClient, TokenSource};
@@ -324,6 +323,21 @@ async fn cluster_autoscaler_scales_a_sim_node_group_and_nodes_join_and_leave() {
         refused.to_string().to_lowercase().contains("permission"),
         "{refused}"
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // An operator sees the autoscaler's calls beside the controllers'.
+    let kubeconfig = sandbox.kubeconfig.clone();
+    let status = tokio::task::spawn_blocking(move || {
+        ccm_testkit::kubectl_ccm(&kubeconfig, &["status", "--as", "operator"])
+    })
+    .await
+    .unwrap();
+    let served = status
+        .stdout
+        .lines()
+        .find(|l| l.contains("calls served:"))
+        .unwrap_or_else(|| panic!("no calls served: {status:?}"));
+    assert!(
+        served.contains("CloudProvider (Cluster Autoscaler)") && served.contains("Instances "),
+        "{served}"
+    );
     scenario::finish(sandbox, kubelets).await;
 }

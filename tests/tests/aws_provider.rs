@@ -1131,7 +1131,7 @@ fn policy_actions() -> std::collections::BTreeSet<String> {
 
 #[tokio::test]
 async fn the_gateway_sends_exactly_the_actions_of_the_documented_iam_policy() {
-    let env = env(2, &[]).await;
+    let env = env(2, &["--node-groups-refresh-interval", "1s"]).await;
     let mut seen: std::collections::BTreeSet<String> = env.startup.keys().cloned().collect();
     let [a, b] = &env.seeded.instances[..] else {
         unreachable!()
@@ -1247,6 +1247,24 @@ async fn the_gateway_sends_exactly_the_actions_of_the_documented_iam_policy() {
     timed(lbs.delete_load_balancer(service("99999999")))
         .await
         .unwrap();
+    // Cluster Autoscaler's node groups: listed with their templates, one
+    // short of capacity, scaled, a named instance deleted.
+    aws::seed_node_groups(&env._moto.endpoint, &env.seeded, CLUSTER)
+        .await
+        .unwrap();
+    let mut c = autoscaler_of(&env);
+    refresh(&mut c).await;
+    let running = one_more_without_capacity(&env, &mut c)
+        .await
+        .into_iter()
+        .find(|i| !i.id.contains("placeholder"))
+        .unwrap();
+    timed(c.node_group_delete_nodes(ca::NodeGroupDeleteNodesRequest {
+        id: groups::WORKERS.into(),
+        nodes: vec![ca_node(&running.id)],
+    }))
+    .await
+    .unwrap();
     seen.extend(env.proxy.take_actions().into_keys());
     assert_eq!(seen, policy_actions(), "actions sent vs. the IAM policy");
 }
@@ -4082,4 +4100,404 @@ async fn a_load_balancer_cloud_provider_aws_made_for_another_service_is_never_ad
     let before = whole_lb(&env, false, &name).await.unwrap();
     let b = for_service(classic_spec("x", web(81, 30081), &[]), &second);
     the_second_never_touches_the_first(&env, false, &first, &name, &before, b).await;
+}
+
+// Node groups: Cluster Autoscaler's Auto Scaling groups, through the
+// service a stock cluster-autoscaler calls, read back through the Auto
+// Scaling API as a user would inspect them.
+
+use ccm_proto::externalgrpc as ca;
+use ccm_proto::externalgrpc::cloud_provider_client::CloudProviderClient;
+use ccm_sandbox::aws::groups;
+use prost::Message as _;
+
+type Autoscaler = CloudProviderClient<ccm_proto::AuthorizedChannel>;
+
+/// The environment with the Auto Scaling groups of
+/// [`aws::seed_node_groups`], and the autoscaler's service with an
+/// admin's token.
+async fn with_groups() -> (Env, Autoscaler) {
+    let env = env(1, &["--node-groups-refresh-interval", "1s"]).await;
+    aws::seed_node_groups(&env._moto.endpoint, &env.seeded, CLUSTER)
+        .await
+        .unwrap();
+    let c = autoscaler_of(&env);
+    (env, c)
+}
+
+/// The autoscaler's service with an admin's token.
+fn autoscaler_of(env: &Env) -> Autoscaler {
+    let channel = env
+        .gateway
+        .client("admin", CLUSTER)
+        .authorized_channel()
+        .unwrap();
+    CloudProviderClient::new(channel)
+}
+
+/// Runs the workers' zone out of capacity and asks for one more: the
+/// workers as the autoscaler then sees them.
+async fn one_more_without_capacity(env: &Env, c: &mut Autoscaler) -> Vec<ca::Instance> {
+    env.proxy.no_capacity_for(groups::WORKERS);
+    timed(
+        c.node_group_increase_size(ca::NodeGroupIncreaseSizeRequest {
+            id: groups::WORKERS.into(),
+            delta: 1,
+        }),
+    )
+    .await
+    .unwrap();
+    refresh(c).await;
+    nodes_of(c, groups::WORKERS).await
+}
+
+/// A Refresh that renews the gateway's snapshot (at most one a second).
+async fn refresh(c: &mut Autoscaler) {
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    timed(c.refresh(ca::RefreshRequest {})).await.unwrap();
+}
+
+/// The group as the Auto Scaling API has it: `(desired, instance IDs)`.
+async fn group_in_aws(env: &Env, name: &str) -> (i32, Vec<String>) {
+    let answer = aws::autoscaling_client(&env._moto.endpoint)
+        .describe_auto_scaling_groups()
+        .auto_scaling_group_names(name)
+        .send()
+        .await
+        .unwrap();
+    let group = &answer.auto_scaling_groups()[0];
+    let mut ids: Vec<String> = group
+        .instances()
+        .iter()
+        .filter_map(|i| i.instance_id().map(str::to_owned))
+        .collect();
+    ids.sort();
+    (group.desired_capacity().unwrap_or(-1), ids)
+}
+
+async fn nodes_of(c: &mut Autoscaler, id: &str) -> Vec<ca::Instance> {
+    timed(c.node_group_nodes(ca::NodeGroupNodesRequest { id: id.into() }))
+        .await
+        .unwrap()
+        .into_inner()
+        .instances
+}
+
+fn ca_node(provider_id: &str) -> ca::ExternalGrpcNode {
+    ca::ExternalGrpcNode {
+        provider_id: provider_id.into(),
+        name: provider_id.rsplit('/').next().unwrap_or_default().into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn auto_scaling_groups_tagged_for_the_cluster_scale_through_their_desired_capacity_only() {
+    let (env, mut c) = with_groups().await;
+    let before_other = group_in_aws(&env, groups::OTHER_CLUSTER).await;
+    let before_untagged = group_in_aws(&env, groups::UNTAGGED).await;
+    refresh(&mut c).await;
+    let listed = timed(c.node_groups(ca::NodeGroupsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .node_groups;
+    let mut bounds: Vec<(String, i32, i32)> = listed
+        .iter()
+        .map(|g| (g.id.clone(), g.min_size, g.max_size))
+        .collect();
+    bounds.sort();
+    assert_eq!(
+        bounds,
+        vec![
+            (groups::GPUS.to_owned(), 0, 2),
+            (groups::WORKERS.to_owned(), 1, 4)
+        ],
+        "only the groups tagged for this cluster"
+    );
+
+    // Nodes map to their group; an instance of a group that is not the
+    // cluster's, and one in no group, to the empty id.
+    let workers = nodes_of(&mut c, groups::WORKERS).await;
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    let first = workers[0].id.clone();
+    let (_, untagged) = group_in_aws(&env, groups::UNTAGGED).await;
+    for (provider_id, want) in [
+        (first.clone(), groups::WORKERS),
+        (format!("aws:///{}/{}", aws::ZONES[0], untagged[0]), ""),
+        (env.seeded.instances[0].provider_id(), ""),
+    ] {
+        let group = timed(c.node_group_for_node(ca::NodeGroupForNodeRequest {
+            node: Some(ca_node(&provider_id)),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .node_group
+        .map(|g| g.id)
+        .unwrap_or_default();
+        assert_eq!(group, want, "{provider_id}");
+    }
+
+    // Scale up: the desired capacity, and AWS launches.
+    timed(
+        c.node_group_increase_size(ca::NodeGroupIncreaseSizeRequest {
+            id: groups::WORKERS.into(),
+            delta: 2,
+        }),
+    )
+    .await
+    .unwrap();
+    let (desired, ids) = group_in_aws(&env, groups::WORKERS).await;
+    assert_eq!((desired, ids.len()), (3, 3));
+    // Past the maximum, refused before AWS is asked.
+    let past = timed(
+        c.node_group_increase_size(ca::NodeGroupIncreaseSizeRequest {
+            id: groups::WORKERS.into(),
+            delta: 2,
+        }),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(past.code(), tonic::Code::InvalidArgument, "{past:?}");
+
+    // Delete a named node: that instance terminated, the target one less.
+    refresh(&mut c).await;
+    let workers = nodes_of(&mut c, groups::WORKERS).await;
+    assert_eq!(workers.len(), 3, "{workers:?}");
+    let doomed = workers[1].id.clone();
+    timed(c.node_group_delete_nodes(ca::NodeGroupDeleteNodesRequest {
+        id: groups::WORKERS.into(),
+        nodes: vec![ca_node(&doomed)],
+    }))
+    .await
+    .unwrap();
+    let (desired, ids) = group_in_aws(&env, groups::WORKERS).await;
+    assert_eq!(desired, 2);
+    assert!(
+        !ids.iter().any(|id| doomed.ends_with(id.as_str())),
+        "{ids:?}"
+    );
+    let described = env
+        .ec2
+        .describe_instances()
+        .instance_ids(doomed.rsplit('/').next().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let state = described.reservations()[0].instances()[0]
+        .state()
+        .and_then(|s| s.name())
+        .map(|s| s.as_str().to_owned());
+    assert_eq!(state.as_deref(), Some("terminated"));
+
+    // Below the minimum, or another group's instance: refused, nothing
+    // deleted.
+    refresh(&mut c).await;
+    let workers: Vec<ca::ExternalGrpcNode> = nodes_of(&mut c, groups::WORKERS)
+        .await
+        .iter()
+        .map(|i| ca_node(&i.id))
+        .collect();
+    let below = timed(c.node_group_delete_nodes(ca::NodeGroupDeleteNodesRequest {
+        id: groups::WORKERS.into(),
+        nodes: workers.clone(),
+    }))
+    .await
+    .unwrap_err();
+    assert_eq!(below.code(), tonic::Code::InvalidArgument, "{below:?}");
+    let foreign = timed(c.node_group_delete_nodes(ca::NodeGroupDeleteNodesRequest {
+        id: groups::WORKERS.into(),
+        nodes: vec![ca_node(&format!(
+            "aws:///{}/{}",
+            aws::ZONES[0],
+            untagged[0]
+        ))],
+    }))
+    .await
+    .unwrap_err();
+    assert_eq!(foreign.code(), tonic::Code::InvalidArgument, "{foreign:?}");
+    assert_eq!(group_in_aws(&env, groups::WORKERS).await.0, 2);
+
+    // Decreasing the target never deletes a running instance.
+    let decrease = timed(c.node_group_decrease_target_size(
+        ca::NodeGroupDecreaseTargetSizeRequest {
+            id: groups::WORKERS.into(),
+            delta: -1,
+        },
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(
+        decrease.code(),
+        tonic::Code::InvalidArgument,
+        "{decrease:?}"
+    );
+
+    // The groups that are not the cluster's were never touched.
+    assert_eq!(
+        group_in_aws(&env, groups::OTHER_CLUSTER).await,
+        before_other
+    );
+    assert_eq!(group_in_aws(&env, groups::UNTAGGED).await, before_untagged);
+    let writes: Vec<String> = env
+        .proxy
+        .take_actions()
+        .into_keys()
+        .filter(|a| a.contains("SetDesired") || a.contains("Terminate"))
+        .collect();
+    assert_eq!(
+        writes,
+        vec![
+            "autoscaling:SetDesiredCapacity".to_owned(),
+            "autoscaling:TerminateInstanceInAutoScalingGroup".to_owned()
+        ]
+    );
+    let bodies = env.proxy.bodies("autoscaling:SetDesiredCapacity");
+    assert!(
+        bodies
+            .iter()
+            .all(|b| b.contains("AutoScalingGroupName=workers")),
+        "{bodies:?}"
+    );
+}
+
+#[tokio::test]
+async fn templates_come_from_the_launch_template_and_tags_and_options_from_tags() {
+    let (_env, mut c) = with_groups().await;
+    refresh(&mut c).await;
+    let node = |bytes: Vec<u8>| k8s_pb::api::core::v1::Node::decode(bytes.as_slice()).unwrap();
+    let workers = node(
+        timed(
+            c.node_group_template_node_info(ca::NodeGroupTemplateNodeInfoRequest {
+                id: groups::WORKERS.into(),
+            }),
+        )
+        .await
+        .unwrap()
+        .into_inner()
+        .node_bytes,
+    );
+    let labels = workers.metadata.clone().unwrap_or_default().labels;
+    assert_eq!(labels["node.kubernetes.io/instance-type"], "m5.large");
+    assert_eq!(labels["topology.kubernetes.io/zone"], aws::ZONES[0]);
+    assert_eq!(labels["topology.kubernetes.io/region"], aws::REGION);
+    assert_eq!(labels["pool"], "workers");
+    let spec = workers.spec.clone().unwrap_or_default();
+    let taints: Vec<(String, String, String)> = spec
+        .taints
+        .iter()
+        .map(|t| {
+            (
+                t.key.clone().unwrap_or_default(),
+                t.value.clone().unwrap_or_default(),
+                t.effect.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        taints,
+        vec![("dedicated".into(), "workers".into(), "NoSchedule".into())]
+    );
+    let capacity = |n: &k8s_pb::api::core::v1::Node| -> std::collections::BTreeMap<String, String> {
+        n.status
+            .clone()
+            .unwrap_or_default()
+            .capacity
+            .into_iter()
+            .map(|(k, v)| (k, v.string.unwrap_or_default()))
+            .collect()
+    };
+    let have = capacity(&workers);
+    // m5.large: 2 vCPUs and 8 GiB, as EC2 describes the type.
+    assert_eq!(have["cpu"], "2");
+    assert_eq!(have["memory"], "8192Mi");
+    assert_eq!(have["pods"], "110");
+    assert_eq!(have["ephemeral-storage"], "100Gi");
+    assert!(!have.contains_key("nvidia.com/gpu"), "{have:?}");
+
+    // A launch configuration's type, with its GPU, for a group at zero.
+    let gpus = node(
+        timed(
+            c.node_group_template_node_info(ca::NodeGroupTemplateNodeInfoRequest {
+                id: groups::GPUS.into(),
+            }),
+        )
+        .await
+        .unwrap()
+        .into_inner()
+        .node_bytes,
+    );
+    let have = capacity(&gpus);
+    assert_eq!(have["cpu"], "4");
+    assert_eq!(have["nvidia.com/gpu"], "1");
+    let labels = gpus.metadata.unwrap_or_default().labels;
+    assert_eq!(labels["node.kubernetes.io/instance-type"], "g4dn.xlarge");
+    assert_eq!(labels["k8s.amazonaws.com/accelerator"], "g4dn.xlarge");
+
+    // Options from the group's tags, the autoscaler's defaults elsewhere.
+    let defaults = ca::NodeGroupAutoscalingOptions {
+        scale_down_utilization_threshold: 0.5,
+        scale_down_gpu_utilization_threshold: 0.5,
+        scale_down_unneeded_duration: Some(prost_types::Duration {
+            seconds: 600,
+            nanos: 0,
+        }),
+        ..Default::default()
+    };
+    let options = timed(
+        c.node_group_get_options(ca::NodeGroupAutoscalingOptionsRequest {
+            id: groups::WORKERS.into(),
+            defaults: Some(defaults),
+        }),
+    )
+    .await
+    .unwrap()
+    .into_inner()
+    .node_group_autoscaling_options
+    .unwrap();
+    assert_eq!(options.scale_down_utilization_threshold, 0.3);
+    assert_eq!(options.scale_down_gpu_utilization_threshold, 0.5);
+    assert_eq!(
+        options.scale_down_unneeded_duration.map(|d| d.seconds),
+        Some(1200)
+    );
+}
+
+#[tokio::test]
+async fn a_launch_aws_has_no_capacity_for_is_a_placeholder_out_of_resources() {
+    let (env, mut c) = with_groups().await;
+    let workers = one_more_without_capacity(&env, &mut c).await;
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    let placeholder = workers
+        .iter()
+        .find(|i| i.id.contains("i-placeholder-workers-"))
+        .unwrap_or_else(|| panic!("no placeholder: {workers:?}"));
+    let status = placeholder.status.clone().unwrap();
+    assert_eq!(
+        status.instance_state,
+        ca::instance_status::InstanceState::InstanceCreating as i32
+    );
+    let error = status.error_info.unwrap();
+    assert_eq!(error.error_code, "InsufficientInstanceCapacity");
+    assert_eq!(
+        error.instance_error_class, 1,
+        "OutOfResourcesErrorClass: {error:?}"
+    );
+    // The autoscaler gives up on it: deleting the placeholder lowers the
+    // target and terminates nothing.
+    timed(c.node_group_delete_nodes(ca::NodeGroupDeleteNodesRequest {
+        id: groups::WORKERS.into(),
+        nodes: vec![ca_node(&placeholder.id)],
+    }))
+    .await
+    .unwrap();
+    refresh(&mut c).await;
+    let workers = nodes_of(&mut c, groups::WORKERS).await;
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    assert!(
+        !env.proxy
+            .take_actions()
+            .contains_key("autoscaling:TerminateInstanceInAutoScalingGroup")
+    );
 }

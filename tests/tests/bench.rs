@@ -24,7 +24,7 @@ fn the_benchmark_harness_runs_every_scenario_for_both_profiles() {
     );
     let text = std::fs::read_to_string(&report).unwrap();
     for scenario in [
-        "| 1. ", "| 2. ", "| 3. ", "| 4. ", "| 5. ", "| 6. ", "| 7. ", "| 8. ", "| 9. ",
+        "| 1. ", "| 2. ", "| 3. ", "| 4. ", "| 5. ", "| 6. ", "| 7. ", "| 8. ", "| 9. ", "| 10. ",
     ] {
         assert!(text.contains(scenario), "{scenario} missing:\n{text}");
     }

@@ -129,6 +129,94 @@ async fn the_pods_with_every_option_run_and_become_ready() {
     run(objects, secrets).await;
 }
 
+/// Cluster Autoscaler as the README installs it: a client with none of our
+/// code (`tests/tools/autoscaler_client.py`) reads the cloud-config Secret
+/// the chart renders, with the chart's client certificate mounted where
+/// that cloud-config says, and calls the chart's gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_autoscaler_calls_the_charts_gateway_with_the_charts_certificate_and_cloud_config()
+{
+    let mounts = tempfile::tempdir().unwrap();
+    let cert_dir = mounts.path().join("tls");
+    std::fs::create_dir(&cert_dir).unwrap();
+    let mut sets = on_the_sim();
+    let grpc_port = sets
+        .iter()
+        .find_map(|s| s.strip_prefix("gateway.grpcPort="))
+        .unwrap()
+        .to_owned();
+    sets.push("autoscaler.enabled=true".into());
+    sets.push(format!("autoscaler.certDir={}", cert_dir.display()));
+    let objects = ccm_testkit::chart::render_objects(&[], &sets).unwrap();
+    // The two Secrets, as the autoscaler's pod mounts them.
+    let secret = |name: &str| -> BTreeMap<String, String> {
+        let found = objects
+            .iter()
+            .find(|o| o["kind"] == "Secret" && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no Secret {name}"));
+        serde_json::from_value(found["stringData"].clone()).unwrap()
+    };
+    for (file, text) in secret("ccm-autoscaler-tls") {
+        std::fs::write(cert_dir.join(file), text).unwrap();
+    }
+    let config = mounts.path().join("cloud-config");
+    std::fs::write(
+        &config,
+        &secret("ccm-autoscaler-cloud-config")["cloud-config"],
+    )
+    .unwrap();
+
+    let api = ApiServer::start().await.unwrap();
+    api.enforce_rbac(&objects);
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node {
+        api: &api,
+        objects: &objects,
+        bin_dir: ccm_testkit::bin_dir(),
+        root: dir.path().to_path_buf(),
+        secrets: BTreeMap::new(),
+    };
+    let gateway = kubelet::deployments(&objects)
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "ccm-gateway")
+        .unwrap();
+    let mut running = node.start(gateway, 0, "ccm-gateway-0").await.unwrap();
+    node.ready(gateway, 0, &mut running, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/autoscaler_client.py");
+    let out = tokio::process::Command::new("python3")
+        .arg(script)
+        .arg(&config)
+        .args([
+            r#"{"rpc": "Refresh"}"#,
+            r#"{"rpc": "NodeGroups"}"#,
+            r#"{"rpc": "GPULabel"}"#,
+        ])
+        .env("AUTOSCALER_CONNECT_TO", format!("127.0.0.1:{grpc_port}"))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the autoscaler client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 3, "{answers:?}");
+    for answer in &answers {
+        assert!(answer.get("ok").is_some(), "refused: {answer}");
+    }
+    assert_eq!(
+        answers[2]["ok"]["label"], "sim.cloudgateway.io/accelerator",
+        "{answers:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_aws_pods_run_with_credentials_from_a_secret_and_become_ready() {
     // No route controller: the chart leaves it off on AWS.

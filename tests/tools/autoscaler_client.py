@@ -8,7 +8,7 @@ has none of our code. It reads the cloud-config a cluster-autoscaler with
 grpc_timeout) and dials as that client does: mutual TLS, the server name
 the host part of the address.
 
-usage: autoscaler_client.py CLOUD_CONFIG STEP [STEP...]
+usage: [AUTOSCALER_CONNECT_TO=HOST:PORT] autoscaler_client.py CLOUD_CONFIG STEP [STEP...]
 A step is one RPC, as JSON: {"rpc": "NodeGroupIncreaseSize", "request":
 {"id": "workers", "delta": 2}}. Prints one JSON line per step: {"ok":
 <the answer as JSON>} or {"code": "<status code name>", "details": ...}.
@@ -82,8 +82,11 @@ def channel(config):
         certificate_chain=read("cert"),
     )
     host = address.rsplit(":", 1)[0].strip("[]")
+    # AUTOSCALER_CONNECT_TO dials another address (a test's loopback port
+    # for a cluster Service's name), still verifying the name of `address`.
+    dial = os.environ.get("AUTOSCALER_CONNECT_TO") or address
     return grpc.secure_channel(
-        address, credentials, options=[("grpc.ssl_target_name_override", host)]
+        dial, credentials, options=[("grpc.ssl_target_name_override", host)]
     )
 
 

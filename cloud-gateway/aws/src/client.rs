@@ -1,4 +1,4 @@
-//! The EC2, ELB and ELBv2 clients: region, endpoints (one for all, or one
+//! The EC2, ELB, ELBv2 and Auto Scaling clients: region, endpoints (one for all, or one
 //! per API) and credentials from the SDK's standard
 //! chain (environment, shared config and credentials files, web identity
 //! for IRSA, container and instance metadata), optionally through an
@@ -45,6 +45,7 @@ pub(super) struct Clients {
     pub ec2: aws_sdk_ec2::Client,
     pub elb: aws_sdk_elasticloadbalancingv2::Client,
     pub classic: aws_sdk_elasticloadbalancing::Client,
+    pub autoscaling: aws_sdk_autoscaling::Client,
     pub region: String,
 }
 
@@ -103,6 +104,11 @@ pub(super) async fn clients(settings: &AwsSettings) -> anyhow::Result<Clients> {
         aws_sdk_elasticloadbalancingv2::config::Builder::from(&shared).interceptor(CountRequests);
     let mut classic =
         aws_sdk_elasticloadbalancing::config::Builder::from(&shared).interceptor(CountRequests);
+    let mut autoscaling =
+        aws_sdk_autoscaling::config::Builder::from(&shared).interceptor(CountRequests);
+    if let Some(url) = endpoint("autoscaling") {
+        autoscaling.set_endpoint_url(Some(url));
+    }
     if let Some(url) = endpoint("ec2") {
         ec2.set_endpoint_url(Some(url));
     }
@@ -114,6 +120,7 @@ pub(super) async fn clients(settings: &AwsSettings) -> anyhow::Result<Clients> {
         ec2: aws_sdk_ec2::Client::from_conf(ec2.build()),
         elb: aws_sdk_elasticloadbalancingv2::Client::from_conf(elb.build()),
         classic: aws_sdk_elasticloadbalancing::Client::from_conf(classic.build()),
+        autoscaling: aws_sdk_autoscaling::Client::from_conf(autoscaling.build()),
         region,
     })
 }

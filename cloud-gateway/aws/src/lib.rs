@@ -3,7 +3,8 @@
 //! with network topology labels (`topology.rs`); routes are VPC routes in the route tables
 //! tagged for the cluster (`routes.rs`), load balancers are Classic ELBs
 //! or Network Load Balancers (`load_balancers/`) configured by the
-//! upstream annotations (`annotations.rs`).
+//! upstream annotations (`annotations.rs`), and Cluster Autoscaler's node
+//! groups are Auto Scaling groups (`node_groups.rs`).
 //! Credentials come from the SDK's standard chain only (`client.rs`) and
 //! never leave this module. Every AWS error is mapped in `errors.rs`;
 //! ownership follows the `kubernetes.io/cluster/<name>` tag (`tags.rs`).
@@ -14,6 +15,7 @@ mod client;
 mod errors;
 mod instances;
 mod load_balancers;
+mod node_groups;
 mod routes;
 pub mod settings;
 mod tags;
@@ -26,7 +28,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use aws_sdk_ec2::types::{Filter, Instance as Ec2Instance};
 
-use ccm_provider::{CloudError, Instances, LoadBalancers, Provider, Result, Routes};
+use ccm_provider::{CloudError, Instances, LoadBalancers, NodeGroups, Provider, Result, Routes};
 
 pub use crate::load_balancers::preflight::{Action, Verdict};
 pub use crate::settings::AwsSettings;
@@ -72,9 +74,11 @@ pub struct AwsCloud {
     ec2: aws_sdk_ec2::Client,
     elb: aws_sdk_elasticloadbalancingv2::Client,
     classic: aws_sdk_elasticloadbalancing::Client,
+    autoscaling: aws_sdk_autoscaling::Client,
     region: String,
     settings: AwsSettings,
     zones: Mutex<Zones>,
+    groups: Mutex<node_groups::GroupCache>,
     topologies: topology::Topologies,
 }
 
@@ -95,6 +99,7 @@ impl AwsCloud {
             ec2,
             elb,
             classic,
+            autoscaling,
             region,
         } = client::clients(&settings).await?;
         tracing::info!(
@@ -108,9 +113,11 @@ impl AwsCloud {
             ec2,
             elb,
             classic,
+            autoscaling,
             region,
             settings,
             zones: Mutex::new(Zones::default()),
+            groups: Mutex::new(node_groups::GroupCache::default()),
             topologies: topology::Topologies::default(),
         })
     }
@@ -222,6 +229,10 @@ impl Provider for AwsCloud {
     }
 
     fn routes(&self) -> Option<&dyn Routes> {
+        Some(self)
+    }
+
+    fn node_groups(&self) -> Option<&dyn NodeGroups> {
         Some(self)
     }
 

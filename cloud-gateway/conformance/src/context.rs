@@ -16,6 +16,7 @@ pub(crate) enum Capability {
     Instances,
     LoadBalancers,
     Routes,
+    NodeGroups,
 }
 
 impl std::fmt::Display for Capability {
@@ -24,6 +25,7 @@ impl std::fmt::Display for Capability {
             Capability::Instances => "instances",
             Capability::LoadBalancers => "load_balancers",
             Capability::Routes => "routes",
+            Capability::NodeGroups => "node_groups",
         })
     }
 }
@@ -81,6 +83,7 @@ impl Context {
             Capability::Instances => i.instances,
             Capability::LoadBalancers => i.load_balancers,
             Capability::Routes => i.routes,
+            Capability::NodeGroups => i.node_groups,
         })
     }
 

@@ -17,7 +17,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use checks::{auth, health, instances, load_balancers, provider, request, routes};
+use checks::{auth, health, instances, load_balancers, node_groups, provider, request, routes};
 use context::{Capability, Context};
 
 pub use outcome::{Checked, Outcome};
@@ -51,7 +51,7 @@ pub async fn run(target: &Target, mut on: impl FnMut(&Checked)) -> Vec<Checked> 
 
 /// The suite, in the order it runs: each check with the rule it tests and
 /// the capability it needs.
-const SUITE: [Check; 25] = [
+const SUITE: [Check; 29] = [
     Check {
         name: "health.serving",
         rule: "grpc.health.v1 answers SERVING for the server and each offered service",
@@ -201,6 +201,30 @@ const SUITE: [Check; 25] = [
         rule: "a route whose target instance is gone is listed as a blackhole, and can be deleted",
         needs: Some(Capability::Routes),
         body: |cx| Box::pin(routes::blackhole(cx)),
+    },
+    Check {
+        name: "node-groups.unmanaged-node",
+        rule: "Cluster Autoscaler's NodeGroupForNode answers a node in no group with the empty id, never an error",
+        needs: Some(Capability::NodeGroups),
+        body: |cx| Box::pin(node_groups::unmanaged_node(cx)),
+    },
+    Check {
+        name: "node-groups.unknown-group",
+        rule: "a node group the gateway does not have is NOT_FOUND",
+        needs: Some(Capability::NodeGroups),
+        body: |cx| Box::pin(node_groups::unknown_group(cx)),
+    },
+    Check {
+        name: "node-groups.invalid-change",
+        rule: "a size change no group can take (no id, a delta of the wrong sign) is INVALID_ARGUMENT",
+        needs: Some(Capability::NodeGroups),
+        body: |cx| Box::pin(node_groups::invalid_change(cx)),
+    },
+    Check {
+        name: "node-groups.pricing-unimplemented",
+        rule: "pricing is UNIMPLEMENTED, which the autoscaler reads as not offered",
+        needs: Some(Capability::NodeGroups),
+        body: |cx| Box::pin(node_groups::pricing_unimplemented(cx)),
     },
 ];
 

@@ -46,7 +46,12 @@ pub struct MetricsService<S> {
 
 /// Keeps label cardinality bounded: unknown paths are one label.
 fn method_label(path: &str) -> String {
-    let known = ["/cloudgateway.v1.", "/grpc.health.v1.", "/grpc.reflection."];
+    let known = [
+        "/cloudgateway.v1.",
+        "/clusterautoscaler.cloudprovider.v1.externalgrpc.",
+        "/grpc.health.v1.",
+        "/grpc.reflection.",
+    ];
     if known.iter().any(|p| path.starts_with(p)) && path.len() < 128 {
         path.to_owned()
     } else {
@@ -145,6 +150,7 @@ where
                 Err(_) => tonic::Code::Unknown,
             };
             span.record("rpc.grpc.status_code", code as i32);
+            metrics.count_served(&method, code == tonic::Code::Ok);
             metrics
                 .grpc_requests
                 .get_or_create(&RpcLabels {
@@ -169,6 +175,24 @@ mod tests {
         let mut headers = http::HeaderMap::new();
         headers.insert("grpc-timeout", value.parse().unwrap());
         grpc_timeout(&headers)
+    }
+
+    #[test]
+    fn the_services_served_keep_their_method_names_and_other_paths_are_one_label() {
+        for path in [
+            "/cloudgateway.v1.Instances/GetInstances",
+            "/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/NodeGroups",
+            "/grpc.health.v1.Health/Check",
+        ] {
+            assert_eq!(method_label(path), path);
+        }
+        for path in [
+            "/evil.Service/Method",
+            "/",
+            &format!("/cloudgateway.v1.{}", "x".repeat(200)),
+        ] {
+            assert_eq!(method_label(path), "unknown", "{path}");
+        }
     }
 
     #[test]

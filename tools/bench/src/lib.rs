@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use ccm_proto::v1::instances_client::InstancesClient;
 use ccm_proto::v1::{
-    CreateInstanceRequest, Faults, GetInstancesRequest, GetStatsRequest, LookupPurpose, NodeRef,
+    CreateInstanceRequest, CreateNodeGroupRequest, Faults, GetInstancesRequest, GetStatsRequest,
+    LookupPurpose, NodeRef,
 };
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -59,6 +60,10 @@ pub struct Sizes {
     /// Scenario 2 once more with the gateway serving in clear, for what
     /// TLS costs in the steady state.
     pub steady_in_clear: bool,
+    /// Scenario 10: node group instances, one run per size (in a group
+    /// per 100), and the autoscaler loops measured at each.
+    pub autoscaler_nodes: Vec<usize>,
+    pub autoscaler_loops: usize,
     /// Longest wait for any one convergence.
     pub limit: Duration,
 }
@@ -85,6 +90,8 @@ impl Sizes {
             latency_low_rate: 15,
             latency_high_rate: 500,
             steady_in_clear: false,
+            autoscaler_nodes: vec![1000, 10_000],
+            autoscaler_loops: 3,
             limit: Duration::from_secs(600),
         }
     }
@@ -108,6 +115,8 @@ impl Sizes {
             latency_low_rate: 15,
             latency_high_rate: 100,
             steady_in_clear: false,
+            autoscaler_nodes: vec![20],
+            autoscaler_loops: 2,
             limit: Duration::from_secs(120),
         }
     }
@@ -410,6 +419,7 @@ impl Harness {
             ("7 load balancer burst on AWS", 7),
             ("8 node churn on AWS", 8),
             ("9 a new leader takes over", 9),
+            ("10 Cluster Autoscaler's loop", 10),
         ] {
             if !only.is_empty() && !only.contains(&f) {
                 continue;
@@ -420,6 +430,7 @@ impl Harness {
                 2 => self.sizes.steady_nodes.len(),
                 5 => self.sizes.memory.len(),
                 9 => self.sizes.takeover.len(),
+                10 => self.sizes.autoscaler_nodes.len(),
                 _ => 1,
             };
             for i in 0..runs {
@@ -437,6 +448,7 @@ impl Harness {
                     6 => self.latency().await,
                     7 => self.aws_burst().await,
                     8 => self.aws_churn().await,
+                    10 => self.autoscaler_loop(self.sizes.autoscaler_nodes[i]).await,
                     _ => {
                         let (n, m) = self.sizes.takeover[i];
                         self.takeover(n, m).await
@@ -902,6 +914,163 @@ impl Harness {
                 ),
             },
         ])
+    }
+
+    /// Scenario 10: Cluster Autoscaler's loop, as its external gRPC client
+    /// runs it every 10 s (Refresh, NodeGroups, NodeGroupForNode for every
+    /// node, TargetSize and Nodes for every group), over `n` instances in a
+    /// node group per 100. Ours answers from the snapshot a Refresh renews;
+    /// the upstream profile is the reference wrapper's, which keeps no
+    /// snapshot: each per-group call lists the groups again (a Refresh
+    /// with no minimum age before each). Cloud calls are the sim's
+    /// listings; each takes the cloud's latency, within the budget.
+    async fn autoscaler_loop(&mut self, n: usize) -> anyhow::Result<Vec<Row>> {
+        use ccm_proto::externalgrpc as ca;
+        use ccm_proto::externalgrpc::cloud_provider_client::CloudProviderClient;
+        let groups = (n / 100).max(2);
+        let per_group = u32::try_from(n / groups)?;
+        let loops = self.sizes.autoscaler_loops;
+        let mut calls = Vec::new();
+        let mut p99 = Vec::new();
+        for profile in [Profile::Ours, Profile::Upstream] {
+            let interval = if profile == Profile::Ours { "1s" } else { "0s" };
+            let extra = [(
+                "cloud-gateway",
+                format!("--node-groups-refresh-interval={interval}"),
+            )];
+            let run = self.start(profile, 1, &extra).await?;
+            let mut latency = all_operations(self.cloud.latency);
+            latency.insert(
+                "list_node_groups".into(),
+                prost_types::Duration {
+                    seconds: 0,
+                    nanos: self.cloud.latency.subsec_nanos() as i32,
+                },
+            );
+            run.set_faults(Faults {
+                latency,
+                ..Default::default()
+            })
+            .await?;
+            let admin = run.sandbox.admin()?;
+            let mut sim = admin.sim_admin()?;
+            let ids: Vec<String> = (0..groups).map(|g| format!("group-{g}")).collect();
+            for id in &ids {
+                sim.create_node_group(CreateNodeGroupRequest {
+                    cluster_name: ccm_sandbox::CLUSTER.into(),
+                    id: id.clone(),
+                    min_size: 0,
+                    max_size: per_group * 2,
+                    target_size: per_group,
+                    instance_type: "sim.standard-4".into(),
+                    zones: vec!["sim-zone-a".into()],
+                    ..Default::default()
+                })
+                .await?;
+            }
+            let mut c = CloudProviderClient::new(admin.authorized_channel()?);
+            // The nodes the autoscaler asks about: every group's instances.
+            c.refresh(ca::RefreshRequest {}).await?;
+            let mut nodes = Vec::new();
+            for id in &ids {
+                let answer = c
+                    .node_group_nodes(ca::NodeGroupNodesRequest { id: id.clone() })
+                    .await?
+                    .into_inner();
+                nodes.extend(answer.instances.into_iter().map(|i| i.id));
+            }
+            anyhow::ensure!(nodes.len() >= n / 2, "only {} instances made", nodes.len());
+            let mut times: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+            let upstream = profile == Profile::Upstream;
+            // The first loop's Refresh renews the snapshot too.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            run.stats(true).await?;
+            for _ in 0..loops {
+                let started = Instant::now();
+                let t = Instant::now();
+                c.refresh(ca::RefreshRequest {}).await?;
+                times.entry("Refresh").or_default().push(ms(t));
+                let t = Instant::now();
+                c.node_groups(ca::NodeGroupsRequest {}).await?;
+                times.entry("NodeGroups").or_default().push(ms(t));
+                for node in &nodes {
+                    let t = Instant::now();
+                    c.node_group_for_node(ca::NodeGroupForNodeRequest {
+                        node: Some(ca::ExternalGrpcNode {
+                            provider_id: node.clone(),
+                            ..Default::default()
+                        }),
+                    })
+                    .await?;
+                    times.entry("NodeGroupForNode").or_default().push(ms(t));
+                }
+                for id in &ids {
+                    let t = Instant::now();
+                    if upstream {
+                        c.refresh(ca::RefreshRequest {}).await?;
+                    }
+                    c.node_group_target_size(ca::NodeGroupTargetSizeRequest { id: id.clone() })
+                        .await?;
+                    times.entry("NodeGroupTargetSize").or_default().push(ms(t));
+                    let t = Instant::now();
+                    if upstream {
+                        c.refresh(ca::RefreshRequest {}).await?;
+                    }
+                    c.node_group_nodes(ca::NodeGroupNodesRequest { id: id.clone() })
+                        .await?;
+                    times.entry("NodeGroupNodes").or_default().push(ms(t));
+                }
+                // Each loop's Refresh renews the snapshot (its minimum age
+                // is 1 s here), as every 10 s loop does at the default 10 s.
+                let rest = Duration::from_millis(1100).saturating_sub(started.elapsed());
+                tokio::time::sleep(rest).await;
+            }
+            let stats = run.stats(false).await?;
+            calls.push(stats.get("list_node_groups").copied().unwrap_or(0) as f64 / loops as f64);
+            p99.push(
+                times
+                    .into_iter()
+                    .map(|(rpc, mut t)| {
+                        t.sort_by(f64::total_cmp);
+                        let i = ((t.len() as f64 * 0.99).ceil() as usize).clamp(1, t.len()) - 1;
+                        (rpc, t[i])
+                    })
+                    .collect::<BTreeMap<_, _>>(),
+            );
+            run.sandbox.stop().await;
+        }
+        let scenario = format!("10. Cluster Autoscaler's loop, {n} nodes in {groups} node groups");
+        let mut rows = vec![Row {
+            scenario: scenario.clone(),
+            metric: "cloud calls per loop".into(),
+            ours: calls[0],
+            upstream: Some(calls[1]),
+            unit: "calls",
+            limit: Some(1.0),
+            target: None,
+            note: "the limit: the Refresh's one listing (one page per 100 groups on AWS); the reference wrapper lists the groups for every per-group call, two per group".into(),
+        }];
+        for rpc in [
+            "Refresh",
+            "NodeGroupForNode",
+            "NodeGroupTargetSize",
+            "NodeGroupNodes",
+        ] {
+            rows.push(Row {
+                scenario: scenario.clone(),
+                metric: format!("{rpc} p99"),
+                ours: p99[0].get(rpc).copied().unwrap_or(0.0),
+                upstream: p99[1].get(rpc).copied(),
+                unit: "ms",
+                limit: None,
+                target: None,
+                note: format!(
+                    "each call as the autoscaler makes it, one after another, {loops} loops; the cloud answers a listing in {} ms",
+                    self.cloud.latency.as_millis()
+                ),
+            });
+        }
+        Ok(rows)
     }
 
     async fn burst(&mut self) -> anyhow::Result<Vec<Row>> {
@@ -1838,6 +2007,11 @@ fn all_operations(latency: Duration) -> std::collections::HashMap<String, prost_
     .collect()
 }
 
+/// Milliseconds since `t`.
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
 /// Context switches so far of every thread of `pid`, voluntary or not.
 fn context_switches(pid: u32) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -1951,9 +2125,19 @@ impl Run {
     async fn wait_ready(&self) -> anyhow::Result<()> {
         for (key, url) in &self.sandbox.endpoints {
             if key.ends_with("_admin") {
-                let deadline = Instant::now() + Duration::from_secs(60);
+                let deadline = Instant::now() + Duration::from_secs(120);
                 while status_of(&format!("{url}/readyz")).await != Some(200) {
-                    anyhow::ensure!(Instant::now() < deadline, "{key} not ready");
+                    if Instant::now() >= deadline {
+                        let logs: Vec<String> = self
+                            .sandbox
+                            .processes()
+                            .iter()
+                            .map(|p| {
+                                format!("--- {p}.log, its end:\n{}", self.sandbox.log_tail(p, 20))
+                            })
+                            .collect();
+                        anyhow::bail!("{key} not ready within 120 s\n{}", logs.join("\n"));
+                    }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }

@@ -277,6 +277,9 @@ fn gateway_lines(gateway: &Answer) -> Vec<String> {
         ),
         format!("instance cache hit rate: {hit}"),
     ];
+    if let Some(served) = served_line(g) {
+        lines.push(served);
+    }
     if let Some(errors) = g["provider_errors"].as_array().filter(|e| !e.is_empty()) {
         lines.push("last provider errors:".into());
         for e in errors.iter().rev().take(3) {
@@ -290,6 +293,30 @@ fn gateway_lines(gateway: &Answer) -> Vec<String> {
         }
     }
     lines
+}
+
+/// The gRPC services' calls, the controllers' beside Cluster
+/// Autoscaler's and any other tool's: `calls served: Instances 1200,
+/// CloudProvider (Cluster Autoscaler) 40 (2 failed)`.
+fn served_line(g: &Value) -> Option<String> {
+    let served = g["served"].as_object().filter(|s| !s.is_empty())?;
+    let each: Vec<String> = served
+        .iter()
+        .map(|(service, n)| {
+            let short = service.rsplit('.').next().unwrap_or(service);
+            let name = if service.starts_with("clusterautoscaler.") {
+                format!("{short} (Cluster Autoscaler)")
+            } else {
+                short.to_owned()
+            };
+            let ok = n["ok"].as_u64().unwrap_or(0);
+            match n["failed"].as_u64().unwrap_or(0) {
+                0 => format!("{name} {ok}"),
+                failed => format!("{name} {} ({failed} failed)", ok + failed),
+            }
+        })
+        .collect();
+    Some(format!("calls served: {}", each.join(", ")))
 }
 
 /// Runs `status`.
@@ -385,6 +412,19 @@ mod tests {
             },
             status: leads(name, json!({})),
         }
+    }
+
+    #[test]
+    fn the_gateway_line_names_the_autoscalers_calls_beside_the_controllers() {
+        let g = json!({"served": {
+            "cloudgateway.v1.Instances": {"ok": 1200, "failed": 0},
+            "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider": {"ok": 38, "failed": 2},
+        }});
+        assert_eq!(
+            served_line(&g).as_deref(),
+            Some("calls served: Instances 1200, CloudProvider (Cluster Autoscaler) 40 (2 failed)")
+        );
+        assert_eq!(served_line(&json!({"served": {}})), None);
     }
 
     fn gateway() -> Answer {

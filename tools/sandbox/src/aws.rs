@@ -160,6 +160,137 @@ pub fn classic_elb_client(endpoint: &str) -> aws_sdk_elasticloadbalancing::Clien
     aws_sdk_elasticloadbalancing::Client::new(&sdk_config(endpoint))
 }
 
+/// An Auto Scaling client for `endpoint`.
+pub fn autoscaling_client(endpoint: &str) -> aws_sdk_autoscaling::Client {
+    aws_sdk_autoscaling::Client::new(&sdk_config(endpoint))
+}
+
+/// The Auto Scaling groups [`seed_node_groups`] makes.
+pub mod groups {
+    /// Cluster Autoscaler's for the cluster: a launch template of
+    /// `m5.large`, min 1, max 4, one instance, with template and option
+    /// tags.
+    pub const WORKERS: &str = "workers";
+    /// Cluster Autoscaler's for the cluster: a launch configuration of
+    /// `g4dn.xlarge` (one GPU), min 0, max 2, empty.
+    pub const GPUS: &str = "gpus";
+    /// Cluster Autoscaler's for another cluster, with one instance.
+    pub const OTHER_CLUSTER: &str = "other-cluster";
+    /// Nobody's: no discovery tags, one instance.
+    pub const UNTAGGED: &str = "untagged";
+}
+
+/// The tags of the `workers` group that shape its template and options.
+pub const WORKERS_TEMPLATE_TAGS: [(&str, &str); 5] = [
+    (
+        "k8s.io/cluster-autoscaler/node-template/label/pool",
+        "workers",
+    ),
+    (
+        "k8s.io/cluster-autoscaler/node-template/taint/dedicated",
+        "workers:NoSchedule",
+    ),
+    (
+        "k8s.io/cluster-autoscaler/node-template/resources/ephemeral-storage",
+        "100Gi",
+    ),
+    (
+        "k8s.io/cluster-autoscaler/node-template/autoscaling-options/scaledownutilizationthreshold",
+        "0.3",
+    ),
+    (
+        "k8s.io/cluster-autoscaler/node-template/autoscaling-options/scaledownunneededtime",
+        "20m",
+    ),
+];
+
+/// Makes the Auto Scaling groups of [`groups`] in the first subnet of
+/// `seeded`, their instances tagged for `cluster` as the cluster's nodes.
+pub async fn seed_node_groups(
+    endpoint: &str,
+    seeded: &Seeded,
+    cluster: &str,
+) -> anyhow::Result<()> {
+    use aws_sdk_autoscaling::types::{LaunchTemplateSpecification, Tag as GroupTag};
+    let ec2 = ec2_client(endpoint);
+    let asg = autoscaling_client(endpoint);
+    ec2.create_launch_template()
+        .launch_template_name("workers-template")
+        .launch_template_data(
+            aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
+                .image_id("ami-12c6146b")
+                .instance_type(InstanceType::M5Large)
+                .build(),
+        )
+        .send()
+        .await
+        .context("create the launch template")?;
+    asg.create_launch_configuration()
+        .launch_configuration_name("gpus-config")
+        .image_id("ami-12c6146b")
+        .instance_type("g4dn.xlarge")
+        .send()
+        .await
+        .context("create the launch configuration")?;
+    let tag = |key: &str, value: &str, propagate: bool| {
+        GroupTag::builder()
+            .key(key)
+            .value(value)
+            .propagate_at_launch(propagate)
+            .build()
+    };
+    let discovery = |owner: &str| {
+        vec![
+            tag("k8s.io/cluster-autoscaler/enabled", "true", false),
+            tag(
+                &format!("k8s.io/cluster-autoscaler/{owner}"),
+                "owned",
+                false,
+            ),
+        ]
+    };
+    let own = seeded.tag.of(cluster);
+    let node_tag = tag(
+        own.key().unwrap_or_default(),
+        own.value().unwrap_or_default(),
+        true,
+    );
+    let subnet = &seeded.subnets[0].1;
+    let template = LaunchTemplateSpecification::builder()
+        .launch_template_name("workers-template")
+        .version("$Latest")
+        .build();
+    let mut workers = discovery(cluster);
+    workers.extend(WORKERS_TEMPLATE_TAGS.iter().map(|(k, v)| tag(k, v, false)));
+    let plans: [(&str, u32, u32, u32, Vec<GroupTag>); 4] = [
+        (groups::WORKERS, 1, 4, 1, workers),
+        (groups::GPUS, 0, 2, 0, discovery(cluster)),
+        (groups::OTHER_CLUSTER, 0, 2, 1, discovery("other")),
+        (groups::UNTAGGED, 0, 2, 1, Vec::new()),
+    ];
+    for (name, min, max, desired, mut tags) in plans {
+        tags.push(node_tag.clone());
+        let mut create = asg
+            .create_auto_scaling_group()
+            .auto_scaling_group_name(name)
+            .min_size(min as i32)
+            .max_size(max as i32)
+            .desired_capacity(desired as i32)
+            .vpc_zone_identifier(subnet)
+            .set_tags(Some(tags));
+        create = if name == groups::GPUS {
+            create.launch_configuration_name("gpus-config")
+        } else {
+            create.launch_template(template.clone())
+        };
+        create
+            .send()
+            .await
+            .with_context(|| format!("create Auto Scaling group {name}"))?;
+    }
+    Ok(())
+}
+
 /// Requests an ACM certificate for `domain` from moto (through boto3, which
 /// moto brings) and returns its ARN: there is no ACM client in Rust here.
 pub async fn request_certificate(endpoint: &str, domain: &str) -> anyhow::Result<String> {
@@ -588,6 +719,51 @@ struct ProxyState {
     /// Network nodes by instance ID, for `DescribeInstanceTopology`, which
     /// moto does not implement: the proxy answers it as AWS does.
     topologies: BTreeMap<String, Vec<String>>,
+    /// Auto Scaling groups whose zones have no capacity: each one's
+    /// desired capacity as last set (none yet), and when.
+    no_capacity: BTreeMap<String, Option<(String, String)>>,
+}
+
+/// The value of the form parameter `name` in `body`.
+fn param<'a>(body: &'a str, name: &str) -> Option<&'a str> {
+    body.split('&')
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// An answer of the Auto Scaling API: `action`'s response with `result`.
+fn autoscaling_answer(action: &str, result: &str) -> Response {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<{action}Response xmlns=\"http://autoscaling.amazonaws.com/doc/2011-01-01/\">{result}<ResponseMetadata><RequestId>test-proxy</RequestId></ResponseMetadata></{action}Response>"
+    );
+    (StatusCode::OK, [("content-type", "text/xml")], body).into_response()
+}
+
+/// `DescribeAutoScalingGroups`' answer `body` with each held group's
+/// desired capacity as it was set.
+fn with_held_capacity(body: &str, held: &BTreeMap<String, Option<(String, String)>>) -> String {
+    let mut body = body.to_owned();
+    for (group, set) in held {
+        let Some((desired, _)) = set else { continue };
+        let name = format!("<AutoScalingGroupName>{group}</AutoScalingGroupName>");
+        let Some(at) = body.find(&name) else { continue };
+        let Some(open) = body[at..].find("<DesiredCapacity>").map(|i| at + i + 17) else {
+            continue;
+        };
+        let Some(close) = body[open..].find('<').map(|i| open + i) else {
+            continue;
+        };
+        body.replace_range(open..close, desired);
+    }
+    body
+}
+
+/// AWS's answer to `DescribeScalingActivities` for a group whose zones
+/// have no capacity: its latest activity, a launch that failed.
+fn failed_launch(group: &str, at: &str) -> Response {
+    let result = format!(
+        "<DescribeScalingActivitiesResult><Activities><member><ActivityId>test-proxy-{group}</ActivityId><AutoScalingGroupName>{group}</AutoScalingGroupName><Description>Launching a new EC2 instance.  Status Reason: Could not launch On-Demand Instances.</Description><Cause>At {at} an instance was started in response to a difference between desired and actual capacity.</Cause><StartTime>{at}</StartTime><StatusCode>Failed</StatusCode><StatusMessage>Could not launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not have sufficient m5.large capacity in the Availability Zone you requested.</StatusMessage><Progress>100</Progress></member></Activities></DescribeScalingActivitiesResult>"
+    );
+    autoscaling_answer("DescribeScalingActivities", &result)
 }
 
 /// AWS's answer to `DescribeInstanceTopology` for the `InstanceId.N`
@@ -622,7 +798,8 @@ const MAX_RECORDED: usize = 100_000;
 
 /// An HTTP proxy in front of moto that can answer with AWS errors, and
 /// answers the one action the gateway sends that moto lacks
-/// (`DescribeInstanceTopology`) as AWS would.
+/// (`DescribeInstanceTopology`) as AWS would, and the Auto Scaling
+/// groups a test runs out of capacity ([`FaultProxy::no_capacity_for`]).
 #[derive(Clone)]
 pub struct FaultProxy {
     /// `http://127.0.0.1:<port>`.
@@ -700,6 +877,25 @@ async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) ->
         let state = f.state.lock().unwrap_or_else(|e| e.into_inner());
         return topology_answer(&String::from_utf8_lossy(&bytes), &state.topologies);
     }
+    let held = {
+        let mut state = f.state.lock().unwrap_or_else(|e| e.into_inner());
+        let text = String::from_utf8_lossy(&bytes);
+        let group = param(&text, "AutoScalingGroupName").unwrap_or_default();
+        match (action.as_str(), state.no_capacity.get_mut(group)) {
+            ("autoscaling:SetDesiredCapacity", Some(set)) => {
+                let desired = param(&text, "DesiredCapacity").unwrap_or("0").to_owned();
+                let at = now_rfc3339();
+                *set = Some((desired, at));
+                return autoscaling_answer("SetDesiredCapacity", "");
+            }
+            ("autoscaling:DescribeScalingActivities", Some(Some((_, at)))) => {
+                return failed_launch(group, at);
+            }
+            _ => (action == "autoscaling:DescribeAutoScalingGroups"
+                && !state.no_capacity.is_empty())
+            .then(|| state.no_capacity.clone()),
+        }
+    };
     let path = parts
         .uri
         .path_and_query()
@@ -715,8 +911,16 @@ async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) ->
         .await
     {
         Ok(answer) => {
-            let (parts, body) = answer.into_parts();
-            Response::from_parts(parts, Body::new(body))
+            let (mut parts, body) = answer.into_parts();
+            let Some(held) = held else {
+                return Response::from_parts(parts, Body::new(body));
+            };
+            let Ok(bytes) = axum::body::to_bytes(Body::new(body), 64 << 20).await else {
+                return StatusCode::BAD_GATEWAY.into_response();
+            };
+            let body = with_held_capacity(&String::from_utf8_lossy(&bytes), &held);
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            Response::from_parts(parts, Body::from(body))
         }
         Err(_) => StatusCode::BAD_GATEWAY.into_response(),
     }
@@ -773,6 +977,18 @@ impl FaultProxy {
             .unwrap_or_else(|e| e.into_inner())
             .topologies
             .insert(id.to_owned(), nodes.iter().map(|n| n.to_string()).collect());
+    }
+
+    /// Makes Auto Scaling group `group`'s zones run out of capacity, as
+    /// AWS does: a new desired capacity is accepted (and held here, never
+    /// reaching moto), no instance is launched, and the group's latest
+    /// scaling activity is a launch that failed for capacity.
+    pub fn no_capacity_for(&self, group: &str) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .no_capacity
+            .insert(group.to_owned(), None);
     }
 
     /// Clears every fault.
@@ -958,4 +1174,12 @@ pub async fn upstream_nlb(
         .send()
         .await;
     Ok((made, tg_name))
+}
+
+/// Now, as AWS writes times (`2026-11-27T10:00:00Z`).
+fn now_rfc3339() -> String {
+    use aws_sdk_ec2::primitives::{DateTime, DateTimeFormat};
+    DateTime::from(std::time::SystemTime::now())
+        .fmt(DateTimeFormat::DateTime)
+        .unwrap_or_default()
 }

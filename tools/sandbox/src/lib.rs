@@ -322,6 +322,15 @@ impl Sandbox {
         Ok(p.child.try_wait()?)
     }
 
+    /// The last `lines` lines of a process's log (`name` as in
+    /// [`Self::processes`]), for an error to carry.
+    pub fn log_tail(&self, name: &str, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.options.state_dir.join(format!("{name}.log")))
+            .unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// The names of every process, in the order started.
     pub fn processes(&self) -> Vec<String> {
         self.children.iter().map(|p| p.name.clone()).collect()

@@ -8,6 +8,7 @@ pub(crate) mod fixtures;
 pub(crate) mod health;
 pub(crate) mod instances;
 pub(crate) mod load_balancers;
+pub(crate) mod node_groups;
 pub(crate) mod provider;
 pub(crate) mod request;
 pub(crate) mod routes;
