@@ -1,7 +1,7 @@
 # The two commands the README promises. Cargo's target directory may be
 # shared between clones through CARGO_TARGET_DIR.
 
-.PHONY: run test proto-compat proto-baseline chart-baseline previous-release bench bench-large bench-xl soak
+.PHONY: run test proto-compat proto-baseline chart-baseline previous-release bench bench-large bench-autoscaler bench-xl soak
 
 # The whole system on loopback on the simulated cloud (see README).
 run:
@@ -56,6 +56,12 @@ bench:
 bench-large:
 	cargo build --release --bins
 	cargo run --release --bin bench -- --out BENCHMARKS.md --join-nodes 1000,5000 --steady-nodes 1000,10000 --memory 5000x2000,10000x5000
+
+# Scenario 10 alone (Cluster Autoscaler's loop at 1,000 nodes), as its own
+# section of BENCHMARKS.md.
+bench-autoscaler:
+	cargo build --release --bins
+	cargo run --release --bin bench -- --out BENCHMARKS.md --section autoscaler --only 10
 
 # Round three's sizes (issue #30), as BENCHMARKS.md's `xl` section: 10,000
 # nodes joining; the steady state, memory and a leader's takeover at 1,000,

@@ -4,7 +4,8 @@
 //! cloud-config the sandbox writes, dials with the autoscaler's client
 //! certificate, and does what cluster-autoscaler does to a sim node group;
 //! the sandbox's kubelets register the new instances' Nodes, which the node
-//! controller initialises and the route controller routes.
+//! controller initialises and the route controller routes. On AWS (moto),
+//! the same client scales an Auto Scaling group, read back with boto3.
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -339,5 +340,99 @@ async fn cluster_autoscaler_scales_a_sim_node_group_and_nodes_join_and_leave() {
         served.contains("CloudProvider (Cluster Autoscaler)") && served.contains("Instances "),
         "{served}"
     );
+    scenario::finish(sandbox, kubelets).await;
+}
+
+/// The Auto Scaling group `name` as boto3 reads it from moto: `(desired
+/// capacity, instance IDs)`.
+fn group_by_boto3(endpoint: &str, name: &str) -> (i64, Vec<String>) {
+    let script = "import boto3, json, sys\n\
+        asg = boto3.client('autoscaling', endpoint_url=sys.argv[1], region_name=sys.argv[2],\n\
+            aws_access_key_id='a', aws_secret_access_key='b')\n\
+        g = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[sys.argv[3]])['AutoScalingGroups'][0]\n\
+        print(json.dumps([g['DesiredCapacity'], sorted(i['InstanceId'] for i in g['Instances'])]))\n";
+    let out = Command::new("python3")
+        .args(["-c", script, endpoint, ccm_sandbox::aws::REGION, name])
+        .output()
+        .expect("run python3 with boto3");
+    assert!(
+        out.status.success(),
+        "boto3: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_autoscaler_scales_an_aws_auto_scaling_group_read_back_with_boto3() {
+    use ccm_sandbox::aws::groups;
+    let mut extra = BTreeMap::new();
+    extra.insert(
+        "cloud-gateway".to_owned(),
+        vec!["--node-groups-refresh-interval".to_owned(), "0s".to_owned()],
+    );
+    let (sandbox, kubelets, _dir) = scenario::start_with(CloudKind::Aws, 1, 0, extra).await;
+    let config = sandbox.endpoints["autoscaler_cloud_config"].clone();
+    let aws = sandbox.aws.as_ref().unwrap();
+    let moto = aws.moto.endpoint.clone();
+    ccm_sandbox::aws::seed_node_groups(&moto, &aws.seeded, "kubernetes")
+        .await
+        .unwrap();
+    let untagged = group_by_boto3(&moto, groups::UNTAGGED);
+
+    // The groups tagged for the cluster, and one more worker.
+    let answers = autoscaler(
+        &config,
+        &[
+            ("Refresh", json!({})),
+            ("NodeGroups", json!({})),
+            (
+                "NodeGroupIncreaseSize",
+                json!({"id": groups::WORKERS, "delta": 1}),
+            ),
+        ],
+    );
+    let mut ids: Vec<String> = ok(answers[1].clone())["nodeGroups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, [groups::GPUS, groups::WORKERS], "{answers:?}");
+    ok(answers[2].clone());
+    let (desired, instances) = group_by_boto3(&moto, groups::WORKERS);
+    assert_eq!((desired, instances.len()), (2, 2));
+
+    // Delete one named node: gone from the group, the target one less.
+    let answers = autoscaler(
+        &config,
+        &[
+            ("Refresh", json!({})),
+            ("NodeGroupNodes", json!({"id": groups::WORKERS})),
+        ],
+    );
+    let listed = ok(answers[1].clone())["instances"].clone();
+    let doomed = listed[0]["id"].as_str().unwrap().to_owned();
+    ok(one(
+        &config,
+        "NodeGroupDeleteNodes",
+        json!({"id": groups::WORKERS, "nodes": [{"providerID": doomed}]}),
+    ));
+    let (desired, instances) = group_by_boto3(&moto, groups::WORKERS);
+    assert_eq!(desired, 1);
+    assert_eq!(instances.len(), 1);
+    assert!(!doomed.ends_with(&instances[0]), "{doomed} still there");
+    // Below the minimum: refused, nothing deleted.
+    let remaining = format!("aws:///{}/{}", aws.seeded.subnets[0].0, instances[0]);
+    let answer = one(
+        &config,
+        "NodeGroupDeleteNodes",
+        json!({"id": groups::WORKERS, "nodes": [{"providerID": remaining}]}),
+    );
+    assert_eq!(answer["code"], "INVALID_ARGUMENT", "{answer}");
+    assert_eq!(group_by_boto3(&moto, groups::WORKERS).0, 1);
+    // A group without the discovery tags was never touched.
+    assert_eq!(group_by_boto3(&moto, groups::UNTAGGED), untagged);
     scenario::finish(sandbox, kubelets).await;
 }

@@ -51,6 +51,10 @@ struct Args {
     /// Scenario 2: nodes in the steady state, one run per size (default 1000).
     #[arg(long, value_delimiter = ',', value_parser = number_within(1usize, 100_000))]
     steady_nodes: Vec<usize>,
+    /// Scenario 10: node group instances (a group per 100), one run per
+    /// size (default 1000).
+    #[arg(long, value_delimiter = ',', value_parser = number_within(2usize, 100_000))]
+    autoscaler_nodes: Vec<usize>,
     /// Scenario 2: measured window in seconds (default 90).
     #[arg(long, value_parser = number_within(1u64, 3600))]
     steady_window_s: Option<u64>,
@@ -131,6 +135,7 @@ impl Args {
         };
         list(&self.join_nodes, &mut sizes.join_nodes);
         list(&self.steady_nodes, &mut sizes.steady_nodes);
+        list(&self.autoscaler_nodes, &mut sizes.autoscaler_nodes);
         if !self.memory.is_empty() {
             sizes.memory = self.memory.clone();
         }
