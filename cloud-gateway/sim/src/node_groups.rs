@@ -5,6 +5,7 @@
 //! instances lowers the target with them, never below the minimum. Groups
 //! live in the state database with everything else.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -91,21 +92,19 @@ impl SimCloud {
             )));
         }
         state.store.put_node_group(&group)?;
-        self.converge(&mut state, &mut group)?;
+        self.converge(&mut state, &mut group, &mut Vec::new())?;
         Ok(group)
     }
 
     /// Every node group, of every cluster, each with its instances' names.
     pub fn node_groups(&self) -> Result<Vec<(NodeGroupRecord, Vec<String>)>> {
         let mut state = self.state();
+        let mut by_group = Self::members_by_group(&state)?;
         let mut out = Vec::new();
         for mut group in state.store.node_groups()? {
-            self.converge(&mut state, &mut group)?;
-            let names = Self::members(&state, &group)?
-                .into_iter()
-                .map(|i| i.name)
-                .collect();
-            out.push((group, names));
+            let mut members = by_group.remove(&group.id).unwrap_or_default();
+            self.converge(&mut state, &mut group, &mut members)?;
+            out.push((group, members.into_iter().map(|i| i.name).collect()));
         }
         Ok(out)
     }
@@ -121,12 +120,21 @@ impl SimCloud {
     }
 
     fn members(state: &State, group: &NodeGroupRecord) -> Result<Vec<InstanceRecord>> {
-        Ok(state
-            .store
-            .instances()?
-            .into_iter()
-            .filter(|i| i.group.as_deref() == Some(&group.id))
-            .collect())
+        Ok(Self::members_by_group(state)?
+            .remove(&group.id)
+            .unwrap_or_default())
+    }
+
+    /// Every group's instances, from one read of the instances, so that
+    /// listing the groups costs one pass however many there are.
+    fn members_by_group(state: &State) -> Result<HashMap<String, Vec<InstanceRecord>>> {
+        let mut out: HashMap<String, Vec<InstanceRecord>> = HashMap::new();
+        for instance in state.store.instances()? {
+            if let Some(group) = instance.group.clone() {
+                out.entry(group).or_default().push(instance);
+            }
+        }
+        Ok(out)
     }
 
     /// Makes or removes instances until the group holds its target, as an
@@ -134,12 +142,17 @@ impl SimCloud {
     /// group's zones that has capacity; with none, the launch fails and
     /// its placeholder counts in the target until its zone has capacity
     /// again. Failed launches go first when the target falls, then the
-    /// youngest instances.
-    fn converge(&self, state: &mut State, group: &mut NodeGroupRecord) -> Result<()> {
+    /// youngest instances. `members` are the group's instances, and are
+    /// left as they are afterwards.
+    fn converge(
+        &self,
+        state: &mut State,
+        group: &mut NodeGroupRecord,
+        members: &mut Vec<InstanceRecord>,
+    ) -> Result<()> {
         let exhausted = self.faults().capacity_exhausted_zones;
         let before = (group.failed.clone(), group.next_failed);
         group.failed.retain(|f| exhausted.contains(&f.zone));
-        let mut members = Self::members(state, group)?;
         let target = group.target_size as usize;
         while members.len() + group.failed.len() < target {
             let n = state
@@ -188,10 +201,10 @@ impl SimCloud {
         Ok(())
     }
 
-    fn to_group(&self, state: &State, group: &NodeGroupRecord) -> Result<NodeGroup> {
+    fn to_group(&self, group: &NodeGroupRecord, members: &[InstanceRecord]) -> NodeGroup {
         let now = now_ms();
-        let instances = Self::members(state, group)?
-            .into_iter()
+        let instances = members
+            .iter()
             .map(|i| GroupInstance {
                 provider_id: i.provider_id(),
                 state: if i.ready_at_ms.is_some_and(|at| at > now) {
@@ -214,7 +227,7 @@ impl SimCloud {
                 }),
             }))
             .collect();
-        Ok(NodeGroup {
+        NodeGroup {
             id: group.id.clone(),
             min_size: group.min_size,
             max_size: group.max_size,
@@ -237,7 +250,7 @@ impl SimCloud {
                     .collect(),
             },
             options: GroupOptions::default(),
-        })
+        }
     }
 }
 
@@ -246,12 +259,14 @@ impl NodeGroups for SimCloud {
     async fn list(&self, cluster: &str) -> Result<Vec<NodeGroup>> {
         let _call = self.enter(Operation::ListNodeGroups).await?;
         let mut state = self.state();
+        let mut by_group = Self::members_by_group(&state)?;
         let mut out = Vec::new();
         for mut group in state.store.node_groups()? {
             if group.cluster == cluster {
+                let mut members = by_group.remove(&group.id).unwrap_or_default();
                 // Failed launches are tried again as zones get capacity.
-                self.converge(&mut state, &mut group)?;
-                out.push(self.to_group(&state, &group)?);
+                self.converge(&mut state, &mut group, &mut members)?;
+                out.push(self.to_group(&group, &members));
             }
         }
         Ok(out)
@@ -272,7 +287,8 @@ impl NodeGroups for SimCloud {
         }
         record.target_size = size;
         state.store.put_node_group(&record)?;
-        self.converge(&mut state, &mut record)
+        let mut members = Self::members(&state, &record)?;
+        self.converge(&mut state, &mut record, &mut members)
     }
 
     async fn delete_instances(
