@@ -418,7 +418,9 @@ fn serve(
     }))
 }
 
-/// Marks the gateway ready once the provider answers its check, and not
+/// Marks the gateway ready once the provider answers its check and has
+/// told its limits on load balancer hosts (so no request waits on that
+/// read, and none reaches the cloud before it is checked whole), and not
 /// ready again once shutdown begins.
 async fn report_readiness(
     cloud: Arc<Cloud>,
@@ -430,7 +432,12 @@ async fn report_readiness(
     let mut delay = std::time::Duration::from_millis(200);
     loop {
         match cloud.check().await {
-            Ok(()) => break,
+            Ok(()) => match cloud.host_limits().await {
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the cloud's load balancer limits not read yet")
+                }
+            },
             Err(e) => tracing::warn!(error = %e, "provider not ready yet"),
         }
         tokio::select! {

@@ -99,6 +99,7 @@ fn largest_host() -> Host {
         addresses: vec![largest_address(); MAX_HOST_ADDRESSES],
         // Bounded apart in `max_request_bytes`.
         labels: Default::default(),
+        zone: maxed(63),
     }
 }
 

@@ -201,6 +201,12 @@ pub struct Args {
     /// The network sim instances get their internal addresses from.
     #[arg(long, default_value = "10.240.0.0/16")]
     pub sim_node_network: String,
+    /// The most hosts of one sim load balancer in one zone; 0 for no limit (AWS's NLB quota by default).
+    #[arg(long, default_value_t = ccm_provider_sim::DEFAULT_LB_HOSTS_PER_ZONE)]
+    pub sim_lb_hosts_per_zone: u32,
+    /// The most hosts of one sim load balancer; 0 for no limit (AWS's NLB quota by default).
+    #[arg(long, default_value_t = ccm_provider_sim::DEFAULT_LB_HOSTS_PER_LOAD_BALANCER)]
+    pub sim_lb_hosts_per_load_balancer: u32,
     /// AWS region; without it, the SDK's chain (AWS_REGION, the profile, instance metadata).
     #[arg(long, env = "CLOUD_GATEWAY_AWS_REGION")]
     pub aws_region: Option<String>,
@@ -825,6 +831,8 @@ fn sim(p: &mut Problems, args: &Args) -> Option<SimConfig> {
         lb_pool,
         internal_lb_pool,
         node_network: node_network?,
+        lb_hosts_per_zone: args.sim_lb_hosts_per_zone,
+        lb_hosts_per_load_balancer: args.sim_lb_hosts_per_load_balancer,
     })
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ccm_proto::v1::{
-    Faults, GetStatsRequest, InstanceId, InstanceState, LookupPurpose, NodeRef, Route,
+    Faults, GetStatsRequest, Host, InstanceId, InstanceState, LookupPurpose, NodeRef, Route,
 };
 use ccm_proto::{Error, RetryPolicy, reason};
 use ccm_provider::{
@@ -1008,6 +1008,65 @@ async fn updating_hosts_of_a_missing_load_balancer_is_not_found() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::NotFound { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn hosts_past_the_clouds_quota_are_refused_naming_it_before_any_write() {
+    let gw = TestGateway::start(|s| {
+        s.sim.lb_hosts_per_zone = 2;
+        s.sim.lb_hosts_per_load_balancer = 5;
+    })
+    .await;
+    let info = timed(gw.client(Role::Node).provider_info()).await.unwrap();
+    let [limits] = &info.host_limits[..] else {
+        panic!("{:?}", info.host_limits);
+    };
+    assert_eq!((limits.per_zone, limits.per_load_balancer), (2, 5));
+    let lbs = gw.client_with(Role::Service, RetryPolicy::none(), "kubernetes");
+    let in_zone = |name: &str, zone: &str| Host {
+        zone: zone.into(),
+        ..host(name)
+    };
+    let three_in_a = vec![
+        in_zone("a1", "sim-zone-a"),
+        in_zone("a2", "sim-zone-a"),
+        in_zone("a3", "sim-zone-a"),
+    ];
+    let err = timed(lbs.ensure_load_balancer(spec(&uid(1)), three_in_a))
+        .await
+        .unwrap_err();
+    let Error::InvalidArgument { violations, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(violations[0].field, "hosts");
+    assert!(
+        violations[0]
+            .description
+            .contains("3 hosts in zone sim-zone-a exceed the sim quota of 2 hosts per zone"),
+        "{err:?}"
+    );
+    let six: Vec<Host> = ["a", "b", "c"]
+        .iter()
+        .flat_map(|z| [1, 2].map(|i| in_zone(&format!("{z}{i}"), &format!("sim-zone-{z}"))))
+        .collect();
+    let err = timed(lbs.ensure_load_balancer(spec(&uid(1)), six.clone()))
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{err:?}").contains("6 hosts exceed the sim quota of 5 hosts per load balancer"),
+        "{err:?}"
+    );
+    assert!(timed(lbs.list_load_balancers()).await.unwrap().is_empty());
+    // Within the quota, made; a host update past it is refused the same.
+    timed(lbs.ensure_load_balancer(spec(&uid(1)), six[..5].to_vec()))
+        .await
+        .unwrap();
+    let err = timed(lbs.update_load_balancer_hosts(spec(&uid(1)), six.clone()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
+    let listed = timed(lbs.list_load_balancers()).await.unwrap();
+    assert_eq!(listed[0].hosts.len(), 5);
 }
 
 #[tokio::test]

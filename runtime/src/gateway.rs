@@ -63,3 +63,21 @@ async fn ask(client: &GatewayClient) -> anyhow::Result<ccm_proto::v1::GetProvide
         }
     }
 }
+
+/// The provider's limits on load balancer hosts, as `info` states them.
+pub fn host_limits(
+    info: &ccm_proto::v1::GetProviderInfoResponse,
+) -> Vec<ccm_values::host_limits::HostLimits> {
+    info.host_limits
+        .iter()
+        .map(|l| ccm_values::host_limits::HostLimits {
+            kind: l.kind.clone(),
+            annotation: l.annotation.clone(),
+            values: l.values.clone(),
+            per_load_balancer: l.per_load_balancer,
+            per_zone: l.per_zone,
+            cross_zone_annotation: l.cross_zone_annotation.clone(),
+            source: l.source.clone(),
+        })
+        .collect()
+}

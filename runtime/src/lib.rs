@@ -33,3 +33,5 @@ pub mod tls;
 pub mod version;
 pub mod view;
 pub mod watch;
+/// The cloud's limits on a load balancer's hosts, as the gateway states them.
+pub use ccm_values::host_limits;

@@ -48,6 +48,14 @@ pub const FINALIZER_LB_CLEANUP: &str = "service.kubernetes.io/load-balancer-clea
 /// and whose load balancer the cloud confirms, writes nothing. Never change.
 pub const ANNOTATION_LB_APPLIED: &str = "cloudgateway.io/load-balancer-applied";
 
+/// Annotation on a Service: which eligible nodes back its load balancer,
+/// `subset` (the default: a stable subset per zone) or `all` (every one,
+/// as upstream, up to the cloud's quota).
+pub const ANNOTATION_LB_BACKENDS: &str = "cloudgateway.io/load-balancer-backends";
+/// Annotation on a Service: how many nodes per zone its subset holds, in
+/// place of the service controller's `--load-balancer-subset-size`.
+pub const ANNOTATION_LB_SUBSET_SIZE: &str = "cloudgateway.io/load-balancer-subset-size";
+
 /// The Service condition the service controller writes: whether the load
 /// balancer matches the Service. `kubectl ccm` reads it: never change.
 pub const CONDITION_LB_SYNCED: &str = "LoadBalancerSynced";

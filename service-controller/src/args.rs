@@ -36,6 +36,9 @@ pub struct Args {
     /// How long a load balancer must stay orphaned before it is deleted.
     #[arg(long, default_value = "10m")]
     pub orphan_grace_period: String,
+    /// How many nodes per zone back each load balancer (a stable subset of its own per Service); 0 for every eligible node, as upstream. Always within the cloud's quotas.
+    #[arg(long, default_value = "25")]
+    pub load_balancer_subset_size: String,
 }
 
 /// The checked settings.
@@ -48,6 +51,8 @@ pub struct Settings {
     pub orphan_period: Duration,
     pub delete_orphans: bool,
     pub orphan_grace: Duration,
+    /// Nodes per zone in each Service's subset; 0 for all.
+    pub subset_size: u32,
 }
 
 fn boolean(s: &str) -> Result<bool, &'static str> {
@@ -103,6 +108,11 @@ impl Settings {
             &args.orphan_grace_period,
             duration_within(Duration::ZERO, Duration::from_secs(30 * 24 * 3600)),
         );
+        let subset_size = p.parse(
+            "load-balancer-subset-size",
+            &args.load_balancer_subset_size,
+            number_within(0u32, crate::subsets::MAX_SUBSET_SIZE),
+        );
         p.finish(|| Settings {
             common: common.expect("checked"),
             workers: workers.expect("checked"),
@@ -114,6 +124,7 @@ impl Settings {
             orphan_period: orphan_period.expect("checked"),
             delete_orphans: delete_orphans.expect("checked"),
             orphan_grace: orphan_grace.expect("checked"),
+            subset_size: subset_size.expect("checked"),
         })
     }
 }

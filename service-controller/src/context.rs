@@ -16,6 +16,9 @@ use crate::args::Settings;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::plan::{self, NodeView, ServiceView};
+use crate::subsets;
+use ccm_runtime::host_limits::{Allowed, HostLimits};
+use kube::ResourceExt;
 
 /// A Service's key: `namespace/name`.
 pub type Key = (String, String);
@@ -29,9 +32,9 @@ pub struct Context {
     pub nodes: Views<NodeView>,
     /// One more at every change of a node's view.
     pub nodes_generation: AtomicU64,
-    /// The hosts of every load balancer that selects none by label, built
-    /// once per `nodes_generation` and shared by every ensure and host pass.
-    pub shared_hosts: Mutex<Option<(u64, Hosts)>>,
+    /// The nodes that may back load balancers, built once per
+    /// `nodes_generation` and shared by every ensure and host pass.
+    pub shared_hosts: Mutex<Option<(u64, Shared)>>,
     pub gateway: GatewayClient,
     pub recorder: Recorder,
     pub metrics: Metrics,
@@ -44,6 +47,9 @@ pub struct Context {
     /// The provider's annotations that select hosts by Node label (from
     /// GetProviderInfo, set once at start).
     pub host_label_annotations: std::sync::OnceLock<Vec<String>>,
+    /// The cloud's limits on a load balancer's hosts (from
+    /// GetProviderInfo, set once at start).
+    pub host_limits: std::sync::OnceLock<Vec<HostLimits>>,
     /// Load balancers the cloud is still provisioning, with the fingerprint
     /// of what was asked for: while that is unchanged, the next sync asks
     /// for the status (a read the gateway batches) instead of ensuring again.
@@ -84,6 +90,15 @@ impl Hosts {
             list: Arc::new(list),
         }
     }
+}
+
+/// The nodes that may back load balancers (those that
+/// [`plan::backs_load_balancers`]), sorted by name, and all of them as one
+/// shared host list.
+#[derive(Clone, Debug, Default)]
+pub struct Shared {
+    pub nodes: Arc<Vec<Arc<NodeView>>>,
+    pub all: Hosts,
 }
 
 /// What an ensure made of one load balancer.
@@ -147,23 +162,28 @@ impl Context {
         self.nodes_generation.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// The current backing hosts of every load balancer, without labels:
-    /// built once after each node change and shared.
-    pub fn hosts(&self) -> Hosts {
+    /// The nodes that may back load balancers: built once after each node
+    /// change and shared.
+    pub fn hosts(&self) -> Shared {
         let generation = self.nodes_generation.load(Ordering::SeqCst);
         let mut cached = self.shared_hosts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((built, hosts)) = &*cached
+        if let Some((built, shared)) = &*cached
             && *built == generation
         {
-            return hosts.clone();
+            return shared.clone();
         }
-        let nodes = self.nodes.state();
-        let hosts = Hosts::of(plan::hosts(
-            nodes.iter().map(|n| n.as_ref()),
-            &Default::default(),
-        ));
-        *cached = Some((generation, hosts.clone()));
-        hosts
+        let mut nodes: Vec<Arc<NodeView>> =
+            self.nodes.state().into_iter().filter(|n| n.backs).collect();
+        nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let shared = Shared {
+            all: Hosts::of(plan::hosts(
+                nodes.iter().map(|n| n.as_ref()),
+                &Default::default(),
+            )),
+            nodes: Arc::new(nodes),
+        };
+        *cached = Some((generation, shared.clone()));
+        shared
     }
 
     /// The Node label keys `svc`'s host-selecting annotations name.
@@ -177,15 +197,51 @@ impl Context {
         )
     }
 
-    /// The backing hosts of `svc`'s load balancer: `shared` (from
-    /// [`Context::hosts`]) unless the Service selects hosts by label.
-    pub fn hosts_for(&self, svc: &Service, shared: &Hosts) -> Hosts {
+    /// The Node labels `svc`'s host-selecting annotations ask for.
+    fn host_selector(&self, svc: &Service) -> Vec<(String, Option<String>)> {
+        plan::host_selector(
+            svc,
+            self.host_label_annotations
+                .get()
+                .map(Vec::as_slice)
+                .unwrap_or_default(),
+        )
+    }
+
+    /// The backing hosts of `svc`'s load balancer, of `shared` (from
+    /// [`Context::hosts`]): those its host-selecting annotations select,
+    /// then its subset ([`subsets`]) within the cloud's limits for its
+    /// kind of load balancer. An invalid subset annotation is the problem.
+    pub fn hosts_for(&self, svc: &Service, shared: &Shared) -> Result<Hosts, String> {
+        let selection = subsets::selection(svc, self.settings.subset_size)?;
+        let selector = self.host_selector(svc);
         let keys = self.host_label_keys(svc);
-        if keys.is_empty() {
-            return shared.clone();
+        let allowed = self.allowed(svc);
+        let eligible = shared
+            .nodes
+            .iter()
+            .map(|n| n.as_ref())
+            .filter(|n| n.selected_by(&selector));
+        let chosen = subsets::choose(eligible, subsets::seed(svc), selection, allowed);
+        if keys.is_empty() && chosen.len() == shared.nodes.len() {
+            return Ok(shared.all.clone());
         }
-        let nodes = self.nodes.state();
-        Hosts::of(plan::hosts(nodes.iter().map(|n| n.as_ref()), &keys))
+        Ok(Hosts::of(plan::hosts(chosen, &keys)))
+    }
+
+    /// What the cloud's limits allow `svc`'s kind of load balancer.
+    pub fn allowed(&self, svc: &Service) -> Allowed {
+        let Some(limits) = self.host_limits.get() else {
+            return Allowed::default();
+        };
+        let annotations: HashMap<String, String> = svc
+            .annotations()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        HostLimits::of_service(limits, &annotations)
+            .map(|l| l.allowed(&annotations))
+            .unwrap_or_default()
     }
 
     pub fn remember_hosts(&self, key: &Key, digest: u64) {
@@ -324,7 +380,47 @@ impl Context {
             "served": svc.is_some_and(|s| plan::wants_load_balancer(s, &self.settings.classes)),
             "provisioning": self.provisioning.lock().unwrap_or_else(|e| e.into_inner()).contains_key(key),
             "change_waiting_s": waiting,
+            "hosts": svc.map(|s| self.explain_hosts(s)),
         })
+    }
+
+    /// How many nodes back `svc`'s load balancer, of how many eligible,
+    /// and why that many, for `kubectl ccm why`.
+    pub fn explain_hosts(&self, svc: &Service) -> serde_json::Value {
+        let shared = self.hosts();
+        let used = match self.hosts_for(svc, &shared) {
+            Ok(hosts) => hosts.list.len(),
+            Err(problem) => return serde_json::json!({"why": problem}),
+        };
+        let selector = self.host_selector(svc);
+        let eligible = shared
+            .nodes
+            .iter()
+            .filter(|n| n.selected_by(&selector))
+            .count();
+        let mut why = match subsets::selection(svc, self.settings.subset_size) {
+            Ok(subsets::Selection::Subset(n)) => format!("a subset of {n} per zone"),
+            Ok(subsets::Selection::All) => "every eligible node".to_owned(),
+            Err(problem) => problem,
+        };
+        if !selector.is_empty() {
+            why.push_str(", of the nodes its label annotation selects");
+        }
+        let allowed = self.allowed(svc);
+        let mut quota = Vec::new();
+        if let Some(n) = allowed.per_zone {
+            quota.push(format!("{n} per zone"));
+        }
+        if let Some(n) = allowed.total {
+            quota.push(format!("{n} in all"));
+        }
+        if !quota.is_empty() {
+            why.push_str(&format!(
+                ", within the cloud's quota of {}",
+                quota.join(" and ")
+            ));
+        }
+        serde_json::json!({"used": used, "eligible": eligible, "why": why})
     }
 
     /// Takes when the oldest change of `key` not yet carried was seen.

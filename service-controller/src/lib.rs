@@ -13,6 +13,7 @@ pub mod error;
 pub mod metrics;
 pub mod plan;
 pub mod reconcile;
+pub mod subsets;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -71,6 +72,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         queue: WorkQueue::new(BACKOFF).with_metrics(base.metrics.queue.clone()),
         last_hosts: Mutex::new(HashMap::new()),
         host_label_annotations: std::sync::OnceLock::new(),
+        host_limits: std::sync::OnceLock::new(),
         provisioning: Mutex::new(HashMap::new()),
         hosts_changed_at: Mutex::new(None),
         changed_since: Mutex::new(HashMap::new()),
@@ -180,6 +182,9 @@ async fn run(
     // Nodes' labels are kept only where the provider selects hosts by them:
     // those the views took before it said go now.
     let labels = !info.host_label_annotations.is_empty();
+    let _ = ctx
+        .host_limits
+        .set(ccm_runtime::gateway::host_limits(&info));
     let _ = ctx.host_label_annotations.set(info.host_label_annotations);
     if !labels {
         ctx.nodes.rewrite(plan::NodeView::without_labels);
@@ -275,7 +280,7 @@ fn follow_nodes(
                     .host_label_annotations
                     .get()
                     .is_none_or(|a| !a.is_empty());
-                plan::NodeView::of(node, labels.then_some(&strings))
+                plan::NodeView::of(node, &strings, labels)
             }
         },
         move |seen| match seen {

@@ -191,6 +191,14 @@ pub struct NodeView {
     pub provider_id: String,
     /// See [`backs_load_balancers`].
     pub backs: bool,
+    /// Cordoned (`spec.unschedulable`): being drained, most likely to go
+    /// soon. Still a host (as upstream), but the last a subset takes.
+    pub draining: bool,
+    /// Its zone label; empty without one. Shared with every node of the zone.
+    pub zone: Arc<str>,
+    /// A digest of its name, the node's half of each Service's ranking of
+    /// the nodes ([`crate::subsets`]).
+    pub rank: u64,
     /// Sorted by key.
     pub labels: Box<[Label]>,
     pub addresses: Vec<CloudAddress>,
@@ -198,24 +206,41 @@ pub struct NodeView {
 
 impl NodeView {
     /// What load balancers need of `node`: its labels only with
-    /// `labels`, which shares their strings (a kubelet's dozen labels cost
-    /// 400 bytes a Node even shared).
-    pub fn of(node: &Node, labels: Option<&Interner>) -> Self {
+    /// `labels` (a kubelet's dozen labels cost 400 bytes a Node even
+    /// shared); `strings` shares them and the zone.
+    pub fn of(node: &Node, strings: &Interner, labels: bool) -> Self {
+        let name = node.name_any();
         Self {
-            name: node.name_any(),
+            rank: {
+                let mut h = Fnv::default();
+                h.str(&name);
+                h.finish()
+            },
+            draining: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+            zone: strings.intern(
+                node.labels()
+                    .get(names::LABEL_ZONE)
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+            ),
+            name,
             provider_id: node
                 .spec
                 .as_ref()
                 .and_then(|s| s.provider_id.clone())
                 .unwrap_or_default(),
             backs: backs_load_balancers(node),
-            labels: match labels {
-                Some(strings) => node
-                    .labels()
+            labels: if labels {
+                node.labels()
                     .iter()
                     .map(|(k, v)| (strings.intern(k), strings.intern(v)))
-                    .collect(),
-                None => Box::default(),
+                    .collect()
+            } else {
+                Box::default()
             },
             addresses: node
                 .status
@@ -244,9 +269,26 @@ impl NodeView {
 
     /// What of a node matters to load balancers' host sets: whether it
     /// backs them, its provider ID and its labels (upstream's change test
-    /// and the label selection; addresses are not part of it).
-    pub fn hosting(&self) -> (bool, &str, &[Label]) {
-        (self.backs, &self.provider_id, &self.labels)
+    /// and the label selection; addresses are not part of it), and what
+    /// subsets choose by: its zone and whether it is draining.
+    pub fn hosting(&self) -> (bool, &str, &[Label], &str, bool) {
+        (
+            self.backs,
+            &self.provider_id,
+            &self.labels,
+            &self.zone,
+            self.draining,
+        )
+    }
+
+    /// Whether the node has every label of `selector` (`key` or
+    /// `key=value` items, [`host_selector`]).
+    pub fn selected_by(&self, selector: &[(String, Option<String>)]) -> bool {
+        selector.iter().all(|(key, value)| {
+            self.labels
+                .iter()
+                .any(|(k, v)| **k == **key && value.as_deref().is_none_or(|want| **v == *want))
+        })
     }
 }
 
@@ -261,6 +303,24 @@ pub fn host_label_keys(svc: &Service, annotations: &[String]) -> BTreeSet<String
         .map(|item| item.split('=').next().unwrap_or_default().trim())
         .filter(|k| !k.is_empty())
         .map(str::to_owned)
+        .collect()
+}
+
+/// The Node labels `svc`'s host-selecting `annotations` ask for: each
+/// comma-separated `key` or `key=value` item of each that it carries. A
+/// host must have them all (the provider validates the values).
+pub fn host_selector(svc: &Service, annotations: &[String]) -> Vec<(String, Option<String>)> {
+    annotations
+        .iter()
+        .filter_map(|a| svc.annotations().get(a))
+        .flat_map(|v| v.split(','))
+        .filter_map(|item| {
+            let (key, value) = match item.split_once('=') {
+                Some((k, v)) => (k.trim(), Some(v.trim().to_owned())),
+                None => (item.trim(), None),
+            };
+            (!key.is_empty()).then(|| (key.to_owned(), value))
+        })
         .collect()
 }
 
@@ -283,6 +343,7 @@ pub fn hosts<'a>(
             name: n.name.clone(),
             provider_id: n.provider_id.clone(),
             addresses: n.addresses.clone(),
+            zone: n.zone.to_string(),
         })
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -324,7 +385,7 @@ pub fn hosts_digest(hosts: &[Host], addresses: bool) -> u64 {
 /// Rust may change between releases): a digest that is the same in every
 /// process and every release of this controller.
 #[derive(Debug)]
-struct Fnv(u64);
+pub(crate) struct Fnv(u64);
 
 impl Default for Fnv {
     fn default() -> Self {
@@ -340,17 +401,17 @@ impl Fnv {
         }
     }
 
-    fn u64(&mut self, n: u64) {
+    pub(crate) fn u64(&mut self, n: u64) {
         self.bytes(&n.to_le_bytes());
     }
 
     /// Length first, so two fields never run into each other.
-    fn str(&mut self, s: &str) {
+    pub(crate) fn str(&mut self, s: &str) {
         self.u64(s.len() as u64);
         self.bytes(s.as_bytes());
     }
 
-    fn finish(&self) -> u64 {
+    pub(crate) fn finish(&self) -> u64 {
         self.0
     }
 }
@@ -703,7 +764,7 @@ mod tests {
         let strings = Interner::default();
         let views: Vec<NodeView> = nodes
             .iter()
-            .map(|n| NodeView::of(n, Some(&strings)))
+            .map(|n| NodeView::of(n, &strings, true))
             .collect();
         super::hosts(&views, keys)
     }

@@ -13,7 +13,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::context::{Applied, Context, Hosts, Key};
+use crate::context::{Applied, Context, Hosts, Key, Shared};
 use crate::error::{Error, Result, ServiceError};
 use crate::plan;
 
@@ -280,7 +280,11 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         tracing::info!("the Service is gone; no load balancer");
         return Ok(());
     }
-    let hosts = ctx.hosts_for(svc, &ctx.hosts());
+    let hosts = match ctx.hosts_for(svc, &ctx.hosts()) {
+        Ok(hosts) => hosts,
+        // The user can fix this; nothing goes to the cloud.
+        Err(problem) => return refuse(ctx, svc, problem).await,
+    };
     let empty = hosts.list.is_empty();
     let had_ingress = !plan::current_ingress(svc).is_empty();
     let spec = plan::lb_spec(svc);
@@ -403,20 +407,7 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
             } else {
                 plan::describe_violations(&violations)
             };
-            publish(
-                ctx,
-                svc,
-                EventType::Warning,
-                "SyncLoadBalancerFailed",
-                format!("Error syncing load balancer: {detail}"),
-            )
-            .await;
-            let reason = ccm_runtime::names::REASON_INVALID_CONFIGURATION;
-            write_condition(ctx, svc, false, reason, &detail).await?;
-            Err(Error::Gateway(GatewayError::InvalidArgument {
-                violations: Vec::new(),
-                message: detail,
-            }))
+            refuse(ctx, svc, detail).await
         }
         Err(GatewayError::RetryAfter {
             delay,
@@ -450,6 +441,25 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
             Err(e.into())
         }
     }
+}
+
+/// Refuses what the Service asks, for `detail`, which the user can fix: a
+/// Warning event and the condition say why; nothing goes to the cloud.
+async fn refuse(ctx: &Context, svc: &Service, detail: String) -> Result<()> {
+    publish(
+        ctx,
+        svc,
+        EventType::Warning,
+        "SyncLoadBalancerFailed",
+        format!("Error syncing load balancer: {detail}"),
+    )
+    .await;
+    let reason = ccm_runtime::names::REASON_INVALID_CONFIGURATION;
+    write_condition(ctx, svc, false, reason, &detail).await?;
+    Err(Error::Gateway(GatewayError::InvalidArgument {
+        violations: Vec::new(),
+        message: detail,
+    }))
 }
 
 /// Writes what a load balancer made as the Service asks means for the
@@ -509,22 +519,25 @@ pub async fn sync_hosts(ctx: &Context) {
         .collect();
     // Without a load balancer there is no host list to build.
     let shared = if services.is_empty() {
-        Hosts::default()
+        Shared::default()
     } else {
         ctx.hosts()
     };
+    // A Service whose subset annotation is invalid keeps what it has; its
+    // own sync says why.
     let changed: Vec<_> = services
         .into_iter()
         .filter_map(|view| {
             let svc = view.service()?;
             let key = (svc.namespace().unwrap_or_default(), svc.name_any());
             let last = ctx.remembered_hosts(&key)?;
-            (last != ctx.hosts_for(svc, &shared).digest).then_some(key)
+            let hosts = ctx.hosts_for(svc, &shared).ok()?;
+            (last != hosts.digest).then_some(key)
         })
         .collect();
     // Each update carries its own copy of the host list (the gateway's API
     // takes a whole list): at most about a million hosts in flight at once.
-    let at_once = (1_000_000 / shared.list.len().max(1)).clamp(1, 256);
+    let at_once = (1_000_000 / shared.nodes.len().max(1)).clamp(1, 256);
     let ctx_ref = ctx;
     let updates = futures::stream::iter(changed.into_iter().map(|key| {
         async move {
@@ -543,7 +556,9 @@ pub async fn sync_hosts(ctx: &Context) {
             {
                 return true;
             }
-            let hosts = ctx_ref.hosts_for(svc, &ctx_ref.hosts());
+            let Ok(hosts) = ctx_ref.hosts_for(svc, &ctx_ref.hosts()) else {
+                return true;
+            };
             if ctx_ref.remembered_hosts(&key) == Some(hosts.digest) {
                 return true;
             }

@@ -335,7 +335,17 @@ async fn fifty_nodes_joining_cause_about_one_host_update_per_load_balancer() {
     let env = TestEnv::start().await;
     add_nodes(&env, ["base".to_owned()]).await;
     let services: Api<Service> = Api::namespaced(env.client().await, "default");
-    let c = start(&env, &["--node-sync-debounce", "1s"]).await;
+    // Every node backs every load balancer (no subsets): each sees all 50.
+    let c = start(
+        &env,
+        &[
+            "--node-sync-debounce",
+            "1s",
+            "--load-balancer-subset-size",
+            "0",
+        ],
+    )
+    .await;
     for i in 0..20 {
         services
             .create(

@@ -59,6 +59,10 @@ ROLES = {
 CAPABILITIES = {"Instances": "instances", "LoadBalancers": "load_balancers", "Routes": "routes"}
 CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=+@-]{0,105}$")
 MAX_BATCH = 1000
+# The toy cloud's own limits on a load balancer's hosts, stated in
+# GetProviderInfo and refused past before anything changes.
+HOSTS_PER_LOAD_BALANCER = 1000
+HOSTS_PER_ZONE = 250
 
 
 def compile_protos(proto_dir):
@@ -280,8 +284,15 @@ class Gateway:
     # ---- Provider
 
     def Provider_GetProviderInfo(self, request, context):
-        return self.pb["provider"].GetProviderInfoResponse(
-            name=PROVIDER, **{CAPABILITIES[s]: True for s in self.offered})
+        pb = self.pb["provider"]
+        limits = []
+        if "LoadBalancers" in self.offered:
+            limits.append(pb.HostLimits(
+                kind="toy", per_load_balancer=HOSTS_PER_LOAD_BALANCER,
+                per_zone=HOSTS_PER_ZONE, source="the toy cloud's own"))
+        return pb.GetProviderInfoResponse(
+            name=PROVIDER, host_limits=limits,
+            **{CAPABILITIES[s]: True for s in self.offered})
 
     # ---- Instances
 
@@ -341,6 +352,17 @@ class Gateway:
                 problems.append((field, f"unknown annotation; known: {IDLE_TIMEOUT}"))
             elif not (value.isdigit() and 1 <= int(value) <= 3600):
                 problems.append((field, f"{value!r}: whole seconds from 1 to 3600"))
+        zones = {}
+        for h in request.hosts:
+            if h.zone:
+                zones[h.zone] = zones.get(h.zone, 0) + 1
+        if len(request.hosts) > HOSTS_PER_LOAD_BALANCER:
+            problems.append(("hosts", f"{len(request.hosts)} hosts exceed the toy quota of "
+                                      f"{HOSTS_PER_LOAD_BALANCER} hosts per load balancer"))
+        for zone, n in sorted(zones.items()):
+            if n > HOSTS_PER_ZONE:
+                problems.append(("hosts", f"{n} hosts in zone {zone} exceed the toy quota of "
+                                          f"{HOSTS_PER_ZONE} hosts per zone"))
         require(request, more=problems)
 
     def lb_status(self, record):

@@ -51,7 +51,7 @@ pub async fn run(target: &Target, mut on: impl FnMut(&Checked)) -> Vec<Checked> 
 
 /// The suite, in the order it runs: each check with the rule it tests and
 /// the capability it needs.
-const SUITE: [Check; 29] = [
+const SUITE: [Check; 30] = [
     Check {
         name: "health.serving",
         rule: "grpc.health.v1 answers SERVING for the server and each offered service",
@@ -165,6 +165,12 @@ const SUITE: [Check; 29] = [
         rule: "updating hosts changes the backends only: the load balancer and its status stay",
         needs: Some(Capability::LoadBalancers),
         body: |cx| Box::pin(load_balancers::update_hosts(cx)),
+    },
+    Check {
+        name: "lb.host-limits",
+        rule: "the host limits are well formed, and an ensure past them is INVALID_ARGUMENT naming hosts, making nothing",
+        needs: Some(Capability::LoadBalancers),
+        body: |cx| Box::pin(load_balancers::host_limits(cx)),
     },
     Check {
         name: "lb.provisioning",

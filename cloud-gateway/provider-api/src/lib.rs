@@ -31,6 +31,7 @@ pub use types::{
     ServiceRef, SessionAffinity, TagOutcome, TrafficPolicy, load_balancer_name,
     load_balancer_names, own_load_balancer_name,
 };
+pub use values::host_limits::HostLimits;
 pub use values::{parse_duration, quote};
 
 /// A cloud behind the gateway. Each capability is optional; the gateway
@@ -142,6 +143,14 @@ pub trait LoadBalancers: Send + Sync {
     /// controller then sends the labels they name in `Host.labels`.
     fn host_label_annotations(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// The cloud's limits on a load balancer's hosts, one entry per kind
+    /// (none by default). The gateway asks once and keeps the answer; an
+    /// ensure or host update past them must be refused before any write
+    /// ([`HostLimits::check`]).
+    async fn host_limits(&self) -> Result<Vec<HostLimits>> {
+        Ok(Vec::new())
     }
 }
 

@@ -33,13 +33,15 @@ pub enum Operation {
     SetNodeGroupSize,
     /// Delete named instances of a node group.
     DeleteGroupInstances,
+    /// Read the cloud's limits on load balancer hosts.
+    LoadBalancerLimits,
     /// The provider's readiness check (`Provider::check`).
     Check,
 }
 
 impl Operation {
     /// Every operation, for listing accepted values.
-    pub const ALL: [Operation; 14] = [
+    pub const ALL: [Operation; 15] = [
         Self::GetInstances,
         Self::TagInstances,
         Self::GetLoadBalancer,
@@ -53,6 +55,7 @@ impl Operation {
         Self::ListNodeGroups,
         Self::SetNodeGroupSize,
         Self::DeleteGroupInstances,
+        Self::LoadBalancerLimits,
         Self::Check,
     ];
 
@@ -72,6 +75,7 @@ impl Operation {
             Self::ListNodeGroups => "list_node_groups",
             Self::SetNodeGroupSize => "set_node_group_size",
             Self::DeleteGroupInstances => "delete_group_instances",
+            Self::LoadBalancerLimits => "load_balancer_limits",
             Self::Check => "check",
         }
     }

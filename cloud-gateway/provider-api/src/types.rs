@@ -222,6 +222,8 @@ pub struct Host {
     /// The Node's labels that the Service's annotations select by (see
     /// `LoadBalancers::host_label_annotations`); empty otherwise.
     pub labels: HashMap<String, String>,
+    /// The Node's zone label; empty when it has none.
+    pub zone: String,
 }
 
 /// One port's state on a load balancer ingress point.

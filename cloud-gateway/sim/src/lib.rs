@@ -53,7 +53,17 @@ pub struct SimConfig {
     pub internal_lb_pool: Vec<IpNet>,
     /// The network instances get their internal addresses from.
     pub node_network: IpNet,
+    /// The most hosts of one load balancer in one zone (0: no limit).
+    pub lb_hosts_per_zone: u32,
+    /// The most hosts of one load balancer (0: no limit).
+    pub lb_hosts_per_load_balancer: u32,
 }
+
+/// The sim's default limits on a load balancer's hosts: AWS's published
+/// quotas for a Network Load Balancer (targets per Availability Zone, and
+/// per load balancer).
+pub const DEFAULT_LB_HOSTS_PER_ZONE: u32 = 500;
+pub const DEFAULT_LB_HOSTS_PER_LOAD_BALANCER: u32 = 3000;
 
 impl Default for SimConfig {
     fn default() -> Self {
@@ -68,6 +78,8 @@ impl Default for SimConfig {
             lb_pool: vec!["203.0.113.0/24".parse().expect("valid")],
             internal_lb_pool: vec!["10.255.0.0/24".parse().expect("valid")],
             node_network: "10.240.0.0/16".parse().expect("valid"),
+            lb_hosts_per_zone: DEFAULT_LB_HOSTS_PER_ZONE,
+            lb_hosts_per_load_balancer: DEFAULT_LB_HOSTS_PER_LOAD_BALANCER,
         }
     }
 }

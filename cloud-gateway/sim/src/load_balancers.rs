@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ccm_provider::{
-    CloudError, Host, Ingress, IpFamily, LoadBalancer, LoadBalancerSpec, LoadBalancerStatus,
-    LoadBalancers, Operation, Protocol, Result, ServiceRef, load_balancer_names,
+    CloudError, Host, HostLimits, Ingress, IpFamily, LoadBalancer, LoadBalancerSpec,
+    LoadBalancerStatus, LoadBalancers, Operation, Protocol, Result, ServiceRef,
+    load_balancer_names,
 };
 use ipnet::IpNet;
 
@@ -273,6 +274,18 @@ impl LoadBalancers for SimCloud {
         state.store.put_load_balancer(&record, &[])?;
         state.load_balancers.insert(key, record);
         Ok(())
+    }
+
+    async fn host_limits(&self) -> Result<Vec<HostLimits>> {
+        let _call = self.enter(Operation::LoadBalancerLimits).await?;
+        Ok(vec![HostLimits {
+            kind: "sim".into(),
+            per_load_balancer: self.config.lb_hosts_per_load_balancer,
+            per_zone: self.config.lb_hosts_per_zone,
+            source: "the gateway's --sim-lb-hosts-per-zone and --sim-lb-hosts-per-load-balancer"
+                .into(),
+            ..Default::default()
+        }])
     }
 
     async fn delete(&self, cluster: &str, service: &ServiceRef) -> Result<()> {

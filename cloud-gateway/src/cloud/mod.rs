@@ -41,6 +41,8 @@ pub struct Cloud {
     budget: Arc<Budget>,
     metrics: Metrics,
     calls: calls::CallLog,
+    /// The provider's limits on load balancer hosts, once asked.
+    host_limits: tokio::sync::OnceCell<Vec<ccm_provider::HostLimits>>,
 }
 
 impl Cloud {
@@ -51,6 +53,7 @@ impl Cloud {
             budget,
             metrics,
             calls: calls::CallLog::default(),
+            host_limits: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -144,6 +147,28 @@ impl Cloud {
             cloud: self,
             capability: capability.ok_or(CloudError::NotImplemented(name))?,
         })
+    }
+
+    /// The cloud's limits on load balancer hosts: asked of the provider
+    /// once, at low priority through the budget, and kept (a failed ask is
+    /// not kept). None without load balancers.
+    pub async fn host_limits(&self) -> Result<Vec<ccm_provider::HostLimits>> {
+        let Some(lbs) = self.provider.load_balancers() else {
+            return Ok(Vec::new());
+        };
+        self.host_limits
+            .get_or_try_init(|| async {
+                let admitted = self.admit(Priority::Low).await?;
+                self.run(
+                    admitted,
+                    Operation::LoadBalancerLimits,
+                    None,
+                    lbs.host_limits(),
+                )
+                .await
+            })
+            .await
+            .cloned()
     }
 
     /// The provider's readiness check (credentials valid, API reachable),

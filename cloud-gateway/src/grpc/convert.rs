@@ -166,8 +166,22 @@ pub fn hosts(hosts: Vec<wire::Host>) -> Vec<Host> {
             provider_id: h.provider_id,
             addresses: addresses(h.addresses),
             labels: h.labels,
+            zone: h.zone,
         })
         .collect()
+}
+
+/// A provider's host limits for the wire.
+pub fn host_limits_to_wire(limits: ccm_provider::HostLimits) -> wire::HostLimits {
+    wire::HostLimits {
+        kind: limits.kind,
+        annotation: limits.annotation,
+        values: limits.values,
+        per_load_balancer: limits.per_load_balancer,
+        per_zone: limits.per_zone,
+        cross_zone_annotation: limits.cross_zone_annotation,
+        source: limits.source,
+    }
 }
 
 /// A load balancer status for the wire.

@@ -20,7 +20,7 @@ use crate::cloud::load_balancer_reads::LoadBalancerReads;
 use crate::cloud::{Audit, Cloud};
 use crate::identity::Caller;
 use ccm_proto::v1 as wire;
-use ccm_provider::{CloudError, Host, LoadBalancerSpec, Operation, load_balancer_name};
+use ccm_provider::{CloudError, Host, HostLimits, LoadBalancerSpec, Operation, load_balancer_name};
 
 /// The LoadBalancers service.
 pub struct LoadBalancersService {
@@ -48,6 +48,22 @@ fn checked(
     v.hosts(&hosts);
     v.finish()?;
     Ok((convert::spec(spec), convert::hosts(hosts)))
+}
+
+/// Refuses hosts past the cloud's limits for the Service's kind of load
+/// balancer, naming the quota, before any cloud write.
+async fn within_limits(
+    cloud: &Cloud,
+    spec: &LoadBalancerSpec,
+    hosts: &[Host],
+) -> Result<(), CloudError> {
+    let limits = cloud.host_limits().await?;
+    let Some(limits) = HostLimits::of_service(&limits, &spec.annotations) else {
+        return Ok(());
+    };
+    limits
+        .check(&spec.annotations, hosts.iter().map(|h| h.zone.as_str()))
+        .map_err(|problem| CloudError::InvalidArgument(vec![("hosts".to_owned(), problem)]))
 }
 
 fn resource(uid: &str) -> String {
@@ -101,6 +117,7 @@ impl LoadBalancers for LoadBalancersService {
                 let caller = Caller::name_of(&request);
                 let req = request.into_inner();
                 let (spec, hosts) = checked(&req.cluster_name, req.spec, req.hosts)?;
+                within_limits(&self.cloud, &spec, &hosts).await?;
                 let resource = resource(&spec.service.uid);
                 let status = self
                     .cloud
@@ -140,6 +157,7 @@ impl LoadBalancers for LoadBalancersService {
             let caller = Caller::name_of(&request);
             let req = request.into_inner();
             let (spec, hosts) = checked(&req.cluster_name, req.spec, req.hosts)?;
+            within_limits(&self.cloud, &spec, &hosts).await?;
             let resource = resource(&spec.service.uid);
             self.cloud
                 .load_balancers()?

@@ -6,6 +6,7 @@ use ccm_proto::v1::provider_server::Provider;
 use ccm_proto::v1::{GetProviderInfoRequest, GetProviderInfoResponse};
 use tonic::{Request, Response, Status};
 
+use super::convert;
 use super::status::answer;
 
 use crate::cloud::Cloud;
@@ -30,6 +31,7 @@ impl Provider for ProviderService {
     ) -> Result<Response<GetProviderInfoResponse>, Status> {
         answer(async move {
             let offers = self.cloud.offers();
+            let host_limits = self.cloud.host_limits().await?;
             Ok(Response::new(GetProviderInfoResponse {
                 name: self.cloud.name().to_owned(),
                 instances: offers.instances,
@@ -41,6 +43,10 @@ impl Provider for ProviderService {
                     .host_label_annotations
                     .iter()
                     .map(|a| (*a).to_owned())
+                    .collect(),
+                host_limits: host_limits
+                    .into_iter()
+                    .map(convert::host_limits_to_wire)
                     .collect(),
             }))
         })

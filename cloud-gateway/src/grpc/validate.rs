@@ -405,6 +405,10 @@ impl Violations {
                     ),
                 );
             }
+            // A label value: the zone label's.
+            if host.zone.len() > 63 {
+                self.add(format!("hosts[{i}].zone"), "at most 63 bytes".to_owned());
+            }
         }
     }
 
@@ -621,6 +625,7 @@ mod tests {
                     )
                 })
                 .collect(),
+            zone: "z".repeat(63),
         };
         let mut v = Violations::default();
         v.spec(Some(&spec));

@@ -1,7 +1,11 @@
 //! The forms a value an operator writes takes, shared by every setting of
 //! every binary (through `ccm-runtime`) and every provider's annotations
 //! (through `ccm-provider`): durations with a unit, and how an error quotes
-//! a value. The lowest floor: it depends on nothing.
+//! a value; and the cloud's limits on a load balancer's hosts
+//! ([`host_limits`]), which the service controller and every provider read
+//! alike. The lowest floor: it depends on nothing.
+
+pub mod host_limits;
 
 /// How much of a value an error message quotes.
 const QUOTED: usize = 40;

@@ -358,10 +358,25 @@ pub fn why_service(f: &ServiceFacts) -> Verdict {
         );
     }
     if !f.ingress.is_empty() && !f.deleting {
+        let hosts = f
+            .queue
+            .as_ref()
+            .ok()
+            .map(|q| &q["hosts"])
+            .filter(|h| h["used"].is_u64())
+            .map(|h| {
+                format!(
+                    "; it uses {} of {} eligible nodes ({})",
+                    h["used"],
+                    h["eligible"],
+                    h["why"].as_str().unwrap_or_default()
+                )
+            })
+            .unwrap_or_default();
         return verdict(
             "ready",
             format!(
-                "ready: the load balancer answers at {}",
+                "ready: the load balancer answers at {}{hosts}",
                 f.ingress.join(", ")
             ),
             false,
@@ -526,6 +541,18 @@ mod tests {
                 |f| f.ingress = vec!["203.0.113.10".into()],
                 "ready",
                 "203.0.113.10",
+            ),
+            (
+                "healthy, with its subset",
+                |f| {
+                    f.ingress = vec!["203.0.113.10".into()];
+                    f.queue = Ok(json!({"known": true, "hosts": {
+                        "used": 75, "eligible": 3000,
+                        "why": "a subset of 25 per zone, within the cloud's quota of 500 per zone"
+                    }}));
+                },
+                "ready",
+                "it uses 75 of 3000 eligible nodes (a subset of 25 per zone",
             ),
             (
                 "cluster ip",

@@ -722,6 +722,43 @@ struct ProxyState {
     /// Auto Scaling groups whose zones have no capacity: each one's
     /// desired capacity as last set (none yet), and when.
     no_capacity: BTreeMap<String, Option<(String, String)>>,
+    /// The account's load balancer limits a test set, by quota name, over
+    /// AWS's published defaults ([`FaultProxy::set_account_limit`]).
+    account_limits: BTreeMap<String, u32>,
+}
+
+/// AWS's published defaults of the load balancer quotas the gateway reads,
+/// by API version: moto answers ELBv2's with numbers of its own and lacks
+/// the Classic ELB API's, so the proxy answers both as AWS would.
+const ACCOUNT_LIMITS: &[(&str, &str, u32)] = &[
+    ("2015-12-01", "network-load-balancers", 50),
+    ("2015-12-01", "targets-per-network-load-balancer", 3000),
+    (
+        "2015-12-01",
+        "targets-per-availability-zone-per-network-load-balancer",
+        500,
+    ),
+    ("2015-12-01", "targets-per-target-group", 1000),
+    ("2015-12-01", "target-groups", 3000),
+    ("2012-06-01", "classic-load-balancers", 20),
+    ("2012-06-01", "classic-listeners", 100),
+    ("2012-06-01", "classic-registered-instances", 1000),
+];
+
+/// `DescribeAccountLimits`' answer for the load balancer API `version`.
+fn account_limits_answer(version: &str, set: &BTreeMap<String, u32>) -> Response {
+    let members: String = ACCOUNT_LIMITS
+        .iter()
+        .filter(|(v, ..)| *v == version)
+        .map(|(_, name, max)| {
+            let max = set.get(*name).unwrap_or(max);
+            format!("<member><Name>{name}</Name><Max>{max}</Max></member>")
+        })
+        .collect();
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeAccountLimitsResponse xmlns=\"http://elasticloadbalancing.amazonaws.com/doc/{version}/\"><DescribeAccountLimitsResult><Limits>{members}</Limits></DescribeAccountLimitsResult><ResponseMetadata><RequestId>test-proxy</RequestId></ResponseMetadata></DescribeAccountLimitsResponse>"
+    );
+    (StatusCode::OK, [("content-type", "text/xml")], body).into_response()
 }
 
 /// The value of the form parameter `name` in `body`.
@@ -797,8 +834,9 @@ const MAX_BODIES: usize = 1000;
 const MAX_RECORDED: usize = 100_000;
 
 /// An HTTP proxy in front of moto that can answer with AWS errors, and
-/// answers the one action the gateway sends that moto lacks
-/// (`DescribeInstanceTopology`) as AWS would, and the Auto Scaling
+/// answers the actions the gateway sends that moto lacks or answers
+/// otherwise than AWS (`DescribeInstanceTopology`, both load balancer
+/// APIs' `DescribeAccountLimits`) as AWS would, and the Auto Scaling
 /// groups a test runs out of capacity ([`FaultProxy::no_capacity_for`]).
 #[derive(Clone)]
 pub struct FaultProxy {
@@ -876,6 +914,12 @@ async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) ->
     if action == "DescribeInstanceTopology" {
         let state = f.state.lock().unwrap_or_else(|e| e.into_inner());
         return topology_answer(&String::from_utf8_lossy(&bytes), &state.topologies);
+    }
+    if action == "elasticloadbalancing:DescribeAccountLimits" {
+        let state = f.state.lock().unwrap_or_else(|e| e.into_inner());
+        let text = String::from_utf8_lossy(&bytes);
+        let version = param(&text, "Version").unwrap_or("2015-12-01");
+        return account_limits_answer(version, &state.account_limits);
     }
     let held = {
         let mut state = f.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -989,6 +1033,17 @@ impl FaultProxy {
             .unwrap_or_else(|e| e.into_inner())
             .no_capacity
             .insert(group.to_owned(), None);
+    }
+
+    /// Makes the account's load balancer quota `name` (as
+    /// `DescribeAccountLimits` names it, e.g.
+    /// `targets-per-availability-zone-per-network-load-balancer`) `max`.
+    pub fn set_account_limit(&self, name: &str, max: u32) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .account_limits
+            .insert(name.to_owned(), max);
     }
 
     /// Clears every fault.

@@ -50,6 +50,7 @@ mod listeners;
 mod nlb;
 mod placement;
 pub(crate) mod preflight;
+mod quotas;
 mod security_groups;
 mod slots;
 mod target_groups;
@@ -182,6 +183,10 @@ impl LoadBalancers for AwsCloud {
 
     fn host_label_annotations(&self) -> &'static [&'static str] {
         &[annotations::TARGET_NODE_LABELS]
+    }
+
+    async fn host_limits(&self) -> Result<Vec<ccm_provider::HostLimits>> {
+        self.read_host_limits().await
     }
 
     async fn list(&self, cluster: &str) -> Result<Vec<LoadBalancer>> {

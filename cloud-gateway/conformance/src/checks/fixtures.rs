@@ -76,5 +76,6 @@ pub(crate) async fn host(target: &Target, name: &str) -> Result<Host, String> {
         provider_id: instance.provider_id,
         addresses: instance.addresses,
         labels: Default::default(),
+        zone: instance.zone,
     })
 }

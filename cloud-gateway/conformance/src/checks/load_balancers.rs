@@ -353,3 +353,67 @@ async fn lb_hosts(client: &GatewayClient, uid: &str) -> Result<Vec<String>, Stri
         .flat_map(|(_, _, hosts)| hosts)
         .collect())
 }
+
+/// The provider's host limits are well formed, and an ensure past the
+/// limits of the kind a Service without annotations gets is refused as
+/// INVALID_ARGUMENT naming `hosts`, making nothing.
+pub(crate) async fn host_limits(cx: &Context) -> Result<Outcome, String> {
+    use ccm_runtime::host_limits::HostLimits;
+    let Some(info) = &cx.info else {
+        return fail("no provider info");
+    };
+    let limits = ccm_runtime::gateway::host_limits(info);
+    if limits.is_empty() {
+        return Ok(Outcome::Skip("the provider states no host limits".into()));
+    }
+    let problems = HostLimits::problems(&limits);
+    if !problems.is_empty() {
+        return fail(format!("host_limits: {}", problems.join("; ")));
+    }
+    let Some(default) = HostLimits::of_service(&limits, &Default::default()) else {
+        return Ok(Outcome::Skip(
+            "every kind is chosen by an annotation; none to try without one".into(),
+        ));
+    };
+    // Past the load balancer's limit with hosts of no zone, else past the
+    // zone's with hosts of one zone.
+    let (count, zone) = match (default.per_load_balancer, default.per_zone) {
+        (0, 0) => return Ok(Outcome::Skip("the default kind has no limit".into())),
+        (0, per_zone) => (per_zone as usize + 1, "conformance-zone"),
+        (most, _) => (most as usize + 1, ""),
+    };
+    if count > 10_000 {
+        return Ok(Outcome::Skip(format!(
+            "{count} hosts are past the contract's 10,000 per request"
+        )));
+    }
+    let hosts: Vec<Host> = (0..count)
+        .map(|i| Host {
+            name: format!("conformance-host-{i}"),
+            zone: zone.into(),
+            ..Default::default()
+        })
+        .collect();
+    let c = cx.client("service")?;
+    let uid = new_uid();
+    let answer = c.ensure_load_balancer(spec(&uid), hosts).await;
+    let made = lb_count(&c, &uid).await?;
+    if made > 0 {
+        let _ = c.delete_load_balancer(service(&uid)).await;
+    }
+    match answer {
+        Err(Error::InvalidArgument { violations, .. })
+            if violations.iter().any(|v| v.field == "hosts") && made == 0 =>
+        {
+            Ok(Outcome::Pass)
+        }
+        Err(Error::InvalidArgument { .. }) if made == 0 => {
+            fail("INVALID_ARGUMENT, but not naming the field hosts")
+        }
+        _ if made > 0 => fail("the refused ensure made a load balancer"),
+        other => fail(format!(
+            "{count} hosts past the {} limits: expected INVALID_ARGUMENT naming hosts, got {other:?}",
+            default.kind
+        )),
+    }
+}

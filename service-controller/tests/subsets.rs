@@ -1,0 +1,282 @@
+//! Each load balancer's nodes: a stable subset per zone, within the
+//! cloud's quota (the sim's, set small), spread over the nodes, moved only
+//! where a node joins or leaves the subset, with excluded and draining
+//! nodes off; per-Service annotations, and invalid ones refused.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use ccm_runtime::names;
+use ccm_testkit::env::{TestController, TestEnv, eventually};
+use clap::Parser;
+use cloud_gateway::identity::Role;
+use k8s_openapi::api::core::v1::{Node, Service};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube_test_apiserver::fixtures::{load_balancer, node};
+use serde_json::json;
+use service_controller::args::{Args, Settings};
+use tokio_util::sync::CancellationToken;
+
+const ZONES: [&str; 3] = ["sim-zone-a", "sim-zone-b", "sim-zone-c"];
+
+async fn start(env: &TestEnv) -> TestController {
+    let mut flags = vec!["service-controller".to_owned()];
+    flags.extend(env.controller_flags(Role::Service));
+    flags.extend(["--node-sync-debounce", "200ms"].map(String::from));
+    let settings = Settings::from_args(&Args::try_parse_from(flags).unwrap()).unwrap();
+    let stop = CancellationToken::new();
+    let running = service_controller::start(settings, stop.clone())
+        .await
+        .unwrap();
+    TestController::new(running, stop)
+}
+
+fn zone_of(node: &str) -> &str {
+    ZONES
+        .iter()
+        .find(|z| node.starts_with(*z))
+        .expect("a zone's node")
+}
+
+async fn add_node(nodes: &Api<Node>, name: &str) {
+    let zone = zone_of(name);
+    nodes
+        .create(
+            &PostParams::default(),
+            &node(name).ready().label(names::LABEL_ZONE, zone).build(),
+        )
+        .await
+        .unwrap();
+}
+
+/// Each Service's load balancer hosts, by Service name.
+async fn hosts(env: &TestEnv) -> BTreeMap<String, BTreeSet<String>> {
+    env.gateway_client(Role::Service)
+        .list_load_balancers()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|lb| {
+            (
+                lb.service.unwrap_or_default().name,
+                lb.hosts.into_iter().collect(),
+            )
+        })
+        .collect()
+}
+
+fn per_zone(hosts: &BTreeSet<String>) -> BTreeMap<&str, usize> {
+    let mut out = BTreeMap::new();
+    for h in hosts {
+        *out.entry(zone_of(h)).or_default() += 1;
+    }
+    out
+}
+
+/// Waits until the host sets stop changing (two reads a pass apart agree).
+async fn settled(env: &TestEnv) -> BTreeMap<String, BTreeSet<String>> {
+    let mut last = hosts(env).await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let now = hosts(env).await;
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// The Services whose hosts differ between `a` and `b`.
+fn changed(
+    a: &BTreeMap<String, BTreeSet<String>>,
+    b: &BTreeMap<String, BTreeSet<String>>,
+) -> Vec<String> {
+    a.keys()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .cloned()
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_load_balancer_holds_a_stable_subset_within_the_quota() {
+    let env = TestEnv::start_with(|s| s.sim.lb_hosts_per_zone = 3).await;
+    let client = env.client().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for zone in ZONES {
+        for i in 0..6 {
+            add_node(&nodes, &format!("{zone}-{i}")).await;
+        }
+    }
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let _c = start(&env).await;
+    let count = 16;
+    for i in 0..count {
+        services
+            .create(
+                &PostParams::default(),
+                &load_balancer("default", &format!("web-{i}")).build(),
+            )
+            .await
+            .unwrap();
+    }
+
+    // The controller's subset (25 per zone) is past the sim's quota of 3
+    // per zone: each takes 3 of each zone's 6.
+    eventually("every load balancer has 3 nodes of each zone", || async {
+        let hosts = hosts(&env).await;
+        (hosts.len() == count
+            && hosts
+                .values()
+                .all(|h| per_zone(h).values().copied().eq([3, 3, 3])))
+        .then_some(())
+    })
+    .await;
+    let before = settled(&env).await;
+    let used: BTreeSet<&String> = before.values().flatten().collect();
+    assert!(used.len() > 12, "16 Services use only {used:?}");
+
+    // A node joining changes only the Services whose subset it enters.
+    add_node(&nodes, "sim-zone-a-new").await;
+    eventually("the new node serves some Service", || async {
+        let now = hosts(&env).await;
+        now.values()
+            .any(|h| h.contains("sim-zone-a-new"))
+            .then_some(())
+    })
+    .await;
+    let after = settled(&env).await;
+    for name in changed(&before, &after) {
+        let (old, new) = (&before[&name], &after[&name]);
+        assert!(new.contains("sim-zone-a-new"), "{name}: {old:?} -> {new:?}");
+        assert_eq!(old.difference(new).count(), 1, "{name}: {old:?} -> {new:?}");
+        assert_eq!(per_zone(new)["sim-zone-a"], 3);
+    }
+    assert!(
+        changed(&before, &after).len() < count,
+        "every Service moved"
+    );
+
+    // A node leaving the load balancers (the exclusion label) changes
+    // only the Services that held it.
+    let leaving = after
+        .values()
+        .flatten()
+        .find(|n| n.starts_with("sim-zone-b"))
+        .unwrap()
+        .clone();
+    nodes
+        .patch(
+            &leaving,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {names::LABEL_EXCLUDE_FROM_LB: ""}}})),
+        )
+        .await
+        .unwrap();
+    eventually("the excluded node serves no Service", || async {
+        let now = hosts(&env).await;
+        now.values().all(|h| !h.contains(&leaving)).then_some(())
+    })
+    .await;
+    let excluded = settled(&env).await;
+    for name in changed(&after, &excluded) {
+        assert!(
+            after[&name].contains(&leaving),
+            "{name} did not hold {leaving}"
+        );
+        assert_eq!(per_zone(&excluded[&name])["sim-zone-b"], 3);
+    }
+
+    // A cordoned node is moved off while its zone has others.
+    let draining = excluded
+        .values()
+        .flatten()
+        .find(|n| n.starts_with("sim-zone-c"))
+        .unwrap()
+        .clone();
+    nodes
+        .patch(
+            &draining,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    eventually("the draining node serves no Service", || async {
+        let now = hosts(&env).await;
+        (now.values().all(|h| !h.contains(&draining))
+            && now
+                .values()
+                .all(|h| per_zone(h).get("sim-zone-c") == Some(&3)))
+        .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn annotations_set_the_subset_or_ask_for_every_node_and_bad_ones_are_refused() {
+    let env = TestEnv::start_with(|s| s.sim.lb_hosts_per_zone = 4).await;
+    let client = env.client().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for zone in ZONES {
+        for i in 0..5 {
+            add_node(&nodes, &format!("{zone}-{i}")).await;
+        }
+    }
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let _c = start(&env).await;
+    let annotated = [
+        ("one", names::ANNOTATION_LB_SUBSET_SIZE, "1"),
+        ("every", names::ANNOTATION_LB_BACKENDS, "all"),
+        ("bad", names::ANNOTATION_LB_SUBSET_SIZE, "zero"),
+    ];
+    for (name, key, value) in annotated {
+        services
+            .create(
+                &PostParams::default(),
+                &load_balancer("default", name)
+                    .annotation(key, value)
+                    .build(),
+            )
+            .await
+            .unwrap();
+    }
+    eventually(
+        "one node per zone, and every node up to the quota",
+        || async {
+            let hosts = hosts(&env).await;
+            let one = per_zone(hosts.get("one")?)
+                .into_values()
+                .collect::<Vec<_>>();
+            let every = per_zone(hosts.get("every")?)
+                .into_values()
+                .collect::<Vec<_>>();
+            (one == [1, 1, 1] && every == [4, 4, 4]).then_some(())
+        },
+    )
+    .await;
+    let refused = eventually("the bad annotation is refused", || async {
+        let svc = services.get("bad").await.ok()?;
+        let condition = svc
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == names::CONDITION_LB_SYNCED)?;
+        (condition.reason == names::REASON_INVALID_CONFIGURATION).then_some(condition.message)
+    })
+    .await;
+    assert!(
+        refused.contains(names::ANNOTATION_LB_SUBSET_SIZE) && refused.contains("\"zero\""),
+        "{refused}"
+    );
+    let warned = env.events("SyncLoadBalancerFailed").await;
+    assert!(
+        warned
+            .iter()
+            .any(|e| e.note.as_deref().is_some_and(|n| n.contains("zero"))),
+        "{warned:?}"
+    );
+    assert!(
+        !hosts(&env).await.contains_key("bad"),
+        "no load balancer for it"
+    );
+}
