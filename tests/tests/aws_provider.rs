@@ -28,11 +28,17 @@ struct Env {
 
 /// moto with one cluster seeded, and the gateway on it through the proxy.
 async fn env(instances: usize, args: &[&str]) -> Env {
+    env_with(instances, args, |_| {}).await
+}
+
+/// [`env`], with `before` setting up the proxy before the gateway starts.
+async fn env_with(instances: usize, args: &[&str], before: impl FnOnce(&FaultProxy)) -> Env {
     let dir = tempfile::tempdir().unwrap();
     let moto = Moto::start(&dir.path().join("moto")).await.unwrap();
     let ec2 = moto.ec2();
     let seeded = aws::seed(&ec2, CLUSTER, instances).await.unwrap();
     let proxy = FaultProxy::start(&moto.endpoint).await.unwrap();
+    before(&proxy);
     let secret = aws::secret_access_key();
     let mut all: Vec<String> = [
         "--provider",
@@ -1833,6 +1839,127 @@ async fn annotations_local_traffic_and_source_ranges_shape_an_internal_nlb() {
         "{violations:?}"
     );
     assert!(writes(&env.proxy.take_actions()).is_empty());
+}
+
+#[tokio::test]
+async fn the_accounts_own_target_quotas_bind_every_load_balancer_before_any_write() {
+    let env = env_with(3, &[], |proxy| {
+        proxy.set_account_limit("targets-per-availability-zone-per-network-load-balancer", 1);
+        proxy.set_account_limit("classic-registered-instances", 2);
+    })
+    .await;
+    let info = timed(env.gateway.client("service", CLUSTER).provider_info())
+        .await
+        .unwrap();
+    let kind = |name: &str| {
+        info.host_limits
+            .iter()
+            .find(|l| l.kind == name)
+            .unwrap_or_else(|| panic!("{:?}", info.host_limits))
+    };
+    let nlb_limits = kind("nlb");
+    assert_eq!((nlb_limits.per_zone, nlb_limits.per_load_balancer), (1, 1000));
+    assert_eq!(
+        nlb_limits.annotation,
+        "service.beta.kubernetes.io/aws-load-balancer-type"
+    );
+    assert!(
+        nlb_limits.source
+            .contains("targets-per-availability-zone-per-network-load-balancer 1, the account's"),
+        "{}",
+        nlb_limits.source
+    );
+    assert_eq!(kind("classic").per_load_balancer, 2);
+
+    let client = env.gateway.client("service", CLUSTER);
+    let in_zones: Vec<Host> = env
+        .seeded
+        .instances
+        .iter()
+        .map(|i| Host {
+            name: i.name.clone(),
+            provider_id: i.provider_id(),
+            zone: i.zone.clone(),
+            ..Default::default()
+        })
+        .collect();
+    let zone = &env.seeded.instances[0].zone;
+    let same_zone: Vec<Host> = in_zones
+        .iter()
+        .filter(|h| &h.zone == zone)
+        .cloned()
+        .collect();
+    assert!(same_zone.len() >= 2, "seeded zones: {in_zones:?}");
+    env.proxy.take_actions();
+    let nlb_spec = lb_spec(
+        "76767676",
+        vec![port("web", Protocol::Tcp, 80, 30080)],
+        &[("type", "nlb")],
+    );
+    let err = timed(client.ensure_load_balancer(nlb_spec.clone(), same_zone.clone()))
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{err:?}").contains(&format!(
+            "hosts in zone {zone} exceed the nlb quota of 1 hosts per zone"
+        )),
+        "{err:?}"
+    );
+    let classic = lb_spec(
+        "78787878",
+        vec![port("web", Protocol::Tcp, 80, 30080)],
+        &[("type", "classic")],
+    );
+    let err = timed(client.ensure_load_balancer(classic, in_zones.clone()))
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{err:?}")
+            .contains("3 hosts exceed the classic quota of 2 hosts per load balancer"),
+        "{err:?}"
+    );
+    let actions = env.proxy.take_actions();
+    assert!(
+        actions.is_empty(),
+        "refused ensures reached the cloud: {actions:?}"
+    );
+
+    // An account whose quota AWS enforces below what it says: the cloud's
+    // TooManyTargets is a quota error, nothing is taken for gone, and the
+    // next ensure finishes the load balancer.
+    env.proxy.fail(
+        Some("elasticloadbalancing:RegisterTargets"),
+        Fault::TooManyTargets,
+        1,
+    );
+    let one = vec![same_zone[0].clone()];
+    let err = timed(async {
+        loop {
+            match client
+                .ensure_load_balancer(nlb_spec.clone(), one.clone())
+                .await
+            {
+                Err(Error::RetryAfter { reason, .. }) if reason == reason::PROVISIONING => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                other => break other.unwrap_err(),
+            }
+        }
+    })
+    .await;
+    assert!(
+        matches!(&err, Error::Other { code, message }
+            if *code == tonic::Code::ResourceExhausted && message.contains("TooManyTargets")),
+        "{err:?}"
+    );
+    ensure_ready(&client, &nlb_spec, &one).await;
+    let elb = aws::elb_client(&env.proxy.endpoint);
+    let made = nlb(&elb, "76767676").await.expect("the NLB");
+    let groups = target_groups(&elb, &made).await;
+    assert_eq!(
+        targets(&elb, &groups[0]).await,
+        [(env.seeded.instances[0].id.clone(), 30080)]
+    );
 }
 
 #[tokio::test]

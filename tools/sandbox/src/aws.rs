@@ -688,6 +688,9 @@ pub enum Fault {
     /// 400 `DependencyViolation`: e.g. a security group still in use,
     /// which moto never answers.
     DependencyViolation,
+    /// 400 `TooManyTargets`, the load balancer APIs' answer to targets past
+    /// the account's quota (moto has no quotas).
+    TooManyTargets,
 }
 
 impl Fault {
@@ -698,6 +701,16 @@ impl Fault {
             Fault::AuthFailure => (StatusCode::UNAUTHORIZED, "AuthFailure"),
             Fault::ServerError => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
             Fault::DependencyViolation => (StatusCode::BAD_REQUEST, "DependencyViolation"),
+            Fault::TooManyTargets => {
+                // The load balancer APIs' own error form.
+                let body = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ErrorResponse xmlns=\"http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/\"><Error><Type>Sender</Type><Code>TooManyTargets</Code><Message>You've reached the limit on the number of targets (injected by the test proxy)</Message></Error><RequestId>test-proxy</RequestId></ErrorResponse>";
+                return (
+                    StatusCode::BAD_REQUEST,
+                    [("content-type", "text/xml")],
+                    body,
+                )
+                    .into_response();
+            }
         };
         let body = format!(
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>injected by the test proxy</Message></Error></Errors><RequestID>test-proxy</RequestID></Response>"
