@@ -8,7 +8,7 @@
 //! limits: per zone, and in all (then zone by zone, best-ranked first, so
 //! the zones stay even).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BinaryHeap};
 
 use ccm_runtime::host_limits::Allowed;
 use ccm_runtime::names;
@@ -81,6 +81,30 @@ fn score(seed: u64, node: &NodeView) -> Score {
     (node.draining, z ^ (z >> 31))
 }
 
+/// A node in a Service's ranking, ordered by its score (then its name, so
+/// the order is total).
+struct Ranked<'a>(Score, &'a NodeView);
+
+impl Ord for Ranked<'_> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.0, &self.1.name).cmp(&(other.0, &other.1.name))
+    }
+}
+
+impl PartialOrd for Ranked<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Ranked<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Ranked<'_> {}
+
 /// The nodes of `eligible` that back a Service ranked by `seed`, with
 /// `selection` and within `allowed`, sorted by name.
 pub fn choose<'a>(
@@ -107,23 +131,21 @@ pub fn choose<'a>(
             (a, b) => a.or(b).map(|n| n as usize),
         }
     };
-    let mut zones: BTreeMap<&str, Vec<(Score, &NodeView)>> = BTreeMap::new();
+    // Each zone's best `cap`, kept as they come: a Service's pass over
+    // 100,000 nodes holds only its subset, never a copy of them all.
+    let mut zones: BTreeMap<&str, BinaryHeap<Ranked<'_>>> = BTreeMap::new();
     for node in eligible {
-        zones
-            .entry(&node.zone)
-            .or_default()
-            .push((score(seed, node), node));
-    }
-    let mut ranked: Vec<Vec<&NodeView>> = Vec::with_capacity(zones.len());
-    for (zone, mut nodes) in zones {
-        let cap = zone_cap(zone).unwrap_or(nodes.len()).min(nodes.len());
-        if cap < nodes.len() {
-            nodes.select_nth_unstable_by_key(cap, |(s, _)| *s);
-            nodes.truncate(cap);
+        let best = zones.entry(&node.zone).or_default();
+        best.push(Ranked(score(seed, node), node));
+        if zone_cap(&node.zone).is_some_and(|cap| best.len() > cap) {
+            // The worst goes.
+            best.pop();
         }
-        nodes.sort_unstable_by_key(|(s, _)| *s);
-        ranked.push(nodes.into_iter().map(|(_, n)| n).collect());
     }
+    let ranked: Vec<Vec<&NodeView>> = zones
+        .into_values()
+        .map(|best| best.into_sorted_vec().into_iter().map(|r| r.1).collect())
+        .collect();
     let total: usize = ranked.iter().map(Vec::len).sum();
     let mut out: Vec<&NodeView> = match allowed.total.map(|n| n as usize) {
         Some(most) if total > most => {

@@ -1858,13 +1858,17 @@ async fn the_accounts_own_target_quotas_bind_every_load_balancer_before_any_writ
             .unwrap_or_else(|| panic!("{:?}", info.host_limits))
     };
     let nlb_limits = kind("nlb");
-    assert_eq!((nlb_limits.per_zone, nlb_limits.per_load_balancer), (1, 1000));
+    assert_eq!(
+        (nlb_limits.per_zone, nlb_limits.per_load_balancer),
+        (1, 1000)
+    );
     assert_eq!(
         nlb_limits.annotation,
         "service.beta.kubernetes.io/aws-load-balancer-type"
     );
     assert!(
-        nlb_limits.source
+        nlb_limits
+            .source
             .contains("targets-per-availability-zone-per-network-load-balancer 1, the account's"),
         "{}",
         nlb_limits.source
