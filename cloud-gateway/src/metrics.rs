@@ -134,10 +134,13 @@ impl Metrics {
             .next()
             .unwrap_or_default();
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
-        if !served.contains_key(service) && served.len() >= MAX_SERVICES {
-            return;
-        }
-        let entry = served.entry(service.to_owned()).or_default();
+        // The service's name is copied only the first time it is seen.
+        let full = served.len() >= MAX_SERVICES;
+        let entry = match served.get_mut(service) {
+            Some(entry) => entry,
+            None if full => return,
+            None => served.entry(service.to_owned()).or_default(),
+        };
         if ok {
             entry.ok += 1;
         } else {
