@@ -49,11 +49,18 @@ async fn ask(client: &GatewayClient) -> anyhow::Result<ccm_proto::v1::GetProvide
     loop {
         match client.provider_info().await {
             Ok(info) => return Ok(info),
-            Err(
-                e @ (ccm_proto::Error::Unauthenticated { .. }
-                | ccm_proto::Error::PermissionDenied { .. }),
-            ) => {
+            // The gateway refused the token itself. A cloud that refused
+            // the gateway's own credentials (CLOUD_PERMISSION_DENIED, e.g.
+            // reading the cloud's limits) is waited for like any outage.
+            Err(e @ ccm_proto::Error::Unauthenticated { .. }) => {
                 anyhow::bail!("the gateway refused this controller's token: {e}");
+            }
+            Err(ccm_proto::Error::PermissionDenied { reason, message })
+                if reason != ccm_proto::reason::CLOUD_PERMISSION_DENIED =>
+            {
+                anyhow::bail!(
+                    "the gateway refused this controller's token: permission denied: {message}"
+                );
             }
             Err(e) => {
                 tracing::warn!(error = %e, "waiting for the cloud gateway");

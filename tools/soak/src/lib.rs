@@ -286,18 +286,22 @@ pub async fn run(options: Options) -> anyhow::Result<Outcome> {
         for name in sandbox.processes() {
             let _ = sandbox.signal(&name, "CONT");
             if let Ok(Some(status)) = sandbox.exited(&name) {
-                crashed.push(format!("{name} ({status})"));
+                // Its log's last lines say why, before a restart adds more.
+                let tail = sandbox.log_tail(&name, 15);
+                crashed.push(format!(
+                    "{name} ({status}) exited by itself; its log ends:\n{tail}"
+                ));
                 sandbox.restart(&name)?;
             }
         }
     }
-    for name in &crashed {
+    for what in crashed {
         violations
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push(Violation {
                 at: started.elapsed(),
-                what: format!("{name} exited by itself"),
+                what,
             });
     }
     let cleared = Instant::now();
