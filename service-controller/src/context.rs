@@ -93,12 +93,27 @@ impl Hosts {
 }
 
 /// The nodes that may back load balancers (those that
-/// [`plan::backs_load_balancers`]), sorted by name, and all of them as one
-/// shared host list.
+/// [`plan::backs_load_balancers`]), sorted by name, and, once a load
+/// balancer takes them all, all of them as one shared host list (with
+/// subsets, few ever do).
 #[derive(Clone, Debug, Default)]
 pub struct Shared {
     pub nodes: Arc<Vec<Arc<NodeView>>>,
-    pub all: Hosts,
+    all: Arc<std::sync::OnceLock<Hosts>>,
+}
+
+impl Shared {
+    /// Every node, as one host list built at most once.
+    fn all(&self) -> Hosts {
+        self.all
+            .get_or_init(|| {
+                Hosts::of(plan::hosts(
+                    self.nodes.iter().map(|n| n.as_ref()),
+                    &Default::default(),
+                ))
+            })
+            .clone()
+    }
 }
 
 /// What an ensure made of one load balancer.
@@ -176,11 +191,8 @@ impl Context {
             self.nodes.state().into_iter().filter(|n| n.backs).collect();
         nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         let shared = Shared {
-            all: Hosts::of(plan::hosts(
-                nodes.iter().map(|n| n.as_ref()),
-                &Default::default(),
-            )),
             nodes: Arc::new(nodes),
+            all: Arc::default(),
         };
         *cached = Some((generation, shared.clone()));
         shared
@@ -224,7 +236,7 @@ impl Context {
             .filter(|n| n.selected_by(&selector));
         let chosen = subsets::choose(eligible, subsets::seed(svc), selection, allowed);
         if keys.is_empty() && chosen.len() == shared.nodes.len() {
-            return Ok(shared.all.clone());
+            return Ok(shared.all());
         }
         Ok(Hosts::of(plan::hosts(chosen, &keys)))
     }
@@ -234,13 +246,9 @@ impl Context {
         let Some(limits) = self.host_limits.get() else {
             return Allowed::default();
         };
-        let annotations: HashMap<String, String> = svc
-            .annotations()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        HostLimits::of_service(limits, &annotations)
-            .map(|l| l.allowed(&annotations))
+        let annotations = svc.annotations();
+        HostLimits::of_service(limits, annotations)
+            .map(|l| l.allowed(annotations))
             .unwrap_or_default()
     }
 

@@ -120,9 +120,12 @@ impl SimCloud {
     }
 
     fn members(state: &State, group: &NodeGroupRecord) -> Result<Vec<InstanceRecord>> {
-        Ok(Self::members_by_group(state)?
-            .remove(&group.id)
-            .unwrap_or_default())
+        Ok(state
+            .store
+            .instances()?
+            .into_iter()
+            .filter(|i| i.group.as_deref() == Some(&group.id))
+            .collect())
     }
 
     /// Every group's instances, from one read of the instances, so that

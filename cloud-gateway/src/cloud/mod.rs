@@ -152,9 +152,9 @@ impl Cloud {
     /// The cloud's limits on load balancer hosts: asked of the provider
     /// once, at low priority through the budget, and kept (a failed ask is
     /// not kept). None without load balancers.
-    pub async fn host_limits(&self) -> Result<Vec<ccm_provider::HostLimits>> {
+    pub async fn host_limits(&self) -> Result<&[ccm_provider::HostLimits]> {
         let Some(lbs) = self.provider.load_balancers() else {
-            return Ok(Vec::new());
+            return Ok(&[]);
         };
         self.host_limits
             .get_or_try_init(|| async {
@@ -168,7 +168,7 @@ impl Cloud {
                 .await
             })
             .await
-            .cloned()
+            .map(Vec::as_slice)
     }
 
     /// The provider's readiness check (credentials valid, API reachable),

@@ -58,7 +58,7 @@ async fn within_limits(
     hosts: &[Host],
 ) -> Result<(), CloudError> {
     let limits = cloud.host_limits().await?;
-    let Some(limits) = HostLimits::of_service(&limits, &spec.annotations) else {
+    let Some(limits) = HostLimits::of_service(limits, &spec.annotations) else {
         return Ok(());
     };
     limits

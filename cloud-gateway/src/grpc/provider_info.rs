@@ -45,7 +45,8 @@ impl Provider for ProviderService {
                     .map(|a| (*a).to_owned())
                     .collect(),
                 host_limits: host_limits
-                    .into_iter()
+                    .iter()
+                    .cloned()
                     .map(convert::host_limits_to_wire)
                     .collect(),
             }))

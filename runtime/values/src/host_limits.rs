@@ -5,6 +5,26 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+/// A Service's annotations, however they are kept: the provider API's
+/// spec holds a `HashMap`, a Kubernetes Service a `BTreeMap`. Read in
+/// place, never copied.
+pub trait Annotations {
+    /// The value of annotation `key`.
+    fn annotation(&self, key: &str) -> Option<&str>;
+}
+
+impl Annotations for HashMap<String, String> {
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
+impl Annotations for BTreeMap<String, String> {
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
 /// The limits of one kind of load balancer. A limit of 0 is none.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HostLimits {
@@ -45,13 +65,13 @@ impl HostLimits {
     /// annotation.
     pub fn of_service<'a>(
         limits: &'a [HostLimits],
-        annotations: &HashMap<String, String>,
+        annotations: &impl Annotations,
     ) -> Option<&'a HostLimits> {
         limits
             .iter()
             .find(|l| {
                 !l.annotation.is_empty()
-                    && annotations.get(&l.annotation).is_some_and(|v| {
+                    && annotations.annotation(&l.annotation).is_some_and(|v| {
                         l.values
                             .iter()
                             .any(|want| want.eq_ignore_ascii_case(v.trim()))
@@ -61,15 +81,15 @@ impl HostLimits {
     }
 
     /// Whether the Service's annotations turn cross-zone load balancing on.
-    pub fn cross_zone(&self, annotations: &HashMap<String, String>) -> bool {
+    pub fn cross_zone(&self, annotations: &impl Annotations) -> bool {
         !self.cross_zone_annotation.is_empty()
             && annotations
-                .get(&self.cross_zone_annotation)
+                .annotation(&self.cross_zone_annotation)
                 .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
     }
 
     /// What these limits allow a Service with `annotations`.
-    pub fn allowed(&self, annotations: &HashMap<String, String>) -> Allowed {
+    pub fn allowed(&self, annotations: &impl Annotations) -> Allowed {
         let per_zone = limit(self.per_zone);
         let total = limit(self.per_load_balancer);
         if self.cross_zone(annotations) {
@@ -91,7 +111,7 @@ impl HostLimits {
     /// past, named, as an error.
     pub fn check<'a>(
         &self,
-        annotations: &HashMap<String, String>,
+        annotations: &impl Annotations,
         zones: impl IntoIterator<Item = &'a str>,
     ) -> Result<(), String> {
         let allowed = self.allowed(annotations);

@@ -108,69 +108,69 @@ fn refused(err: CloudError) -> Result<Answer> {
     }
 }
 
-fn parse(
-    limits: impl IntoIterator<Item = (Option<String>, Option<String>)>,
+fn parse<'a>(
+    limits: impl IntoIterator<Item = (Option<&'a str>, Option<&'a str>)>,
 ) -> HashMap<String, u32> {
     limits
         .into_iter()
-        .filter_map(|(name, max)| Some((name?, max?.trim().parse().ok()?)))
+        .filter_map(|(name, max)| Some((name?.to_owned(), max?.trim().parse().ok()?)))
         .collect()
 }
 
 impl AwsCloud {
     /// Both APIs' account limits, every page.
     pub(super) async fn read_host_limits(&self) -> Result<Vec<HostLimits>> {
-        let mut v2 = HashMap::new();
-        let mut marker = None;
-        let v2 = loop {
-            match self
+        let v2 = every_page(|marker| async move {
+            let page = self
                 .elb
                 .describe_account_limits()
-                .set_marker(marker.take())
+                .set_marker(marker)
                 .send()
                 .await
-            {
-                Ok(page) => {
-                    v2.extend(parse(page.limits().iter().map(|l| {
-                        (l.name().map(str::to_owned), l.max().map(str::to_owned))
-                    })));
-                    match page.next_marker() {
-                        Some(next) if !next.is_empty() => marker = Some(next.to_owned()),
-                        _ => break Ok(v2),
-                    }
-                }
-                Err(e) => break refused(errors::cloud_error("DescribeAccountLimits", e))?,
-            }
-        };
-        let mut classic = HashMap::new();
-        let mut marker = None;
-        let classic = loop {
-            match self
+                .map_err(|e| errors::cloud_error("DescribeAccountLimits", e))?;
+            let limits = page.limits().iter().map(|l| (l.name(), l.max()));
+            Ok((parse(limits), page.next_marker().map(str::to_owned)))
+        })
+        .await?;
+        let classic = every_page(|marker| async move {
+            let page = self
                 .classic
                 .describe_account_limits()
-                .set_marker(marker.take())
+                .set_marker(marker)
                 .send()
                 .await
-            {
-                Ok(page) => {
-                    classic.extend(parse(
-                        page.limits()
-                            .iter()
-                            .map(|l| (l.name().map(str::to_owned), l.max().map(str::to_owned))),
-                    ));
-                    match page.next_marker() {
-                        Some(next) if !next.is_empty() => marker = Some(next.to_owned()),
-                        _ => break Ok(classic),
-                    }
-                }
-                Err(e) => break refused(errors::cloud_error("DescribeAccountLimits", e))?,
-            }
-        };
+                .map_err(|e| errors::cloud_error("DescribeAccountLimits", e))?;
+            let limits = page.limits().iter().map(|l| (l.name(), l.max()));
+            Ok((parse(limits), page.next_marker().map(str::to_owned)))
+        })
+        .await?;
         Ok(host_limits(
             self.settings.default_load_balancer_type,
             &v2,
             &classic,
         ))
+    }
+}
+
+/// Every page of one API's `DescribeAccountLimits`, each read by `page`
+/// from its marker: the limits, or why there are none ([`refused`]).
+async fn every_page<F>(mut page: impl FnMut(Option<String>) -> F) -> Result<Answer>
+where
+    F: std::future::Future<Output = Result<(HashMap<String, u32>, Option<String>)>>,
+{
+    let mut limits = HashMap::new();
+    let mut marker = None;
+    loop {
+        match page(marker.take()).await {
+            Ok((some, next)) => {
+                limits.extend(some);
+                match next {
+                    Some(next) if !next.is_empty() => marker = Some(next),
+                    _ => return Ok(Ok(limits)),
+                }
+            }
+            Err(e) => return refused(e),
+        }
     }
 }
 

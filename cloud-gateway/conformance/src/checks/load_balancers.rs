@@ -370,7 +370,7 @@ pub(crate) async fn host_limits(cx: &Context) -> Result<Outcome, String> {
     if !problems.is_empty() {
         return fail(format!("host_limits: {}", problems.join("; ")));
     }
-    let Some(default) = HostLimits::of_service(&limits, &Default::default()) else {
+    let Some(default) = HostLimits::of_service(&limits, &std::collections::HashMap::new()) else {
         return Ok(Outcome::Skip(
             "every kind is chosen by an annotation; none to try without one".into(),
         ));
