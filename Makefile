@@ -1,7 +1,7 @@
 # The two commands the README promises. Cargo's target directory may be
 # shared between clones through CARGO_TARGET_DIR.
 
-.PHONY: run test proto-compat proto-baseline chart-baseline previous-release bench bench-large bench-autoscaler bench-xl soak
+.PHONY: run test proto-compat proto-baseline chart-baseline previous-release bench bench-large bench-autoscaler bench-targets bench-xl soak
 
 # The whole system on loopback on the simulated cloud (see README).
 run:
@@ -62,6 +62,12 @@ bench-large:
 bench-autoscaler:
 	cargo build --release --bins
 	cargo run --release --bin bench -- --out BENCHMARKS.md --section autoscaler --only 10 --autoscaler-nodes 1000,10000
+
+# Scenario 11 (issue #46) at 1,000, 10,000 and 100,000 nodes, as
+# BENCHMARKS.md's `targets` section.
+bench-targets:
+	cargo build --release --bin bench
+	cargo run --release --bin bench -- --out BENCHMARKS.md --section targets --only 11
 
 # Round three's sizes (issue #30), as BENCHMARKS.md's `xl` section: 10,000
 # nodes joining; the steady state, memory and a leader's takeover at 1,000,

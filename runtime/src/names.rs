@@ -49,8 +49,9 @@ pub const FINALIZER_LB_CLEANUP: &str = "service.kubernetes.io/load-balancer-clea
 pub const ANNOTATION_LB_APPLIED: &str = "cloudgateway.io/load-balancer-applied";
 
 /// Annotation on a Service: which eligible nodes back its load balancer,
-/// `subset` (the default: a stable subset per zone) or `all` (every one,
-/// as upstream, up to the cloud's quota).
+/// `subset` (the default: a stable subset per zone, or with
+/// `externalTrafficPolicy: Local` the nodes that serve its endpoints) or
+/// `all` (every one, as upstream, up to the cloud's quota).
 pub const ANNOTATION_LB_BACKENDS: &str = "cloudgateway.io/load-balancer-backends";
 /// Annotation on a Service: how many nodes per zone its subset holds, in
 /// place of the service controller's `--load-balancer-subset-size`.

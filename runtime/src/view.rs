@@ -260,8 +260,20 @@ where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
     K::DynamicType: Default,
 {
+    watch_with(api, watcher::Config::default())
+}
+
+/// [`watch`] of the `K` that `config` selects (a label selector).
+pub fn watch_with<K>(
+    api: kube::Api<K>,
+    config: watcher::Config,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+{
     use kube::runtime::WatchStreamExt;
-    watcher(api, watcher::Config::default()).backoff(crate::watch::watch_backoff())
+    watcher(api, config).backoff(crate::watch::watch_backoff())
 }
 
 /// Strings many views share (label keys and values, zones, reasons), kept

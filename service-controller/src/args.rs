@@ -39,6 +39,9 @@ pub struct Args {
     /// How many nodes per zone back each load balancer (a stable subset of its own per Service); 0 for every eligible node, as upstream. Always within the cloud's quotas.
     #[arg(long, default_value = "25")]
     pub load_balancer_subset_size: String,
+    /// How long a node whose last endpoint of a Service with externalTrafficPolicy: Local stopped serving still backs its load balancer, so that a rolling update of the pods does not move targets back and forth.
+    #[arg(long, default_value = "60s")]
+    pub local_endpoints_grace_period: String,
 }
 
 /// The checked settings.
@@ -53,6 +56,8 @@ pub struct Settings {
     pub orphan_grace: Duration,
     /// Nodes per zone in each Service's subset; 0 for all.
     pub subset_size: u32,
+    /// How long a node that stopped serving a Local Service still backs it.
+    pub local_grace: Duration,
 }
 
 fn boolean(s: &str) -> Result<bool, &'static str> {
@@ -113,6 +118,11 @@ impl Settings {
             &args.load_balancer_subset_size,
             number_within(0u32, crate::subsets::MAX_SUBSET_SIZE),
         );
+        let local_grace = p.parse(
+            "local-endpoints-grace-period",
+            &args.local_endpoints_grace_period,
+            duration_within(Duration::ZERO, Duration::from_secs(3600)),
+        );
         p.finish(|| Settings {
             common: common.expect("checked"),
             workers: workers.expect("checked"),
@@ -125,6 +135,7 @@ impl Settings {
             delete_orphans: delete_orphans.expect("checked"),
             orphan_grace: orphan_grace.expect("checked"),
             subset_size: subset_size.expect("checked"),
+            local_grace: local_grace.expect("checked"),
         })
     }
 }

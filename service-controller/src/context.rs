@@ -1,6 +1,6 @@
 //! What every part of the service controller shares.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::runtime::events::Recorder;
 
 use crate::args::Settings;
+use crate::endpoints::{Serving, SliceView};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::plan::{self, NodeView, ServiceView};
@@ -30,6 +31,15 @@ pub struct Context {
     pub services: Views<ServiceView>,
     /// What the controller keeps of each Node.
     pub nodes: Views<NodeView>,
+    /// What the controller keeps of each EndpointSlice.
+    pub slices: Views<SliceView>,
+    /// The nodes serving each Service, from the slices.
+    pub serving: Mutex<Serving>,
+    /// Services whose serving nodes changed since the last host pass.
+    pub serving_changed: Mutex<HashSet<Key>>,
+    /// Whether the next host pass looks at every load balancer (a node
+    /// changed), not only those of `serving_changed`.
+    pub hosts_pass_full: std::sync::atomic::AtomicBool,
     /// One more at every change of a node's view.
     pub nodes_generation: AtomicU64,
     /// The nodes that may back load balancers, built once per
@@ -114,6 +124,17 @@ impl Shared {
             })
             .clone()
     }
+}
+
+/// How a load balancer's hosts were chosen.
+#[derive(Clone, Copy, Debug)]
+enum Chosen {
+    /// By the Service's selection.
+    Selection(subsets::Selection),
+    /// The eligible nodes among those serving a Local Service.
+    Local { serving: usize },
+    /// A Local Service's subset: none of the nodes serving it is eligible.
+    NoneServingEligible,
 }
 
 /// What an ensure made of one load balancer.
@@ -222,23 +243,74 @@ impl Context {
 
     /// The backing hosts of `svc`'s load balancer, of `shared` (from
     /// [`Context::hosts`]): those its host-selecting annotations select,
-    /// then its subset ([`subsets`]) within the cloud's limits for its
-    /// kind of load balancer. An invalid subset annotation is the problem.
+    /// then its subset ([`subsets`]), or with Local traffic those that
+    /// serve its endpoints ([`crate::endpoints`]), within the cloud's
+    /// limits for its kind of load balancer. An invalid subset annotation
+    /// is the problem.
     pub fn hosts_for(&self, svc: &Service, shared: &Shared) -> Result<Hosts, String> {
+        Ok(self.choose_hosts(svc, shared)?.0)
+    }
+
+    /// [`Self::hosts_for`], and how they were chosen.
+    fn choose_hosts(&self, svc: &Service, shared: &Shared) -> Result<(Hosts, Chosen), String> {
         let selection = subsets::selection(svc, self.settings.subset_size)?;
         let selector = self.host_selector(svc);
         let keys = self.host_label_keys(svc);
         let allowed = self.allowed(svc);
-        let eligible = shared
-            .nodes
-            .iter()
-            .map(|n| n.as_ref())
-            .filter(|n| n.selected_by(&selector));
-        let chosen = subsets::choose(eligible, subsets::seed(svc), selection, allowed);
+        let eligible = || {
+            shared
+                .nodes
+                .iter()
+                .map(|n| n.as_ref())
+                .filter(|n| n.selected_by(&selector))
+        };
+        // Local traffic: the eligible nodes that serve it, all of them
+        // within the limits. None of them eligible, or no endpoint serving
+        // yet: its subset, never no target at all.
+        let local = plan::is_local(svc) && matches!(selection, subsets::Selection::Subset(_));
+        let serving = local.then(|| self.serving.lock().unwrap_or_else(|e| e.into_inner()));
+        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+        let nodes = serving.as_ref().and_then(|serving| {
+            serving.nodes(&key, self.settings.local_grace, std::time::Instant::now())
+        });
+        let (chosen, on_serving) = subsets::choose_serving(
+            eligible,
+            subsets::seed(svc),
+            selection,
+            allowed,
+            nodes.as_ref(),
+        );
+        let how = match &nodes {
+            Some(nodes) if on_serving => Chosen::Local {
+                serving: nodes.len(),
+            },
+            Some(_) => Chosen::NoneServingEligible,
+            None => Chosen::Selection(selection),
+        };
+        drop(serving);
         if keys.is_empty() && chosen.len() == shared.nodes.len() {
-            return Ok(shared.all());
+            return Ok((shared.all(), how));
         }
-        Ok(Hosts::of(plan::hosts(chosen, &keys)))
+        Ok((Hosts::of(plan::hosts(chosen, &keys)), how))
+    }
+
+    /// Notes that the nodes serving `key` changed: the next host pass
+    /// looks at it.
+    pub fn note_serving_change(&self, key: Key) {
+        self.serving_changed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key);
+    }
+
+    /// Takes the Services whose serving nodes changed since the last call.
+    pub fn take_serving_changes(&self) -> HashSet<Key> {
+        std::mem::take(
+            &mut *self
+                .serving_changed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        )
     }
 
     /// What the cloud's limits allow `svc`'s kind of load balancer.
@@ -396,8 +468,8 @@ impl Context {
     /// and why that many, for `kubectl ccm why`.
     pub fn explain_hosts(&self, svc: &Service) -> serde_json::Value {
         let shared = self.hosts();
-        let used = match self.hosts_for(svc, &shared) {
-            Ok(hosts) => hosts.list.len(),
+        let (used, how) = match self.choose_hosts(svc, &shared) {
+            Ok((hosts, how)) => (hosts.list.len(), how),
             Err(problem) => return serde_json::json!({"why": problem}),
         };
         let selector = self.host_selector(svc);
@@ -406,10 +478,22 @@ impl Context {
             .iter()
             .filter(|n| n.selected_by(&selector))
             .count();
-        let mut why = match subsets::selection(svc, self.settings.subset_size) {
-            Ok(subsets::Selection::Subset(n)) => format!("a subset of {n} per zone"),
-            Ok(subsets::Selection::All) => "every eligible node".to_owned(),
-            Err(problem) => problem,
+        let mut why = match how {
+            Chosen::Local { serving } => format!(
+                "externalTrafficPolicy Local: the eligible nodes of the {serving} that serve its endpoints (or did within {:?})",
+                self.settings.local_grace
+            ),
+            Chosen::NoneServingEligible => {
+                "externalTrafficPolicy Local, but no eligible node serves its endpoints: a subset"
+                    .to_owned()
+            }
+            Chosen::Selection(subsets::Selection::Subset(n)) if plan::is_local(svc) => {
+                format!(
+                    "externalTrafficPolicy Local with no endpoint serving yet: a subset of {n} per zone"
+                )
+            }
+            Chosen::Selection(subsets::Selection::Subset(n)) => format!("a subset of {n} per zone"),
+            Chosen::Selection(subsets::Selection::All) => "every eligible node".to_owned(),
         };
         if !selector.is_empty() {
             why.push_str(", of the nodes its label annotation selects");

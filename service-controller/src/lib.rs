@@ -9,6 +9,7 @@
 
 pub mod args;
 pub mod context;
+pub mod endpoints;
 pub mod error;
 pub mod metrics;
 pub mod plan;
@@ -62,6 +63,10 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         client: client.clone(),
         services: Views::default(),
         nodes: Views::default(),
+        slices: Views::default(),
+        serving: Mutex::default(),
+        serving_changed: Mutex::default(),
+        hosts_pass_full: Default::default(),
         nodes_generation: Default::default(),
         shared_hosts: Mutex::new(None),
         gateway: base.gateway.clone(),
@@ -102,11 +107,12 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
 
     // Services: a sync when what matters changed, or cleanup is due.
     let synced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    // Readiness needs both caches; each stream's first sync counts once.
+    // Readiness needs every cache (Services, Nodes, EndpointSlices); each
+    // stream's first sync counts once.
     let synced_once = {
         let (synced, readiness) = (synced.clone(), readiness.clone());
         move || {
-            if synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            if synced.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 2 {
                 readiness.set(true);
             }
         }
@@ -164,7 +170,8 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         )
     });
 
-    follow_nodes(&ctx, nodes_changed.clone(), synced_once, &shutdown);
+    follow_nodes(&ctx, nodes_changed.clone(), synced_once.clone(), &shutdown);
+    follow_slices(&ctx, nodes_changed.clone(), synced_once, &shutdown);
     let task = tokio::spawn(run(ctx, nodes_changed, shutdown));
     Ok(base.running(task))
 }
@@ -209,7 +216,11 @@ async fn run(
                 .wait_until_ready()
                 .await
                 .context("service cache")?;
-            ctx.nodes.wait_until_ready().await.context("node cache")
+            ctx.nodes.wait_until_ready().await.context("node cache")?;
+            ctx.slices
+                .wait_until_ready()
+                .await
+                .context("endpoint slice cache")
         }
     };
     lead(&ctx.leadership, &ctx.queue, caches, &shutdown, |work| {
@@ -236,7 +247,13 @@ async fn run(
                     if !ctx.leadership.is_leader() {
                         return;
                     }
-                    reconcile::sync_hosts(&ctx).await;
+                    // Node changes concern every load balancer; serving
+                    // endpoints only their own Service's.
+                    let full = ctx
+                        .hosts_pass_full
+                        .swap(false, std::sync::atomic::Ordering::SeqCst);
+                    let serving = ctx.take_serving_changes();
+                    reconcile::sync_hosts(&ctx, (!full).then_some(serving)).await;
                 }
             }
         });
@@ -293,13 +310,85 @@ fn follow_nodes(
             view::Seen::Changed { .. } | view::Seen::Deleted(_) => {
                 ctx.note_node_view_change();
                 ctx.note_node_change();
+                ctx.hosts_pass_full
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
                 nodes_changed.notify_one()
             }
             view::Seen::Synced => {
                 if let Some(mark) = synced.take() {
                     mark();
                 }
+                ctx.hosts_pass_full
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
                 nodes_changed.notify_one();
+            }
+            view::Seen::Unchanged(_) => {}
+        },
+    ));
+}
+
+/// Follows every EndpointSlice of a Service into the nodes serving it
+/// ([`endpoints`]): a change of a Local Service's serving nodes wakes the
+/// host pass for that Service alone, and a node that stopped serving wakes
+/// it again once its grace period is out.
+fn follow_slices(
+    ctx: &Arc<Context>,
+    hosts_due: Arc<Notify>,
+    synced_once: impl FnOnce() + Send + 'static,
+    shutdown: &CancellationToken,
+) {
+    let config = kube::runtime::watcher::Config::default().labels(endpoints::LABEL_SERVICE_NAME);
+    let api = Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::all(ctx.client.clone());
+    let stream = view::watch_with(api, config);
+    let strings = ccm_runtime::view::Interner::default();
+    let ctx = ctx.clone();
+    let mut synced = Some(synced_once);
+    let slices = ctx.slices.clone();
+    let on_change = move |slice: &endpoints::SliceView, nodes: Option<&[Arc<str>]>| {
+        let now = std::time::Instant::now();
+        let change = ctx.serving.lock().unwrap_or_else(|e| e.into_inner()).apply(
+            &slice.service,
+            &slice.name,
+            nodes,
+            now,
+        );
+        if change.changed {
+            ctx.note_serving_change(slice.service.clone());
+            hosts_due.notify_one();
+        }
+        if change.left {
+            let (ctx, hosts_due, key) = (ctx.clone(), hosts_due.clone(), slice.service.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(ctx.settings.local_grace).await;
+                let grace = ctx.settings.local_grace;
+                ctx.serving
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .expire(grace, std::time::Instant::now());
+                ctx.note_serving_change(key);
+                hosts_due.notify_one();
+            });
+        }
+    };
+    tokio::spawn(view::follow(
+        "endpoint slice",
+        stream,
+        slices,
+        shutdown.clone(),
+        move |slice| endpoints::SliceView::of(slice, &strings),
+        move |seen| match seen {
+            view::Seen::Changed { view, before } => {
+                // Relabelled to another Service: gone from the first.
+                if let Some(before) = before.filter(|b| b.service != view.service) {
+                    on_change(before, None);
+                }
+                on_change(view, Some(&view.nodes))
+            }
+            view::Seen::Deleted(view) => on_change(view, None),
+            view::Seen::Synced => {
+                if let Some(mark) = synced.take() {
+                    mark();
+                }
             }
             view::Seen::Unchanged(_) => {}
         },

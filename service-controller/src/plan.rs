@@ -33,6 +33,15 @@ fn is_type_lb(svc: &Service) -> bool {
     spec(svc).and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
 }
 
+/// Whether `svc` keeps its traffic on the node it arrives at
+/// (`externalTrafficPolicy: Local`).
+pub fn is_local(svc: &Service) -> bool {
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.external_traffic_policy.as_deref())
+        == Some("Local")
+}
+
 /// Whether `svc` should have a load balancer from us.
 pub fn wants_load_balancer(svc: &Service, classes: &ClassPolicy) -> bool {
     is_type_lb(svc)

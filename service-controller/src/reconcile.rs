@@ -502,21 +502,23 @@ async fn record_success(
 }
 
 /// One host pass: every load balancer whose host set changed gets one
-/// update. A failed update falls back to a full ensure of that Service.
+/// update (of `only` those Services, when only their serving endpoints
+/// changed). A failed update falls back to a full ensure of that Service.
 #[tracing::instrument(skip_all)]
-pub async fn sync_hosts(ctx: &Context) {
+pub async fn sync_hosts(ctx: &Context, only: Option<HashSet<Key>>) {
     // Changes seen from here on wait for the next pass.
     let changed_at = ctx.take_node_change();
-    let services: Vec<_> = ctx
-        .services
-        .state()
-        .into_iter()
-        .filter(|view| {
-            view.service().is_some_and(|s| {
-                plan::wants_load_balancer(s, &ctx.settings.classes) && !plan::needs_cleanup(s)
-            })
+    let services: Vec<_> = match &only {
+        None => ctx.services.state(),
+        Some(keys) => keys.iter().filter_map(|k| ctx.service(k)).collect(),
+    }
+    .into_iter()
+    .filter(|view| {
+        view.service().is_some_and(|s| {
+            plan::wants_load_balancer(s, &ctx.settings.classes) && !plan::needs_cleanup(s)
         })
-        .collect();
+    })
+    .collect();
     // Without a load balancer there is no host list to build.
     let shared = if services.is_empty() {
         Shared::default()

@@ -8,7 +8,7 @@
 //! limits: per zone, and in all (then zone by zone, best-ranked first, so
 //! the zones stay even).
 
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use ccm_runtime::host_limits::Allowed;
 use ccm_runtime::names;
@@ -168,6 +168,30 @@ pub fn choose<'a>(
     };
     out.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// The nodes of `eligible` that back a Service ranked by `seed`: with
+/// `serving` (the nodes that serve a Local Service), every eligible one of
+/// them within `allowed`; without, or when none of them is eligible, its
+/// `selection`. `true` with the nodes when they are the serving ones.
+pub fn choose_serving<'a, I>(
+    eligible: impl Fn() -> I,
+    seed: u64,
+    selection: Selection,
+    allowed: Allowed,
+    serving: Option<&BTreeSet<&str>>,
+) -> (Vec<&'a NodeView>, bool)
+where
+    I: Iterator<Item = &'a NodeView>,
+{
+    if let Some(serving) = serving {
+        let on = eligible().filter(|n| serving.contains(n.name.as_str()));
+        let chosen = choose(on, seed, Selection::All, allowed);
+        if !chosen.is_empty() {
+            return (chosen, true);
+        }
+    }
+    (choose(eligible(), seed, selection, allowed), false)
 }
 
 #[cfg(test)]

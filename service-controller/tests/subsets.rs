@@ -1,7 +1,9 @@
 //! Each load balancer's nodes: a stable subset per zone, within the
 //! cloud's quota (the sim's, set small), spread over the nodes, moved only
 //! where a node joins or leaves the subset, with excluded and draining
-//! nodes off; per-Service annotations, and invalid ones refused.
+//! nodes off; per-Service annotations, and invalid ones refused; Local
+//! Services on exactly the nodes that serve their endpoints, a node that
+//! stopped serving kept for the grace period.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -11,8 +13,9 @@ use ccm_testkit::env::{TestController, TestEnv, eventually};
 use clap::Parser;
 use cloud_gateway::identity::Role;
 use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube_test_apiserver::fixtures::{load_balancer, node};
+use kube_test_apiserver::fixtures::{endpoint_slice, load_balancer, node};
 use serde_json::json;
 use service_controller::args::{Args, Settings};
 use tokio_util::sync::CancellationToken;
@@ -20,9 +23,14 @@ use tokio_util::sync::CancellationToken;
 const ZONES: [&str; 3] = ["sim-zone-a", "sim-zone-b", "sim-zone-c"];
 
 async fn start(env: &TestEnv) -> TestController {
+    start_with(env, &[]).await
+}
+
+async fn start_with(env: &TestEnv, extra: &[&str]) -> TestController {
     let mut flags = vec!["service-controller".to_owned()];
     flags.extend(env.controller_flags(Role::Service));
     flags.extend(["--node-sync-debounce", "200ms"].map(String::from));
+    flags.extend(extra.iter().map(|f| f.to_string()));
     let settings = Settings::from_args(&Args::try_parse_from(flags).unwrap()).unwrap();
     let stop = CancellationToken::new();
     let running = service_controller::start(settings, stop.clone())
@@ -279,4 +287,134 @@ async fn annotations_set_the_subset_or_ask_for_every_node_and_bad_ones_are_refus
         !hosts(&env).await.contains_key("bad"),
         "no load balancer for it"
     );
+}
+
+/// Sets `name`'s endpoints (as its one EndpointSlice), creating it the
+/// first time; when the write was done.
+async fn set_endpoints(slices: &Api<EndpointSlice>, name: &str, endpoints: &[(&str, bool)]) {
+    let slice_name = format!("{name}-abcde");
+    let mut slice = endpoint_slice("default", name, &slice_name, endpoints);
+    match slices.get_opt(&slice_name).await.unwrap() {
+        None => drop(slices.create(&PostParams::default(), &slice).await.unwrap()),
+        Some(old) => {
+            slice.metadata.resource_version = old.metadata.resource_version;
+            slices
+                .replace(&slice_name, &PostParams::default(), &slice)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|n| n.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_services_use_exactly_the_nodes_that_serve_them_and_keep_a_leaving_one_for_the_grace()
+{
+    const GRACE: Duration = Duration::from_secs(3);
+    let env = TestEnv::start_with(|s| s.sim.lb_hosts_per_zone = 3).await;
+    let client = env.client().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for zone in ZONES {
+        for i in 0..4 {
+            add_node(&nodes, &format!("{zone}-{i}")).await;
+        }
+    }
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+    // Endpoints before the controller starts: its first ensure uses them.
+    set_endpoints(
+        &slices,
+        "local",
+        &[
+            ("sim-zone-a-0", true),
+            ("sim-zone-b-1", true),
+            ("sim-zone-c-2", false),
+        ],
+    )
+    .await;
+    for (name, local) in [("local", true), ("cluster", false), ("no-pods", true)] {
+        let svc = load_balancer("default", name);
+        let svc = if local { svc.local() } else { svc };
+        services
+            .create(&PostParams::default(), &svc.build())
+            .await
+            .unwrap();
+    }
+    let _c = start_with(&env, &["--local-endpoints-grace-period", "3s"]).await;
+
+    eventually(
+        "the Local Service is on the nodes with a ready endpoint",
+        || async {
+            let hosts = hosts(&env).await;
+            (hosts.get("local")? == &set(&["sim-zone-a-0", "sim-zone-b-1"])).then_some(())
+        },
+    )
+    .await;
+    let before = settled(&env).await;
+    // Without a serving endpoint, a Local Service keeps a subset (its
+    // health checks fail every node, as upstream's would), never nothing.
+    assert_eq!(
+        per_zone(&before["no-pods"])
+            .into_values()
+            .collect::<Vec<_>>(),
+        [3, 3, 3]
+    );
+
+    // A rolling update: the pod on a-0 goes, one starts on c-0. The new
+    // node is added at once; a-0 stays until its grace is out.
+    let moved = std::time::Instant::now();
+    set_endpoints(
+        &slices,
+        "local",
+        &[("sim-zone-b-1", true), ("sim-zone-c-0", true)],
+    )
+    .await;
+    eventually("the new node is added", || async {
+        let hosts = hosts(&env).await;
+        hosts.get("local")?.contains("sim-zone-c-0").then_some(())
+    })
+    .await;
+    assert!(
+        hosts(&env).await["local"].contains("sim-zone-a-0") || moved.elapsed() >= GRACE,
+        "a-0 left before its grace was out"
+    );
+    eventually(
+        "the node that stopped serving leaves after the grace",
+        || async {
+            let hosts = hosts(&env).await;
+            (hosts.get("local")? == &set(&["sim-zone-b-1", "sim-zone-c-0"])).then_some(())
+        },
+    )
+    .await;
+    assert!(moved.elapsed() >= GRACE, "left after {:?}", moved.elapsed());
+    let after = settled(&env).await;
+    assert_eq!(
+        changed(&before, &after),
+        ["local"],
+        "only the Local Service whose endpoints moved changed"
+    );
+
+    // Its endpoints on an excluded node do not make it a target, and a
+    // Service whose only serving node is excluded keeps a subset.
+    nodes
+        .patch(
+            "sim-zone-c-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {names::LABEL_EXCLUDE_FROM_LB: ""}}})),
+        )
+        .await
+        .unwrap();
+    eventually("the excluded node is no target", || async {
+        let hosts = hosts(&env).await;
+        (hosts.get("local")? == &set(&["sim-zone-b-1"])).then_some(())
+    })
+    .await;
+    let excluded = settled(&env).await;
+    set_endpoints(&slices, "no-pods", &[("sim-zone-c-0", true)]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let kept = settled(&env).await;
+    assert_eq!(kept["no-pods"], excluded["no-pods"], "a subset, as before");
 }

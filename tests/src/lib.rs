@@ -29,6 +29,24 @@ pub fn bin_dir() -> PathBuf {
     dir.to_path_buf()
 }
 
+/// Runs the Python `script` with boto3 against moto at `endpoint` (its
+/// `sys.argv[1]`; the sandbox's region is `sys.argv[2]`, `args` follow),
+/// and reads what it printed as JSON: an independent client's view of the
+/// emulated account.
+pub fn boto3(script: &str, endpoint: &str, args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new("python3")
+        .args(["-c", script, endpoint, ccm_sandbox::aws::REGION])
+        .args(args)
+        .output()
+        .expect("run python3 with boto3");
+    assert!(
+        out.status.success(),
+        "boto3: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("boto3's script prints JSON")
+}
+
 /// What `kubectl ccm` answered: its exit code, stdout and stderr.
 #[derive(Debug)]
 pub struct PluginAnswer {

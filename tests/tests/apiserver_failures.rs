@@ -72,7 +72,11 @@ fn none_exited(sandbox: &mut Sandbox) {
     for name in sandbox.processes() {
         if name.contains("-controller-") {
             let exited = sandbox.exited(&name).unwrap();
-            assert!(exited.is_none(), "{name} exited: {exited:?}");
+            assert!(
+                exited.is_none(),
+                "{name} exited: {exited:?}; its log ends:\n{}",
+                sandbox.log_tail(&name, 25)
+            );
         }
     }
 }

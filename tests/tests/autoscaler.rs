@@ -351,16 +351,7 @@ fn group_by_boto3(endpoint: &str, name: &str) -> (i64, Vec<String>) {
             aws_access_key_id='a', aws_secret_access_key='b')\n\
         g = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[sys.argv[3]])['AutoScalingGroups'][0]\n\
         print(json.dumps([g['DesiredCapacity'], sorted(i['InstanceId'] for i in g['Instances'])]))\n";
-    let out = Command::new("python3")
-        .args(["-c", script, endpoint, ccm_sandbox::aws::REGION, name])
-        .output()
-        .expect("run python3 with boto3");
-    assert!(
-        out.status.success(),
-        "boto3: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_value(ccm_testkit::boto3(script, endpoint, &[name])).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

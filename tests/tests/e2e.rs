@@ -75,6 +75,7 @@ mod scenarios {
         LIMIT, finish, start, start_adjusted, start_on, start_with, until,
     };
     use k8s_openapi::api::core::v1::{Node, Service};
+    use kube::ResourceExt;
     use kube::api::{Api, DeleteParams, PostParams};
 
     async fn lbs(handle: &Handle) -> usize {
@@ -290,6 +291,144 @@ mod scenarios {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn with_cloud_faults_during_churn_everything_converges_without_leaks() {
         churn_under_faults(CloudKind::Sim, 100).await;
+    }
+
+    /// Each NLB's instance targets, by its Service (`namespace/name`), as
+    /// boto3 reads them from moto.
+    fn nlb_targets_by_boto3(
+        endpoint: &str,
+    ) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+        let script = r#"
+import boto3, json, sys
+elb = boto3.client('elbv2', endpoint_url=sys.argv[1], region_name=sys.argv[2],
+                   aws_access_key_id='a', aws_secret_access_key='b')
+out = {}
+for lb in elb.describe_load_balancers()['LoadBalancers']:
+    arn = lb['LoadBalancerArn']
+    tags = elb.describe_tags(ResourceArns=[arn])['TagDescriptions'][0]['Tags']
+    svc = next((t['Value'] for t in tags if t['Key'] == 'kubernetes.io/service-name'), '')
+    ids = set()
+    try:
+        groups = elb.describe_target_groups(LoadBalancerArn=arn)['TargetGroups']
+    except elb.exceptions.TargetGroupNotFoundException:
+        groups = []  # moto's answer while the load balancer has none yet
+    for tg in groups:
+        health = elb.describe_target_health(TargetGroupArn=tg['TargetGroupArn'])
+        ids.update(d['Target']['Id'] for d in health['TargetHealthDescriptions'])
+    out[svc] = sorted(ids)
+print(json.dumps(out))
+"#;
+        serde_json::from_value(ccm_testkit::boto3(script, endpoint, &[])).unwrap()
+    }
+
+    /// On AWS through the real binaries, read back with boto3: a Local
+    /// Service's NLB targets exactly the instances of the nodes where its
+    /// endpoints serve, and follows them when they move (after the grace);
+    /// a Cluster Service asking for one node per zone has one per zone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_aws_a_local_nlb_targets_exactly_the_instances_that_serve_it() {
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+        use kube_test_apiserver::fixtures::{endpoint_slice, load_balancer};
+        let extra = std::collections::BTreeMap::from([(
+            "service-controller".to_owned(),
+            vec!["--local-endpoints-grace-period=1s".to_owned()],
+        )]);
+        let (sandbox, kubelets, _dir) = start_with(CloudKind::Aws, 4, 0, extra).await;
+        let h = sandbox.handle();
+        until(&h, "nodes initialised", |p| p.initialised == 4).await;
+        let client = sandbox.client().await.unwrap();
+        let nodes = Api::<Node>::all(client.clone())
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items;
+        let instance = |node: &Node| {
+            let id = node.spec.as_ref().unwrap().provider_id.clone().unwrap();
+            id.rsplit('/').next().unwrap().to_owned()
+        };
+        let zones: std::collections::BTreeSet<String> = nodes
+            .iter()
+            .filter_map(|n| n.labels().get("topology.kubernetes.io/zone").cloned())
+            .collect();
+        let (a, b) = (nodes[0].name_any(), nodes[1].name_any());
+        let moto = sandbox.aws.as_ref().unwrap().moto.endpoint.clone();
+
+        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+        let slice = endpoint_slice("default", "local", "local-x1", &[(&a, true), (&b, false)]);
+        slices.create(&PostParams::default(), &slice).await.unwrap();
+        let services: Api<Service> = Api::namespaced(client.clone(), "default");
+        let nlb = |svc: kube_test_apiserver::fixtures::ServiceBuilder| {
+            svc.annotation("service.beta.kubernetes.io/aws-load-balancer-type", "nlb")
+                .build()
+        };
+        services
+            .create(
+                &PostParams::default(),
+                &nlb(load_balancer("default", "local").local()),
+            )
+            .await
+            .unwrap();
+        services
+            .create(
+                &PostParams::default(),
+                &nlb(load_balancer("default", "one-per-zone")
+                    .annotation("cloudgateway.io/load-balancer-subset-size", "1")),
+            )
+            .await
+            .unwrap();
+
+        let targets = |service: &str| {
+            let moto = moto.clone();
+            let service = service.to_owned();
+            async move {
+                tokio::task::spawn_blocking(move || nlb_targets_by_boto3(&moto))
+                    .await
+                    .unwrap()
+                    .remove(&service)
+                    .unwrap_or_default()
+            }
+        };
+        let only = |node: &Node| std::collections::BTreeSet::from([instance(node)]);
+        until_true(
+            "the Local NLB targets the serving node's instance",
+            async || targets("default/local").await == only(&nodes[0]),
+        )
+        .await;
+        until_true("the other NLB has one instance per zone", async || {
+            targets("default/one-per-zone").await.len() == zones.len()
+        })
+        .await;
+        // kubectl ccm says why.
+        let kubeconfig = sandbox.kubeconfig.clone();
+        let why = tokio::task::spawn_blocking(move || {
+            ccm_testkit::kubectl_ccm(&kubeconfig, &["why", "service/local"])
+        })
+        .await
+        .unwrap();
+        assert!(
+            why.stdout
+                .contains("it uses 1 of 4 eligible nodes (externalTrafficPolicy Local"),
+            "{why:?}"
+        );
+
+        // The endpoint moves to the other node: its instance is added, and
+        // the first one's goes once the grace is out.
+        let mut moved = endpoint_slice("default", "local", "local-x1", &[(&b, true)]);
+        moved.metadata.resource_version = slices
+            .get("local-x1")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version;
+        slices
+            .replace("local-x1", &PostParams::default(), &moved)
+            .await
+            .unwrap();
+        until_true("the Local NLB follows its endpoint", async || {
+            targets("default/local").await == only(&nodes[1])
+        })
+        .await;
+        finish(sandbox, kubelets).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

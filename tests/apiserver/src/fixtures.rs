@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{
     Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec,
     Taint,
 };
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// The taint kubelets register with `--cloud-provider=external`.
@@ -179,8 +180,64 @@ impl ServiceBuilder {
         self
     }
 
+    /// `externalTrafficPolicy: Local`: traffic only to nodes with an
+    /// endpoint of its own.
+    pub fn local(mut self) -> Self {
+        self.0
+            .spec
+            .get_or_insert_with(Default::default)
+            .external_traffic_policy = Some("Local".into());
+        self
+    }
+
     pub fn build(self) -> Service {
         self.0
+    }
+}
+
+/// An EndpointSlice of Service `namespace/service` as the endpoint slice
+/// controller writes it: one IPv4 endpoint per `(node, ready)`, on port
+/// 8080.
+pub fn endpoint_slice(
+    namespace: &str,
+    service: &str,
+    name: &str,
+    endpoints: &[(&str, bool)],
+) -> EndpointSlice {
+    EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([
+                ("kubernetes.io/service-name".into(), service.into()),
+                (
+                    "endpointslice.kubernetes.io/managed-by".into(),
+                    "endpointslice-controller.k8s.io".into(),
+                ),
+            ])),
+            ..Default::default()
+        },
+        address_type: "IPv4".into(),
+        endpoints: endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, (node, ready))| Endpoint {
+                addresses: vec![format!("10.244.{}.{}", i / 250, i % 250 + 2)],
+                conditions: Some(EndpointConditions {
+                    ready: Some(*ready),
+                    serving: Some(*ready),
+                    terminating: Some(false),
+                }),
+                node_name: Some((*node).into()),
+                ..Default::default()
+            })
+            .collect(),
+        ports: Some(vec![EndpointPort {
+            name: Some("http".into()),
+            port: Some(8080),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
     }
 }
 

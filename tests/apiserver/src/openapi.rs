@@ -755,6 +755,9 @@ fn type_description(name: &str, group: &str) -> Option<&'static str> {
         ("Pod", _) => "A group of containers that run together on a node.",
         ("Namespace", _) => "A scope for the names of namespaced objects.",
         ("Endpoints", _) => "The addresses and ports that back a Service.",
+        ("EndpointSlice", _) => {
+            "Some of the endpoints that back a Service, with the node each runs on and whether it is ready."
+        }
         ("Event", "") => {
             "A report of something that happened to an object (core/v1 view; see events.k8s.io for the newer form)."
         }

@@ -181,6 +181,17 @@ pub static RESOURCES: &[Resource] = &[
         false,
         &["ev"],
     ),
+    // What the endpoint slice controller would write: tests write them
+    // as it does, labelled with their Service's name.
+    resource(
+        "discovery.k8s.io",
+        "endpointslices",
+        "endpointslice",
+        "EndpointSlice",
+        true,
+        false,
+        &[],
+    ),
     resource(
         "coordination.k8s.io",
         "leases",

@@ -29,7 +29,7 @@ trait WithType {
 /// kind without one here.
 fn for_kind<F: WithType>(group: &str, kind: &str, f: F) -> Option<F::Out> {
     use k8s_openapi::api::{
-        authentication, authorization, certificates, coordination, core, events,
+        authentication, authorization, certificates, coordination, core, discovery, events,
     };
     use k8s_openapi::kube_aggregator::pkg::apis::apiregistration;
     Some(match (group, kind) {
@@ -43,6 +43,7 @@ fn for_kind<F: WithType>(group: &str, kind: &str, f: F) -> Option<F::Out> {
         ("apiregistration.k8s.io", "APIService") => f.with::<apiregistration::v1::APIService>(),
         ("events.k8s.io", "Event") => f.with::<events::v1::Event>(),
         ("coordination.k8s.io", "Lease") => f.with::<coordination::v1::Lease>(),
+        ("discovery.k8s.io", "EndpointSlice") => f.with::<discovery::v1::EndpointSlice>(),
         ("certificates.k8s.io", "CertificateSigningRequest") => {
             f.with::<certificates::v1::CertificateSigningRequest>()
         }

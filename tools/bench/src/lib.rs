@@ -8,6 +8,7 @@
 //! `bench` prints the table and writes BENCHMARKS.md.
 
 pub mod plot;
+pub mod targets;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -64,6 +65,9 @@ pub struct Sizes {
     /// per 100), and the autoscaler loops measured at each.
     pub autoscaler_nodes: Vec<usize>,
     pub autoscaler_loops: usize,
+    /// Scenario 11: nodes, one run per size, and LoadBalancer Services.
+    pub target_nodes: Vec<usize>,
+    pub target_services: usize,
     /// Longest wait for any one convergence.
     pub limit: Duration,
 }
@@ -94,6 +98,8 @@ impl Sizes {
             // reference profile's 200 listings a loop take minutes each.
             autoscaler_nodes: vec![1000],
             autoscaler_loops: 3,
+            target_nodes: vec![1000, 10_000, 100_000],
+            target_services: 1000,
             limit: Duration::from_secs(600),
         }
     }
@@ -119,6 +125,8 @@ impl Sizes {
             steady_in_clear: false,
             autoscaler_nodes: vec![20],
             autoscaler_loops: 2,
+            target_nodes: vec![60, 300],
+            target_services: 20,
             limit: Duration::from_secs(120),
         }
     }
@@ -432,6 +440,7 @@ impl Harness {
             ("8 node churn on AWS", 8),
             ("9 a new leader takes over", 9),
             ("10 Cluster Autoscaler's loop", 10),
+            ("11 load balancer targets by cluster size", 11),
         ] {
             if !only.is_empty() && !only.contains(&f) {
                 continue;
@@ -443,6 +452,7 @@ impl Harness {
                 5 => self.sizes.memory.len(),
                 9 => self.sizes.takeover.len(),
                 10 => self.sizes.autoscaler_nodes.len(),
+                11 => self.sizes.target_nodes.len(),
                 _ => 1,
             };
             for i in 0..runs {
@@ -461,6 +471,21 @@ impl Harness {
                     7 => self.aws_burst().await,
                     8 => self.aws_churn().await,
                     10 => self.autoscaler_loop(self.sizes.autoscaler_nodes[i]).await,
+                    11 => {
+                        let (n, m) = (self.sizes.target_nodes[i], self.sizes.target_services);
+                        let rows = tokio::task::spawn_blocking(move || {
+                            (targets::rows(n, m), targets::sweep(n, m, &[5, 10, 25, 50, 100]))
+                        })
+                        .await;
+                        rows.map(|(rows, sweep)| {
+                            self.tables.push((
+                                format!("Scenario 11's subset size against its cost, at {n} nodes and {m} Services"),
+                                sweep,
+                            ));
+                            rows
+                        })
+                        .map_err(anyhow::Error::from)
+                    }
                     _ => {
                         let (n, m) = self.sizes.takeover[i];
                         self.takeover(n, m).await
@@ -2576,6 +2601,9 @@ latency, a bare tonic server on the same machine): ours ÷ limit is 1.00× at th
         cloud.budget,
         cloud.budget * 2.0
     );
+    if rows.iter().any(|r| r.scenario.starts_with("11.")) {
+        let _ = writeln!(out, "{}\n", targets::PREAMBLE);
+    }
     let _ = writeln!(
         out,
         "| scenario | metric | ours | upstream profile | ratio | limit | ours ÷ limit | target | met |\n|---|---|---:|---:|---:|---:|---:|---|---|"

@@ -55,6 +55,12 @@ struct Args {
     /// size (default 1000).
     #[arg(long, value_delimiter = ',', value_parser = number_within(2usize, 100_000))]
     autoscaler_nodes: Vec<usize>,
+    /// Scenario 11: nodes, one run per size (default 1000,10000,100000).
+    #[arg(long, value_delimiter = ',', value_parser = number_within(3usize, 1_000_000))]
+    target_nodes: Vec<usize>,
+    /// Scenario 11: LoadBalancer Services, half Local (default 1000).
+    #[arg(long, value_parser = number_within(2usize, 100_000))]
+    target_services: Option<usize>,
     /// Scenario 2: measured window in seconds (default 90).
     #[arg(long, value_parser = number_within(1u64, 3600))]
     steady_window_s: Option<u64>,
@@ -136,6 +142,7 @@ impl Args {
         list(&self.join_nodes, &mut sizes.join_nodes);
         list(&self.steady_nodes, &mut sizes.steady_nodes);
         list(&self.autoscaler_nodes, &mut sizes.autoscaler_nodes);
+        list(&self.target_nodes, &mut sizes.target_nodes);
         if !self.memory.is_empty() {
             sizes.memory = self.memory.clone();
         }
@@ -148,6 +155,7 @@ impl Args {
             }
         };
         one(self.burst_services, &mut sizes.burst_services);
+        one(self.target_services, &mut sizes.target_services);
         one(self.churn_services, &mut sizes.churn_services);
         one(self.churn_nodes, &mut sizes.churn_nodes);
         one(self.latency_samples, &mut sizes.latency_samples);

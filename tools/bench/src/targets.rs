@@ -1,0 +1,360 @@
+//! Scenario 11: load balancer targets by cluster size. The service
+//! controller's own selection code ([`service_controller::subsets`] and
+//! [`service_controller::endpoints`]) runs in this process over a modelled
+//! cluster: nodes spread over three zones, Services of type LoadBalancer
+//! (half `externalTrafficPolicy: Local`, each with its pods on random
+//! nodes), AWS's NLB quotas. What it counts (targets, and the targets that
+//! change when a node joins or leaves or pods move) is what the controller
+//! would ask of the cloud; the time a joining node takes to reach its load
+//! balancers through the real binaries is scenario 4's.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ccm_runtime::host_limits::Allowed;
+use ccm_runtime::names;
+use ccm_runtime::view::Interner;
+use k8s_openapi::api::core::v1::Service;
+use kube_test_apiserver::fixtures::{load_balancer, node};
+use service_controller::endpoints::Serving;
+use service_controller::plan::NodeView;
+use service_controller::subsets::{self, Selection};
+
+use crate::Row;
+
+/// What the report says of scenario 11, which runs no binary.
+pub const PREAMBLE: &str = "Scenario 11 is the exception: it runs the service controller's own \
+selection code (`subsets.rs`, `endpoints.rs`) in the harness's process over a modelled cluster \
+(nodes spread evenly over 3 zones, half the Services Local with 10 pods each on random nodes, \
+AWS's NLB quotas of 500 targets per zone and 3,000 per load balancer) and counts the targets it \
+chooses; its upstream column is every eligible node, as upstream registers them. The time a \
+joining node takes to reach its load balancers through the real binaries is scenario 4's.";
+
+const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
+/// AWS's published NLB quotas (targets per zone, per load balancer).
+const NLB: Allowed = Allowed {
+    per_zone: Some(500),
+    total: Some(3000),
+};
+/// Pods of each Local Service.
+const PODS: usize = 10;
+/// Pods moved by the rolling update measured.
+const MOVED: usize = 100;
+const GRACE: Duration = Duration::from_secs(60);
+
+/// A deterministic stream of numbers (SplitMix64), so every run models the
+/// same cluster.
+struct Random(u64);
+
+impl Random {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    }
+}
+
+struct Model {
+    strings: Interner,
+    nodes: Vec<NodeView>,
+    services: Vec<(Service, bool)>,
+    /// Each Local Service's pods, by the node each runs on.
+    pods: Vec<Vec<Arc<str>>>,
+    serving: Serving,
+    random: Random,
+}
+
+fn key(i: usize) -> (String, String) {
+    ("default".into(), format!("svc-{i}"))
+}
+
+impl Model {
+    fn new(nodes: usize, services: usize) -> Self {
+        let strings = Interner::default();
+        let views = (0..nodes).map(|i| view(&strings, i)).collect();
+        let services = (0..services)
+            .map(|i| {
+                let mut svc = load_balancer("default", &format!("svc-{i}"));
+                let local = i % 2 == 1;
+                if local {
+                    svc = svc.local();
+                }
+                let mut svc = svc.build();
+                svc.metadata.uid = Some(format!("00000000-0000-0000-0000-{i:012}"));
+                (svc, local)
+            })
+            .collect();
+        let mut model = Model {
+            strings,
+            nodes: views,
+            services,
+            pods: Vec::new(),
+            serving: Serving::default(),
+            random: Random(nodes as u64),
+        };
+        let t0 = Instant::now();
+        for i in 0..model.services.len() {
+            let pods = (0..PODS)
+                .map(|_| {
+                    let n = model.random.below(model.nodes.len());
+                    model.strings.intern(&model.nodes[n].name)
+                })
+                .collect();
+            model.pods.push(pods);
+            model.publish(i, t0);
+        }
+        model
+    }
+
+    /// Writes Service `i`'s pods as its one EndpointSlice.
+    fn publish(&mut self, i: usize, now: Instant) {
+        if !self.services[i].1 {
+            return;
+        }
+        let mut nodes = self.pods[i].clone();
+        nodes.sort_unstable();
+        nodes.dedup();
+        self.serving.apply(&key(i), "slice", Some(&nodes), now);
+    }
+
+    /// Every Service's targets, as the controller would choose them now
+    /// with subsets of `subset` per zone.
+    fn targets(&self, now: Instant, subset: usize) -> Vec<BTreeSet<String>> {
+        self.services
+            .iter()
+            .enumerate()
+            .map(|(i, (svc, local))| {
+                let serving = local
+                    .then(|| self.serving.nodes(&key(i), GRACE, now))
+                    .flatten();
+                let (chosen, _) = subsets::choose_serving(
+                    || self.nodes.iter().filter(|n| n.backs),
+                    subsets::seed(svc),
+                    Selection::Subset(subset as u32),
+                    NLB,
+                    serving.as_ref(),
+                );
+                chosen.into_iter().map(|n| n.name.clone()).collect()
+            })
+            .collect()
+    }
+}
+
+/// Nodes joined (or left), each alone, for the mean changes per node.
+const EVENTS: usize = 20;
+
+impl Model {
+    /// The mean target changes from `before` (the targets now) when a new
+    /// node joins, over [`EVENTS`] nodes joining one at a time.
+    fn joins(&mut self, before: &[BTreeSet<String>], now: Instant, subset: usize) -> f64 {
+        let n = self.nodes.len();
+        let total: usize = (0..EVENTS)
+            .map(|j| {
+                self.nodes.push(view(&self.strings, n + j));
+                let after = self.targets(now, subset);
+                self.nodes.pop();
+                changes(before, &after)
+            })
+            .sum();
+        total as f64 / EVENTS as f64
+    }
+
+    /// The mean target changes from `before` when a node of the cluster
+    /// leaves, over [`EVENTS`] nodes spread over it leaving one at a time.
+    fn leaves(&mut self, before: &[BTreeSet<String>], now: Instant, subset: usize) -> f64 {
+        let n = self.nodes.len();
+        let total: usize = (0..EVENTS)
+            .map(|j| {
+                let at = j * n / EVENTS;
+                let gone = self.nodes.remove(at);
+                let after = self.targets(now, subset);
+                self.nodes.insert(at, gone);
+                changes(before, &after)
+            })
+            .sum();
+        total as f64 / EVENTS as f64
+    }
+}
+
+/// The service controller's default subset size.
+const SUBSET: usize = 25;
+
+fn view(strings: &Interner, i: usize) -> NodeView {
+    let node = node(&format!("node-{i}"))
+        .ready()
+        .label(names::LABEL_ZONE, ZONES[i % ZONES.len()])
+        .build();
+    NodeView::of(&node, strings, false)
+}
+
+/// The zone of a node the model named.
+fn zone_of(name: &str) -> &'static str {
+    let i: usize = name["node-".len()..].parse().unwrap_or(0);
+    ZONES[i % ZONES.len()]
+}
+
+/// Registrations and deregistrations from `a` to `b`, over every load
+/// balancer.
+fn changes(a: &[BTreeSet<String>], b: &[BTreeSet<String>]) -> usize {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| a.symmetric_difference(b).count())
+        .sum()
+}
+
+/// The rows for one size.
+pub fn rows(nodes: usize, services: usize) -> Vec<Row> {
+    let mut model = Model::new(nodes, services);
+    let t0 = Instant::now();
+    let before = model.targets(t0, SUBSET);
+    let m = services as f64;
+    let local = model.services.iter().filter(|(_, l)| *l).count();
+    let cluster = services - local;
+
+    // Targets per load balancer, and those AWS would refuse.
+    let sizes: Vec<usize> = before.iter().map(BTreeSet::len).collect();
+    let mean = sizes.iter().sum::<usize>() as f64 / m;
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let per_zone = nodes.div_ceil(ZONES.len());
+    let over_quota = |per_zone: usize| per_zone > NLB.per_zone.unwrap_or(u32::MAX) as usize;
+    let ours_refused = before
+        .iter()
+        .filter(|t| {
+            let mut zones: BTreeMap<&str, usize> = BTreeMap::new();
+            for name in *t {
+                *zones.entry(zone_of(name)).or_default() += 1;
+            }
+            zones.values().any(|n| over_quota(*n)) || t.len() > 3000
+        })
+        .count();
+
+    let join = model.joins(&before, t0, SUBSET);
+    // The best any even spread can do: a Cluster Service's subset takes the
+    // new node with the odds of any node of its zone, and, once the zone
+    // has more nodes than the subset, lets another go for it.
+    let join_floor = if per_zone < SUBSET {
+        cluster as f64
+    } else {
+        2.0 * cluster as f64 * SUBSET as f64 / (per_zone + 1) as f64
+    };
+    // Nodes of the cluster leave, one at a time (pods of Local Services on
+    // them among them).
+    let leave_floor = if per_zone <= SUBSET {
+        cluster as f64
+    } else {
+        2.0 * cluster as f64 * SUBSET as f64 / per_zone as f64
+    } + local as f64 * PODS as f64 / nodes as f64;
+    let leave = model.leaves(&before, t0, SUBSET);
+    let left = before;
+
+    // A rolling update moves 100 pods of Local Services to other nodes;
+    // the nodes they leave stay for the grace, then go.
+    let moved_at = t0 + Duration::from_secs(1);
+    let mut moved = 0;
+    let mut i = 1;
+    while moved < MOVED && i < model.services.len() {
+        for p in 0..PODS.min(MOVED - moved) {
+            let n = model.random.below(model.nodes.len());
+            model.pods[i][p] = model.strings.intern(&model.nodes[n].name);
+            moved += 1;
+        }
+        model.publish(i, moved_at);
+        i += 2;
+    }
+    let during = model.targets(moved_at, SUBSET);
+    let after = model.targets(moved_at + GRACE, SUBSET);
+    let rolling = changes(&left, &after);
+    let during_grace = changes(&left, &during);
+
+    let scenario = format!(
+        "11. {nodes} nodes in 3 zones, {services} LoadBalancer Services (half Local, {PODS} pods each), AWS's NLB quotas"
+    );
+    let row = |metric: &str,
+               ours: f64,
+               upstream: Option<f64>,
+               unit: &'static str,
+               limit,
+               note: String| Row {
+        scenario: scenario.clone(),
+        metric: metric.into(),
+        ours,
+        upstream,
+        unit,
+        limit,
+        target: None,
+        note,
+    };
+    vec![
+        row(
+            "targets per load balancer (mean)",
+            mean,
+            Some(nodes as f64),
+            "targets",
+            None,
+            format!(
+                "at most {max} (ours); every node is {} per zone, past the quota of 500 per zone: {} of {services} load balancers refused (upstream profile), {ours_refused} (ours)",
+                per_zone,
+                if over_quota(per_zone) { services } else { 0 },
+            ),
+        ),
+        row(
+            "target changes per node joining (mean of 20)",
+            join,
+            Some(m),
+            "changes",
+            Some(join_floor),
+            format!(
+                "the limit: a subset of {SUBSET} per zone takes a new node with the odds of any other node of its zone, and lets one go for it (2 changes); every node: one registration per load balancer"
+            ),
+        ),
+        row(
+            "target changes per node leaving (mean of 20)",
+            leave,
+            Some(m),
+            "changes",
+            Some(leave_floor),
+            "only the load balancers whose subset held it (2 changes each: it and the node that takes its place) and the Local ones it served".into(),
+        ),
+        row(
+            "target changes per 100 pods moving (rolling update)",
+            rolling as f64,
+            None,
+            "changes",
+            None,
+            format!(
+                "{during_grace} within the {}-s grace (registrations only), the rest once it is out; every node (upstream) changes no target here, since its {local} Local load balancers target every node whether it serves or not",
+                GRACE.as_secs()
+            ),
+        ),
+    ]
+}
+
+/// Subset sizes against what they cost, at `nodes` nodes: a Markdown
+/// table of the Cluster Services' targets, the target changes a node
+/// joining makes, and how many nodes carry each Service (a node lost takes
+/// that share of its capacity).
+pub fn sweep(nodes: usize, services: usize, sizes: &[usize]) -> String {
+    let mut model = Model::new(nodes, services);
+    let t0 = Instant::now();
+    let mut out = String::from(
+        "| subset per zone | targets per Cluster load balancer | target changes per node joining (mean of 20) | a Service's share on one node |\n|---:|---:|---:|---:|\n",
+    );
+    for &k in sizes {
+        let before = model.targets(t0, k);
+        let join = model.joins(&before, t0, k);
+        let cluster: Vec<usize> = (0..services).filter(|i| i % 2 == 0).collect();
+        let targets = cluster.iter().map(|i| before[*i].len()).sum::<usize>() as f64
+            / cluster.len().max(1) as f64;
+        let _ = std::fmt::Write::write_fmt(
+            &mut out,
+            format_args!(
+                "| {k} | {targets:.0} | {join:.2} | {:.1}% |\n",
+                100.0 / targets.max(1.0)
+            ),
+        );
+    }
+    out
+}
