@@ -167,12 +167,7 @@ impl Serving {
         (!nodes.is_empty()).then_some(nodes)
     }
 
-    /// How many Services have serving endpoints kept.
-    pub fn len(&self) -> usize {
-        self.services.len()
-    }
-
-    /// Whether none has.
+    /// Whether no Service has serving endpoints kept.
     pub fn is_empty(&self) -> bool {
         self.services.is_empty()
     }
