@@ -66,8 +66,8 @@ bench-autoscaler:
 # Scenario 11 (issue #46) at 1,000, 10,000 and 100,000 nodes, as
 # BENCHMARKS.md's `targets` section.
 bench-targets:
-	cargo build --release --bin bench
-	cargo run --release --bin bench -- --out BENCHMARKS.md --section targets --only 11
+	cargo build --release --bins
+	cargo run --release --bin bench -- --out BENCHMARKS.md --section targets --only 11,12
 
 # Round three's sizes (issue #30), as BENCHMARKS.md's `xl` section: 10,000
 # nodes joining; the steady state, memory and a leader's takeover at 1,000,

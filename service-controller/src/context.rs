@@ -8,7 +8,7 @@ use ccm_proto::GatewayClient;
 use ccm_proto::v1::Host;
 use ccm_runtime::leader::Leadership;
 use ccm_runtime::queue::WorkQueue;
-use ccm_runtime::view::Views;
+use ccm_runtime::view::{Interner, Views};
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::events::Recorder;
 
@@ -33,7 +33,12 @@ pub struct Context {
     pub nodes: Views<NodeView>,
     /// What the controller keeps of each EndpointSlice.
     pub slices: Views<SliceView>,
-    /// The nodes serving each Service, from the slices.
+    /// Node names, shared between the slices.
+    pub slice_nodes: Interner,
+    /// Whether the slice watch has begun: a Service that becomes a Local
+    /// load balancer from then on has its slices read once.
+    pub slices_followed: std::sync::atomic::AtomicBool,
+    /// The nodes serving each Local load balancer, from its slices.
     pub serving: Mutex<Serving>,
     /// Services whose serving nodes changed since the last host pass.
     pub serving_changed: Mutex<HashSet<Key>>,
@@ -273,8 +278,17 @@ impl Context {
         let nodes = serving.as_ref().and_then(|serving| {
             serving.nodes(&key, self.settings.local_grace, std::time::Instant::now())
         });
+        // Sorted by name, so a serving node is found by name.
+        let eligible_named = |name: &str| {
+            let i = shared
+                .nodes
+                .binary_search_by(|n| n.name.as_str().cmp(name))
+                .ok()?;
+            Some(shared.nodes[i].as_ref()).filter(|n| n.selected_by(&selector))
+        };
         let (chosen, on_serving) = subsets::choose_serving(
             eligible,
+            eligible_named,
             subsets::seed(svc),
             selection,
             allowed,
@@ -292,6 +306,21 @@ impl Context {
             return Ok((shared.all(), how));
         }
         Ok((Hosts::of(plan::hosts(chosen, &keys)), how))
+    }
+
+    /// Whether the nodes serving `svc` are followed: it is a Local load
+    /// balancer of ours.
+    pub fn follows_endpoints(&self, svc: &Service) -> bool {
+        plan::is_local(svc) && plan::wants_load_balancer(svc, &self.settings.classes)
+    }
+
+    /// Whether the nodes serving the Service `key` are followed, as it is
+    /// kept now.
+    pub fn follows_endpoints_of(&self, key: &Key) -> bool {
+        self.service(key)
+            .as_deref()
+            .and_then(ServiceView::service)
+            .is_some_and(|svc| self.follows_endpoints(svc))
     }
 
     /// Notes that the nodes serving `key` changed: the next host pass

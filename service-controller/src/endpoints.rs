@@ -4,13 +4,17 @@
 //! lets the health check weed them out, which costs a target per node).
 //!
 //! The service controller keeps, of every EndpointSlice, only its
-//! Service and the nodes where one of its endpoints serves. A node that
-//! loses its last serving endpoint keeps its place for a grace period: a
-//! rolling update of the Service's pods moves endpoints from node to node,
-//! and the nodes it empties usually gain a new pod soon, so the targets do
-//! not flap.
+//! Service, and of a Local load balancer's slices the nodes where one of
+//! their endpoints serves (most slices are of other Services, and a
+//! cluster may have tens of thousands). A Service that becomes a Local
+//! load balancer has its slices read once ([`Serving::begin_relist`]).
+//!
+//! A node that loses its last serving endpoint keeps its place for a grace
+//! period: a rolling update of the Service's pods moves endpoints from node
+//! to node, and the nodes it empties usually gain a new pod soon, so the
+//! targets do not flap.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,36 +36,47 @@ pub struct SliceView {
     pub name: String,
     /// Its Service.
     pub service: Key,
-    /// The nodes where one of its endpoints serves, sorted, once each.
-    pub nodes: Vec<Arc<str>>,
+    /// The nodes where one of its endpoints serves, sorted, once each;
+    /// `None` when its Service was no Local load balancer as it was seen.
+    pub nodes: Option<Vec<Arc<str>>>,
 }
 
 impl SliceView {
-    /// The view of `slice`; `strings` shares node names between slices.
-    pub fn of(slice: &EndpointSlice, strings: &Interner) -> Self {
-        let service = (
-            slice.namespace().unwrap_or_default(),
-            slice
-                .labels()
-                .get(LABEL_SERVICE_NAME)
-                .cloned()
-                .unwrap_or_default(),
-        );
-        let mut nodes: Vec<Arc<str>> = slice
-            .endpoints
-            .iter()
-            .filter(|e| serves(e))
-            .filter_map(|e| e.node_name.as_deref())
-            .map(|n| strings.intern(n))
-            .collect();
-        nodes.sort_unstable();
-        nodes.dedup();
+    /// The view of `slice`, with its nodes if `follow`; `strings` shares
+    /// node names between slices.
+    pub fn of(slice: &EndpointSlice, strings: &Interner, follow: bool) -> Self {
         Self {
             name: slice.name_any(),
-            service,
-            nodes,
+            service: service_of(slice),
+            nodes: follow.then(|| serving_nodes(slice, strings)),
         }
     }
+}
+
+/// The Service `slice` is of, by its label.
+pub fn service_of(slice: &EndpointSlice) -> Key {
+    (
+        slice.namespace().unwrap_or_default(),
+        slice
+            .labels()
+            .get(LABEL_SERVICE_NAME)
+            .cloned()
+            .unwrap_or_default(),
+    )
+}
+
+/// The nodes where one of `slice`'s endpoints serves, sorted, once each.
+pub fn serving_nodes(slice: &EndpointSlice, strings: &Interner) -> Vec<Arc<str>> {
+    let mut nodes: Vec<Arc<str>> = slice
+        .endpoints
+        .iter()
+        .filter(|e| serves(e))
+        .filter_map(|e| e.node_name.as_deref())
+        .map(|n| strings.intern(n))
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes
 }
 
 /// Whether an endpoint takes traffic: serving (a terminating pod may still
@@ -77,6 +92,9 @@ fn serves(e: &k8s_openapi::api::discovery::v1::Endpoint) -> bool {
 #[derive(Debug, Default)]
 pub struct Serving {
     services: HashMap<Key, Nodes>,
+    /// The Services whose slices are being read, with the slices the watch
+    /// has told of since: the watch's word on those is the newer.
+    relisting: HashMap<Key, HashSet<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +130,9 @@ impl Serving {
         nodes: Option<&[Arc<str>]>,
         now: Instant,
     ) -> Change {
+        if let Some(seen) = self.relisting.get_mut(service) {
+            seen.insert(name.to_owned());
+        }
         let entry = self.services.entry(service.clone()).or_default();
         let before = entry.serving();
         match nodes {
@@ -134,6 +155,41 @@ impl Serving {
             changed: before != after,
             left,
         }
+    }
+
+    /// Notes that `service` became a Local load balancer and its slices
+    /// are being read: call before the read is sent.
+    pub fn begin_relist(&mut self, service: &Key) {
+        self.relisting.insert(service.clone(), HashSet::new());
+    }
+
+    /// Takes in `service`'s slices as read (`None`: the read failed), but
+    /// for those the watch told of since [`Self::begin_relist`], whose
+    /// word is the newer (a slice changed or deleted meanwhile).
+    pub fn end_relist(
+        &mut self,
+        service: &Key,
+        read: Option<Vec<(String, Vec<Arc<str>>)>>,
+        now: Instant,
+    ) -> Change {
+        let Some(seen) = self.relisting.remove(service) else {
+            return Change::default();
+        };
+        let mut change = Change::default();
+        for (name, nodes) in read.into_iter().flatten() {
+            if !seen.contains(&name) {
+                let c = self.apply(service, &name, Some(&nodes), now);
+                change.changed |= c.changed;
+                change.left |= c.left;
+            }
+        }
+        change
+    }
+
+    /// Forgets `service`: it is no Local load balancer any more.
+    pub fn forget(&mut self, service: &Key) {
+        self.services.remove(service);
+        self.relisting.remove(service);
     }
 
     /// Forgets the nodes that stopped serving more than `grace` ago.
@@ -200,10 +256,12 @@ mod tests {
             "web-abc",
             &[("n2", true), ("n1", true), ("n2", true), ("n3", false)],
         );
-        let view = SliceView::of(&slice, &strings);
+        let view = SliceView::of(&slice, &strings, true);
         assert_eq!(view.service, key());
-        let nodes: Vec<&str> = view.nodes.iter().map(|n| &**n).collect();
+        let nodes: Vec<&str> = view.nodes.iter().flatten().map(|n| &**n).collect();
         assert_eq!(nodes, ["n1", "n2"]);
+        // Of a Service that is no Local load balancer: no node kept.
+        assert_eq!(SliceView::of(&slice, &strings, false).nodes, None);
     }
 
     #[test]
@@ -213,8 +271,7 @@ mod tests {
         let c = slice.endpoints[0].conditions.as_mut().unwrap();
         (c.ready, c.serving, c.terminating) = (Some(false), Some(true), Some(true));
         slice.endpoints[1].conditions = None;
-        let view = SliceView::of(&slice, &strings);
-        assert_eq!(view.nodes.len(), 2);
+        assert_eq!(serving_nodes(&slice, &strings).len(), 2);
     }
 
     #[test]
@@ -279,5 +336,37 @@ mod tests {
             Change::default()
         );
         assert_eq!(serving.apply(&key(), "a", None, t0), Change::default());
+    }
+
+    #[test]
+    fn a_read_of_a_services_slices_yields_to_what_the_watch_told_since() {
+        let strings = Interner::default();
+        let (n1, n2, n3) = (
+            strings.intern("n1"),
+            strings.intern("n2"),
+            strings.intern("n3"),
+        );
+        let mut serving = Serving::default();
+        let t0 = Instant::now();
+        serving.begin_relist(&key());
+        // While the read is under way, the watch tells of slice b's
+        // change and slice c's deletion.
+        serving.apply(&key(), "b", Some(std::slice::from_ref(&n3)), t0);
+        serving.apply(&key(), "c", None, t0);
+        let read = vec![
+            ("a".to_owned(), vec![n1.clone()]),
+            ("b".to_owned(), vec![n2.clone()]),
+            ("c".to_owned(), vec![n2.clone()]),
+        ];
+        let c = serving.end_relist(&key(), Some(read), t0);
+        assert!(c.changed);
+        assert_eq!(names(serving.nodes(&key(), GRACE, t0)), ["n1", "n3"]);
+        // A read ended twice, or never begun, changes nothing.
+        assert_eq!(
+            serving.end_relist(&key(), Some(vec![("d".into(), vec![n2])]), t0),
+            Change::default()
+        );
+        serving.forget(&key());
+        assert!(serving.is_empty());
     }
 }

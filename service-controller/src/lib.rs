@@ -64,6 +64,8 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         services: Views::default(),
         nodes: Views::default(),
         slices: Views::default(),
+        slice_nodes: Default::default(),
+        slices_followed: Default::default(),
         serving: Mutex::default(),
         serving_changed: Mutex::default(),
         hosts_pass_full: Default::default(),
@@ -103,7 +105,6 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             }
         }),
     );
-    let nodes_changed = Arc::new(Notify::new());
 
     // Services: a sync when what matters changed, or cleanup is due.
     let synced = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -117,53 +118,69 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             }
         }
     };
+    let nodes_changed = Arc::new(Notify::new());
     tokio::spawn({
         let ctx = ctx.clone();
         let mut synced = Some(synced_once.clone());
+        let hosts_due = nodes_changed.clone();
         view::follow(
             "service",
             service_stream,
             ctx.services.clone(),
             shutdown.clone(),
             ServiceView::of,
-            move |seen| match seen {
-                view::Seen::Changed { view, .. } | view::Seen::Unchanged(view) => {
-                    let Some(svc) = view.service() else {
-                        // No longer a load balancer: no change of it waits.
-                        if let view::Seen::Changed {
-                            before: Some(before),
-                            ..
-                        } = &seen
-                            && let Some(svc) = before.service()
-                        {
+            move |seen| {
+                match &seen {
+                    view::Seen::Changed { view, before } => {
+                        follow_endpoints_of(&ctx, *before, Some(view), &hosts_due)
+                    }
+                    view::Seen::Deleted(view) => {
+                        follow_endpoints_of(&ctx, Some(view), None, &hosts_due)
+                    }
+                    _ => {}
+                }
+                match seen {
+                    view::Seen::Changed { view, .. } | view::Seen::Unchanged(view) => {
+                        let Some(svc) = view.service() else {
+                            // No longer a load balancer: no change of it waits.
+                            if let view::Seen::Changed {
+                                before: Some(before),
+                                ..
+                            } = &seen
+                                && let Some(svc) = before.service()
+                            {
+                                ctx.take_change(&(
+                                    svc.namespace().unwrap_or_default(),
+                                    svc.name_any(),
+                                ));
+                            }
+                            return;
+                        };
+                        // Only a change of what its load balancer is made of
+                        // (or a new Service) needs a sync; cleanup always.
+                        let changed = match seen {
+                            view::Seen::Changed { before, .. } => {
+                                before.and_then(ServiceView::fingerprint) != view.fingerprint()
+                            }
+                            _ => false,
+                        };
+                        if changed || plan::needs_cleanup(svc) {
+                            let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+                            if plan::wants_load_balancer(svc, &ctx.settings.classes) {
+                                ctx.note_change(&key);
+                            }
+                            ctx.queue.add(key);
+                        }
+                    }
+                    view::Seen::Synced => {
+                        if let Some(mark) = synced.take() {
+                            mark();
+                        }
+                    }
+                    view::Seen::Deleted(view) => {
+                        if let Some(svc) = view.service() {
                             ctx.take_change(&(svc.namespace().unwrap_or_default(), svc.name_any()));
                         }
-                        return;
-                    };
-                    // Only a change of what its load balancer is made of
-                    // (or a new Service) needs a sync; cleanup always.
-                    let changed = match seen {
-                        view::Seen::Changed { before, .. } => {
-                            before.and_then(ServiceView::fingerprint) != view.fingerprint()
-                        }
-                        _ => false,
-                    };
-                    if changed || plan::needs_cleanup(svc) {
-                        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
-                        if plan::wants_load_balancer(svc, &ctx.settings.classes) {
-                            ctx.note_change(&key);
-                        }
-                        ctx.queue.add(key);
-                    }
-                }
-                view::Seen::Synced => {
-                    if let Some(mark) = synced.take() {
-                        mark();
-                    }
-                }
-                view::Seen::Deleted(view) => {
-                    if let Some(svc) = view.service() {
-                        ctx.take_change(&(svc.namespace().unwrap_or_default(), svc.name_any()));
                     }
                 }
             },
@@ -327,10 +344,12 @@ fn follow_nodes(
     ));
 }
 
-/// Follows every EndpointSlice of a Service into the nodes serving it
-/// ([`endpoints`]): a change of a Local Service's serving nodes wakes the
+/// Follows the EndpointSlices of every Local load balancer into the nodes
+/// serving it ([`endpoints`]); of other Services' slices only their
+/// Service is kept. A change of a Local Service's serving nodes wakes the
 /// host pass for that Service alone, and a node that stopped serving wakes
-/// it again once its grace period is out.
+/// it again once its grace period is out. The watch begins once the
+/// Services are known, so each slice is seen with its Service.
 fn follow_slices(
     ctx: &Arc<Context>,
     hosts_due: Arc<Notify>,
@@ -339,60 +358,162 @@ fn follow_slices(
 ) {
     let config = kube::runtime::watcher::Config::default().labels(endpoints::LABEL_SERVICE_NAME);
     let api = Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::all(ctx.client.clone());
-    let stream = view::watch_with(api, config);
-    let strings = ccm_runtime::view::Interner::default();
     let ctx = ctx.clone();
     let mut synced = Some(synced_once);
     let slices = ctx.slices.clone();
-    let on_change = move |slice: &endpoints::SliceView, nodes: Option<&[Arc<str>]>| {
-        let now = std::time::Instant::now();
-        let change = ctx.serving.lock().unwrap_or_else(|e| e.into_inner()).apply(
-            &slice.service,
-            &slice.name,
-            nodes,
-            now,
-        );
-        if change.changed {
-            ctx.note_serving_change(slice.service.clone());
-            hosts_due.notify_one();
-        }
-        if change.left {
-            let (ctx, hosts_due, key) = (ctx.clone(), hosts_due.clone(), slice.service.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep(ctx.settings.local_grace).await;
-                let grace = ctx.settings.local_grace;
-                ctx.serving
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .expire(grace, std::time::Instant::now());
-                ctx.note_serving_change(key);
-                hosts_due.notify_one();
-            });
+    let shutdown = shutdown.clone();
+    let on_change = {
+        let ctx = ctx.clone();
+        move |slice: &endpoints::SliceView, nodes: Option<&[Arc<str>]>| {
+            let now = std::time::Instant::now();
+            let change = ctx.serving.lock().unwrap_or_else(|e| e.into_inner()).apply(
+                &slice.service,
+                &slice.name,
+                nodes,
+                now,
+            );
+            serving_changed(&ctx, &slice.service, change, &hosts_due);
         }
     };
-    tokio::spawn(view::follow(
-        "endpoint slice",
-        stream,
-        slices,
-        shutdown.clone(),
-        move |slice| endpoints::SliceView::of(slice, &strings),
-        move |seen| match seen {
-            view::Seen::Changed { view, before } => {
-                // Relabelled to another Service: gone from the first.
-                if let Some(before) = before.filter(|b| b.service != view.service) {
-                    on_change(before, None);
+    tokio::spawn(async move {
+        if ctx.services.wait_until_ready().await.is_err() {
+            return;
+        }
+        ctx.slices_followed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let stream = view::watch_with(api, config);
+        view::follow(
+            "endpoint slice",
+            stream,
+            slices,
+            shutdown,
+            {
+                let ctx = ctx.clone();
+                move |slice| {
+                    let follow = ctx.follows_endpoints_of(&endpoints::service_of(slice));
+                    endpoints::SliceView::of(slice, &ctx.slice_nodes, follow)
                 }
-                on_change(view, Some(&view.nodes))
-            }
-            view::Seen::Deleted(view) => on_change(view, None),
-            view::Seen::Synced => {
-                if let Some(mark) = synced.take() {
-                    mark();
+            },
+            move |seen| match seen {
+                view::Seen::Changed { view, before } => {
+                    // Relabelled to another Service: gone from the first.
+                    if let Some(before) = before.filter(|b| b.service != view.service) {
+                        on_change(before, None);
+                    }
+                    on_change(view, view.nodes.as_deref())
                 }
-            }
-            view::Seen::Unchanged(_) => {}
-        },
+                view::Seen::Deleted(view) => on_change(view, None),
+                view::Seen::Synced => {
+                    if let Some(mark) = synced.take() {
+                        mark();
+                    }
+                }
+                view::Seen::Unchanged(_) => {}
+            },
+        )
+        .await
+    });
+}
+
+/// After `change` of the nodes serving `key`: the host pass for it is due,
+/// and again once the grace of a node that left is out.
+fn serving_changed(
+    ctx: &Arc<Context>,
+    key: &context::Key,
+    change: endpoints::Change,
+    hosts_due: &Arc<Notify>,
+) {
+    if change.changed {
+        ctx.note_serving_change(key.clone());
+        hosts_due.notify_one();
+    }
+    if change.left {
+        let (ctx, hosts_due, key) = (ctx.clone(), hosts_due.clone(), key.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(ctx.settings.local_grace).await;
+            let grace = ctx.settings.local_grace;
+            ctx.serving
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .expire(grace, std::time::Instant::now());
+            ctx.note_serving_change(key);
+            hosts_due.notify_one();
+        });
+    }
+}
+
+/// Starts or stops following the nodes that serve a Service, as it
+/// becomes a Local load balancer (`before` → `now`) or stops being one.
+/// Its slices the watch saw before were kept without their nodes: once the
+/// slice watch has begun, they are read again.
+fn follow_endpoints_of(
+    ctx: &Arc<Context>,
+    before: Option<&ServiceView>,
+    now: Option<&ServiceView>,
+    hosts_due: &Arc<Notify>,
+) {
+    let follows = |v: Option<&ServiceView>| {
+        v.and_then(ServiceView::service)
+            .is_some_and(|svc| ctx.follows_endpoints(svc))
+    };
+    let (was, is) = (follows(before), follows(now));
+    let Some(svc) = now.or(before).and_then(ServiceView::service) else {
+        return;
+    };
+    let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+    if was && !is {
+        ctx.serving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(&key);
+    } else if is
+        && !was
+        && ctx
+            .slices_followed
+            .load(std::sync::atomic::Ordering::SeqCst)
+    {
+        ctx.serving
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .begin_relist(&key);
+        tokio::spawn(read_slices(ctx.clone(), key, hosts_due.clone()));
+    }
+}
+
+/// Reads the slices of the Service `key`, which became a Local load
+/// balancer, into the nodes serving it; tries again while it still is one.
+async fn read_slices(ctx: Arc<Context>, key: context::Key, hosts_due: Arc<Notify>) {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let api = Api::<EndpointSlice>::namespaced(ctx.client.clone(), &key.0);
+    let params = kube::api::ListParams::default().labels(&format!(
+        "{}={}",
+        endpoints::LABEL_SERVICE_NAME,
+        key.1
     ));
+    let mut delay = Duration::from_millis(500);
+    let read = loop {
+        match api.list(&params).await {
+            Ok(list) => break Some(list.items),
+            Err(e) if ctx.follows_endpoints_of(&key) => {
+                tracing::warn!(service = %format!("{}/{}", key.0, key.1), error = %e, ?delay, "could not read the Service's endpoint slices; trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+            Err(_) => break None,
+        }
+    };
+    let read = read.map(|slices| {
+        slices
+            .iter()
+            .map(|s| (s.name_any(), endpoints::serving_nodes(s, &ctx.slice_nodes)))
+            .collect()
+    });
+    let change = ctx
+        .serving
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .end_relist(&key, read, std::time::Instant::now());
+    serving_changed(&ctx, &key, change, &hosts_due);
 }
 
 async fn worker(ctx: Arc<Context>) {

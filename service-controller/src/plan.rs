@@ -205,6 +205,8 @@ pub struct NodeView {
     pub draining: bool,
     /// Its zone label; empty without one. Shared with every node of the zone.
     pub zone: Arc<str>,
+    /// Still tainted `uninitialized`: its zone is not known yet.
+    pub initialising: bool,
     /// A digest of its name, the node's half of each Service's ranking of
     /// the nodes ([`crate::subsets`]).
     pub rank: u64,
@@ -236,6 +238,11 @@ impl NodeView {
                     .map(String::as_str)
                     .unwrap_or_default(),
             ),
+            initialising: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == names::TAINT_UNINITIALIZED)),
             name,
             provider_id: node
                 .spec
@@ -280,13 +287,14 @@ impl NodeView {
     /// backs them, its provider ID and its labels (upstream's change test
     /// and the label selection; addresses are not part of it), and what
     /// subsets choose by: its zone and whether it is draining.
-    pub fn hosting(&self) -> (bool, &str, &[Label], &str, bool) {
+    pub fn hosting(&self) -> (bool, &str, &[Label], &str, bool, bool) {
         (
             self.backs,
             &self.provider_id,
             &self.labels,
             &self.zone,
             self.draining,
+            self.initialising,
         )
     }
 

@@ -8,7 +8,7 @@
 //! limits: per zone, and in all (then zone by zone, best-ranked first, so
 //! the zones stay even).
 
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeSet, BinaryHeap};
 
 use ccm_runtime::host_limits::Allowed;
 use ccm_runtime::names;
@@ -132,19 +132,39 @@ pub fn choose<'a>(
         }
     };
     // Each zone's best `cap`, kept as they come: a Service's pass over
-    // 100,000 nodes holds only its subset, never a copy of them all.
-    let mut zones: BTreeMap<&str, BinaryHeap<Ranked<'_>>> = BTreeMap::new();
+    // 100,000 nodes holds only its subset, never a copy of them all, and a
+    // node ranked below a full subset's worst costs one comparison. Zones
+    // are few and their names shared, so a short list found by pointer.
+    let mut zones: Vec<(&str, Option<usize>, BinaryHeap<Ranked<'_>>)> = Vec::new();
     for node in eligible {
-        let best = zones.entry(&node.zone).or_default();
-        best.push(Ranked(score(seed, node), node));
-        if zone_cap(&node.zone).is_some_and(|cap| best.len() > cap) {
-            // The worst goes.
-            best.pop();
+        let zone = match zones
+            .iter()
+            .position(|(z, ..)| std::ptr::eq(*z, &*node.zone) || *z == &*node.zone)
+        {
+            Some(i) => &mut zones[i],
+            None => {
+                zones.push((&*node.zone, zone_cap(&node.zone), BinaryHeap::new()));
+                zones.last_mut().expect("just pushed")
+            }
+        };
+        let (_, cap, best) = zone;
+        let ranked = Ranked(score(seed, node), node);
+        match cap {
+            Some(cap) if best.len() >= *cap => {
+                // The worst goes, if this one ranks better.
+                if let Some(mut worst) = best.peek_mut()
+                    && ranked < *worst
+                {
+                    *worst = ranked;
+                }
+            }
+            _ => best.push(ranked),
         }
     }
+    zones.sort_unstable_by(|a, b| a.0.cmp(b.0));
     let ranked: Vec<Vec<&NodeView>> = zones
-        .into_values()
-        .map(|best| best.into_sorted_vec().into_iter().map(|r| r.1).collect())
+        .into_iter()
+        .map(|(_, _, best)| best.into_sorted_vec().into_iter().map(|r| r.1).collect())
         .collect();
     let total: usize = ranked.iter().map(Vec::len).sum();
     let mut out: Vec<&NodeView> = match allowed.total.map(|n| n as usize) {
@@ -171,11 +191,17 @@ pub fn choose<'a>(
 }
 
 /// The nodes of `eligible` that back a Service ranked by `seed`: with
-/// `serving` (the nodes that serve a Local Service), every eligible one of
-/// them within `allowed`; without, or when none of them is eligible, its
-/// `selection`. `true` with the nodes when they are the serving ones.
+/// `serving` (the nodes that serve a Local Service, each found with
+/// `eligible_named`, which is `None` for one not eligible), every eligible
+/// one of them within `allowed`; without, or when none of them is
+/// eligible, its `selection`. `true` with the nodes when they are the
+/// serving ones. A subset leaves out nodes still being initialised, unless
+/// there is no other: without its zone yet, such a node would sit alone in
+/// a zone of its own, enter every subset, and leave them all a moment
+/// later, once its zone is known.
 pub fn choose_serving<'a, I>(
     eligible: impl Fn() -> I,
+    eligible_named: impl Fn(&str) -> Option<&'a NodeView>,
     seed: u64,
     selection: Selection,
     allowed: Allowed,
@@ -185,10 +211,23 @@ where
     I: Iterator<Item = &'a NodeView>,
 {
     if let Some(serving) = serving {
-        let on = eligible().filter(|n| serving.contains(n.name.as_str()));
+        // A Service's pods are few: found by name, not by a pass over
+        // every node.
+        let on = serving.iter().filter_map(|name| eligible_named(name));
         let chosen = choose(on, seed, Selection::All, allowed);
         if !chosen.is_empty() {
             return (chosen, true);
+        }
+    }
+    if let Selection::Subset(_) = selection {
+        let known = choose(
+            eligible().filter(|n| !n.initialising),
+            seed,
+            selection,
+            allowed,
+        );
+        if !known.is_empty() {
+            return (known, false);
         }
     }
     (choose(eligible(), seed, selection, allowed), false)
@@ -199,6 +238,7 @@ mod tests {
     use super::*;
     use ccm_runtime::view::Interner;
     use kube_test_apiserver::fixtures::{load_balancer, node};
+    use std::collections::BTreeMap;
 
     fn views(zones: &[(&str, usize)], strings: &Interner) -> Vec<NodeView> {
         let mut out = Vec::new();
@@ -329,6 +369,41 @@ mod tests {
             choose(&all_draining, 9, Selection::Subset(2), NONE).len(),
             2
         );
+    }
+
+    #[test]
+    fn a_node_still_being_initialised_enters_no_subset_unless_it_is_the_only_one() {
+        let strings = Interner::default();
+        let mut nodes = views(&[("a", 10)], &strings);
+        let new = node("joining").uninitialized().build();
+        let new = NodeView::of(&new, &strings, false);
+        assert!(new.initialising);
+        nodes.push(new.clone());
+        for uid in 0..50 {
+            let (chosen, _) = choose_serving(
+                || nodes.iter(),
+                |_| None,
+                uid,
+                Selection::Subset(3),
+                NONE,
+                None,
+            );
+            assert_eq!(per_zone(&chosen), BTreeMap::from([("a".into(), 3)]));
+            // Every node, as upstream: it too.
+            let (all, _) =
+                choose_serving(|| nodes.iter(), |_| None, uid, Selection::All, NONE, None);
+            assert_eq!(all.len(), 11);
+        }
+        let alone = [new];
+        let (chosen, _) = choose_serving(
+            || alone.iter(),
+            |_| None,
+            1,
+            Selection::Subset(3),
+            NONE,
+            None,
+        );
+        assert_eq!(chosen.len(), 1, "never no target");
     }
 
     #[test]

@@ -418,3 +418,79 @@ async fn local_services_use_exactly_the_nodes_that_serve_them_and_keep_a_leaving
     let kept = settled(&env).await;
     assert_eq!(kept["no-pods"], excluded["no-pods"], "a subset, as before");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_service_that_becomes_local_is_backed_at_once_by_the_nodes_that_serve_it() {
+    let env = TestEnv::start_with(|s| s.sim.lb_hosts_per_zone = 3).await;
+    let client = env.client().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for zone in ZONES {
+        for i in 0..4 {
+            add_node(&nodes, &format!("{zone}-{i}")).await;
+        }
+    }
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+    // A Cluster Service's slices: the controller keeps no node of them.
+    set_endpoints(
+        &slices,
+        "web",
+        &[("sim-zone-a-0", true), ("sim-zone-b-1", true)],
+    )
+    .await;
+    services
+        .create(
+            &PostParams::default(),
+            &load_balancer("default", "web").build(),
+        )
+        .await
+        .unwrap();
+    let _c = start(&env).await;
+    eventually("the Cluster Service has its subset", || async {
+        let hosts = hosts(&env).await;
+        (per_zone(hosts.get("web")?)
+            .into_values()
+            .collect::<Vec<_>>()
+            == [3, 3, 3])
+        .then_some(())
+    })
+    .await;
+    let subset = settled(&env).await["web"].clone();
+
+    let policy = |p: &str| Patch::Merge(json!({"spec": {"externalTrafficPolicy": p}}));
+    services
+        .patch("web", &PatchParams::default(), &policy("Local"))
+        .await
+        .unwrap();
+    eventually(
+        "once Local, it is on the nodes its slices had before",
+        || async {
+            let hosts = hosts(&env).await;
+            (hosts.get("web")? == &set(&["sim-zone-a-0", "sim-zone-b-1"])).then_some(())
+        },
+    )
+    .await;
+    services
+        .patch("web", &PatchParams::default(), &policy("Cluster"))
+        .await
+        .unwrap();
+    eventually("Cluster again, it is back on its subset", || async {
+        (hosts(&env).await.get("web")? == &subset).then_some(())
+    })
+    .await;
+
+    // Slices seen before their Service: a new Local Service reads them.
+    set_endpoints(&slices, "late", &[("sim-zone-c-3", true)]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    services
+        .create(
+            &PostParams::default(),
+            &load_balancer("default", "late").local().build(),
+        )
+        .await
+        .unwrap();
+    eventually("a new Local Service is on the node serving it", || async {
+        (hosts(&env).await.get("late")? == &set(&["sim-zone-c-3"])).then_some(())
+    })
+    .await;
+}

@@ -93,6 +93,14 @@ fn the_benchmark_harness_runs_every_scenario_for_both_profiles() {
         );
     }
     assert!(text.contains("subset size against its cost"), "{text}");
+    // Scenario 12: a node joining reaches its load balancers through the
+    // binaries, the cloud holding exactly the targets chosen.
+    assert!(
+        table.iter().any(|row| row[1]
+            .starts_with("12. scenario 11 through the binaries: 60 nodes")
+            && row[2].starts_with("time for a node joining")),
+        "scenario 12 missing:\n{text}"
+    );
     // Both profiles measured where the scenario compares them.
     let compared = text
         .lines()

@@ -7,6 +7,7 @@
 //! moto and count the AWS API requests at the proxy in front of it.
 //! `bench` prints the table and writes BENCHMARKS.md.
 
+mod live_targets;
 pub mod plot;
 pub mod targets;
 
@@ -65,9 +66,12 @@ pub struct Sizes {
     /// per 100), and the autoscaler loops measured at each.
     pub autoscaler_nodes: Vec<usize>,
     pub autoscaler_loops: usize,
-    /// Scenario 11: nodes, one run per size, and LoadBalancer Services.
+    /// Scenario 11: nodes, one run per size, and LoadBalancer Services
+    /// (scenario 12's too).
     pub target_nodes: Vec<usize>,
     pub target_services: usize,
+    /// Scenario 12: nodes, one run per size.
+    pub live_target_nodes: Vec<usize>,
     /// Longest wait for any one convergence.
     pub limit: Duration,
 }
@@ -100,6 +104,7 @@ impl Sizes {
             autoscaler_loops: 3,
             target_nodes: vec![1000, 10_000, 100_000],
             target_services: 1000,
+            live_target_nodes: vec![1000, 10_000, 100_000],
             limit: Duration::from_secs(600),
         }
     }
@@ -127,6 +132,7 @@ impl Sizes {
             autoscaler_loops: 2,
             target_nodes: vec![60, 300],
             target_services: 20,
+            live_target_nodes: vec![60],
             limit: Duration::from_secs(120),
         }
     }
@@ -441,6 +447,7 @@ impl Harness {
             ("9 a new leader takes over", 9),
             ("10 Cluster Autoscaler's loop", 10),
             ("11 load balancer targets by cluster size", 11),
+            ("12 load balancer targets through the binaries", 12),
         ] {
             if !only.is_empty() && !only.contains(&f) {
                 continue;
@@ -453,6 +460,7 @@ impl Harness {
                 9 => self.sizes.takeover.len(),
                 10 => self.sizes.autoscaler_nodes.len(),
                 11 => self.sizes.target_nodes.len(),
+                12 => self.sizes.live_target_nodes.len(),
                 _ => 1,
             };
             for i in 0..runs {
@@ -485,6 +493,10 @@ impl Harness {
                             rows
                         })
                         .map_err(anyhow::Error::from)
+                    }
+                    12 => {
+                        let (n, m) = (self.sizes.live_target_nodes[i], self.sizes.target_services);
+                        self.live_targets(n, m).await
                     }
                     _ => {
                         let (n, m) = self.sizes.takeover[i];
@@ -2601,7 +2613,10 @@ latency, a bare tonic server on the same machine): ours ÷ limit is 1.00× at th
         cloud.budget,
         cloud.budget * 2.0
     );
-    if rows.iter().any(|r| r.scenario.starts_with("11.")) {
+    if rows
+        .iter()
+        .any(|r| r.scenario.starts_with("11.") || r.scenario.starts_with("12."))
+    {
         let _ = writeln!(out, "{}\n", targets::PREAMBLE);
     }
     let _ = writeln!(

@@ -58,7 +58,10 @@ struct Args {
     /// Scenario 11: nodes, one run per size (default 1000,10000,100000).
     #[arg(long, value_delimiter = ',', value_parser = number_within(3usize, 1_000_000))]
     target_nodes: Vec<usize>,
-    /// Scenario 11: LoadBalancer Services, half Local (default 1000).
+    /// Scenario 12: nodes, one run per size (default 1000,10000,100000).
+    #[arg(long, value_delimiter = ',', value_parser = number_within(3usize, 1_000_000))]
+    live_target_nodes: Vec<usize>,
+    /// Scenarios 11 and 12: LoadBalancer Services, half Local (default 1000).
     #[arg(long, value_parser = number_within(2usize, 100_000))]
     target_services: Option<usize>,
     /// Scenario 2: measured window in seconds (default 90).
@@ -143,6 +146,7 @@ impl Args {
         list(&self.steady_nodes, &mut sizes.steady_nodes);
         list(&self.autoscaler_nodes, &mut sizes.autoscaler_nodes);
         list(&self.target_nodes, &mut sizes.target_nodes);
+        list(&self.live_target_nodes, &mut sizes.live_target_nodes);
         if !self.memory.is_empty() {
             sizes.memory = self.memory.clone();
         }
