@@ -280,10 +280,7 @@ impl Context {
         });
         // Sorted by name, so a serving node is found by name.
         let eligible_named = |name: &str| {
-            let i = shared
-                .nodes
-                .binary_search_by(|n| n.name.as_str().cmp(name))
-                .ok()?;
+            let i = subsets::position(&shared.nodes, name).ok()?;
             Some(shared.nodes[i].as_ref()).filter(|n| n.selected_by(&selector))
         };
         let (chosen, on_serving) = subsets::choose_serving(

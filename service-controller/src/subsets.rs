@@ -190,6 +190,11 @@ pub fn choose<'a>(
     out
 }
 
+/// Where the node named `name` is, or would go, in `nodes` sorted by name.
+pub fn position<N: std::borrow::Borrow<NodeView>>(nodes: &[N], name: &str) -> Result<usize, usize> {
+    nodes.binary_search_by(|n| n.borrow().name.as_str().cmp(name))
+}
+
 /// The nodes of `eligible` that back a Service ranked by `seed`: with
 /// `serving` (the nodes that serve a Local Service, each found with
 /// `eligible_named`, which is `None` for one not eligible), every eligible

@@ -57,6 +57,26 @@ async fn add_node(nodes: &Api<Node>, name: &str) {
         .unwrap();
 }
 
+/// A sim whose load balancers take at most `quota` hosts a zone, with
+/// `per_zone` Nodes in each of its zones; its Node, Service and
+/// EndpointSlice APIs.
+async fn cluster(
+    quota: u32,
+    per_zone: usize,
+) -> (TestEnv, Api<Node>, Api<Service>, Api<EndpointSlice>) {
+    let env = TestEnv::start_with(|s| s.sim.lb_hosts_per_zone = quota).await;
+    let client = env.client().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    for zone in ZONES {
+        for i in 0..per_zone {
+            add_node(&nodes, &format!("{zone}-{i}")).await;
+        }
+    }
+    let services = Api::namespaced(client.clone(), "default");
+    let slices = Api::namespaced(client, "default");
+    (env, nodes, services, slices)
+}
+
 /// Each Service's load balancer hosts, by Service name.
 async fn hosts(env: &TestEnv) -> BTreeMap<String, BTreeSet<String>> {
     env.gateway_client(Role::Service)
@@ -107,15 +127,7 @@ fn changed(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_load_balancer_holds_a_stable_subset_within_the_quota() {
-    let env = TestEnv::start_with(|s| s.sim.lb_hosts_per_zone = 3).await;
-    let client = env.client().await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    for zone in ZONES {
-        for i in 0..6 {
-            add_node(&nodes, &format!("{zone}-{i}")).await;
-        }
-    }
-    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let (env, nodes, services, _) = cluster(3, 6).await;
     let _c = start(&env).await;
     let count = 16;
     for i in 0..count {
@@ -222,15 +234,7 @@ async fn every_load_balancer_holds_a_stable_subset_within_the_quota() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn annotations_set_the_subset_or_ask_for_every_node_and_bad_ones_are_refused() {
-    let env = TestEnv::start_with(|s| s.sim.lb_hosts_per_zone = 4).await;
-    let client = env.client().await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    for zone in ZONES {
-        for i in 0..5 {
-            add_node(&nodes, &format!("{zone}-{i}")).await;
-        }
-    }
-    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let (env, _, services, _) = cluster(4, 5).await;
     let _c = start(&env).await;
     let annotated = [
         ("one", names::ANNOTATION_LB_SUBSET_SIZE, "1"),
@@ -314,16 +318,7 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 async fn local_services_use_exactly_the_nodes_that_serve_them_and_keep_a_leaving_one_for_the_grace()
 {
     const GRACE: Duration = Duration::from_secs(3);
-    let env = TestEnv::start_with(|s| s.sim.lb_hosts_per_zone = 3).await;
-    let client = env.client().await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    for zone in ZONES {
-        for i in 0..4 {
-            add_node(&nodes, &format!("{zone}-{i}")).await;
-        }
-    }
-    let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+    let (env, nodes, services, slices) = cluster(3, 4).await;
     // Endpoints before the controller starts: its first ensure uses them.
     set_endpoints(
         &slices,
@@ -421,16 +416,7 @@ async fn local_services_use_exactly_the_nodes_that_serve_them_and_keep_a_leaving
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_service_that_becomes_local_is_backed_at_once_by_the_nodes_that_serve_it() {
-    let env = TestEnv::start_with(|s| s.sim.lb_hosts_per_zone = 3).await;
-    let client = env.client().await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    for zone in ZONES {
-        for i in 0..4 {
-            add_node(&nodes, &format!("{zone}-{i}")).await;
-        }
-    }
-    let services: Api<Service> = Api::namespaced(client.clone(), "default");
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
+    let (env, _, services, slices) = cluster(3, 4).await;
     // A Cluster Service's slices: the controller keeps no node of them.
     set_endpoints(
         &slices,

@@ -2384,16 +2384,9 @@ impl Run {
     /// How many Nodes have lost the uninitialised taint (read in pages, as
     /// there may be 100,000).
     async fn initialised(&self) -> anyhow::Result<usize> {
-        let api = Api::<Node>::all(self.kube.clone());
-        let (mut count, mut token) = (0, None::<String>);
-        loop {
-            let mut params = kube::api::ListParams::default().limit(5000);
-            if let Some(t) = &token {
-                params = params.continue_token(t);
-            }
-            let page = api.list(&params).await?;
+        let mut count = 0;
+        self.each_node_page(|page| {
             count += page
-                .items
                 .iter()
                 .filter(|n| {
                     !n.spec
@@ -2401,10 +2394,27 @@ impl Run {
                         .and_then(|s| s.taints.as_ref())
                         .is_some_and(|t| t.iter().any(|t| t.key == fixtures::UNINITIALIZED))
                 })
-                .count();
+                .count()
+        })
+        .await?;
+        Ok(count)
+    }
+
+    /// Reads every Node in pages of 5,000 (there may be 100,000), handing
+    /// `f` each page.
+    async fn each_node_page(&self, mut f: impl FnMut(Vec<Node>)) -> anyhow::Result<()> {
+        let api = Api::<Node>::all(self.kube.clone());
+        let mut token = None::<String>;
+        loop {
+            let mut params = kube::api::ListParams::default().limit(5000);
+            if let Some(t) = &token {
+                params = params.continue_token(t);
+            }
+            let page = api.list(&params).await?;
+            f(page.items);
             token = page.metadata.continue_.filter(|t| !t.is_empty());
             if token.is_none() {
-                return Ok(count);
+                return Ok(());
             }
         }
     }

@@ -14,11 +14,11 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use service_controller::plan::NodeView;
-use service_controller::subsets::{self, Selection};
+use service_controller::subsets;
 
-use crate::targets::{NLB, PODS};
+use crate::targets::PODS;
 use crate::{Harness, POLL, Profile, Row, Run, SUBSET_SIZE};
 
 /// Nodes that join, and then leave, one at a time: at least this many
@@ -55,37 +55,22 @@ impl Cluster {
                     .serving
                     .get(&name)
                     .map(|s| s.iter().map(String::as_str).collect());
-                let (chosen, _) = subsets::choose_serving(
-                    || self.nodes.iter().filter(|n| n.backs),
-                    |name| {
-                        let i = self
-                            .nodes
-                            .binary_search_by(|n| n.name.as_str().cmp(name))
-                            .ok()?;
-                        Some(&self.nodes[i]).filter(|n| n.backs)
-                    },
-                    subsets::seed(svc),
-                    Selection::Subset(SUBSET_SIZE as u32),
-                    NLB,
-                    serving.as_ref(),
-                );
-                (name, chosen.into_iter().map(|n| n.name.clone()).collect())
+                let targets =
+                    crate::targets::chosen(&self.nodes, svc, SUBSET_SIZE, serving.as_ref());
+                (name, targets)
             })
             .collect()
     }
 
     fn remove(&mut self, name: &str) {
-        if let Ok(at) = self.nodes.binary_search_by(|n| n.name.as_str().cmp(name)) {
+        if let Ok(at) = subsets::position(&self.nodes, name) {
             self.nodes.remove(at);
         }
     }
 
     fn add(&mut self, node: &Node) {
         let view = NodeView::of(node, &self.strings, false);
-        let at = self
-            .nodes
-            .binary_search_by(|n| n.name.cmp(&view.name))
-            .unwrap_or_else(|at| at);
+        let at = subsets::position(&self.nodes, &view.name).unwrap_or_else(|at| at);
         self.nodes.insert(at, view);
     }
 }
@@ -113,22 +98,11 @@ impl Run {
             .collect())
     }
 
-    /// Every Node, read in pages.
+    /// Every Node.
     async fn all_nodes(&self) -> anyhow::Result<Vec<Node>> {
-        let api = Api::<Node>::all(self.kube.clone());
-        let (mut out, mut token) = (Vec::new(), None::<String>);
-        loop {
-            let mut params = ListParams::default().limit(5000);
-            if let Some(t) = &token {
-                params = params.continue_token(t);
-            }
-            let page = api.list(&params).await?;
-            out.extend(page.items);
-            token = page.metadata.continue_.filter(|t| !t.is_empty());
-            if token.is_none() {
-                return Ok(out);
-            }
-        }
+        let mut out = Vec::new();
+        self.each_node_page(|page| out.extend(page)).await?;
+        Ok(out)
     }
 }
 

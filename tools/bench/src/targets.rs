@@ -36,7 +36,7 @@ nodes joining and leaving one at a time.";
 
 const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
 /// AWS's published NLB quotas (targets per zone, per load balancer).
-pub(crate) const NLB: Allowed = Allowed {
+const NLB: Allowed = Allowed {
     per_zone: Some(500),
     total: Some(3000),
 };
@@ -135,28 +135,33 @@ impl Model {
                 let serving = local
                     .then(|| self.serving.nodes(&key(i), GRACE, now))
                     .flatten();
-                let (chosen, _) = subsets::choose_serving(
-                    || self.nodes.iter().filter(|n| n.backs),
-                    |name| {
-                        let i = self.position(name).ok()?;
-                        Some(&self.nodes[i]).filter(|n| n.backs)
-                    },
-                    subsets::seed(svc),
-                    Selection::Subset(subset as u32),
-                    NLB,
-                    serving.as_ref(),
-                );
-                chosen.into_iter().map(|n| n.name.clone()).collect()
+                chosen(&self.nodes, svc, subset, serving.as_ref())
             })
             .collect()
     }
 }
 
-impl Model {
-    /// Where the node named `name` is, or would be, in the sorted nodes.
-    fn position(&self, name: &str) -> Result<usize, usize> {
-        self.nodes.binary_search_by(|n| n.name.as_str().cmp(name))
-    }
+/// The targets the service controller chooses for `svc` of `nodes`
+/// (sorted by name), with subsets of `subset` per zone under AWS's NLB
+/// quotas, and for a Local Service the nodes `serving` it.
+pub(crate) fn chosen(
+    nodes: &[NodeView],
+    svc: &Service,
+    subset: usize,
+    serving: Option<&BTreeSet<&str>>,
+) -> BTreeSet<String> {
+    let (chosen, _) = subsets::choose_serving(
+        || nodes.iter().filter(|n| n.backs),
+        |name| {
+            let i = subsets::position(nodes, name).ok()?;
+            Some(&nodes[i]).filter(|n| n.backs)
+        },
+        subsets::seed(svc),
+        Selection::Subset(subset as u32),
+        NLB,
+        serving,
+    );
+    chosen.into_iter().map(|n| n.name.clone()).collect()
 }
 
 /// Nodes joined (or left), each alone, for the mean changes per node.
@@ -170,7 +175,7 @@ impl Model {
         let total: usize = (0..EVENTS)
             .map(|j| {
                 let joined = view(&self.strings, n + j);
-                let at = self.position(&joined.name).unwrap_or_else(|at| at);
+                let at = subsets::position(&self.nodes, &joined.name).unwrap_or_else(|at| at);
                 self.nodes.insert(at, joined);
                 let after = self.targets(now, subset);
                 self.nodes.remove(at);
