@@ -1,6 +1,7 @@
 //! Compiles `cloudgateway/v1/*.proto`, and the third-party protocols the
-//! gateway also serves (`third_party/`), with protox, a protobuf compiler
-//! in Rust, so that a fresh machine builds without a system `protoc`.
+//! gateway also serves (Cluster Autoscaler's, in `autoscaler/`), with
+//! protox, a protobuf compiler in Rust, so that a fresh machine builds
+//! without a system `protoc`.
 
 use std::path::PathBuf;
 
@@ -15,9 +16,11 @@ const PROTOS: &[&str] = &[
     "cloudgateway/v1/sim_admin.proto",
 ];
 
-/// Third-party protocols, vendored verbatim: compiled with tonic's own
-/// codec, which skips unknown fields as their owners' clients expect.
-const THIRD_PARTY: &[&str] = &["third_party/externalgrpc/externalgrpc.proto"];
+/// Third-party protocols, as the gateway serves them (each file says how
+/// it relates to its owners' copies in `third_party/`): compiled with
+/// tonic's own codec, which skips unknown fields as their owners' clients
+/// expect.
+const THIRD_PARTY: &[&str] = &["autoscaler/externalgrpc.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in PROTOS.iter().chain(THIRD_PARTY) {

@@ -12,6 +12,7 @@ use ccm_proto::externalgrpc::cloud_provider_client::CloudProviderClient;
 use ccm_provider::Operation;
 use ccm_provider_sim::store::NodeGroupRecord;
 use cloud_gateway::identity::Role;
+use gateway_conformance::externalgrpc::{v1_30, v1_35};
 use harness::TestGateway;
 use prost::Message;
 use tonic::Code;
@@ -51,6 +52,7 @@ fn group(id: &str, min: u32, max: u32, target: u32) -> NodeGroupRecord {
         taints: vec![("gpu".into(), String::new(), "NoSchedule".into())],
         failed: Vec::new(),
         next_failed: 0,
+        options: BTreeMap::new(),
     }
 }
 
@@ -236,18 +238,73 @@ async fn scaling_changes_the_cloud_at_once_within_the_groups_bounds() {
     assert!(err.message().contains("min"), "{err}");
 }
 
+/// Upstream's own clients of both wire formats (generated from its files
+/// by the conformance suite), on the gateway's channel with `role`'s token.
+async fn upstream_clients(
+    gw: &TestGateway,
+    role: Role,
+) -> (
+    v1_35::cloud_provider_client::CloudProviderClient<InterceptedService<Channel, Auth>>,
+    v1_30::cloud_provider_client::CloudProviderClient<InterceptedService<Channel, Auth>>,
+) {
+    let token = std::fs::read_to_string(gw.token_file(role)).unwrap();
+    let bearer: tonic::metadata::MetadataValue<_> =
+        format!("Bearer {}", token.trim()).parse().unwrap();
+    let channel = Channel::from_shared(gw.address())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let auth = |bearer: tonic::metadata::MetadataValue<_>| -> Auth {
+        Box::new(move |mut r: tonic::Request<()>| {
+            r.metadata_mut().insert("authorization", bearer.clone());
+            Ok(r)
+        })
+    };
+    (
+        v1_35::cloud_provider_client::CloudProviderClient::with_interceptor(
+            channel.clone(),
+            auth(bearer.clone()),
+        ),
+        v1_30::cloud_provider_client::CloudProviderClient::with_interceptor(channel, auth(bearer)),
+    )
+}
+
 #[tokio::test]
-async fn the_template_and_the_options_describe_the_group() {
+async fn every_release_reads_the_template_and_the_options_of_its_wire_format() {
     let gw = TestGateway::start(|_| {}).await;
     gw.sim().create_node_group(group("gpus", 0, 4, 0)).unwrap();
-    let mut c = client(&gw, Role::Autoscaler).await;
-    let bytes = c
-        .node_group_template_node_info(ca::NodeGroupTemplateNodeInfoRequest { id: "gpus".into() })
+    gw.sim()
+        .create_node_group(NodeGroupRecord {
+            options: BTreeMap::from([
+                ("scaledownunneededtime".to_owned(), "5m".to_owned()),
+                ("scaledownutilizationthreshold".to_owned(), "0.3".to_owned()),
+            ]),
+            ..group("tuned", 0, 4, 0)
+        })
+        .unwrap();
+    let (mut new, mut old) = upstream_clients(&gw, Role::Autoscaler).await;
+
+    // The template: bytes for 1.35 on, an embedded Node before; one Node.
+    let bytes = new
+        .node_group_template_node_info(v1_35::NodeGroupTemplateNodeInfoRequest {
+            id: "gpus".into(),
+        })
         .await
         .unwrap()
         .into_inner()
         .node_bytes;
+    let embedded = old
+        .node_group_template_node_info(v1_30::NodeGroupTemplateNodeInfoRequest {
+            id: "gpus".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .node_info
+        .expect("a client before 1.35 reads the template from field 1");
     let template = k8s_pb::api::core::v1::Node::decode(bytes.as_slice()).unwrap();
+    assert_eq!(template, embedded);
     let labels = template.metadata.unwrap().labels;
     assert_eq!(labels["node.kubernetes.io/instance-type"], "sim.gpu-8");
     assert_eq!(labels["topology.kubernetes.io/zone"], "sim-zone-a");
@@ -258,19 +315,74 @@ async fn the_template_and_the_options_describe_the_group() {
         status.capacity["nvidia.com/gpu"].string.as_deref(),
         Some("1")
     );
-    let defaults = ca::NodeGroupAutoscalingOptions {
-        scale_down_utilization_threshold: 0.5,
-        ..Default::default()
-    };
-    let options = c
-        .node_group_get_options(ca::NodeGroupAutoscalingOptionsRequest {
+
+    // A group with no options of its own: each release keeps its defaults
+    // whole (an answer would zero what its proto does not carry).
+    let err = new
+        .node_group_get_options(v1_35::NodeGroupAutoscalingOptionsRequest {
             id: "gpus".into(),
-            defaults: Some(defaults),
+            defaults: Some(Default::default()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented, "{err}");
+    let err = old
+        .node_group_get_options(v1_30::NodeGroupAutoscalingOptionsRequest {
+            id: "gpus".into(),
+            defaults: Some(Default::default()),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unimplemented, "{err}");
+
+    // A group with some: its own where it sets them, the caller's defaults
+    // elsewhere, every duration in the caller's form.
+    let secs = |seconds| prost_types::Duration { seconds, nanos: 0 };
+    let answer = new
+        .node_group_get_options(v1_35::NodeGroupAutoscalingOptionsRequest {
+            id: "tuned".into(),
+            defaults: Some(v1_35::NodeGroupAutoscalingOptions {
+                scale_down_utilization_threshold: 0.5,
+                scale_down_unneeded_duration: Some(secs(600)),
+                scale_down_unready_duration: Some(secs(1200)),
+                max_node_provision_duration: Some(secs(900)),
+                ignore_daemon_sets_utilization: true,
+                ..Default::default()
+            }),
         })
         .await
         .unwrap()
-        .into_inner();
-    assert_eq!(options.node_group_autoscaling_options, Some(defaults));
+        .into_inner()
+        .node_group_autoscaling_options
+        .unwrap();
+    assert_eq!(answer.scale_down_utilization_threshold, 0.3);
+    assert_eq!(answer.scale_down_unneeded_duration, Some(secs(300)));
+    assert_eq!(answer.scale_down_unready_duration, Some(secs(1200)));
+    assert_eq!(answer.max_node_provision_duration, Some(secs(900)));
+    assert!(answer.ignore_daemon_sets_utilization);
+    let nanos = |s: i64| k8s_pb::apimachinery::pkg::apis::meta::v1::Duration {
+        duration: Some(s * 1_000_000_000),
+    };
+    let answer = old
+        .node_group_get_options(v1_30::NodeGroupAutoscalingOptionsRequest {
+            id: "tuned".into(),
+            defaults: Some(v1_30::NodeGroupAutoscalingOptions {
+                scale_down_utilization_threshold: 0.5,
+                scale_down_gpu_utilization_threshold: 0.5,
+                scale_down_unneeded_time: Some(nanos(600)),
+                scale_down_unready_time: Some(nanos(1200)),
+                max_node_provision_time: Some(nanos(900)),
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .node_group_autoscaling_options
+        .unwrap();
+    assert_eq!(answer.scale_down_utilization_threshold, 0.3);
+    assert_eq!(answer.scale_down_unneeded_time, Some(nanos(300)));
+    assert_eq!(answer.scale_down_unready_time, Some(nanos(1200)));
+    assert_eq!(answer.max_node_provision_time, Some(nanos(900)));
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ pub mod kubelet;
 pub mod otlp;
 pub mod scenario;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The directory of the workspace's binaries, from a test: tests run from
 /// `<target>/<profile>/deps`, and `cargo nextest run --workspace` (or
@@ -27,6 +27,25 @@ pub fn bin_dir() -> PathBuf {
         dir
     };
     dir.to_path_buf()
+}
+
+/// The stock `cluster-autoscaler` binary the tests run (built with its
+/// `externalgrpc` provider): `CLUSTER_AUTOSCALER`, else the 1.30.0 build in
+/// `../shared/bin` beside the repository. `None`, with a message naming the
+/// variable, where neither is there: the test that needs it then says it
+/// was skipped and passes.
+pub fn cluster_autoscaler(test: &str) -> Option<PathBuf> {
+    let from_env = std::env::var_os(ccm_sandbox::autoscaler::ENV).map(PathBuf::from);
+    let shared =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/bin/cluster-autoscaler-v1.30.0");
+    let found = from_env.or_else(|| shared.is_file().then_some(shared));
+    if found.is_none() {
+        eprintln!(
+            "SKIPPED {test}: no cluster-autoscaler binary: set {} to one built with its externalgrpc provider (e.g. ../shared/bin/cluster-autoscaler-v1.30.0)",
+            ccm_sandbox::autoscaler::ENV
+        );
+    }
+    found
 }
 
 /// Runs the Python `script` with boto3 against moto at `endpoint` (its

@@ -58,28 +58,30 @@ pub async fn start_adjusted(
     // Every scenario runs under the chart's RBAC: each process has its
     // ServiceAccount's identity and may do only what the chart grants.
     let policy = dir.path().join("chart.yaml");
-    // The sandbox's kubelets ask for serving certificates.
-    // An operator bound to the viewer roles runs kubectl ccm.
-    // Rendered for the sim on every cloud: the grants are the same on
-    // AWS, where the chart leaves out the route controller the sandbox
-    // runs.
-    let sets = [
-        "gateway.provider=sim",
-        "nodeController.approveKubeletServingCSRs=true",
-        "viewer.subjects=[{kind: User, name: operator}]",
-    ];
-    crate::chart::render_to(&policy, &sets).unwrap();
-    let options = Options {
+    let mut options = Options {
         cloud,
         nodes,
         services,
         replicas: 2,
-        rbac: Some(policy),
+        rbac: Some(policy.clone()),
         extra_args,
         ..Options::new(dir.path().join("state"), bin_dir)
     };
-    let mut options = options;
     adjust(&mut options);
+    // The sandbox's kubelets ask for serving certificates.
+    // An operator bound to the viewer roles runs kubectl ccm.
+    // Rendered for the sim on every cloud: the grants are the same on
+    // AWS, where the chart leaves out the route controller the sandbox
+    // runs. With a real Cluster Autoscaler, as the README installs it.
+    let mut sets = vec![
+        "gateway.provider=sim",
+        "nodeController.approveKubeletServingCSRs=true",
+        "viewer.subjects=[{kind: User, name: operator}]",
+    ];
+    if options.cluster_autoscaler.is_some() {
+        sets.push("autoscaler.enabled=true");
+    }
+    crate::chart::render_to(&policy, &sets).unwrap();
     let sandbox = Sandbox::start(options).await.unwrap();
     sandbox.populate().await.unwrap();
     let handle = sandbox.handle();

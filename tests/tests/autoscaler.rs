@@ -1,22 +1,32 @@
-//! Cluster Autoscaler through the gateway, end to end on the sandbox: a
-//! client with none of our code (`tests/tools/autoscaler_client.py`, its
-//! stubs generated from the vendored proto when it starts) reads the
-//! cloud-config the sandbox writes, dials with the autoscaler's client
-//! certificate, and does what cluster-autoscaler does to a sim node group;
-//! the sandbox's kubelets register the new instances' Nodes, which the node
-//! controller initialises and the route controller routes. On AWS (moto),
-//! the same client scales an Auto Scaling group, read back with boto3.
+//! Cluster Autoscaler through the gateway, end to end on the sandbox.
+//!
+//! The proof is the stock `cluster-autoscaler` binary (1.30.0, a release
+//! before the 1.35 wire format; see `ccm_testkit::cluster_autoscaler`),
+//! run by the sandbox with the cloud-config the chart writes: a Pod the
+//! scheduler could not place makes it scale a sim group up from zero, by
+//! the group's template; the new instance's kubelet registers its Node,
+//! the node controller initialises it; once the Pod is gone the
+//! autoscaler scales the group down and the instance and its Node go; its
+//! status ConfigMap reads Healthy throughout. On AWS (moto) it scales an
+//! Auto Scaling group from zero, read back with boto3.
+//!
+//! Beside it, a client with none of our code
+//! (`tests/tools/autoscaler_client.py`, its stubs generated from the
+//! vendored proto when it starts) drives each RPC to its edges: bounds,
+//! placeholders, refusals.
 
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use ccm_proto::v1::{CreateNodeGroupRequest, Faults, ListInstancesRequest, SimTaint};
+use ccm_proto::v1::{
+    CreateNodeGroupRequest, Faults, ListInstancesRequest, ListSimNodeGroupsRequest, SimTaint,
+};
 use ccm_proto::{ClientConfig, GatewayClient, TokenSource};
 use ccm_sandbox::CloudKind;
 use ccm_testkit::env::eventually;
 use ccm_testkit::scenario;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const ZONE: &str = "sim-zone-b";
@@ -123,6 +133,7 @@ async fn cluster_autoscaler_scales_a_sim_node_group_and_nodes_join_and_leave() {
                 value: "workers".into(),
                 effect: "NoSchedule".into(),
             }],
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -425,5 +436,290 @@ async fn cluster_autoscaler_scales_an_aws_auto_scaling_group_read_back_with_boto
     assert_eq!(group_by_boto3(&moto, groups::WORKERS).0, 1);
     // A group without the discovery tags was never touched.
     assert_eq!(group_by_boto3(&moto, groups::UNTAGGED), untagged);
+    scenario::finish(sandbox, kubelets).await;
+}
+
+/// The autoscaler's status ConfigMap (`kube-system/cluster-autoscaler-status`),
+/// parsed: what `kubectl describe` shows an operator.
+async fn autoscaler_status(client: &kube::Client) -> Option<Value> {
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let map = maps.get("cluster-autoscaler-status").await.ok()?;
+    let text = map.data?.remove("status")?;
+    serde_norway::from_str(&text).ok()
+}
+
+/// Waits for `what` while asserting, at every look, that the autoscaler
+/// says the cluster is healthy (once it has said anything).
+async fn healthy_until<T, F, Fut>(sandbox: &ccm_sandbox::Sandbox, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let client = sandbox.client().await.unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        // Until its first loop it says only that it is initialising.
+        if let Some(status) = autoscaler_status(&client)
+            .await
+            .filter(|s| !s["clusterWide"]["health"].is_null())
+        {
+            assert_eq!(
+                status["clusterWide"]["health"]["status"], "Healthy",
+                "while waiting for {what}: {status}"
+            );
+        }
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(150),
+            "timed out waiting for {what}; the autoscaler's log ends:\n{}",
+            sandbox.log_tail(ccm_sandbox::autoscaler::NAME, 40)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+/// A Pod kube-scheduler could not place: it selects the group's nodes and
+/// asks for more than any other node has free; the condition is the one
+/// kube-scheduler writes.
+async fn unschedulable_pod(client: &kube::Client, name: &str, selector: (&str, &str)) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeSelector": {selector.0: selector.1},
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    pods.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.",
+        }]}})),
+    )
+    .await
+    .unwrap();
+}
+
+/// The sim group's target, as the simulated cloud holds it.
+async fn sim_target(sandbox: &ccm_sandbox::Sandbox, id: &str) -> Option<u32> {
+    sandbox
+        .admin()
+        .ok()?
+        .sim_admin()
+        .ok()?
+        .list_node_groups(ListSimNodeGroupsRequest {})
+        .await
+        .ok()?
+        .into_inner()
+        .node_groups
+        .into_iter()
+        .find(|g| g.id == id)
+        .map(|g| g.target_size)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stock_cluster_autoscaler_scales_a_sim_group_up_from_zero_and_back_down() {
+    const TEST: &str = "a_stock_cluster_autoscaler_scales_a_sim_group_up_from_zero_and_back_down";
+    let Some(binary) = ccm_testkit::cluster_autoscaler(TEST) else {
+        return;
+    };
+    use ccm_sandbox::autoscaler::{GROUP, GROUP_LABEL};
+    let mut extra = BTreeMap::new();
+    extra.insert(
+        "cloud-gateway".to_owned(),
+        vec!["--node-groups-refresh-interval".to_owned(), "1s".to_owned()],
+    );
+    extra.insert(
+        ccm_sandbox::autoscaler::NAME.to_owned(),
+        [
+            "--scan-interval=2s",
+            "--scale-down-unneeded-time=10s",
+            "--scale-down-delay-after-add=10s",
+            "--v=4",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    let (mut sandbox, kubelets, _dir) =
+        scenario::start_adjusted(CloudKind::Sim, 2, 0, extra, |o| {
+            o.cluster_autoscaler = Some(binary)
+        })
+        .await;
+    let client = sandbox.client().await.unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let log = sandbox.options.state_dir.join("cluster-autoscaler.log");
+
+    // It runs, and sees the empty group.
+    healthy_until(&sandbox, "the autoscaler to report the group", || async {
+        let status = autoscaler_status(&client).await?;
+        let groups = status["nodeGroups"].as_array()?;
+        groups.iter().any(|g| g["name"] == GROUP).then_some(())
+    })
+    .await;
+    assert_eq!(sim_target(&sandbox, GROUP).await, Some(0));
+
+    // A Pod only the group's nodes could take: up from zero, by the
+    // template (there is no node of the group to copy).
+    unschedulable_pod(&client, "big", GROUP_LABEL).await;
+    let (name, provider_id) = healthy_until(&sandbox, "a worker's Node initialised", || async {
+        let workers = worker_nodes(&nodes).await;
+        let (name, (id, initialised)) = workers.into_iter().next()?;
+        (initialised && !id.is_empty()).then_some((name, id))
+    })
+    .await;
+    assert_eq!(
+        sim_target(&sandbox, GROUP).await,
+        Some(1),
+        "one node for one Pod: {}",
+        sandbox.log_tail(ccm_sandbox::autoscaler::NAME, 30)
+    );
+    let node = nodes.get(&name).await.unwrap();
+    assert_eq!(
+        node.metadata
+            .labels
+            .unwrap_or_default()
+            .get(GROUP_LABEL.0)
+            .map(String::as_str),
+        Some(GROUP_LABEL.1),
+        "the kubelet registers the group's labels"
+    );
+    // An operator with the chart's viewer roles sees it.
+    let kubeconfig = sandbox.kubeconfig.clone();
+    let status = tokio::task::spawn_blocking(move || {
+        ccm_testkit::kubectl_ccm(&kubeconfig, &["status", "--as", "operator"])
+    })
+    .await
+    .unwrap();
+    assert!(
+        status
+            .stdout
+            .contains("cluster-autoscaler:\n  Healthy (kube-system/cluster-autoscaler-status")
+            && status
+                .stdout
+                .contains("node group workers: Healthy, target 1 (0..5)")
+            && status.stdout.contains("CloudProvider (Cluster Autoscaler)"),
+        "{status:?}"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("Scale-up: setting group workers size to 1"),
+        "{}",
+        sandbox.log_tail(ccm_sandbox::autoscaler::NAME, 30)
+    );
+
+    // As kube-scheduler would: the Pod runs there; then it is deleted.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.patch(
+        "big",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"nodeName": name}})),
+    )
+    .await
+    .unwrap();
+    pods.patch_status(
+        "big",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running", "conditions": [
+            {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}})),
+    )
+    .await
+    .unwrap();
+    pods.delete("big", &DeleteParams::default()).await.unwrap();
+
+    // The empty node goes: the group back to zero, its instance and Node
+    // gone.
+    healthy_until(&sandbox, "the empty worker scaled down", || async {
+        let instances = sandbox
+            .admin()
+            .ok()?
+            .sim_admin()
+            .ok()?
+            .list_instances(ListInstancesRequest {})
+            .await
+            .ok()?
+            .into_inner()
+            .instances;
+        let gone = !instances.iter().any(|i| provider_id.ends_with(&i.id));
+        (gone
+            && sim_target(&sandbox, GROUP).await == Some(0)
+            && nodes.get_opt(&name).await.ok()?.is_none())
+        .then_some(())
+    })
+    .await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("ToBeDeletedByClusterAutoscaler") && !text.contains("panic"),
+        "{}",
+        sandbox.log_tail(ccm_sandbox::autoscaler::NAME, 30)
+    );
+    // Every request it made was understood: nothing refused for its
+    // encoding, nothing it watches missing.
+    assert!(
+        !text.contains("cannot be sent as protobuf")
+            && !text.contains("could not find the requested resource"),
+        "{}",
+        sandbox.log_tail(ccm_sandbox::autoscaler::NAME, 30)
+    );
+    let exited = sandbox.exited(ccm_sandbox::autoscaler::NAME).unwrap();
+    assert!(exited.is_none(), "the autoscaler exited: {exited:?}");
+    scenario::finish(sandbox, kubelets).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stock_cluster_autoscaler_scales_an_aws_group_up_from_zero_read_back_with_boto3() {
+    const TEST: &str =
+        "a_stock_cluster_autoscaler_scales_an_aws_group_up_from_zero_read_back_with_boto3";
+    let Some(binary) = ccm_testkit::cluster_autoscaler(TEST) else {
+        return;
+    };
+    use ccm_sandbox::aws::groups;
+    let mut extra = BTreeMap::new();
+    extra.insert(
+        "cloud-gateway".to_owned(),
+        vec!["--node-groups-refresh-interval".to_owned(), "0s".to_owned()],
+    );
+    extra.insert(
+        ccm_sandbox::autoscaler::NAME.to_owned(),
+        vec!["--scan-interval=2s".to_owned(), "--v=4".to_owned()],
+    );
+    let (sandbox, kubelets, _dir) = scenario::start_adjusted(CloudKind::Aws, 1, 0, extra, |o| {
+        o.cluster_autoscaler = Some(binary)
+    })
+    .await;
+    let client = sandbox.client().await.unwrap();
+    let moto = sandbox.aws.as_ref().unwrap().moto.endpoint.clone();
+    assert_eq!(group_by_boto3(&moto, groups::GPUS), (0, Vec::new()));
+    // Only the GPU group's nodes are g4dn.xlarge: its template (from its
+    // launch configuration) is all the autoscaler has to go by.
+    unschedulable_pod(
+        &client,
+        "gpu-job",
+        ("node.kubernetes.io/instance-type", "g4dn.xlarge"),
+    )
+    .await;
+    healthy_until(&sandbox, "the GPU group scaled up to one", || async {
+        let moto = moto.clone();
+        let (desired, instances) =
+            tokio::task::spawn_blocking(move || group_by_boto3(&moto, groups::GPUS))
+                .await
+                .ok()?;
+        (desired == 1 && instances.len() == 1).then_some(())
+    })
+    .await;
+    let text =
+        std::fs::read_to_string(sandbox.options.state_dir.join("cluster-autoscaler.log")).unwrap();
+    assert!(
+        text.contains("Scale-up: setting group gpus size to 1") && !text.contains("panic"),
+        "{}",
+        sandbox.log_tail(ccm_sandbox::autoscaler::NAME, 30)
+    );
     scenario::finish(sandbox, kubelets).await;
 }

@@ -2532,6 +2532,11 @@ async fn the_knobs_upstream_users_set_reach_aws_as_upstream_applies_them() {
 #[tokio::test]
 async fn the_aws_provider_passes_the_conformance_suite() {
     let env = env(1, &[]).await;
+    // Auto Scaling groups for the autoscaler's checks: one with options of
+    // its own, one without.
+    aws::seed_node_groups(&env._moto.endpoint, &env.seeded, CLUSTER)
+        .await
+        .unwrap();
     let ca = env.gateway.pki.ca_file();
     let out = gateway_conformance::run_binary(
         &ccm_testkit::bin_dir(),
@@ -2568,6 +2573,10 @@ async fn the_aws_provider_passes_the_conformance_suite() {
     }
     assert!(stdout.contains("PASS lb.invalid-annotation"), "{stdout}");
     assert!(stdout.contains("PASS lb.update-hosts"), "{stdout}");
+    assert!(
+        stdout.contains("PASS node-groups.both-wire-formats"),
+        "{stdout}"
+    );
 }
 
 // Classic ELBs: what a Service without a type annotation gets, as with

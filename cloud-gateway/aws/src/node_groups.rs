@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use aws_sdk_autoscaling::types::{AutoScalingGroup, Filter, LifecycleState};
 use ccm_provider::node_groups::{
     GroupInstance, GroupInstanceState, GroupOptions, InstanceError, InstanceErrorClass, NodeGroup,
-    NodeGroups, NodeTemplate, Taint,
+    NodeGroups, NodeTemplate, OPTION_NAMES, Taint,
 };
 use ccm_provider::{CloudError, Result};
 
@@ -151,36 +151,6 @@ fn launch_error(message: &str) -> InstanceError {
     }
 }
 
-/// A Go duration (`10m`, `1h30m`, `90s`, `1.5h`), as the options' tags
-/// hold them.
-fn go_duration(text: &str) -> Option<Duration> {
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total = 0.0;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let number: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit_end = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_end] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 0.001,
-            _ => return None,
-        };
-        total += number * scale;
-        rest = &rest[unit_end..];
-    }
-    Duration::try_from_secs_f64(total).ok()
-}
-
 /// The options the group's tags set; a value that does not parse is
 /// left at the autoscaler's default, with a warning.
 fn options(group: &str, tags: &BTreeMap<&str, &str>) -> GroupOptions {
@@ -190,49 +160,15 @@ fn options(group: &str, tags: &BTreeMap<&str, &str>) -> GroupOptions {
         let Some(name) = key.strip_prefix(prefix.as_str()) else {
             continue;
         };
-        let fraction = || {
-            value
-                .parse::<f64>()
-                .ok()
-                .filter(|f| (0.0..=1.0).contains(f))
-        };
-        let flag = || value.parse::<bool>().ok();
-        let ok = match name {
-            "scaledownutilizationthreshold" => {
-                out.scale_down_utilization_threshold = fraction();
-                out.scale_down_utilization_threshold.is_some()
-            }
-            "scaledowngpuutilizationthreshold" => {
-                out.scale_down_gpu_utilization_threshold = fraction();
-                out.scale_down_gpu_utilization_threshold.is_some()
-            }
-            "scaledownunneededtime" => {
-                out.scale_down_unneeded_time = go_duration(value);
-                out.scale_down_unneeded_time.is_some()
-            }
-            "scaledownunreadytime" => {
-                out.scale_down_unready_time = go_duration(value);
-                out.scale_down_unready_time.is_some()
-            }
-            "maxnodeprovisiontime" => {
-                out.max_node_provision_time = go_duration(value);
-                out.max_node_provision_time.is_some()
-            }
-            "ignoredaemonsetsutilization" => {
-                out.ignore_daemonsets_utilization = flag();
-                out.ignore_daemonsets_utilization.is_some()
-            }
-            "zeroormaxnodescaling" => {
-                out.zero_or_max_node_scaling = flag();
-                out.zero_or_max_node_scaling.is_some()
-            }
-            _ => true,
-        };
-        if !ok {
+        // Upstream ignores options it does not know.
+        if !OPTION_NAMES.contains(&name) {
+            continue;
+        }
+        if let Err(problem) = out.set(name, value) {
             tracing::warn!(
                 group,
                 tag = key,
-                value,
+                problem,
                 "autoscaling option ignored: its value does not parse"
             );
         }
@@ -529,7 +465,7 @@ impl AwsCloud {
             max_size: count(group.max_size()),
             target_size: target,
             instances,
-            template: self.template(name, group).await?,
+            template: self.template(name, group).await,
             options: options(name, &tags(group)),
         })
     }
@@ -651,26 +587,6 @@ impl NodeGroups for AwsCloud {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_durations_parse_as_the_autoscaler_writes_them() {
-        for (text, secs) in [
-            ("10m", 600.0),
-            ("1h30m", 5400.0),
-            ("90s", 90.0),
-            ("1.5h", 5400.0),
-            ("250ms", 0.25),
-        ] {
-            assert_eq!(
-                go_duration(text),
-                Some(Duration::from_secs_f64(secs)),
-                "{text}"
-            );
-        }
-        for bad in ["", "10", "ten minutes", "5d", "m"] {
-            assert_eq!(go_duration(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn option_tags_set_options_and_bad_values_keep_the_default() {

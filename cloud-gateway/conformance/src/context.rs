@@ -46,7 +46,8 @@ pub(crate) struct Context {
 
 impl Context {
     /// Asks for the provider's info, probes the admin hook, and makes an
-    /// instance for the run where no node is named and the hook can.
+    /// instance for the run where no node is named and the hook can (and
+    /// two empty node groups, where the provider has them).
     pub(crate) async fn set_up(target: &Target) -> Context {
         let info = match target.client("service", &target.cluster) {
             Ok(c) => c.provider_info().await.ok(),
@@ -66,6 +67,22 @@ impl Context {
         {
             cx.node = Some(instance.name.clone());
             cx.made = Some(instance);
+        }
+        // Node groups for the autoscaler's checks, before anything asks
+        // for them: one with none of the autoscaler's options of its own,
+        // one with one.
+        if let Ok(hook) = &cx.hook
+            && cx.offers(Capability::NodeGroups)
+        {
+            let cluster = &cx.target.cluster;
+            let _ = hook.create_group(cluster, "conformance-plain", &[]).await;
+            let _ = hook
+                .create_group(
+                    cluster,
+                    "conformance-tuned",
+                    &[("scaledownunneededtime", "7m")],
+                )
+                .await;
         }
         cx
     }

@@ -1,10 +1,14 @@
 //! The admin hook: the subset of `SimAdmin` a gateway offers the `admin`
 //! token to act as the cloud's console would (create, stop and terminate
-//! instances; make calls slow and load balancers slow to provision).
+//! instances; create empty node groups; make calls slow and load balancers
+//! slow to provision).
 
 use ccm_proto::AuthorizedChannel;
 use ccm_proto::v1::sim_admin_client::SimAdminClient;
-use ccm_proto::v1::{CreateInstanceRequest, Faults, GetFaultsRequest, InstanceId, SimInstance};
+use ccm_proto::v1::{
+    CreateInstanceRequest, CreateNodeGroupRequest, Faults, GetFaultsRequest, InstanceId,
+    SimInstance,
+};
 
 use crate::target::Target;
 
@@ -42,6 +46,33 @@ impl Hook {
             .await
             .map(|r| r.into_inner())
             .map_err(|e| format!("admin hook: create instance {name}: {}", e.message()))
+    }
+
+    /// Makes an empty node group of `cluster` named `prefix` and a random
+    /// suffix, with Cluster Autoscaler's `options` (by name); it stays, as
+    /// empty groups cost nothing.
+    pub(crate) async fn create_group(
+        &self,
+        cluster: &str,
+        prefix: &str,
+        options: &[(&str, &str)],
+    ) -> Result<(), String> {
+        let id = format!("{prefix}-{:08x}", fastrand::u32(..));
+        self.0
+            .clone()
+            .create_node_group(CreateNodeGroupRequest {
+                cluster_name: cluster.to_owned(),
+                id: id.clone(),
+                max_size: 1,
+                autoscaling_options: options
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+            .map_err(|e| format!("admin hook: create node group {id}: {}", e.message()))
     }
 
     /// Stops the instance (it still exists), or terminates it for good.

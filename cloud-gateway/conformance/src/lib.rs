@@ -8,6 +8,7 @@
 
 mod checks;
 mod context;
+pub mod externalgrpc;
 mod hook;
 mod outcome;
 mod target;
@@ -51,7 +52,7 @@ pub async fn run(target: &Target, mut on: impl FnMut(&Checked)) -> Vec<Checked> 
 
 /// The suite, in the order it runs: each check with the rule it tests and
 /// the capability it needs.
-const SUITE: [Check; 30] = [
+const SUITE: [Check; 31] = [
     Check {
         name: "health.serving",
         rule: "grpc.health.v1 answers SERVING for the server and each offered service",
@@ -231,6 +232,12 @@ const SUITE: [Check; 30] = [
         rule: "pricing is UNIMPLEMENTED, which the autoscaler reads as not offered",
         needs: Some(Capability::NodeGroups),
         body: |cx| Box::pin(node_groups::pricing_unimplemented(cx)),
+    },
+    Check {
+        name: "node-groups.both-wire-formats",
+        rule: "every autoscaler release reads the same templates and options: the wire formats before 1.35 and from 1.35 on, in one answer",
+        needs: Some(Capability::NodeGroups),
+        body: |cx| Box::pin(node_groups::both_wire_formats(cx)),
     },
 ];
 

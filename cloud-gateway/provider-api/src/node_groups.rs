@@ -57,9 +57,13 @@ pub struct NodeGroup {
     pub target_size: u32,
     /// What the cloud holds of it now.
     pub instances: Vec<GroupInstance>,
-    /// What a new node of the group looks like, for scaling from zero.
-    pub template: NodeTemplate,
-    /// Options that differ from the autoscaler's defaults for this group.
+    /// What a new node of the group looks like, for scaling from zero; or
+    /// why the cloud could not tell. A group whose template cannot be read
+    /// is still listed and scaled (as Cluster Autoscaler's AWS provider
+    /// assumes it available): only its template answers the error.
+    pub template: Result<NodeTemplate>,
+    /// Options that differ from the autoscaler's defaults for this group;
+    /// all `None` when it sets none of its own.
     pub options: GroupOptions,
 }
 
@@ -136,4 +140,146 @@ pub struct GroupOptions {
     pub max_node_provision_time: Option<std::time::Duration>,
     pub ignore_daemonsets_utilization: Option<bool>,
     pub zero_or_max_node_scaling: Option<bool>,
+}
+
+/// The names of the options a group may set, as Cluster Autoscaler's AWS
+/// provider reads them from the tags
+/// `k8s.io/cluster-autoscaler/node-template/autoscaling-options/<name>`.
+pub const OPTION_NAMES: &[&str] = &[
+    "scaledownutilizationthreshold",
+    "scaledowngpuutilizationthreshold",
+    "scaledownunneededtime",
+    "scaledownunreadytime",
+    "maxnodeprovisiontime",
+    "ignoredaemonsetsutilization",
+    "zeroormaxnodescaling",
+];
+
+impl GroupOptions {
+    /// Whether the group sets any option of its own.
+    pub fn any(&self) -> bool {
+        *self != Self::default()
+    }
+
+    /// Sets the option `name` (one of [`OPTION_NAMES`]) from its text as
+    /// upstream writes it: a fraction from 0 to 1, a Go duration (`10m`,
+    /// `1h30m`), or `true`/`false`. A name it does not know, or a value
+    /// that does not parse, is the error and changes nothing.
+    pub fn set(&mut self, name: &str, value: &str) -> std::result::Result<(), String> {
+        let fraction = || {
+            value
+                .parse::<f64>()
+                .ok()
+                .filter(|f| (0.0..=1.0).contains(f))
+                .ok_or_else(|| format!("{value:?} is not a fraction from 0 to 1"))
+        };
+        let duration =
+            || go_duration(value).ok_or_else(|| format!("{value:?} is not a duration such as 10m"));
+        let flag = || {
+            value
+                .parse::<bool>()
+                .map_err(|_| format!("{value:?} is not true or false"))
+        };
+        match name {
+            "scaledownutilizationthreshold" => {
+                self.scale_down_utilization_threshold = Some(fraction()?)
+            }
+            "scaledowngpuutilizationthreshold" => {
+                self.scale_down_gpu_utilization_threshold = Some(fraction()?)
+            }
+            "scaledownunneededtime" => self.scale_down_unneeded_time = Some(duration()?),
+            "scaledownunreadytime" => self.scale_down_unready_time = Some(duration()?),
+            "maxnodeprovisiontime" => self.max_node_provision_time = Some(duration()?),
+            "ignoredaemonsetsutilization" => self.ignore_daemonsets_utilization = Some(flag()?),
+            "zeroormaxnodescaling" => self.zero_or_max_node_scaling = Some(flag()?),
+            other => {
+                return Err(format!(
+                    "{other:?} is no option; the options are {}",
+                    OPTION_NAMES.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A Go duration (`10m`, `1h30m`, `90s`, `1.5h`, `250ms`), as the
+/// autoscaler's options are written.
+pub fn go_duration(text: &str) -> Option<std::time::Duration> {
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0.0;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_end = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_end] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            _ => return None,
+        };
+        total += number * scale;
+        rest = &rest[unit_end..];
+    }
+    std::time::Duration::try_from_secs_f64(total).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn go_durations_parse_as_the_autoscaler_writes_them() {
+        for (text, secs) in [
+            ("10m", 600.0),
+            ("1h30m", 5400.0),
+            ("90s", 90.0),
+            ("1.5h", 5400.0),
+            ("250ms", 0.25),
+        ] {
+            assert_eq!(
+                go_duration(text),
+                Some(Duration::from_secs_f64(secs)),
+                "{text}"
+            );
+        }
+        for bad in ["", "10", "ten minutes", "5d", "m"] {
+            assert_eq!(go_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn options_are_set_by_name_and_bad_values_change_nothing() {
+        let mut o = GroupOptions::default();
+        o.set("scaledownutilizationthreshold", "0.4").unwrap();
+        o.set("scaledownunneededtime", "20m").unwrap();
+        o.set("ignoredaemonsetsutilization", "true").unwrap();
+        assert!(o.set("scaledowngpuutilizationthreshold", "1.7").is_err());
+        assert!(o.set("maxnodeprovisiontime", "soon").is_err());
+        assert!(
+            o.set("colour", "blue")
+                .unwrap_err()
+                .contains("scaledownunneededtime")
+        );
+        assert_eq!(
+            o,
+            GroupOptions {
+                scale_down_utilization_threshold: Some(0.4),
+                scale_down_unneeded_time: Some(Duration::from_secs(1200)),
+                ignore_daemonsets_utilization: Some(true),
+                ..GroupOptions::default()
+            }
+        );
+    }
 }

@@ -27,7 +27,7 @@ use ccm_provider::{
 };
 use ipnet::IpNet;
 
-pub use self::node_groups::{GPU_LABEL, NEW_INSTANCE_TIME};
+pub use self::node_groups::{GPU_LABEL, NEW_INSTANCE_TIME, capacity as instance_capacity};
 use self::store::{InstanceRecord, LoadBalancerRecord, RouteRecord, Store};
 
 /// The provider's name and provider-ID scheme.

@@ -30,7 +30,7 @@ fn invalid(field: &str, problem: String) -> CloudError {
 
 /// What an instance type offers: `sim.<family>-<cpus>` has that many CPUs
 /// and 4 GiB of memory each; `gpu` families one GPU.
-fn capacity(instance_type: &str) -> std::collections::BTreeMap<String, String> {
+pub fn capacity(instance_type: &str) -> std::collections::BTreeMap<String, String> {
     let cpus: u32 = instance_type
         .rsplit('-')
         .next()
@@ -107,6 +107,12 @@ impl SimCloud {
             out.push((group, members.into_iter().map(|i| i.name).collect()));
         }
         Ok(out)
+    }
+
+    /// Every node group as stored, of every cluster: a read, which makes
+    /// or removes no instance.
+    pub fn node_group_records(&self) -> Result<Vec<NodeGroupRecord>> {
+        self.state().store.node_groups()
     }
 
     /// The cluster's group `id`.
@@ -236,7 +242,7 @@ impl SimCloud {
             max_size: group.max_size,
             target_size: group.target_size,
             instances,
-            template: NodeTemplate {
+            template: Ok(NodeTemplate {
                 instance_type: group.instance_type.clone(),
                 zones: group.zones.clone(),
                 region: self.config.region.clone(),
@@ -251,8 +257,15 @@ impl SimCloud {
                         effect: effect.clone(),
                     })
                     .collect(),
+            }),
+            options: {
+                // Checked when the group was made.
+                let mut options = GroupOptions::default();
+                for (name, value) in &group.options {
+                    let _ = options.set(name, value);
+                }
+                options
             },
-            options: GroupOptions::default(),
         }
     }
 }

@@ -57,6 +57,10 @@ pub struct NodeGroupRecord {
     /// The number the next failed launch's placeholder gets.
     #[serde(default)]
     pub next_failed: u64,
+    /// Cluster Autoscaler's options it sets, by name (see
+    /// `ccm_provider::node_groups::OPTION_NAMES`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, String>,
 }
 
 /// A node group's launch that failed: a placeholder with no instance.

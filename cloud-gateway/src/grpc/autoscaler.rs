@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ccm_proto::externalgrpc as ca;
 use ccm_proto::externalgrpc::cloud_provider_server::CloudProvider;
@@ -93,11 +94,78 @@ fn wire_group(g: &NodeGroup) -> ca::NodeGroup {
     }
 }
 
-fn duration(d: Option<std::time::Duration>) -> Option<prost_types::Duration> {
-    d.map(|d| prost_types::Duration {
-        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
-    })
+/// A duration in both wire forms: `google.protobuf.Duration` (1.35 on) and
+/// `metav1.Duration` (before 1.35).
+fn durations(d: Duration) -> (Option<prost_types::Duration>, Option<ca::LegacyDuration>) {
+    (
+        Some(prost_types::Duration {
+            seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+        }),
+        Some(ca::LegacyDuration {
+            duration: i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        }),
+    )
+}
+
+/// A duration the client sent in either wire form (each release fills
+/// only its own); zero when it sent neither.
+fn either(modern: Option<&prost_types::Duration>, legacy: Option<&ca::LegacyDuration>) -> Duration {
+    let from_modern = modern.map(|d| {
+        Duration::new(
+            u64::try_from(d.seconds).unwrap_or(0),
+            u32::try_from(d.nanos).unwrap_or(0),
+        )
+    });
+    let from_legacy = legacy.map(|d| Duration::from_nanos(u64::try_from(d.duration).unwrap_or(0)));
+    from_modern.or(from_legacy).unwrap_or_default()
+}
+
+/// The options of a group that sets some of its own: the group's where it
+/// sets them, else the client's defaults, each duration in both wire forms
+/// (a client before 1.35 dereferences its three without a check).
+fn options(
+    o: &ccm_provider::node_groups::GroupOptions,
+    defaults: &ca::NodeGroupAutoscalingOptions,
+) -> ca::NodeGroupAutoscalingOptions {
+    let (unneeded, unneeded_legacy) = durations(o.scale_down_unneeded_time.unwrap_or_else(|| {
+        either(
+            defaults.scale_down_unneeded_duration.as_ref(),
+            defaults.scale_down_unneeded_time.as_ref(),
+        )
+    }));
+    let (unready, unready_legacy) = durations(o.scale_down_unready_time.unwrap_or_else(|| {
+        either(
+            defaults.scale_down_unready_duration.as_ref(),
+            defaults.scale_down_unready_time.as_ref(),
+        )
+    }));
+    let (provision, provision_legacy) = durations(o.max_node_provision_time.unwrap_or_else(|| {
+        either(
+            defaults.max_node_provision_duration.as_ref(),
+            defaults.max_node_provision_time.as_ref(),
+        )
+    }));
+    ca::NodeGroupAutoscalingOptions {
+        scale_down_utilization_threshold: o
+            .scale_down_utilization_threshold
+            .unwrap_or(defaults.scale_down_utilization_threshold),
+        scale_down_gpu_utilization_threshold: o
+            .scale_down_gpu_utilization_threshold
+            .unwrap_or(defaults.scale_down_gpu_utilization_threshold),
+        ignore_daemon_sets_utilization: o
+            .ignore_daemonsets_utilization
+            .unwrap_or(defaults.ignore_daemon_sets_utilization),
+        zero_or_max_node_scaling: o
+            .zero_or_max_node_scaling
+            .unwrap_or(defaults.zero_or_max_node_scaling),
+        scale_down_unneeded_duration: unneeded,
+        scale_down_unneeded_time: unneeded_legacy,
+        scale_down_unready_duration: unready,
+        scale_down_unready_time: unready_legacy,
+        max_node_provision_duration: provision,
+        max_node_provision_time: provision_legacy,
+    }
 }
 
 #[tonic::async_trait]
@@ -267,16 +335,26 @@ impl CloudProvider for AutoscalerService {
                     ids.push(node.provider_id.clone());
                 }
             }
-            let count = u32::try_from(ids.len()).unwrap_or(u32::MAX);
-            if group.target_size.saturating_sub(count) < group.min_size {
+            // Upstream's AWS provider refuses only a group already at its
+            // minimum; the autoscaler itself never asks for more than the
+            // group can lose, and the cloud refuses an instance past it.
+            if group.target_size <= group.min_size {
                 return Err(CloudError::InvalidArgument(vec![(
                     "nodes".into(),
                     format!(
-                        "min size reached: deleting {count} of node group {:?} would take its target {} below its minimum {}",
-                        group.id, group.target_size, group.min_size
+                        "min size reached, nodes will not be deleted: node group {:?} is at its minimum {}",
+                        group.id, group.min_size
                     ),
                 )]));
             }
+            // Instances already on their way out lower nothing again (the
+            // cloud skips them, as upstream's provider does).
+            let leaving = group
+                .instances
+                .iter()
+                .filter(|n| ids.contains(&n.provider_id) && n.state != GroupInstanceState::Deleting)
+                .count();
+            let count = u32::try_from(leaving).unwrap_or(u32::MAX);
             let resource = format!("node_group/{}", group.id);
             self.cloud
                 .node_groups()?
@@ -394,12 +472,15 @@ impl CloudProvider for AutoscalerService {
     ) -> Result<Response<ca::NodeGroupTemplateNodeInfoResponse>, Status> {
         answer(async move {
             let group = self.group(&request.into_inner().id).await?;
-            let (gpu_label, _) = self
-                .cloud
-                .gpus()
-                .ok_or(CloudError::NotImplemented("node groups"))?;
+            // A group whose template the cloud could not read is listed
+            // and scaled; only scaling it from zero waits for the cloud.
+            let template = group.template.as_ref().map_err(Clone::clone)?;
+            let node = super::node_template::encode(&group.id, template);
+            // One answer for every release: the same bytes as an embedded
+            // message (before 1.35) and as bytes (1.35 on).
             Ok(Response::new(ca::NodeGroupTemplateNodeInfoResponse {
-                node_bytes: super::node_template::encode(&group, gpu_label),
+                node_info: node.clone(),
+                node_bytes: node,
             }))
         })
         .await
@@ -412,31 +493,21 @@ impl CloudProvider for AutoscalerService {
         answer(async move {
             let req = request.into_inner();
             let group = self.group(&req.id).await?;
-            let mut options = req.defaults.unwrap_or_default();
-            let o = &group.options;
-            if let Some(v) = o.scale_down_utilization_threshold {
-                options.scale_down_utilization_threshold = v;
-            }
-            if let Some(v) = o.scale_down_gpu_utilization_threshold {
-                options.scale_down_gpu_utilization_threshold = v;
-            }
-            if let Some(v) = o.ignore_daemonsets_utilization {
-                options.ignore_daemon_sets_utilization = v;
-            }
-            if let Some(v) = o.zero_or_max_node_scaling {
-                options.zero_or_max_node_scaling = v;
-            }
-            if o.scale_down_unneeded_time.is_some() {
-                options.scale_down_unneeded_duration = duration(o.scale_down_unneeded_time);
-            }
-            if o.scale_down_unready_time.is_some() {
-                options.scale_down_unready_duration = duration(o.scale_down_unready_time);
-            }
-            if o.max_node_provision_time.is_some() {
-                options.max_node_provision_duration = duration(o.max_node_provision_time);
+            // Either release rebuilds its options from the answer's fields
+            // alone, zeroing what the proto does not carry (1.35's
+            // MaxNodeStartupTime among them); told "unimplemented", it keeps
+            // its own defaults whole. So only a group that sets an option
+            // of its own gets an answer.
+            if !group.options.any() {
+                return Err(CloudError::NotImplemented(
+                    "per-group options (this group sets none)",
+                ));
             }
             Ok(Response::new(ca::NodeGroupAutoscalingOptionsResponse {
-                node_group_autoscaling_options: Some(options),
+                node_group_autoscaling_options: Some(options(
+                    &group.options,
+                    &req.defaults.unwrap_or_default(),
+                )),
             }))
         })
         .await

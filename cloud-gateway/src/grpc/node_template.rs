@@ -2,24 +2,26 @@
 //! Cluster Autoscaler decodes `NodeGroupTemplateNodeInfoResponse.nodeBytes`
 //! to scale a group up from zero: the well-known labels a kubelet and the
 //! node controller would give a node of the group, the group's own labels
-//! and taints, its capacity (all of it allocatable), and Ready.
+//! (which may override them: a provider states `kubernetes.io/arch` where
+//! it knows it) and taints, its capacity (all of it allocatable), and
+//! Ready. As upstream's AWS provider, it names no GPU type: the autoscaler
+//! reads a GPU node's type from the label only on real nodes.
 
 use std::collections::BTreeMap;
 
-use ccm_provider::node_groups::NodeGroup;
+use ccm_provider::node_groups::NodeTemplate;
 use k8s_pb::api::core::v1 as core;
 use k8s_pb::apimachinery::pkg::api::resource::Quantity;
 use k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use prost::Message;
 
-/// The template node of `group`, encoded.
-pub fn encode(group: &NodeGroup, gpu_label: &str) -> Vec<u8> {
-    node(group, gpu_label).encode_to_vec()
+/// The template node of the group `id`, encoded.
+pub fn encode(id: &str, template: &NodeTemplate) -> Vec<u8> {
+    node(id, template).encode_to_vec()
 }
 
-fn node(group: &NodeGroup, gpu_label: &str) -> core::Node {
-    let t = &group.template;
-    let name = format!("template-node-for-{}", group.id);
+fn node(id: &str, t: &NodeTemplate) -> core::Node {
+    let name = format!("template-node-for-{id}");
     let mut labels = BTreeMap::from([
         ("kubernetes.io/os".to_owned(), "linux".to_owned()),
         ("kubernetes.io/arch".to_owned(), "amd64".to_owned()),
@@ -36,9 +38,6 @@ fn node(group: &NodeGroup, gpu_label: &str) -> core::Node {
         "topology.kubernetes.io/zone",
         t.zones.first().map_or("", String::as_str),
     );
-    if t.capacity.contains_key("nvidia.com/gpu") && !labels.contains_key(gpu_label) {
-        labels.insert(gpu_label.to_owned(), t.instance_type.clone());
-    }
     labels.extend(t.labels.clone());
     let quantities: BTreeMap<String, Quantity> = t
         .capacity
@@ -87,44 +86,41 @@ fn node(group: &NodeGroup, gpu_label: &str) -> core::Node {
 
 #[cfg(test)]
 mod tests {
-    use ccm_provider::node_groups::{GroupOptions, NodeTemplate, Taint};
+    use ccm_provider::node_groups::Taint;
 
     use super::*;
 
     #[test]
     fn the_template_decodes_as_a_node_with_the_groups_shape() {
-        let group = NodeGroup {
-            id: "gpu".into(),
-            min_size: 0,
-            max_size: 3,
-            target_size: 0,
-            instances: Vec::new(),
-            template: NodeTemplate {
-                instance_type: "p3.2xlarge".into(),
-                zones: vec!["eu-west-1a".into()],
-                region: "eu-west-1".into(),
-                capacity: BTreeMap::from([
-                    ("cpu".into(), "8".into()),
-                    ("memory".into(), "62Gi".into()),
-                    ("pods".into(), "58".into()),
-                    ("nvidia.com/gpu".into(), "1".into()),
-                ]),
-                labels: BTreeMap::from([("team".into(), "ml".into())]),
-                taints: vec![Taint {
-                    key: "gpu".into(),
-                    value: String::new(),
-                    effect: "NoSchedule".into(),
-                }],
-            },
-            options: GroupOptions::default(),
+        let template = NodeTemplate {
+            instance_type: "p3.2xlarge".into(),
+            zones: vec!["eu-west-1a".into()],
+            region: "eu-west-1".into(),
+            capacity: BTreeMap::from([
+                ("cpu".into(), "8".into()),
+                ("memory".into(), "62Gi".into()),
+                ("pods".into(), "58".into()),
+                ("nvidia.com/gpu".into(), "1".into()),
+            ]),
+            labels: BTreeMap::from([
+                ("team".into(), "ml".into()),
+                ("kubernetes.io/arch".into(), "arm64".into()),
+            ]),
+            taints: vec![Taint {
+                key: "gpu".into(),
+                value: String::new(),
+                effect: "NoSchedule".into(),
+            }],
         };
-        let decoded =
-            core::Node::decode(encode(&group, "k8s.amazonaws.com/accelerator").as_slice()).unwrap();
+        let decoded = core::Node::decode(encode("gpu", &template).as_slice()).unwrap();
         let labels = decoded.metadata.unwrap().labels;
         assert_eq!(labels["node.kubernetes.io/instance-type"], "p3.2xlarge");
         assert_eq!(labels["topology.kubernetes.io/zone"], "eu-west-1a");
         assert_eq!(labels["team"], "ml");
-        assert_eq!(labels["k8s.amazonaws.com/accelerator"], "p3.2xlarge");
+        // The provider's word wins over the default; no GPU type is made up.
+        assert_eq!(labels["kubernetes.io/arch"], "arm64");
+        assert_eq!(labels["kubernetes.io/os"], "linux");
+        assert!(!labels.contains_key("k8s.amazonaws.com/accelerator"));
         let status = decoded.status.unwrap();
         assert_eq!(
             status.allocatable["nvidia.com/gpu"].string.as_deref(),

@@ -30,6 +30,11 @@ pub struct SimAdminService {
 }
 
 impl SimAdminService {
+    /// One instance as SimAdmin shows it (see [`sim_instance`]).
+    fn shown(&self, record: &InstanceRecord) -> Result<SimInstance, CloudError> {
+        Ok(sim_instance(record, &self.sim.node_group_records()?))
+    }
+
     /// Serves `sim`; instance changes made here drop what `lookups` cached
     /// about that instance.
     pub fn new(sim: Arc<SimCloud>, lookups: Option<Arc<InstanceLookups>>) -> Self {
@@ -43,9 +48,29 @@ impl SimAdminService {
     }
 }
 
-/// The record as SimAdmin shows it.
-fn sim_instance(record: &InstanceRecord) -> SimInstance {
+/// The record as SimAdmin shows it, with what its kubelet registers: the
+/// capacity of its type and the taints of its group (among `groups`).
+fn sim_instance(record: &InstanceRecord, groups: &[NodeGroupRecord]) -> SimInstance {
+    let taints = record
+        .group
+        .as_ref()
+        .and_then(|id| groups.iter().find(|g| &g.id == id))
+        .map(|g| {
+            g.taints
+                .iter()
+                .map(|(key, value, effect)| SimTaint {
+                    key: key.clone(),
+                    value: value.clone(),
+                    effect: effect.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     SimInstance {
+        capacity: ccm_provider_sim::instance_capacity(&record.instance_type)
+            .into_iter()
+            .collect(),
+        taints,
         id: record.id.clone(),
         name: record.name.clone(),
         provider_id: record.provider_id(),
@@ -87,6 +112,7 @@ fn sim_node_group(group: &NodeGroupRecord, instances: Vec<String>) -> SimNodeGro
             .collect(),
         instances,
         failed_launches: group.failed.iter().map(|f| f.id.clone()).collect(),
+        autoscaling_options: group.options.clone().into_iter().collect(),
     }
 }
 
@@ -134,6 +160,12 @@ fn node_group_record(req: CreateNodeGroupRequest) -> Result<NodeGroupRecord, Clo
             );
         }
     }
+    let mut options = ccm_provider::node_groups::GroupOptions::default();
+    for (name, value) in &req.autoscaling_options {
+        if let Err(problem) = options.set(name, value) {
+            v.add(format!("autoscaling_options[{name}]"), problem);
+        }
+    }
     v.finish()?;
     Ok(NodeGroupRecord {
         cluster: req.cluster_name,
@@ -151,6 +183,7 @@ fn node_group_record(req: CreateNodeGroupRequest) -> Result<NodeGroupRecord, Clo
             .collect(),
         failed: Vec::new(),
         next_failed: 0,
+        options: req.autoscaling_options.into_iter().collect(),
     })
 }
 
@@ -275,7 +308,7 @@ impl SimAdmin for SimAdminService {
                 labels: req.labels.into_iter().collect(),
             })?;
             tracing::info!(target: "audit", instance = %record.id, name = %record.name, "sim instance created");
-            Ok(Response::new(sim_instance(&record)))
+            Ok(Response::new(self.shown(&record)?))
         })
         .await
     }
@@ -285,11 +318,12 @@ impl SimAdmin for SimAdminService {
         _request: Request<ListInstancesRequest>,
     ) -> Result<Response<ListInstancesResponse>, Status> {
         answer(async move {
+            let groups = self.sim.node_group_records()?;
             let instances = self
                 .sim
                 .list_instances()?
                 .iter()
-                .map(sim_instance)
+                .map(|record| sim_instance(record, &groups))
                 .collect();
             Ok(Response::new(ListInstancesResponse { instances }))
         })
@@ -305,7 +339,7 @@ impl SimAdmin for SimAdminService {
             let record = self.sim.set_running(&id, false)?;
             self.invalidate(&record);
             tracing::info!(target: "audit", instance = %record.id, "sim instance stopped");
-            Ok(Response::new(sim_instance(&record)))
+            Ok(Response::new(self.shown(&record)?))
         })
         .await
     }
@@ -319,7 +353,7 @@ impl SimAdmin for SimAdminService {
             let record = self.sim.set_running(&id, true)?;
             self.invalidate(&record);
             tracing::info!(target: "audit", instance = %record.id, "sim instance started");
-            Ok(Response::new(sim_instance(&record)))
+            Ok(Response::new(self.shown(&record)?))
         })
         .await
     }
@@ -355,7 +389,7 @@ impl SimAdmin for SimAdminService {
                 .set_addresses(&req.id, &convert::addresses(req.addresses))?;
             self.invalidate(&record);
             tracing::info!(target: "audit", instance = %record.id, "sim instance addresses set");
-            Ok(Response::new(sim_instance(&record)))
+            Ok(Response::new(self.shown(&record)?))
         })
         .await
     }

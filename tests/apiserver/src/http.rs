@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::aggregation;
+use super::evictions;
 use super::patch::strategic_merge;
 use super::pki;
 use super::protobuf;
@@ -448,10 +449,16 @@ fn resource_list(group: &str, version: &str) -> Value {
         subresources.sort_unstable();
         for sub in subresources {
             let (kind, verbs) = r.subresource_discovery(sub);
-            out.push(json!({
+            let mut entry = json!({
                 "name": format!("{}/{sub}", r.plural), "singularName": "", "namespaced": r.namespaced,
                 "kind": kind, "verbs": verbs,
-            }));
+            });
+            // An eviction is a `policy/v1` object posted to a pod.
+            if sub == "eviction" {
+                entry["group"] = json!("policy");
+                entry["version"] = json!("v1");
+            }
+            out.push(entry);
         }
     }
     // kube-apiserver registers, and lists, its resources sorted by path
@@ -569,7 +576,8 @@ async fn dispatch(
             )),
         };
     }
-    match (method, t.name) {
+    let writes = method != Method::GET;
+    let answer = match (method, t.name) {
         (Method::GET, None) => get_collection(shared, resource, t.namespace, &q, accept),
         (Method::GET, Some(name)) => {
             let obj = store.get(resource, &ns, &name)?;
@@ -596,6 +604,13 @@ async fn dispatch(
             let created = store.create(resource, &ns, obj)?;
             mirror_event(store, resource, &ns, &created);
             Ok(with_warnings(json_response(201, &created), &warnings))
+        }
+        (Method::POST, Some(name)) if t.sub.as_deref() == Some("eviction") => {
+            let eviction = parse_object(headers, &body)?;
+            Ok(json_response(
+                201,
+                &evictions::evict(store, &ns, &name, &eviction)?,
+            ))
         }
         (Method::POST, Some(name)) if t.sub.as_deref() == Some("token") => {
             let request = parse_object(headers, &body)?;
@@ -662,7 +677,7 @@ async fn dispatch(
             let options: Value = if body.is_empty() {
                 json!({})
             } else {
-                parse_body(&body)?
+                parse_object(headers, &body)?
             };
             let pre = &options["preconditions"];
             let preconditions = (
@@ -679,7 +694,12 @@ async fn dispatch(
             "MethodNotAllowed",
             format!("{method} is not allowed here"),
         )),
+    };
+    // A written rule applies to the next request, as on a cluster.
+    if writes && answer.is_ok() && resource.group == rbac::GROUP {
+        shared.reload_rbac();
     }
+    answer
 }
 
 /// Sets a CSR's requester fields from the caller, as kube-apiserver does:

@@ -17,6 +17,7 @@
 pub mod accounting;
 mod aggregation;
 mod events;
+mod evictions;
 pub mod fixtures;
 pub mod front_proxy;
 mod http;
@@ -335,6 +336,24 @@ impl Shared {
         }
     }
 
+    /// Every Role, ClusterRole and binding the API holds.
+    fn rbac_objects(&self) -> Vec<Value> {
+        rbac::PLURALS
+            .iter()
+            .filter_map(|plural| resources::find(rbac::GROUP, "v1", plural))
+            .flat_map(|r| self.store.list(r, None).0)
+            .collect()
+    }
+
+    /// Applies the RBAC objects the API holds now, if RBAC is on.
+    pub fn reload_rbac(&self) {
+        let objects = self.rbac_objects();
+        let mut guard = self.rbac.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(policy) = guard.as_mut() {
+            *policy = policy.reloaded(&objects);
+        }
+    }
+
     /// The RBAC report (see [`rbac::Rbac::report`]), if RBAC is on.
     pub fn rbac_report(&self) -> Option<Value> {
         self.rbac
@@ -534,11 +553,46 @@ impl ApiServer {
     }
 
     /// Turns RBAC on with the Roles, ClusterRoles and bindings among
-    /// `objects`: from now on every request needs a known token, and only
+    /// `objects`, written into the API as `kubectl apply` would (each
+    /// created, or replacing one of its name), beside any already there:
+    /// from now on every request needs a known token, and only
     /// `system:masters` (the admin token) or a granted rule gets through.
+    /// Rules written later apply from the next request on.
     pub fn enforce_rbac(&self, objects: &[Value]) {
-        *self.shared.rbac.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(rbac::Rbac::from_objects(objects));
+        let store = &self.shared.store;
+        for o in objects {
+            let kind = o["kind"].as_str().unwrap_or_default();
+            let Some(resource) = resources::RESOURCES
+                .iter()
+                .find(|r| r.group == rbac::GROUP && r.kind == kind)
+            else {
+                continue;
+            };
+            let namespace = if resource.namespaced {
+                o["metadata"]["namespace"].as_str().unwrap_or("default")
+            } else {
+                ""
+            };
+            let name = o["metadata"]["name"].as_str().unwrap_or_default();
+            let mut object = o.clone();
+            object["apiVersion"] = json!(format!("{}/v1", rbac::GROUP));
+            let written = match store.get(resource, namespace, name) {
+                Ok(_) => store
+                    .update(resource, namespace, name, false, |old| {
+                        let mut new = object.clone();
+                        new["metadata"]["resourceVersion"] =
+                            old["metadata"]["resourceVersion"].clone();
+                        Ok(new)
+                    })
+                    .map(drop),
+                Err(_) => store.create(resource, namespace, object).map(drop),
+            };
+            if let Err(e) = written {
+                tracing::warn!(kind, name, error = %e.message, "RBAC object not loaded");
+            }
+        }
+        let policy = rbac::Rbac::from_objects(&self.shared.rbac_objects());
+        *self.shared.rbac.lock().unwrap_or_else(|e| e.into_inner()) = Some(policy);
     }
 
     /// What RBAC refused and which grants went unused; `None` while off.

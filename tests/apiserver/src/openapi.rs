@@ -103,6 +103,11 @@ fn expecting<'de, V: Visitor<'de>>(v: &V) -> String {
     format!("{}", v as &dyn Expected)
 }
 
+/// Resource types other kinds embed whole, whose `Deserialize` checks
+/// their `apiVersion` and `kind` as a resource's own does (a StatefulSet's
+/// `volumeClaimTemplates`): `(kind, apiVersion)`.
+const EMBEDDED_RESOURCES: &[(&str, &str)] = &[("PersistentVolumeClaim", "v1")];
+
 #[derive(Clone)]
 struct Tracer<'a> {
     types: &'a RefCell<Types>,
@@ -229,7 +234,13 @@ impl<'de, 'a> MapAccess<'de> for Fields<'a> {
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, Error> {
         let field = self.fields[self.next];
         self.next += 1;
-        if let Some((api_version, kind)) = self.parent.top {
+        let resource = self.parent.top.or_else(|| {
+            EMBEDDED_RESOURCES
+                .iter()
+                .find(|(kind, _)| *kind == self.name)
+                .map(|(kind, api_version)| (*api_version, *kind))
+        });
+        if let Some((api_version, kind)) = resource {
             let expected = match field {
                 "apiVersion" => Some(api_version),
                 "kind" => Some(kind),

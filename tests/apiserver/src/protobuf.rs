@@ -1,26 +1,86 @@
-//! Request bodies in Kubernetes' protobuf encoding, which kubectl's typed
-//! clients send (`kubectl create namespace`, `kubectl create service`):
-//! the `k8s\0` magic, then a `runtime.Unknown` envelope naming the kind
-//! around the object's own message. They are decoded with the `k8s-pb`
-//! types into the JSON the store keeps. Kinds without a decoder here are
-//! refused with 415, naming the encodings accepted.
+//! Request bodies in Kubernetes' protobuf encoding, which client-go's
+//! typed clients send (kubectl's `create namespace` and `create service`,
+//! Cluster Autoscaler's status ConfigMap, Node updates and evictions): the
+//! `k8s\0` magic, then a `runtime.Unknown` envelope naming the kind around
+//! the object's own message. Every kind of the API groups whose protos
+//! this crate compiles (the Kubernetes API's own, vendored in
+//! `proto/third_party/k8s.io`; see `build.rs`) is decoded, by its
+//! descriptor, into the JSON the store keeps, as kube-apiserver takes every
+//! built-in type in either encoding. A kind outside them is refused with
+//! 415, naming the encodings accepted.
+//!
+//! The protos name most fields as JSON does; the few that differ are
+//! mapped here (Go's embedded structs, whose fields JSON inlines, and
+//! `uID`), as are the types with a JSON form of their own (`Time`,
+//! `MicroTime`, `Duration`, `Quantity`, `IntOrString`, `RawExtension`,
+//! `FieldsV1`, and the `items` wrappers of `extra` maps).
 
-use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
-use k8s_pb::api::authentication::v1 as authentication;
-use k8s_pb::api::authorization::v1 as authorization;
-use k8s_pb::api::certificates::v1 as certificates;
-use k8s_pb::api::core::v1 as core;
-use k8s_pb::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_pb::apimachinery::pkg::runtime::Unknown;
-use k8s_pb::apimachinery::pkg::util::intstr::IntOrString;
 use prost::Message;
+use prost_reflect::{DescriptorPool, DynamicMessage, MapKey, MessageDescriptor, ReflectMessage};
 use serde_json::{Map, Value, json};
 
 /// The media type of protobuf bodies.
 pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
 /// The prefix of every protobuf-encoded Kubernetes object.
 const MAGIC: &[u8] = b"k8s\0";
+
+/// The Kubernetes API's messages, compiled by `build.rs`.
+static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
+    DescriptorPool::decode(
+        include_bytes!(concat!(env!("OUT_DIR"), "/k8s_descriptor.bin")).as_slice(),
+    )
+    .expect("the descriptor set build.rs wrote decodes")
+});
+
+const META: &str = "k8s.io.apimachinery.pkg.apis.meta.v1";
+
+/// Fields that are Go embedded structs: JSON writes their fields inline.
+const INLINE: &[&str] = &[
+    "volumeSource",
+    "persistentVolumeSource",
+    "ephemeralContainerCommon",
+    "localObjectReference",
+    "typeMeta",
+];
+
+/// Go pointer fields whose zero value says something an absent field does
+/// not (`replicas: 0` is not "one replica"). Elsewhere a zero, an empty
+/// string or `false` is what Go's protobuf writes for a field it has no
+/// value for, where JSON's `omitempty` writes nothing, so they are left
+/// out.
+const KEEP_ZERO: &[&str] = &[
+    "replicas",
+    "terminationGracePeriodSeconds",
+    "gracePeriodSeconds",
+    "allocateLoadBalancerNodePorts",
+    "automountServiceAccountToken",
+    "runAsUser",
+    "runAsGroup",
+    "runAsNonRoot",
+    "fsGroup",
+    "privileged",
+    "readOnlyRootFilesystem",
+    "allowPrivilegeEscalation",
+    "parallelism",
+    "completions",
+    "backoffLimit",
+    "activeDeadlineSeconds",
+    "ttlSecondsAfterFinished",
+    "suspend",
+    "revisionHistoryLimit",
+    "progressDeadlineSeconds",
+    "maxUnavailable",
+    "maxSurge",
+    "minAvailable",
+    "immutable",
+    "optional",
+    "defaultMode",
+    "ready",
+    "serving",
+    "terminating",
+];
 
 /// Whether a `Content-Type` is the protobuf encoding.
 pub fn is_protobuf(content_type: &str) -> bool {
@@ -44,314 +104,268 @@ pub fn decode(body: &[u8]) -> Result<Value, Refused> {
     let envelope = body
         .strip_prefix(MAGIC)
         .ok_or_else(|| Refused::Malformed("a protobuf body starts with k8s\\0".into()))?;
-    let unknown = Unknown::decode(envelope)
+    let unknown = k8s_pb::apimachinery::pkg::runtime::Unknown::decode(envelope)
         .map_err(|e| Refused::Malformed(format!("not a runtime.Unknown: {e}")))?;
     let meta = unknown.type_meta.unwrap_or_default();
     let (api_version, kind) = (
         meta.api_version.unwrap_or_default(),
         meta.kind.unwrap_or_default(),
     );
-    let raw = unknown.raw.unwrap_or_default();
-    let mut object = match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Namespace") => namespace(core::Namespace::decode(raw.as_slice()).map_err(bad)?),
-        ("v1", "Service") => service(core::Service::decode(raw.as_slice()).map_err(bad)?),
-        // `kubectl create serviceaccount` and `kubectl create token`.
-        ("v1", "ServiceAccount") => {
-            let sa = core::ServiceAccount::decode(raw.as_slice()).map_err(bad)?;
-            Obj::default()
-                .put("metadata", metadata(sa.metadata))
-                .flag(
-                    "automountServiceAccountToken",
-                    sa.automount_service_account_token,
-                )
-                .0
-        }
-        ("authentication.k8s.io/v1", "TokenRequest") => {
-            token_request(authentication::TokenRequest::decode(raw.as_slice()).map_err(bad)?)
-        }
-        // `kubectl certificate approve/deny` sends these.
-        ("certificates.k8s.io/v1", "CertificateSigningRequest") => {
-            csr(certificates::CertificateSigningRequest::decode(raw.as_slice()).map_err(bad)?)
-        }
-        // `kubectl auth can-i` asks with these.
-        ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => {
-            let r = authorization::SelfSubjectAccessReview::decode(raw.as_slice()).map_err(bad)?;
-            let spec = r.spec.unwrap_or_default();
-            review(
-                r.metadata,
-                access_attributes(spec.resource_attributes, spec.non_resource_attributes),
-            )
-        }
-        ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => {
-            let r = authorization::SelfSubjectRulesReview::decode(raw.as_slice()).map_err(bad)?;
-            let spec = Obj::default().string("namespace", r.spec.and_then(|s| s.namespace));
-            review(r.metadata, spec)
-        }
-        ("authorization.k8s.io/v1", "SubjectAccessReview") => {
-            let r = authorization::SubjectAccessReview::decode(raw.as_slice()).map_err(bad)?;
-            review(r.metadata, subject_access(r.spec.unwrap_or_default()))
-        }
-        ("authorization.k8s.io/v1", "LocalSubjectAccessReview") => {
-            let r = authorization::LocalSubjectAccessReview::decode(raw.as_slice()).map_err(bad)?;
-            review(r.metadata, subject_access(r.spec.unwrap_or_default()))
-        }
-        _ => {
-            return Err(Refused::Unsupported(format!(
-                "{api_version} {kind} cannot be sent as protobuf here; send it as JSON or YAML"
-            )));
-        }
+    let descriptor = message_of(&api_version, &kind).ok_or_else(|| {
+        Refused::Unsupported(format!(
+            "{api_version} {kind} cannot be sent as protobuf here; send it as JSON or YAML"
+        ))
+    })?;
+    let message = DynamicMessage::decode(descriptor, unknown.raw.unwrap_or_default().as_slice())
+        .map_err(|e| Refused::Malformed(format!("the protobuf object does not decode: {e}")))?;
+    let mut object = match to_json(&message) {
+        Some(Value::Object(object)) => object,
+        _ => Map::new(),
     };
+    // A review's spec is its question, even when every field is empty.
+    if message.descriptor().get_field_by_name("spec").is_some() {
+        object.entry("spec").or_insert_with(|| json!({}));
+    }
     object.insert("apiVersion".into(), json!(api_version));
     object.insert("kind".into(), json!(kind));
     Ok(Value::Object(object))
 }
 
-fn bad(e: prost::DecodeError) -> Refused {
-    Refused::Malformed(format!("the protobuf object does not decode: {e}"))
+/// The message of `kind` in `api_version`: the group's first label names
+/// its proto package (`k8s.io.api.<label>.<version>`, `core` for the core
+/// group); options every group takes are meta's.
+fn message_of(api_version: &str, kind: &str) -> Option<MessageDescriptor> {
+    if matches!(
+        kind,
+        "DeleteOptions" | "CreateOptions" | "UpdateOptions" | "PatchOptions"
+    ) {
+        return POOL.get_message_by_name(&format!("{META}.{kind}"));
+    }
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let package = group
+        .split('.')
+        .next()
+        .filter(|p| !p.is_empty())
+        .unwrap_or("core");
+    POOL.get_message_by_name(&format!("k8s.io.api.{package}.{version}.{kind}"))
 }
 
-/// Builds a JSON object, leaving out absent and empty fields as the JSON
-/// encoding does. Go writes its non-pointer fields to protobuf even when
-/// they hold their zero value (`nodePort: 0`), where JSON's `omitempty`
-/// leaves them out; so empty strings, zeros and `false` are left out too.
-#[derive(Default)]
-struct Obj(Map<String, Value>);
-
-impl Obj {
-    fn put(mut self, key: &str, value: Option<Value>) -> Self {
-        if let Some(value) = value {
-            self.0.insert(key.into(), value);
+/// A message as JSON; `None` when it holds nothing JSON would write.
+fn to_json(message: &DynamicMessage) -> Option<Value> {
+    let descriptor = message.descriptor();
+    match descriptor.full_name() {
+        name if name == format!("{META}.Time") => return time(message, false),
+        name if name == format!("{META}.MicroTime") => return time(message, true),
+        name if name == format!("{META}.Duration") => {
+            let nanos = int_field(message, "duration")?;
+            return Some(json!(go_duration(nanos)));
         }
-        self
+        "k8s.io.apimachinery.pkg.api.resource.Quantity" => {
+            return str_field(message, "string").map(Value::from);
+        }
+        "k8s.io.apimachinery.pkg.util.intstr.IntOrString" => {
+            return Some(if int_field(message, "type") == Some(1) {
+                json!(str_field(message, "strVal").unwrap_or_default())
+            } else {
+                json!(int_field(message, "intVal").unwrap_or(0))
+            });
+        }
+        "k8s.io.apimachinery.pkg.runtime.RawExtension" => return raw_json(message, "raw"),
+        name if name == format!("{META}.FieldsV1") => return raw_json(message, "Raw"),
+        name if name.ends_with(".ExtraValue") || name == format!("{META}.Verbs") => {
+            let items = message.get_field_by_name("items")?;
+            return value_json(&items);
+        }
+        _ => {}
     }
-
-    fn string(self, key: &str, value: Option<String>) -> Self {
-        self.put(key, value.filter(|v| !v.is_empty()).map(Value::String))
+    let mut out = Map::new();
+    for (field, value) in message.fields() {
+        let name = field.json_name();
+        let name = match field.name() {
+            "uID" => "uid",
+            other if INLINE.contains(&other) => {
+                if let Some(Value::Object(inner)) = value_json(value) {
+                    out.extend(inner);
+                }
+                continue;
+            }
+            _ => name,
+        };
+        let keep_zero = KEEP_ZERO.contains(&field.name());
+        let converted = match value {
+            prost_reflect::Value::Message(m)
+                if keep_zero && m.descriptor().name() == "IntOrString" =>
+            {
+                to_json(m)
+            }
+            _ if keep_zero => scalar_json(value).or_else(|| value_json(value)),
+            _ => value_json(value),
+        };
+        if let Some(v) = converted {
+            out.insert(name.to_owned(), v);
+        }
     }
+    (!out.is_empty()).then_some(Value::Object(out))
+}
 
-    fn int(self, key: &str, value: Option<i32>) -> Self {
-        self.put(key, value.filter(|v| *v != 0).map(Value::from))
-    }
-
-    fn flag(self, key: &str, value: Option<bool>) -> Self {
-        self.put(key, value.filter(|v| *v).map(Value::from))
-    }
-
-    fn list<T: Into<Value>>(self, key: &str, values: Vec<T>) -> Self {
-        let value = (!values.is_empty())
-            .then(|| Value::Array(values.into_iter().map(Into::into).collect()));
-        self.put(key, value)
-    }
-
-    fn map(self, key: &str, values: BTreeMap<String, String>) -> Self {
-        let value = (!values.is_empty()).then(|| json!(values));
-        self.put(key, value)
-    }
-
-    fn value(self) -> Option<Value> {
-        (!self.0.is_empty()).then_some(Value::Object(self.0))
+/// A field's value as JSON; `None` for what JSON would leave out.
+fn value_json(value: &prost_reflect::Value) -> Option<Value> {
+    use prost_reflect::Value as V;
+    match value {
+        V::Message(m) => to_json(m),
+        V::List(items) => {
+            let items: Vec<Value> = items
+                .iter()
+                .map(|v| value_json(v).unwrap_or_else(|| zero_of(v)))
+                .collect();
+            (!items.is_empty()).then_some(Value::Array(items))
+        }
+        V::Map(entries) => {
+            let entries: Map<String, Value> = entries
+                .iter()
+                .map(|(k, v)| {
+                    let key = match k {
+                        MapKey::String(s) => s.clone(),
+                        other => format!("{other:?}"),
+                    };
+                    (key, value_json(v).unwrap_or_else(|| zero_of(v)))
+                })
+                .collect();
+            (!entries.is_empty()).then_some(Value::Object(entries))
+        }
+        other => scalar_json(other).filter(|v| !is_zero(v)),
     }
 }
 
-fn csr(c: certificates::CertificateSigningRequest) -> Map<String, Value> {
-    let b64 = |bytes: Option<Vec<u8>>| {
-        bytes
-            .filter(|b| !b.is_empty())
-            .map(|b| data_encoding::BASE64.encode(&b))
-    };
-    let time = |t: Option<k8s_pb::apimachinery::pkg::apis::meta::v1::Time>| {
-        t.and_then(|t| t.seconds)
-            .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
-            .map(|t| t.to_string())
-    };
-    let spec = c.spec.unwrap_or_default();
-    let status = c.status.unwrap_or_default();
-    let conditions: Vec<Value> = status
-        .conditions
-        .into_iter()
-        .filter_map(|cond| {
-            Obj::default()
-                .string("type", cond.r#type)
-                .string("status", cond.status)
-                .string("reason", cond.reason)
-                .string("message", cond.message)
-                .string("lastUpdateTime", time(cond.last_update_time))
-                .string("lastTransitionTime", time(cond.last_transition_time))
-                .value()
-        })
-        .collect();
-    let spec = Obj::default()
-        .string("request", b64(spec.request))
-        .string("signerName", spec.signer_name)
-        .int("expirationSeconds", spec.expiration_seconds)
-        .list("usages", spec.usages)
-        .string("username", spec.username)
-        .string("uid", spec.uid)
-        .list("groups", spec.groups)
-        .value();
-    let status = Obj::default()
-        .list("conditions", conditions)
-        .string("certificate", b64(status.certificate))
-        .value();
-    Obj::default()
-        .put("metadata", metadata(c.metadata))
-        .put("spec", spec)
-        .put("status", status)
-        .0
+/// A scalar as JSON, zero or not.
+fn scalar_json(value: &prost_reflect::Value) -> Option<Value> {
+    use prost_reflect::Value as V;
+    Some(match value {
+        V::Bool(b) => json!(b),
+        V::I32(i) => json!(i),
+        V::I64(i) => json!(i),
+        V::U32(i) => json!(i),
+        V::U64(i) => json!(i),
+        V::F32(f) => json!(f),
+        V::F64(f) => json!(f),
+        V::String(s) => json!(s),
+        V::Bytes(b) => json!(data_encoding::BASE64.encode(b)),
+        V::EnumNumber(n) => json!(n),
+        V::Message(_) | V::List(_) | V::Map(_) => return None,
+    })
 }
 
-/// A review: its metadata and spec (a review's status is the server's).
-fn review(meta: Option<ObjectMeta>, spec: Obj) -> Map<String, Value> {
-    Obj::default()
-        .put("metadata", metadata(meta))
-        .put("spec", Some(spec.value().unwrap_or_else(|| json!({}))))
-        .0
+/// What an element of a list or map that is empty stands for: a list
+/// keeps its length, a map its keys.
+fn zero_of(value: &prost_reflect::Value) -> Value {
+    match value {
+        prost_reflect::Value::Message(_) => json!({}),
+        other => scalar_json(other).unwrap_or(Value::Null),
+    }
 }
 
-/// What an access review asks about.
-fn access_attributes(
-    resource: Option<authorization::ResourceAttributes>,
-    non_resource: Option<authorization::NonResourceAttributes>,
-) -> Obj {
-    let resource = resource.map(|r| {
-        Obj::default()
-            .string("namespace", r.namespace)
-            .string("verb", r.verb)
-            .string("group", r.group)
-            .string("version", r.version)
-            .string("resource", r.resource)
-            .string("subresource", r.subresource)
-            .string("name", r.name)
-            .value()
-            .unwrap_or_else(|| json!({}))
-    });
-    let non_resource = non_resource.map(|n| {
-        Obj::default()
-            .string("path", n.path)
-            .string("verb", n.verb)
-            .value()
-            .unwrap_or_else(|| json!({}))
-    });
-    Obj::default()
-        .put("resourceAttributes", resource)
-        .put("nonResourceAttributes", non_resource)
+fn is_zero(v: &Value) -> bool {
+    match v {
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        _ => false,
+    }
 }
 
-/// A SubjectAccessReview's spec: what it asks about, and of whom.
-fn subject_access(spec: authorization::SubjectAccessReviewSpec) -> Obj {
-    let extra: BTreeMap<String, Value> = spec
-        .extra
-        .into_iter()
-        .map(|(k, v)| (k, json!(v.items)))
-        .collect();
-    access_attributes(spec.resource_attributes, spec.non_resource_attributes)
-        .string("user", spec.user)
-        .list("groups", spec.groups)
-        .put("extra", (!extra.is_empty()).then(|| json!(extra)))
-        .string("uid", spec.uid)
-}
-
-fn metadata(meta: Option<ObjectMeta>) -> Option<Value> {
-    let m = meta?;
-    Obj::default()
-        .string("name", m.name)
-        .string("generateName", m.generate_name)
-        .string("namespace", m.namespace)
-        .string("resourceVersion", m.resource_version)
-        .map("labels", m.labels)
-        .map("annotations", m.annotations)
-        .list("finalizers", m.finalizers)
-        .value()
-}
-
-fn int_or_string(v: IntOrString) -> Option<Value> {
-    match (v.r#type, v.int_val, v.str_val) {
-        (Some(1), _, Some(s)) if !s.is_empty() => Some(json!(s)),
-        (_, Some(i), _) if i != 0 => Some(json!(i)),
+fn int_field(message: &DynamicMessage, name: &str) -> Option<i64> {
+    match message.get_field_by_name(name)?.as_ref() {
+        prost_reflect::Value::I64(i) => Some(*i),
+        prost_reflect::Value::I32(i) => Some(i64::from(*i)),
         _ => None,
     }
 }
 
-fn token_request(r: authentication::TokenRequest) -> Map<String, Value> {
-    let spec = r.spec.unwrap_or_default();
-    let bound = spec.bound_object_ref.and_then(|b| {
-        Obj::default()
-            .string("kind", b.kind)
-            .string("apiVersion", b.api_version)
-            .string("name", b.name)
-            .string("uid", b.u_id)
-            .value()
-    });
-    let spec = Obj::default()
-        .list("audiences", spec.audiences)
-        .put(
-            "expirationSeconds",
-            spec.expiration_seconds.filter(|s| *s != 0).map(Value::from),
-        )
-        .put("boundObjectRef", bound);
-    review(r.metadata, spec)
+fn str_field(message: &DynamicMessage, name: &str) -> Option<String> {
+    message
+        .get_field_by_name(name)?
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
 }
 
-fn namespace(ns: core::Namespace) -> Map<String, Value> {
-    let spec = ns
-        .spec
-        .and_then(|s| Obj::default().list("finalizers", s.finalizers).value());
-    Obj::default()
-        .put("metadata", metadata(ns.metadata))
-        .put("spec", spec)
-        .0
+/// Bytes that hold JSON (an embedded object, managed fields).
+fn raw_json(message: &DynamicMessage, field: &str) -> Option<Value> {
+    let raw = message.get_field_by_name(field)?;
+    let bytes = raw.as_bytes()?;
+    serde_json::from_slice(bytes).ok()
 }
 
-fn service(svc: core::Service) -> Map<String, Value> {
-    let spec = svc.spec.and_then(|s| {
-        let ports: Vec<Value> = s
-            .ports
-            .into_iter()
-            .filter_map(|p| {
-                Obj::default()
-                    .string("name", p.name)
-                    .string("protocol", p.protocol)
-                    .string("appProtocol", p.app_protocol)
-                    .int("port", p.port)
-                    .put("targetPort", p.target_port.and_then(int_or_string))
-                    .int("nodePort", p.node_port)
-                    .value()
-            })
-            .collect();
-        Obj::default()
-            .list("ports", ports)
-            .map("selector", s.selector)
-            .string("clusterIP", s.cluster_ip)
-            .list("clusterIPs", s.cluster_ips)
-            .string("type", s.r#type)
-            .list("externalIPs", s.external_ips)
-            .string("sessionAffinity", s.session_affinity)
-            .string("loadBalancerIP", s.load_balancer_ip)
-            .list("loadBalancerSourceRanges", s.load_balancer_source_ranges)
-            .string("externalName", s.external_name)
-            .string("externalTrafficPolicy", s.external_traffic_policy)
-            .int("healthCheckNodePort", s.health_check_node_port)
-            .flag("publishNotReadyAddresses", s.publish_not_ready_addresses)
-            .list("ipFamilies", s.ip_families)
-            .string("ipFamilyPolicy", s.ip_family_policy)
-            .put(
-                "allocateLoadBalancerNodePorts",
-                s.allocate_load_balancer_node_ports.map(Value::from),
-            )
-            .string("loadBalancerClass", s.load_balancer_class)
-            .string("internalTrafficPolicy", s.internal_traffic_policy)
-            .string("trafficDistribution", s.traffic_distribution)
-            .value()
-    });
-    Obj::default()
-        .put("metadata", metadata(svc.metadata))
-        .put("spec", spec)
-        .0
+/// A `metav1.Time` (seconds) or `MicroTime` (microseconds) in RFC 3339;
+/// Go's zero time, which it writes for a time never set, is no time.
+fn time(message: &DynamicMessage, micro: bool) -> Option<Value> {
+    /// `time.Time{}.Unix()`.
+    const GO_ZERO: i64 = -62_135_596_800;
+    // Go writes nothing inside for a zero time.
+    if !message.has_field_by_name("seconds") && !message.has_field_by_name("nanos") {
+        return None;
+    }
+    let seconds = int_field(message, "seconds").unwrap_or(0);
+    let nanos = int_field(message, "nanos").unwrap_or(0);
+    if seconds == GO_ZERO && nanos == 0 {
+        return None;
+    }
+    let at = k8s_openapi::jiff::Timestamp::new(seconds, i32::try_from(nanos).unwrap_or(0)).ok()?;
+    let text = if micro {
+        at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+    } else {
+        at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    };
+    Some(json!(text))
+}
+
+/// A duration as Go writes one (`1h2m3.5s`, `250ms`, `0s`).
+fn go_duration(nanos: i64) -> String {
+    let sign = if nanos < 0 { "-" } else { "" };
+    let n = nanos.unsigned_abs();
+    if n == 0 {
+        return "0s".to_owned();
+    }
+    let fraction = |value: u64, unit: u64, suffix: &str| {
+        let whole = value / unit;
+        let rest = value % unit;
+        if rest == 0 {
+            format!("{whole}{suffix}")
+        } else {
+            let digits = unit.to_string().len() - 1;
+            let text = format!("{rest:0digits$}");
+            format!("{whole}.{}{suffix}", text.trim_end_matches('0'))
+        }
+    };
+    if n < 1_000 {
+        return format!("{sign}{n}ns");
+    }
+    if n < 1_000_000 {
+        return format!("{sign}{}", fraction(n, 1_000, "µs"));
+    }
+    if n < 1_000_000_000 {
+        return format!("{sign}{}", fraction(n, 1_000_000, "ms"));
+    }
+    let (hours, rest) = (n / 3_600_000_000_000, n % 3_600_000_000_000);
+    let (minutes, rest) = (rest / 60_000_000_000, rest % 60_000_000_000);
+    let seconds = fraction(rest, 1_000_000_000, "s");
+    match (hours, minutes) {
+        (0, 0) => format!("{sign}{seconds}"),
+        (0, m) => format!("{sign}{m}m{seconds}"),
+        (h, m) => format!("{sign}{h}h{m}m{seconds}"),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use k8s_pb::apimachinery::pkg::runtime::TypeMeta;
+    use std::collections::BTreeMap;
+
+    use k8s_pb::api::authorization::v1 as authorization;
+    use k8s_pb::api::core::v1 as core;
+    use k8s_pb::apimachinery::pkg::api::resource::Quantity;
+    use k8s_pb::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_pb::apimachinery::pkg::runtime::{TypeMeta, Unknown};
+    use k8s_pb::apimachinery::pkg::util::intstr::IntOrString;
 
     use super::*;
 
@@ -452,7 +466,206 @@ mod tests {
     #[test]
     fn other_kinds_and_garbage_are_refused_with_a_reason() {
         assert!(matches!(decode(b"{}"), Err(Refused::Malformed(_))));
-        let pod = wrap("v1", "Pod", Vec::new());
-        assert!(matches!(decode(&pod), Err(Refused::Unsupported(m)) if m.contains("JSON or YAML")));
+        let ingress = wrap("networking.k8s.io/v1", "Ingress", Vec::new());
+        assert!(
+            matches!(decode(&ingress), Err(Refused::Unsupported(m)) if m.contains("JSON or YAML"))
+        );
+        let garbage = wrap("v1", "ConfigMap", vec![0xff, 0xff, 0xff]);
+        assert!(matches!(decode(&garbage), Err(Refused::Malformed(_))));
+    }
+
+    #[test]
+    fn a_config_map_decodes_as_cluster_autoscaler_writes_its_status() {
+        let cm = core::ConfigMap {
+            metadata: Some(ObjectMeta {
+                name: Some("cluster-autoscaler-status".into()),
+                namespace: Some("kube-system".into()),
+                annotations: [(
+                    "cluster-autoscaler.kubernetes.io/last-updated".to_owned(),
+                    "2026-11-28 00:19:54.444 +0000 UTC".to_owned(),
+                )]
+                .into(),
+                ..Default::default()
+            }),
+            immutable: None,
+            data: [(
+                "status".to_owned(),
+                "time: x\nautoscalerStatus: Running\n".to_owned(),
+            )]
+            .into(),
+            binary_data: [("blob".to_owned(), vec![0, 1, 2])].into(),
+        };
+        let got = decode(&wrap("v1", "ConfigMap", cm.encode_to_vec())).unwrap();
+        assert_eq!(
+            got,
+            json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {
+                    "name": "cluster-autoscaler-status", "namespace": "kube-system",
+                    "annotations": {"cluster-autoscaler.kubernetes.io/last-updated": "2026-11-28 00:19:54.444 +0000 UTC"},
+                },
+                "data": {"status": "time: x\nautoscalerStatus: Running\n"},
+                "binaryData": {"blob": "AAEC"},
+            })
+        );
+    }
+
+    #[test]
+    fn a_node_update_keeps_its_times_quantities_taints_and_conditions() {
+        let at = Time {
+            seconds: Some(1_764_288_000),
+            nanos: Some(0),
+        };
+        let node = core::Node {
+            metadata: Some(ObjectMeta {
+                name: Some("workers-7".into()),
+                resource_version: Some("42".into()),
+                uid: Some("0b1e".into()),
+                creation_timestamp: Some(at),
+                // Go's zero time, which the server never set.
+                deletion_timestamp: None,
+                ..Default::default()
+            }),
+            spec: Some(core::NodeSpec {
+                provider_id: Some("sim:///zone-a/workers-7".into()),
+                pod_cidr: Some("10.244.7.0/24".into()),
+                unschedulable: Some(false),
+                taints: vec![core::Taint {
+                    key: Some("ToBeDeletedByClusterAutoscaler".into()),
+                    value: Some("1764288000".into()),
+                    effect: Some("NoSchedule".into()),
+                    time_added: Some(Time::default()),
+                }],
+                ..Default::default()
+            }),
+            status: Some(core::NodeStatus {
+                capacity: BTreeMap::from([(
+                    "cpu".to_owned(),
+                    Quantity {
+                        string: Some("2".into()),
+                    },
+                )]),
+                conditions: vec![core::NodeCondition {
+                    r#type: Some("Ready".into()),
+                    status: Some("True".into()),
+                    last_heartbeat_time: Some(at),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+        };
+        let got = decode(&wrap("v1", "Node", node.encode_to_vec())).unwrap();
+        assert_eq!(
+            got,
+            json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {
+                    "name": "workers-7", "resourceVersion": "42", "uid": "0b1e",
+                    "creationTimestamp": "2025-11-28T00:00:00Z",
+                },
+                "spec": {
+                    "providerID": "sim:///zone-a/workers-7", "podCIDR": "10.244.7.0/24",
+                    "taints": [{"key": "ToBeDeletedByClusterAutoscaler", "value": "1764288000", "effect": "NoSchedule"}],
+                },
+                "status": {
+                    "capacity": {"cpu": "2"},
+                    "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "2025-11-28T00:00:00Z"}],
+                },
+            })
+        );
+    }
+
+    #[test]
+    fn go_pointers_keep_their_zero_and_embedded_structs_are_inlined() {
+        let pod = core::Pod {
+            metadata: Some(ObjectMeta {
+                name: Some("p".into()),
+                ..Default::default()
+            }),
+            spec: Some(core::PodSpec {
+                termination_grace_period_seconds: Some(0),
+                volumes: vec![core::Volume {
+                    name: Some("cfg".into()),
+                    volume_source: Some(core::VolumeSource {
+                        config_map: Some(core::ConfigMapVolumeSource {
+                            local_object_reference: Some(core::LocalObjectReference {
+                                name: Some("settings".into()),
+                            }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                }],
+                ..Default::default()
+            }),
+            status: None,
+        };
+        let got = decode(&wrap("v1", "Pod", pod.encode_to_vec())).unwrap();
+        assert_eq!(
+            got["spec"],
+            json!({
+                "terminationGracePeriodSeconds": 0,
+                "volumes": [{"name": "cfg", "configMap": {"name": "settings"}}],
+            })
+        );
+        let budget = k8s_pb::api::policy::v1::PodDisruptionBudget {
+            metadata: Some(ObjectMeta {
+                name: Some("b".into()),
+                ..Default::default()
+            }),
+            spec: Some(k8s_pb::api::policy::v1::PodDisruptionBudgetSpec {
+                max_unavailable: Some(IntOrString {
+                    r#type: Some(0),
+                    int_val: Some(0),
+                    str_val: None,
+                }),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        let got = decode(&wrap(
+            "policy/v1",
+            "PodDisruptionBudget",
+            budget.encode_to_vec(),
+        ))
+        .unwrap();
+        assert_eq!(got["spec"], json!({"maxUnavailable": 0}));
+    }
+
+    #[test]
+    fn an_eviction_and_its_delete_options_decode() {
+        let eviction = k8s_pb::api::policy::v1::Eviction {
+            metadata: Some(ObjectMeta {
+                name: Some("web-1".into()),
+                namespace: Some("shop".into()),
+                ..Default::default()
+            }),
+            delete_options: Some(k8s_pb::apimachinery::pkg::apis::meta::v1::DeleteOptions {
+                grace_period_seconds: Some(30),
+                ..Default::default()
+            }),
+        };
+        let got = decode(&wrap("policy/v1", "Eviction", eviction.encode_to_vec())).unwrap();
+        assert_eq!(
+            got,
+            json!({
+                "apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": "web-1", "namespace": "shop"},
+                "deleteOptions": {"gracePeriodSeconds": 30},
+            })
+        );
+    }
+
+    #[test]
+    fn durations_read_as_go_writes_them() {
+        for (nanos, text) in [
+            (0, "0s"),
+            (1_500_000, "1.5ms"),
+            (90_000_000_000, "1m30s"),
+            (3_723_500_000_000, "1h2m3.5s"),
+            (-2_000_000_000, "-2s"),
+        ] {
+            assert_eq!(go_duration(nanos), text);
+        }
     }
 }

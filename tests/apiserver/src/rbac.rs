@@ -1,13 +1,26 @@
 //! Role-based access control as the real API server applies it, for tests
 //! that prove least privilege: Roles, ClusterRoles and their bindings are
-//! loaded from manifests (the Helm chart's, rendered), every request is
-//! checked against them, and the server remembers each refusal and which
-//! (rule, verb, resource) grants were ever used, so a test can fail on a
-//! missing permission and on one nobody needed.
+//! objects of the API (`rbac.authorization.k8s.io/v1`), first those of the
+//! manifests RBAC is turned on with (the Helm chart's, rendered), then
+//! whatever is written, which applies from the next request on; every
+//! request is checked against them, and the server remembers each refusal
+//! and which (rule, verb, resource) grants were ever used, so a test can
+//! fail on a missing permission and on one nobody needed.
 
 use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
+
+/// The API group of Roles, ClusterRoles and their bindings.
+pub const GROUP: &str = "rbac.authorization.k8s.io";
+
+/// The kinds of [`GROUP`], by plural.
+pub const PLURALS: &[&str] = &[
+    "clusterroles",
+    "clusterrolebindings",
+    "roles",
+    "rolebindings",
+];
 
 /// An authenticated user.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -237,6 +250,18 @@ struct Role {
     bootstrap: bool,
 }
 
+impl Role {
+    /// `ClusterRole/NAME` or `Role/NAMESPACE/NAME`: what a grant is
+    /// remembered by, whatever roles come and go.
+    fn id(&self) -> String {
+        if self.kind == "Role" {
+            format!("Role/{}/{}", self.namespace, self.name)
+        } else {
+            format!("{}/{}", self.kind, self.name)
+        }
+    }
+}
+
 /// The roles of kube-apiserver's bootstrap policy that aggregated API
 /// servers are bound to (by the manifests' bindings, as kube-apiserver
 /// has no bindings of them to anyone): `system:auth-delegator` (delegate
@@ -337,8 +362,8 @@ impl Binding {
     }
 }
 
-/// One grant: a verb on a resource by one rule of one role.
-type Grant = (usize, usize, String, String);
+/// One grant: a verb on a resource by one rule of one role (its id).
+type Grant = (String, usize, String, String);
 
 /// The policy and what it saw.
 #[derive(Debug, Default)]
@@ -446,11 +471,21 @@ impl Rbac {
             for (i, rule) in self.roles[role].rules.iter().enumerate() {
                 if rule.allows(a) {
                     reason.get_or_insert_with(|| binding.reason(subject));
-                    grants.push((role, i, a.verb.clone(), a.resource.clone()));
+                    grants.push((self.roles[role].id(), i, a.verb.clone(), a.resource.clone()));
                 }
             }
         }
         reason.map(|r| (r, grants))
+    }
+
+    /// The policy of `objects` (the API's RBAC objects as they stand now),
+    /// remembering what this one saw: the grants used and the refusals.
+    pub fn reloaded(&self, objects: &[Value]) -> Self {
+        Self {
+            used: self.used.clone(),
+            denied: self.denied.clone(),
+            ..Self::from_objects(objects)
+        }
     }
 
     /// Whether `user` may do `a`, and why, without acting on it: neither a
@@ -519,11 +554,15 @@ impl Rbac {
     /// counted nor reported: the manifests cannot change them.
     pub fn report(&self) -> Value {
         let mut unused = Vec::new();
-        for (ri, role) in self.roles.iter().enumerate().filter(|(_, r)| !r.bootstrap) {
+        for role in self.roles.iter().filter(|r| !r.bootstrap) {
+            let id = role.id();
             for (i, rule) in role.rules.iter().enumerate() {
                 for verb in &rule.verbs {
                     for resource in &rule.resources {
-                        if !self.used.contains(&(ri, i, verb.clone(), resource.clone())) {
+                        if !self
+                            .used
+                            .contains(&(id.clone(), i, verb.clone(), resource.clone()))
+                        {
                             unused.push(json!({
                                 "role": format!("{}/{}", role.kind, role.name),
                                 "rule": i, "verb": verb, "resource": resource,

@@ -62,6 +62,7 @@ impl Resource {
                 &["create", "delete", "get", "patch", "update"],
             ),
             "token" => ("TokenRequest".to_owned(), &["create"]),
+            "eviction" => ("Eviction".to_owned(), &["create"]),
             _ => (self.kind.to_owned(), &["get", "patch", "update"]),
         }
     }
@@ -108,8 +109,26 @@ const fn review(
 /// kube-apiserver's `all` category: pods, replicationcontrollers,
 /// services, daemonsets, deployments, replicasets, statefulsets,
 /// horizontalpodautoscalers, cronjobs and jobs. Of those this server
-/// serves pods and services.
+/// serves all but the last three.
 const ALL: &[&str] = &["all"];
+
+/// A workload (`all`, with a status), as Cluster Autoscaler lists them to
+/// tell which pods a controller will recreate elsewhere.
+const fn workload(
+    group: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    short_names: &'static [&'static str],
+) -> Resource {
+    Resource {
+        categories: ALL,
+        ..resource(group, plural, singular, kind, true, true, short_names)
+    }
+}
+
+const RBAC: &str = "rbac.authorization.k8s.io";
+const STORAGE: &str = "storage.k8s.io";
 
 /// Every served resource.
 pub static RESOURCES: &[Resource] = &[
@@ -123,9 +142,10 @@ pub static RESOURCES: &[Resource] = &[
     },
     resource("", "events", "event", "Event", true, false, &["ev"]),
     // Pods: empty unless a test creates some; `kubectl describe node`
-    // lists them.
+    // lists them. `eviction` deletes one as far as its disruption budgets
+    // allow (see `evictions`).
     Resource {
-        subresources: &["proxy"],
+        subresources: &["eviction", "proxy"],
         categories: ALL,
         ..resource("", "pods", "pod", "Pod", true, true, &["po"])
     },
@@ -188,6 +208,127 @@ pub static RESOURCES: &[Resource] = &[
         "endpointslices",
         "endpointslice",
         "EndpointSlice",
+        true,
+        false,
+        &[],
+    ),
+    // What Cluster Autoscaler watches besides nodes and pods: the
+    // workloads that own pods, disruption budgets, and what volume
+    // scheduling reads. Stored as written; no controller acts on them.
+    workload(
+        "",
+        "replicationcontrollers",
+        "replicationcontroller",
+        "ReplicationController",
+        &["rc"],
+    ),
+    workload(
+        "apps",
+        "deployments",
+        "deployment",
+        "Deployment",
+        &["deploy"],
+    ),
+    workload("apps", "replicasets", "replicaset", "ReplicaSet", &["rs"]),
+    workload(
+        "apps",
+        "statefulsets",
+        "statefulset",
+        "StatefulSet",
+        &["sts"],
+    ),
+    workload("apps", "daemonsets", "daemonset", "DaemonSet", &["ds"]),
+    workload("batch", "jobs", "job", "Job", &[]),
+    resource(
+        "policy",
+        "poddisruptionbudgets",
+        "poddisruptionbudget",
+        "PodDisruptionBudget",
+        true,
+        true,
+        &["pdb"],
+    ),
+    resource(
+        "",
+        "persistentvolumes",
+        "persistentvolume",
+        "PersistentVolume",
+        false,
+        true,
+        &["pv"],
+    ),
+    resource(
+        "",
+        "persistentvolumeclaims",
+        "persistentvolumeclaim",
+        "PersistentVolumeClaim",
+        true,
+        true,
+        &["pvc"],
+    ),
+    resource(
+        STORAGE,
+        "storageclasses",
+        "storageclass",
+        "StorageClass",
+        false,
+        false,
+        &["sc"],
+    ),
+    resource(
+        STORAGE,
+        "csidrivers",
+        "csidriver",
+        "CSIDriver",
+        false,
+        false,
+        &[],
+    ),
+    resource(STORAGE, "csinodes", "csinode", "CSINode", false, false, &[]),
+    resource(
+        STORAGE,
+        "csistoragecapacities",
+        "csistoragecapacity",
+        "CSIStorageCapacity",
+        true,
+        false,
+        &[],
+    ),
+    resource(
+        STORAGE,
+        "volumeattachments",
+        "volumeattachment",
+        "VolumeAttachment",
+        false,
+        true,
+        &[],
+    ),
+    // Access rules, enforced as soon as they are written once RBAC is on
+    // (see `rbac`).
+    resource(
+        RBAC,
+        "clusterroles",
+        "clusterrole",
+        "ClusterRole",
+        false,
+        false,
+        &[],
+    ),
+    resource(
+        RBAC,
+        "clusterrolebindings",
+        "clusterrolebinding",
+        "ClusterRoleBinding",
+        false,
+        false,
+        &[],
+    ),
+    resource(RBAC, "roles", "role", "Role", true, false, &[]),
+    resource(
+        RBAC,
+        "rolebindings",
+        "rolebinding",
+        "RoleBinding",
         true,
         false,
         &[],

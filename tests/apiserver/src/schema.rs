@@ -29,7 +29,8 @@ trait WithType {
 /// kind without one here.
 fn for_kind<F: WithType>(group: &str, kind: &str, f: F) -> Option<F::Out> {
     use k8s_openapi::api::{
-        authentication, authorization, certificates, coordination, core, discovery, events,
+        apps, authentication, authorization, batch, certificates, coordination, core, discovery,
+        events, policy, rbac, storage,
     };
     use k8s_openapi::kube_aggregator::pkg::apis::apiregistration;
     Some(match (group, kind) {
@@ -40,6 +41,27 @@ fn for_kind<F: WithType>(group: &str, kind: &str, f: F) -> Option<F::Out> {
         ("", "Pod") => f.with::<core::v1::Pod>(),
         ("", "Endpoints") => f.with::<core::v1::Endpoints>(),
         ("", "ConfigMap") => f.with::<core::v1::ConfigMap>(),
+        ("", "ServiceAccount") => f.with::<core::v1::ServiceAccount>(),
+        ("", "ReplicationController") => f.with::<core::v1::ReplicationController>(),
+        ("", "PersistentVolume") => f.with::<core::v1::PersistentVolume>(),
+        ("", "PersistentVolumeClaim") => f.with::<core::v1::PersistentVolumeClaim>(),
+        ("apps", "Deployment") => f.with::<apps::v1::Deployment>(),
+        ("apps", "ReplicaSet") => f.with::<apps::v1::ReplicaSet>(),
+        ("apps", "StatefulSet") => f.with::<apps::v1::StatefulSet>(),
+        ("apps", "DaemonSet") => f.with::<apps::v1::DaemonSet>(),
+        ("batch", "Job") => f.with::<batch::v1::Job>(),
+        ("policy", "PodDisruptionBudget") => f.with::<policy::v1::PodDisruptionBudget>(),
+        ("storage.k8s.io", "StorageClass") => f.with::<storage::v1::StorageClass>(),
+        ("storage.k8s.io", "CSIDriver") => f.with::<storage::v1::CSIDriver>(),
+        ("storage.k8s.io", "CSINode") => f.with::<storage::v1::CSINode>(),
+        ("storage.k8s.io", "CSIStorageCapacity") => f.with::<storage::v1::CSIStorageCapacity>(),
+        ("storage.k8s.io", "VolumeAttachment") => f.with::<storage::v1::VolumeAttachment>(),
+        ("rbac.authorization.k8s.io", "ClusterRole") => f.with::<rbac::v1::ClusterRole>(),
+        ("rbac.authorization.k8s.io", "ClusterRoleBinding") => {
+            f.with::<rbac::v1::ClusterRoleBinding>()
+        }
+        ("rbac.authorization.k8s.io", "Role") => f.with::<rbac::v1::Role>(),
+        ("rbac.authorization.k8s.io", "RoleBinding") => f.with::<rbac::v1::RoleBinding>(),
         ("apiregistration.k8s.io", "APIService") => f.with::<apiregistration::v1::APIService>(),
         ("events.k8s.io", "Event") => f.with::<events::v1::Event>(),
         ("coordination.k8s.io", "Lease") => f.with::<coordination::v1::Lease>(),
@@ -292,6 +314,17 @@ mod tests {
                 .1
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn every_served_kind_is_validated_and_explained_by_its_own_type() {
+        for r in RESOURCES {
+            match for_kind(r.group, r.kind, Trace) {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => panic!("{} does not trace: {e}", r.qualified()),
+                None => panic!("{} has no type", r.qualified()),
+            }
+        }
     }
 
     #[test]

@@ -63,6 +63,15 @@ struct Args {
         default_value = "ccm"
     )]
     release: String,
+    /// The namespace Cluster Autoscaler writes its status ConfigMap
+    /// (`cluster-autoscaler-status`) in: its `--namespace`.
+    #[arg(
+        long,
+        global = true,
+        env = "KUBECTL_CCM_AUTOSCALER_NAMESPACE",
+        default_value = "kube-system"
+    )]
+    autoscaler_namespace: String,
 }
 
 #[derive(Subcommand, Debug)]

@@ -26,12 +26,26 @@ pub struct ControllerReport {
     pub status: Answer,
 }
 
+/// What Cluster Autoscaler says of itself in its status ConfigMap.
+#[derive(Debug, Serialize)]
+pub struct AutoscalerReport {
+    /// `namespace/name` of the ConfigMap.
+    pub config_map: String,
+    /// Its status, parsed (1.30 on write YAML); `Err` with why it could not
+    /// be read.
+    pub status: Result<Value, String>,
+}
+
 /// The whole report.
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub controllers: Vec<ControllerReport>,
     /// The gateway's `/debug/status`.
     pub gateway: Answer,
+    /// Cluster Autoscaler's, where one runs (its ConfigMap exists or the
+    /// gateway served it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autoscaler: Option<AutoscalerReport>,
     /// What needs a person; empty when all is well.
     pub problems: Vec<String>,
     /// What to know that needs no one (throttling that passes, waits).
@@ -319,6 +333,157 @@ fn served_line(g: &Value) -> Option<String> {
     Some(format!("calls served: {}", each.join(", ")))
 }
 
+/// Cluster Autoscaler's status ConfigMap in `namespace`, read with the
+/// caller's own rights; `None` where there is none and the gateway served
+/// no autoscaler either.
+async fn autoscaler(
+    client: &kube::Client,
+    namespace: &str,
+    gateway: &Answer,
+) -> Option<AutoscalerReport> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let maps: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), namespace);
+    let config_map = format!("{namespace}/{AUTOSCALER_STATUS}");
+    let served = gateway.as_ref().is_ok_and(|g| {
+        g["served"]
+            .as_object()
+            .is_some_and(|s| s.keys().any(|k| k.starts_with("clusterautoscaler.")))
+    });
+    // Asked first, as `kubectl auth can-i` asks: an operator without the
+    // grant gets a note, and the API server no refused request.
+    if !may_read(client, namespace, AUTOSCALER_STATUS).await {
+        return served.then(|| AutoscalerReport {
+            config_map,
+            status: Err("you may not read it (get configmaps there; the chart's viewer Role grants it with autoscaler.enabled)".into()),
+        });
+    }
+    let status = match maps.get_opt(AUTOSCALER_STATUS).await {
+        Ok(Some(map)) => map
+            .data
+            .and_then(|mut d| d.remove("status"))
+            .ok_or_else(|| "it holds no status".to_owned())
+            .and_then(|text| parse_autoscaler_status(&text)),
+        Ok(None) if !served => return None,
+        Ok(None) => Err("it does not exist, though the gateway served Cluster Autoscaler: is its --namespace another?".into()),
+        Err(e) => Err(format!("cannot read it: {e}")),
+    };
+    Some(AutoscalerReport { config_map, status })
+}
+
+/// Whether the caller may get the ConfigMap `namespace/name`: a
+/// SelfSubjectAccessReview, which the API server answers without counting
+/// a refusal.
+async fn may_read(client: &kube::Client, namespace: &str, name: &str) -> bool {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let reviews: kube::Api<SelfSubjectAccessReview> = kube::Api::all(client.clone());
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_owned()),
+                verb: Some("get".into()),
+                resource: Some("configmaps".into()),
+                name: Some(name.to_owned()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    reviews
+        .create(&Default::default(), &review)
+        .await
+        .ok()
+        .and_then(|r| r.status)
+        .is_some_and(|s| s.allowed)
+}
+
+/// The ConfigMap Cluster Autoscaler writes its status to.
+const AUTOSCALER_STATUS: &str = "cluster-autoscaler-status";
+
+/// The status text: YAML from 1.30 on; before, lines such as
+/// `Health:      Healthy (ready=3 ...)`, of which the cluster-wide health
+/// is kept.
+fn parse_autoscaler_status(text: &str) -> Result<Value, String> {
+    if let Ok(value) = serde_norway::from_str::<Value>(text)
+        && (value.get("clusterWide").is_some() || value.get("autoscalerStatus").is_some())
+    {
+        return Ok(value);
+    }
+    let health = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Health:"))
+        .and_then(|h| h.split_whitespace().next())
+        .ok_or_else(|| "its status reads as neither YAML nor text with a Health line".to_owned())?;
+    Ok(serde_json::json!({"clusterWide": {"health": {"status": health}}}))
+}
+
+/// What needs a person in the autoscaler's report, and what to know.
+fn judge_autoscaler(a: &AutoscalerReport, problems: &mut Vec<String>, notes: &mut Vec<String>) {
+    let status = match &a.status {
+        Ok(s) => s,
+        Err(why) => {
+            notes.push(format!(
+                "cluster-autoscaler: status ConfigMap {}: {why}",
+                a.config_map
+            ));
+            return;
+        }
+    };
+    let health = status["clusterWide"]["health"]["status"].as_str();
+    match health {
+        Some("Healthy") | None => {}
+        Some(other) => problems.push(format!(
+            "cluster-autoscaler: the cluster is {other} by its count of unready nodes; it scales nothing until that passes (kubectl describe configmap -n {})",
+            a.config_map.replace('/', " ")
+        )),
+    }
+    for g in status["nodeGroups"].as_array().into_iter().flatten() {
+        let name = g["name"].as_str().unwrap_or("?");
+        if let Some(state) = g["health"]["status"].as_str().filter(|s| *s != "Healthy") {
+            problems.push(format!(
+                "cluster-autoscaler: node group {name} is {state}: its new nodes did not become ready in time"
+            ));
+        }
+        if g["scaleUp"]["status"] == "Backoff" {
+            notes.push(format!(
+                "cluster-autoscaler: node group {name} backs off scale-ups (its last ones failed)"
+            ));
+        }
+    }
+}
+
+/// The autoscaler's lines: its health and each group's.
+fn autoscaler_lines(a: &AutoscalerReport) -> Vec<String> {
+    let s = match &a.status {
+        Ok(s) => s,
+        Err(why) => return vec![format!("{}: {why}", a.config_map)],
+    };
+    let field = |v: &Value| v.as_str().unwrap_or("-").to_owned();
+    let mut lines = vec![format!(
+        "{} ({}, written {}): scale-up {}, scale-down {}",
+        field(&s["clusterWide"]["health"]["status"]),
+        a.config_map,
+        field(&s["time"]),
+        field(&s["clusterWide"]["scaleUp"]["status"]),
+        field(&s["clusterWide"]["scaleDown"]["status"]),
+    )];
+    for g in s["nodeGroups"].as_array().into_iter().flatten() {
+        let h = &g["health"];
+        lines.push(format!(
+            "node group {}: {}, target {} ({}..{}), scale-up {}",
+            field(&g["name"]),
+            field(&h["status"]),
+            h["cloudProviderTarget"],
+            h["minSize"],
+            h["maxSize"],
+            field(&g["scaleUp"]["status"]),
+        ));
+    }
+    lines
+}
+
 /// Runs `status`.
 pub async fn run(args: &Args) -> anyhow::Result<ExitCode> {
     let (client, _) = crate::client(args).await?;
@@ -344,10 +509,15 @@ pub async fn run(args: &Args) -> anyhow::Result<ExitCode> {
             Err(why) => return crate::fail(&why),
         }
     }
-    let (problems, notes) = judge(&controllers, &gateway);
+    let (mut problems, mut notes) = judge(&controllers, &gateway);
+    let autoscaler = autoscaler(&client, &args.autoscaler_namespace, &gateway).await;
+    if let Some(a) = &autoscaler {
+        judge_autoscaler(a, &mut problems, &mut notes);
+    }
     let report = Report {
         controllers,
         gateway,
+        autoscaler,
         problems,
         notes,
     };
@@ -363,6 +533,13 @@ pub async fn run(args: &Args) -> anyhow::Result<ExitCode> {
         println!("gateway:");
         for line in gateway_lines(&report.gateway) {
             println!("  {line}");
+        }
+        if let Some(a) = &report.autoscaler {
+            println!();
+            println!("cluster-autoscaler:");
+            for line in autoscaler_lines(a) {
+                println!("  {line}");
+            }
         }
         println!();
         if report.problems.is_empty() {
@@ -412,6 +589,30 @@ mod tests {
             },
             status: leads(name, json!({})),
         }
+    }
+
+    #[test]
+    fn the_autoscalers_health_is_read_from_its_status_in_either_format() {
+        let yaml = "time: 2026-11-28 00:51:54 +0000 UTC\nautoscalerStatus: Running\nclusterWide:\n  health:\n    status: Unhealthy\n  scaleUp:\n    status: NoActivity\nnodeGroups:\n- name: workers\n  health:\n    status: Healthy\n    cloudProviderTarget: 1\n    minSize: 0\n    maxSize: 5\n  scaleUp:\n    status: Backoff\n";
+        let report = AutoscalerReport {
+            config_map: "kube-system/cluster-autoscaler-status".into(),
+            status: parse_autoscaler_status(yaml),
+        };
+        let (mut problems, mut notes) = (Vec::new(), Vec::new());
+        judge_autoscaler(&report, &mut problems, &mut notes);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("Unhealthy"), "{problems:?}");
+        assert!(notes[0].contains("workers backs off"), "{notes:?}");
+        let lines = autoscaler_lines(&report);
+        assert_eq!(
+            lines[1],
+            "node group workers: Healthy, target 1 (0..5), scale-up Backoff"
+        );
+        let text = "Cluster-autoscaler status at 2024-01-01 00:00:00 +0000 UTC:\nCluster-wide:\n  Health:      Healthy (ready=3 unready=0 notStarted=0 longNotStarted=0 registered=3 longUnregistered=0)\n";
+        assert_eq!(
+            parse_autoscaler_status(text).unwrap()["clusterWide"]["health"]["status"],
+            "Healthy"
+        );
     }
 
     #[test]

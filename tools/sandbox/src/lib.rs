@@ -10,6 +10,7 @@
 //! their admin endpoints ([`admin`]).
 
 pub mod admin;
+pub mod autoscaler;
 pub mod aws;
 pub mod gateway;
 pub mod pki;
@@ -87,6 +88,10 @@ pub struct Options {
     /// Serve the gateway's gRPC in clear on loopback, not over TLS: only
     /// to measure what TLS costs.
     pub gateway_in_clear: bool,
+    /// A `cluster-autoscaler` binary (built with the `externalgrpc`
+    /// provider) to run against the API server and the gateway, with a
+    /// node group to scale (see [`autoscaler`]).
+    pub cluster_autoscaler: Option<PathBuf>,
 }
 
 impl Options {
@@ -106,6 +111,7 @@ impl Options {
             cluster: CLUSTER.to_owned(),
             legacy_cluster_tag: false,
             gateway_in_clear: false,
+            cluster_autoscaler: None,
         }
     }
 }
@@ -685,6 +691,9 @@ impl Sandbox {
         }
         sandbox.register_pods(&pods).await?;
         sandbox.register_diagnostics(&pods, &pki.ca_file()).await?;
+        if let Some(binary) = sandbox.options.cluster_autoscaler.clone() {
+            sandbox.start_autoscaler(&binary).await?;
+        }
         std::fs::write(
             state.join("endpoints.json"),
             serde_json::to_string_pretty(&sandbox.endpoints)?,
@@ -939,6 +948,17 @@ impl Sandbox {
                 });
             }
         }
+        // Cluster Autoscaler's own ServiceAccount, as upstream's chart
+        // makes it.
+        let api_token = random_token();
+        std::fs::write(
+            state.join(format!("kubeconfig-{}", autoscaler::NAME)),
+            kube_test_apiserver::kubeconfig(api_url, ca_pem, autoscaler::NAME, &api_token),
+        )?;
+        entries.push(TokenEntry {
+            token: api_token,
+            user: TokenUser::service_account(NAMESPACE, autoscaler::NAME, &[]),
+        });
         let path = state.join("apiserver-tokens.yaml");
         std::fs::write(&path, serde_norway::to_string(&entries)?)?;
         Ok(path)
@@ -1014,7 +1034,12 @@ impl Sandbox {
     pub async fn populate(&self) -> anyhow::Result<()> {
         let client = self.client().await?;
         for (i, (name, ip)) in self.instances().await?.into_iter().enumerate() {
-            register_node(&client, &name, &ip, &format!("10.244.{i}.0/24")).await?;
+            register_node(
+                &client,
+                &name,
+                &Kubelet::at(&ip, &format!("10.244.{i}.0/24")),
+            )
+            .await?;
         }
         let services: Api<Service> = Api::namespaced(client, "default");
         for i in 0..self.options.services {
@@ -1147,7 +1172,7 @@ impl Handle {
                 .map(|i| {
                     let up = i.state == InstanceState::Running as i32;
                     if up && !i.node_group.is_empty() && !i.creating {
-                        grown.push((i.name.clone(), internal_ip(&i)));
+                        grown.push((i.name.clone(), i.clone()));
                     }
                     (i.name, up)
                 })
@@ -1160,17 +1185,18 @@ impl Handle {
             .iter()
             .filter_map(|n| n.spec.as_ref()?.pod_cidr.clone())
             .collect();
-        for (name, ip) in grown.into_iter().filter(|(n, _)| !known.contains(n)) {
+        for (name, instance) in grown.into_iter().filter(|(n, _)| !known.contains(n)) {
             let Some(cidr) = (0..=255)
                 .map(|i| format!("10.244.{i}.0/24"))
                 .find(|c| !taken.contains(c))
             else {
                 anyhow::bail!("no pod CIDR left for {name}");
             };
-            register_node(&client, &name, &ip, &cidr).await?;
+            register_node(&client, &name, &Kubelet::of(&instance, &cidr)).await?;
             taken.insert(cidr);
             all.push(nodes.get(&name).await?);
         }
+        let now = seconds(k8s_openapi::jiff::Timestamp::now());
         for n in &all {
             let name = n.metadata.name.clone().unwrap_or_default();
             let status = if running.get(&name).copied().unwrap_or(false) {
@@ -1178,7 +1204,21 @@ impl Handle {
             } else {
                 "Unknown"
             };
-            let patch = json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": "SimulatedKubelet"}]}});
+            // As a kubelet's status updates: the heartbeat every time, the
+            // transition when the status changes.
+            let ready = n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+            let since = ready
+                .filter(|c| c.status == status)
+                .and_then(|c| c.last_transition_time.as_ref())
+                .map_or_else(|| now.clone(), |t| seconds(t.0));
+            let patch = json!({"status": {"conditions": [{
+                "type": "Ready", "status": status, "reason": "SimulatedKubelet",
+                "lastHeartbeatTime": now, "lastTransitionTime": since,
+            }]}});
             let _ = nodes
                 .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
                 .await;
@@ -1327,24 +1367,91 @@ pub fn resident_mib(pid: u32) -> Option<(f64, f64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
-/// Registers the Node of instance `name` (address `ip`) as its kubelet
-/// would with `--cloud-provider=external`: tainted uninitialised, Ready,
-/// with its hostname, internal IP and pod CIDR.
+/// A time as the API writes one: RFC 3339, whole seconds.
+fn seconds(t: k8s_openapi::jiff::Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// What a simulated kubelet registers its Node with besides its name: its
+/// address and pod CIDR, its flags (`--node-labels`,
+/// `--register-with-taints`) and what it reads off its machine.
+#[derive(Clone, Debug, Default)]
+pub struct Kubelet {
+    /// Its internal IP.
+    pub ip: String,
+    pub pod_cidr: String,
+    /// `--node-labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `--register-with-taints`: `(key, value, effect)`.
+    pub taints: Vec<(String, String, String)>,
+    /// Capacity (cpu, memory, pods, GPUs), all of it allocatable.
+    pub capacity: BTreeMap<String, String>,
+}
+
+impl Kubelet {
+    /// The kubelet of a sim instance: a node group's launches it with the
+    /// group's labels and taints.
+    pub fn of(instance: &ccm_proto::v1::SimInstance, pod_cidr: &str) -> Self {
+        Self {
+            ip: internal_ip(instance),
+            pod_cidr: pod_cidr.to_owned(),
+            labels: if instance.node_group.is_empty() {
+                BTreeMap::new()
+            } else {
+                instance.labels.clone().into_iter().collect()
+            },
+            taints: instance
+                .taints
+                .iter()
+                .map(|t| (t.key.clone(), t.value.clone(), t.effect.clone()))
+                .collect(),
+            capacity: instance.capacity.clone().into_iter().collect(),
+        }
+    }
+
+    /// A kubelet with only an address and a pod CIDR.
+    pub fn at(ip: &str, pod_cidr: &str) -> Self {
+        Self {
+            ip: ip.to_owned(),
+            pod_cidr: pod_cidr.to_owned(),
+            ..Self::default()
+        }
+    }
+}
+
+/// Registers the Node `name` as its kubelet would with
+/// `--cloud-provider=external`: tainted uninitialised beside the taints it
+/// is told to register, labelled as told, Ready (since now), with its
+/// hostname, internal IP, pod CIDR and capacity.
 pub async fn register_node(
     client: &kube::Client,
     name: &str,
-    ip: &str,
-    pod_cidr: &str,
+    kubelet: &Kubelet,
 ) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
-    let n = node(name)
+    let mut n = node(name)
         .uninitialized()
-        .pod_cidr(pod_cidr)
+        .pod_cidr(&kubelet.pod_cidr)
         .address("Hostname", name)
-        .address("InternalIP", ip)
-        .ready()
-        .build();
-    let status = n.status.clone();
+        .address("InternalIP", &kubelet.ip)
+        .ready();
+    for (key, value) in &kubelet.labels {
+        n = n.label(key, value);
+    }
+    for (key, value, effect) in &kubelet.taints {
+        n = n.taint(key, Some(value.as_str()).filter(|v| !v.is_empty()), effect);
+    }
+    let n = n.build();
+    let mut status = serde_json::to_value(&n.status)?;
+    if !kubelet.capacity.is_empty() {
+        status["capacity"] = json!(kubelet.capacity);
+        status["allocatable"] = json!(kubelet.capacity);
+    }
+    let now = seconds(k8s_openapi::jiff::Timestamp::now());
+    for condition in status["conditions"].as_array_mut().into_iter().flatten() {
+        condition["lastHeartbeatTime"] = json!(now);
+        condition["lastTransitionTime"] = json!(now);
+    }
     loop {
         match nodes.create(&PostParams::default(), &n).await {
             Ok(_) => break,

@@ -48,6 +48,13 @@ struct Args {
     /// KubernetesCluster=<name> tag, as clusters older than Kubernetes 1.6.
     #[arg(long)]
     legacy_cluster_tag: bool,
+    /// Also run this cluster-autoscaler binary (built with its externalgrpc
+    /// provider, e.g. ../shared/bin/cluster-autoscaler-v1.30.0) against the
+    /// API server and the gateway, with the cloud-config the chart writes
+    /// and a node group to scale (on the sim `workers`, from 0 to 5, its
+    /// nodes labelled pool=workers); its log is cluster-autoscaler.log.
+    #[arg(long, env = ccm_sandbox::autoscaler::ENV)]
+    cluster_autoscaler: Option<PathBuf>,
 }
 
 fn cluster_name(value: &str) -> Result<String, String> {
@@ -82,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
         cluster: args.cluster_name,
         legacy_cluster_tag: args.legacy_cluster_tag,
         gateway_in_clear: false,
+        cluster_autoscaler: args.cluster_autoscaler,
     };
     let sandbox = Sandbox::start(options.clone()).await?;
     println!(

@@ -266,8 +266,12 @@ impl Churn {
             })
             .await?
             .into_inner();
-        let ip = ccm_sandbox::internal_ip(&instance);
-        ccm_sandbox::register_node(&self.client().await?, &name, &ip, &cidr).await?;
+        ccm_sandbox::register_node(
+            &self.client().await?,
+            &name,
+            &ccm_sandbox::Kubelet::of(&instance, &cidr),
+        )
+        .await?;
         Ok(true)
     }
 

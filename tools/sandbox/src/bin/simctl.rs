@@ -80,6 +80,11 @@ enum Cmd {
         /// A taint of its template, key=value:Effect (repeat).
         #[arg(long = "taint", value_parser = taint)]
         taints: Vec<SimTaint>,
+        /// One of Cluster Autoscaler's options for this group, name=value
+        /// as its AWS provider's `autoscaling-options` tags name them, e.g.
+        /// scaledownunneededtime=5m (repeat).
+        #[arg(long = "option", value_parser = key_value)]
+        options: Vec<(String, String)>,
         /// The cluster whose group it is.
         #[arg(long, default_value = "kubernetes")]
         cluster: String,
@@ -247,6 +252,7 @@ async fn main() -> anyhow::Result<()> {
             zones,
             labels,
             taints,
+            options,
             cluster,
         } => show_group(
             &admin
@@ -260,6 +266,7 @@ async fn main() -> anyhow::Result<()> {
                     zones,
                     labels: labels.into_iter().collect(),
                     taints,
+                    autoscaling_options: options.into_iter().collect(),
                 })
                 .await?
                 .into_inner(),
