@@ -509,4 +509,53 @@ mod tests {
             None
         );
     }
+
+    #[test]
+    fn the_peers_are_shown_a_token_of_their_own_and_reviews_are_bounded() {
+        let file = std::env::temp_dir().join(format!("ccm-peer-{}.token", std::process::id()));
+        std::fs::write(&file, "t").unwrap();
+        let file = file.to_str().unwrap();
+        let problem = |args: &[&str]| {
+            let mut all = vec!["--gateway-token-file", file];
+            all.extend(args);
+            resolve(&all).err().map(|p| p.to_string())
+        };
+        let no_token = problem(&["--diagnostics-peer-ca-file", file]).unwrap();
+        assert!(
+            no_token.contains("diagnostics-peer-token-file")
+                && no_token.contains("diagnostics.cloudgateway.io"),
+            "{no_token}"
+        );
+        let no_ca = problem(&["--diagnostics-peer-token-file", file]).unwrap();
+        assert!(
+            no_ca.contains("only with --diagnostics-peer-ca-file"),
+            "{no_ca}"
+        );
+        let bounds = problem(&[
+            "--admin-token-reviews-per-second",
+            "0",
+            "--admin-token-reviews-in-flight",
+            "none",
+        ])
+        .unwrap();
+        assert!(
+            bounds.contains("admin-token-reviews-per-second")
+                && bounds.contains("admin-token-reviews-in-flight"),
+            "{bounds}"
+        );
+        let common = resolve(&[
+            "--gateway-token-file",
+            file,
+            "--diagnostics-peer-ca-file",
+            file,
+            "--diagnostics-peer-token-file",
+            file,
+        ])
+        .unwrap();
+        assert_eq!(
+            common.admin.reviews,
+            crate::admin::access::ReviewLimits::default()
+        );
+        std::fs::remove_file(file).unwrap();
+    }
 }
