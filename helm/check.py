@@ -58,6 +58,12 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 
+# Every render that named insecureSkipVerify anywhere, by its values: a
+# scraper (or any client) that skips verification hands its token to
+# whoever answers, so no combination may render one (check_no_skipped_verification).
+SKIPPED_VERIFICATION: list[str] = []
+
+
 def render(values: dict | None = None, release: str = RELEASE, namespace: str = NAMESPACE) -> list[dict]:
     chart = helm.Chart.load(CHART)
     chart.validate_schema(values or {})
@@ -66,6 +72,8 @@ def render(values: dict | None = None, release: str = RELEASE, namespace: str = 
     for path, text in sorted(out.items()):
         if path.endswith("NOTES.txt"):
             continue
+        if "insecureSkipVerify" in text:
+            SKIPPED_VERIFICATION.append(f"{path} with {json.dumps(values or {}, sort_keys=True)}")
         docs.extend(d for d in yaml.safe_load_all(text) if d)
     return docs
 
@@ -151,10 +159,17 @@ def validate_all(c: Checks, docs: list[dict], label: str) -> None:
             check_rules(c, d, name)
             continue
         if d["kind"] == "Certificate":
-            # cert-manager's CRD: its shape.
+            # cert-manager's CRD: its shape (a name of some kind: DNS names
+            # for a server, a URI for a client, a common name for a CA).
             spec = d.get("spec", {})
             c.expect(bool(spec.get("secretName")) and bool(spec.get("issuerRef", {}).get("name"))
-                     and bool(spec.get("dnsNames")), f"{name}: secretName, issuerRef and dnsNames")
+                     and bool(spec.get("dnsNames") or spec.get("uris") or (spec.get("isCA") and spec.get("commonName"))),
+                     f"{name}: secretName, issuerRef and what it names")
+            continue
+        if d["kind"] == "Issuer":
+            spec = d.get("spec", {})
+            c.expect(spec in ({"selfSigned": {}},) or (list(spec) == ["ca"] and bool(spec["ca"].get("secretName"))),
+                     f"{name}: self-signed, or a CA from a Secret: {spec}")
             continue
         try:
             kubernetes_validate.validate(d, version, strict=True)
@@ -486,6 +501,20 @@ def mounted_from(pod: dict, ctr: dict, path: str) -> tuple[str, str] | None:
     return None
 
 
+def token_audience(pod: dict, ctr: dict, path: str) -> str | None:
+    """The audience of the projected ServiceAccount token a file path of
+    `ctr` reads, through a whole-volume mount; None for anything else."""
+    directory, _, file = path.rpartition("/")
+    for m in ctr.get("volumeMounts", []):
+        if m["mountPath"] == directory and "subPath" not in m:
+            volume = next((v for v in pod["volumes"] if v["name"] == m["name"]), {})
+            for source in volume.get("projected", {}).get("sources", []):
+                token = source.get("serviceAccountToken", {})
+                if token.get("path") == file:
+                    return token.get("audience")
+    return None
+
+
 def flag_values(ctr: dict, flag: str) -> list[str]:
     return [a.split("=", 1)[1] for a in ctr.get("args", []) if a.startswith(f"{flag}=")]
 
@@ -497,6 +526,10 @@ def selects(selector: dict, labels: dict) -> bool:
                     for e in selector.get("matchExpressions", [])))
 
 
+# The token the diagnostics API shows its peers' admin ports.
+PEER_TOKEN = "/var/run/secrets/diagnostics.cloudgateway.io/token"
+
+
 def check_admin_certificates(c: Checks, docs: list[dict], label: str, gateway_secret: str | None,
                              diagnostics_secret: str | None) -> None:
     """Which certificate, key and peer CA each process's admin port gets, and
@@ -506,10 +539,10 @@ def check_admin_certificates(c: Checks, docs: list[dict], label: str, gateway_se
         name = d["metadata"]["name"]
         pod = d["spec"]["template"]["spec"]
         got = {flag: flag_values(ctr, flag) for flag in
-               ("--admin-tls-cert", "--admin-tls-key", "--diagnostics-peer-ca-file")}
+               ("--admin-tls-cert", "--admin-tls-key", "--diagnostics-peer-ca-file", "--diagnostics-peer-token-file")}
         if name == "ccm-gateway":
             want = {"--admin-tls-cert": [f"{GATEWAY_TLS_DIR}/tls.crt"], "--admin-tls-key": [f"{GATEWAY_TLS_DIR}/tls.key"],
-                    "--diagnostics-peer-ca-file": []}
+                    "--diagnostics-peer-ca-file": [], "--diagnostics-peer-token-file": []}
             c.expect(got == want, f"{label}: the gateway's admin port serves its gRPC certificate: {got}")
             c.expect([mounted_from(pod, ctr, f"{GATEWAY_TLS_DIR}/{f}") for f in ("tls.crt", "tls.key")]
                      == [(gateway_secret, "tls.crt"), (gateway_secret, "tls.key")],
@@ -517,9 +550,13 @@ def check_admin_certificates(c: Checks, docs: list[dict], label: str, gateway_se
         elif diagnostics_secret:
             want = {"--admin-tls-cert": [f"{DIAGNOSTICS_TLS_DIR}/tls.crt"],
                     "--admin-tls-key": [f"{DIAGNOSTICS_TLS_DIR}/tls.key"],
-                    "--diagnostics-peer-ca-file": [f"{DIAGNOSTICS_TLS_DIR}/ca.crt"]}
+                    "--diagnostics-peer-ca-file": [f"{DIAGNOSTICS_TLS_DIR}/ca.crt"],
+                    "--diagnostics-peer-token-file": [PEER_TOKEN]}
             c.expect(got == want, f"{label}: {name}'s admin port serves the diagnostics certificate, "
                                   f"and verifies its peers against that Secret's CA: {got}")
+            c.expect(token_audience(pod, ctr, PEER_TOKEN) == "diagnostics.cloudgateway.io",
+                     f"{label}: {name} shows its peers a token of the diagnostics API's audience, which the "
+                     f"API server refuses, never its own API token")
             c.expect([mounted_from(pod, ctr, f"{DIAGNOSTICS_TLS_DIR}/{f}") for f in ("tls.crt", "tls.key", "ca.crt")]
                      == [(diagnostics_secret, f) for f in ("tls.crt", "tls.key", "ca.crt")],
                      f"{label}: {name}'s admin certificate, key and peer CA come from {diagnostics_secret}")
@@ -628,13 +665,11 @@ def check_admin(c: Checks, defaults: list[dict]) -> None:
     def tls_of(secret: str, server_name: str) -> dict:
         return {"ca": {"secret": {"name": secret, "key": "ca.crt"}}, "serverName": server_name}
 
-    skip = {"insecureSkipVerify": True}
     cases = {
         "helm": ({}, tls_of("ccm-gateway-tls", GATEWAY_SERVER_NAME), tls_of("ccm-diagnostics-tls", DIAGNOSTICS_NAMES[0])),
         "existingSecret": ({"gateway": {"tls": {"source": "existingSecret", "existingSecret": "my-gateway-tls"}},
                             "diagnostics": own_diagnostics},
                            tls_of("my-gateway-tls", GATEWAY_SERVER_NAME), tls_of("my-diagnostics-tls", DIAGNOSTICS_NAMES[0])),
-        "diagnostics off": ({"diagnostics": {"enabled": False}}, tls_of("ccm-gateway-tls", GATEWAY_SERVER_NAME), skip),
         "gateway elsewhere": (GATEWAY_ELSEWHERE, None, tls_of("ccm-diagnostics-tls", DIAGNOSTICS_NAMES[0])),
         "no controller": ({k: {"enabled": False} for k in CONTROLLERS}, tls_of("ccm-gateway-tls", GATEWAY_SERVER_NAME), None),
     }
@@ -717,11 +752,11 @@ def upgrade_baseline() -> int:
     return 0
 
 
-def mutual_tls(server: dict, client: dict, ca_pem: str, server_name: str) -> bool:
+def mutual_tls(server: dict, client: dict, server_ca: str, client_ca: str, server_name: str) -> bool:
     """A mutual TLS handshake in memory: a server presenting `server`'s
-    tls.crt and requiring a client certificate signed by `ca_pem`, and a
+    tls.crt and requiring a client certificate signed by `client_ca`, and a
     client presenting `client`'s and checking `server_name` against
-    `ca_pem`, as the gateway and Cluster Autoscaler meet."""
+    `server_ca`, as the gateway and Cluster Autoscaler meet."""
     with tempfile.TemporaryDirectory() as tmp:
         def chain(ctx: ssl.SSLContext, pair: dict, name: str) -> None:
             crt, key = Path(tmp, f"{name}.crt"), Path(tmp, f"{name}.key")
@@ -730,49 +765,129 @@ def mutual_tls(server: dict, client: dict, ca_pem: str, server_name: str) -> boo
             ctx.load_cert_chain(crt, key)
         server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         server_ctx.verify_mode = ssl.CERT_REQUIRED
-        server_ctx.load_verify_locations(cadata=ca_pem)
-        client_ctx = ssl.create_default_context(cadata=ca_pem)
         try:
+            server_ctx.load_verify_locations(cadata=client_ca)
+            client_ctx = ssl.create_default_context(cadata=server_ca)
             chain(server_ctx, server, "server")
             chain(client_ctx, client, "client")
-        except (ssl.SSLError, OSError):
+        except (ssl.SSLError, OSError, ValueError):
             return False
     server_side = handshake(client_ctx, server_ctx, server_name)
     return server_side is not None and server_side.getpeercert() is not None
 
 
+def gateway_container(docs: list[dict]) -> tuple[dict, dict]:
+    """The gateway's pod spec and container."""
+    return next((d["spec"]["template"]["spec"], ctr) for d, ctr in containers(docs)
+                if d["metadata"]["name"] == "ccm-gateway")
+
+
+AUTOSCALER_ID = "spiffe://cluster.local/ns/kube-system/sa/cluster-autoscaler"
+
+
 def check_autoscaler(c: Checks) -> None:
-    """Cluster Autoscaler's way in: its certificate from the gateway's CA,
-    mapped to its role alone, the cloud-config naming the gateway by its
-    certificate's name, and the NetworkPolicy's door."""
+    """Cluster Autoscaler's way in: its certificate from a client CA of its
+    own (never the serving certificates' issuer, so no serving certificate
+    and no certificate anyone else may ask that issuer for is a client
+    here), mapped to its role alone; the cloud-config naming the gateway by
+    its certificate's name and its CA; the NetworkPolicy's door; and a
+    ClusterIssuer for client certificates only when the operator says so."""
     docs = render_sim({"autoscaler": {"enabled": True}})
     validate_all(c, docs, "autoscaler")
     secrets = {d["metadata"]["name"]: d["stringData"] for d in docs if d["kind"] == "Secret"}
     tls, gateway = secrets.get("ccm-autoscaler-tls", {}), secrets.get("ccm-gateway-tls", {})
-    c.expect(mutual_tls(gateway, tls, gateway.get("ca.crt", ""), GATEWAY_SERVER_NAME),
+    client_ca = secrets.get("ccm-gateway-client-ca", {})
+    c.expect(list(client_ca) == ["ca.crt"], f"the client CA's Secret holds its certificate alone: {list(client_ca)}")
+    c.expect(bool(client_ca.get("ca.crt")) and client_ca.get("ca.crt") != gateway.get("ca.crt")
+             and tls.get("ca.crt") == client_ca.get("ca.crt"),
+             "the autoscaler's certificate comes from a client CA that is not the gateway's serving CA")
+    c.expect(tls.get("gateway-ca.crt") == gateway.get("ca.crt"),
+             "the autoscaler's Secret carries the CA that signed the gateway's certificate, to verify it by")
+    c.expect(mutual_tls(gateway, tls, tls.get("gateway-ca.crt", ""), client_ca.get("ca.crt", ""), GATEWAY_SERVER_NAME),
              "the autoscaler and the gateway meet over mutual TLS, by the gateway's name")
-    c.expect(tls.get("ca.crt") == gateway.get("ca.crt"), "the autoscaler trusts the gateway's CA")
+    # Sprig's serving certificates carry clientAuth too: the client CA
+    # is what keeps them (and whoever holds their keys: every controller
+    # mounts the diagnostics API's) from being clients of the gateway.
+    for name in ("ccm-gateway-tls", "ccm-diagnostics-tls"):
+        c.expect(not mutual_tls(gateway, secrets.get(name, {}), gateway.get("ca.crt", ""),
+                                client_ca.get("ca.crt", ""), GATEWAY_SERVER_NAME),
+                 f"{name}'s certificate is no client certificate of the gateway")
+        c.expect(mutual_tls(gateway, secrets.get(name, {}), gateway.get("ca.crt", ""), gateway.get("ca.crt", ""),
+                            GATEWAY_SERVER_NAME),
+                 f"(the handshake itself takes {name}'s certificate from a client CA that signed it)")
     config = secrets.get("ccm-autoscaler-cloud-config", {}).get("cloud-config", "")
     c.expect(f'address: "{GATEWAY_SERVER_NAME}:7400"' in config and 'cert: "/etc/cluster-autoscaler/tls/tls.crt"' in config
+             and 'cacert: "/etc/cluster-autoscaler/tls/gateway-ca.crt"' in config
              and 'grpc_timeout: "60s"' in config, f"the cloud-config names the gateway and the files: {config}")
-    args = next(x["args"] for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "ccm-gateway"
-                for x in d["spec"]["template"]["spec"]["containers"])
-    c.expect("--tls-client-ca=/etc/cloud-gateway/tls/ca.crt" in args
+    pod, ctr = gateway_container(docs)
+    args = ctr["args"]
+    c.expect("--tls-client-ca=/etc/cloud-gateway/client-ca/ca.crt" in args
+             and mounted_from(pod, ctr, "/etc/cloud-gateway/client-ca/ca.crt") == ("ccm-gateway-client-ca", "ca.crt")
              and "--client-cert-roles=CN=cluster-autoscaler=autoscaler" in args,
-             f"the gateway trusts its own CA for clients and maps the autoscaler's certificate alone: {args}")
+             f"the gateway trusts the client CA for clients and maps the autoscaler's certificate alone: {args}")
     policy = next(d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "ccm-gateway")
     peers = policy["spec"]["ingress"][0]["from"]
     c.expect({"podSelector": {"matchLabels": {"app.kubernetes.io/name": "externalgrpc-cluster-autoscaler"}}} in peers,
              f"the NetworkPolicy lets the autoscaler's pods in to gRPC: {peers}")
     off = render_sim()
-    c.expect(not any(d["kind"] == "Secret" and "autoscaler" in d["metadata"]["name"] for d in off),
-             "no autoscaler Secrets unless asked")
+    c.expect(not any(d["kind"] == "Secret" and ("autoscaler" in d["metadata"]["name"] or "client-ca" in
+                                                d["metadata"]["name"]) for d in off),
+             "no autoscaler or client CA Secrets unless asked")
+    pod, ctr = gateway_container(off)
+    c.expect(not any(a.startswith("--tls-client-ca") or a.startswith("--client-cert-roles") for a in ctr["args"]),
+             "no client certificate is let in unless asked")
+
+    # cert-manager: the serving certificates from the operator's issuer (a
+    # ClusterIssuer, as values.yaml's example), the autoscaler's from an
+    # Issuer of the release's own, with a URI.
     managed = render_sim({"autoscaler": {"enabled": True},
-                          "gateway": {"tls": {"source": "cert-manager", "issuerRef": {"name": "my-ca"}}}})
-    cert = next((d for d in managed if d["kind"] == "Certificate" and d["metadata"]["name"] == "ccm-autoscaler"), {})
-    c.expect(cert.get("spec", {}).get("usages") == ["client auth", "digital signature", "key encipherment"]
-             and cert["spec"].get("secretName") == "ccm-autoscaler-tls" and "dnsNames" not in cert["spec"],
-             f"with cert-manager, a client certificate from the gateway's issuer: {cert}")
+                          "gateway": {"tls": {"source": "cert-manager", "issuerRef": {"kind": "ClusterIssuer",
+                                                                                      "name": "my-ca"}}}})
+    validate_all(c, managed, "autoscaler with cert-manager")
+    objects = {f"{d['kind']}/{d['metadata']['name']}": d for d in managed}
+    cert = objects.get("Certificate/ccm-autoscaler", {}).get("spec", {})
+    c.expect(cert.get("usages") == ["client auth", "digital signature", "key encipherment"]
+             and cert.get("secretName") == "ccm-autoscaler-tls" and cert.get("uris") == [AUTOSCALER_ID]
+             and "dnsNames" not in cert and "commonName" not in cert
+             and cert.get("issuerRef") == {"name": "ccm-client-ca", "kind": "Issuer", "group": "cert-manager.io"},
+             f"with cert-manager, a client certificate of one URI from the release's own Issuer: {cert}")
+    ca_cert = objects.get("Certificate/ccm-client-ca", {}).get("spec", {})
+    c.expect(objects.get("Issuer/ccm-client-ca", {}).get("spec") == {"ca": {"secretName": "ccm-client-ca"}}
+             and ca_cert.get("isCA") is True and ca_cert.get("secretName") == "ccm-client-ca"
+             and ca_cert.get("privateKey", {}).get("rotationPolicy") == "Never"
+             and ca_cert.get("issuerRef", {}).get("name") == "ccm-client-ca-root"
+             and objects.get("Issuer/ccm-client-ca-root", {}).get("spec") == {"selfSigned": {}},
+             "the release's own client CA: self-signed once, its key kept, in an Issuer of the namespace")
+    serving = [d for d in managed if d["kind"] == "Certificate" and d["metadata"]["name"] in ("ccm-gateway",
+                                                                                                "ccm-diagnostics")]
+    c.expect(len(serving) == 2 and all(d["spec"]["usages"] == ["server auth", "digital signature", "key encipherment"]
+                                       and d["spec"]["issuerRef"]["name"] == "my-ca" for d in serving),
+             f"serving certificates carry serverAuth only, from the operator's issuer: {serving}")
+    pod, ctr = gateway_container(managed)
+    c.expect(f"--client-cert-roles={AUTOSCALER_ID}=autoscaler" in ctr["args"]
+             and mounted_from(pod, ctr, "/etc/cloud-gateway/client-ca/ca.crt") == ("ccm-autoscaler-tls", "ca.crt"),
+             f"with cert-manager, the gateway maps the autoscaler's URI and trusts its Issuer's CA: {ctr['args']}")
+    named = render_sim({"autoscaler": {"enabled": True, "identity": "spiffe://example.org/autoscaler"},
+                        "gateway": {"tls": {"source": "cert-manager", "issuerRef": {"name": "my-ca"}}}})
+    pod, ctr = gateway_container(named)
+    c.expect("--client-cert-roles=spiffe://example.org/autoscaler=autoscaler" in ctr["args"],
+             "autoscaler.identity names the URI the gateway maps")
+
+    # A ClusterIssuer for client certificates: only when asked by name.
+    cluster_issuer = {"autoscaler": {"enabled": True}, "gateway": {"tls": {
+        "source": "cert-manager", "issuerRef": {"name": "my-ca"},
+        "clientCA": {"issuerRef": {"kind": "ClusterIssuer", "name": "everyones-ca"}}}}}
+    try:
+        render_sim(cluster_issuer)
+        c.expect(False, "a role trusted through a ClusterIssuer must fail to render unless asked")
+    except helm.HelmError as e:
+        c.expect("gateway.tls.clientCA.trustClusterIssuer" in str(e) and "everyones-ca" in str(e),
+                 f"the ClusterIssuer refusal says what to set: {e}")
+    trusted = render_sim(merge(cluster_issuer, {"gateway": {"tls": {"clientCA": {"trustClusterIssuer": True}}}}))
+    cert = next(d for d in trusted if d["kind"] == "Certificate" and d["metadata"]["name"] == "ccm-autoscaler")
+    c.expect(cert["spec"]["issuerRef"] == {"name": "everyones-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+             and not any(d["kind"] == "Issuer" for d in trusted),
+             f"trustClusterIssuer: the autoscaler's certificate from that ClusterIssuer, no Issuer of the chart's: {cert}")
     for what, values, names in (
             ("the autoscaler with a CA of the operator's", {"gateway": {"tls": {
                 "source": "existingSecret", "existingSecret": "mine"}}}, "gateway.tls.source"),
@@ -808,6 +923,42 @@ def check_upgrade(c: Checks) -> None:
     c.expect(len(found) == 3 and any(deployment in f for f in found) and any(gone in f and "gone" in f
                                                                                for f in found),
              f"the upgrade check names a changed selector, port name and a gone Service: {found}")
+
+
+def check_no_skipped_verification(c: Checks) -> None:
+    """No combination renders `insecureSkipVerify`: every combination of the
+    values that decide who serves which certificate to whom is rendered
+    (each render here is scanned, these and all the checks' before), and
+    one that cannot verify a CA is refused, saying what to set."""
+    import itertools
+    sources = {
+        "helm": {},
+        "cert-manager": {"gateway": {"tls": {"source": "cert-manager", "issuerRef": {"name": "ca"}}}},
+        "existingSecret": {"gateway": {"tls": {"source": "existingSecret", "existingSecret": "my-gateway-tls"}},
+                           "diagnostics": {"tls": {"existingSecret": "my-diagnostics-tls", "caBundle": DIAGNOSTICS_CA}}},
+        "gateway elsewhere": GATEWAY_ELSEWHERE,
+    }
+    for monitor, diagnostics, source, autoscaler, controllers in itertools.product(
+            (True, False), (True, False), sources, (False, True), (True, False)):
+        values = merge(SIM if source != "gateway elsewhere" else {}, sources[source])
+        values = merge(values, {"serviceMonitor": {"enabled": monitor}, "diagnostics": {"enabled": diagnostics},
+                                "autoscaler": {"enabled": autoscaler}})
+        if not controllers:
+            values = merge(values, {k: {"enabled": False} for k in CONTROLLERS})
+        label = (f"serviceMonitor {monitor}, diagnostics {diagnostics}, {source}, autoscaler {autoscaler}, "
+                 f"controllers {controllers}")
+        unverifiable = monitor and not diagnostics and controllers
+        refused_autoscaler = autoscaler and source == "existingSecret"
+        try:
+            render(values)
+            c.expect(not unverifiable, f"{label}: the controllers' self-signed admin ports must not be monitored")
+        except helm.HelmError as e:
+            if refused_autoscaler:
+                c.expect("gateway.tls.source" in str(e), f"{label}: the refusal says what to set: {e}")
+            else:
+                c.expect(unverifiable and "diagnostics.enabled=true" in str(e) and "serviceMonitor.enabled" in str(e),
+                         f"{label}: refused only where no CA could be verified, saying what to set: {e}")
+    c.expect(not SKIPPED_VERIFICATION, f"no render names insecureSkipVerify: {SKIPPED_VERIFICATION}")
 
 
 def check() -> int:
@@ -1164,6 +1315,8 @@ def check() -> int:
             c.expect("aws" in str(e) and "sim" in str(e), f"{what}: the render error names aws and sim: {e}")
             if what != "an unknown provider":
                 c.expect("throwaway cluster" in str(e), f"{what}: the render error says what sim is for: {e}")
+
+    check_no_skipped_verification(c)
 
     for f in c.failures:
         print(f"FAIL {f}")

@@ -154,9 +154,11 @@ impl Gateway {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
         ccm_runtime::version::register(&mut registry);
+        let review_counts = ccm_runtime::admin::access::register(&mut registry);
         let budget = Budget::start(settings.budget.clone());
         let cloud = Arc::new(Cloud::new(provider, budget, metrics.clone()));
-        let (authenticator, token_files, admin_access) = authenticator(&settings, &metrics).await?;
+        let (authenticator, token_files, admin_access) =
+            authenticator(&settings, &metrics, review_counts).await?;
 
         let readiness = Readiness::new();
         let admin = AdminServer::bind(settings.admin_listen)
@@ -243,6 +245,7 @@ impl Gateway {
 async fn authenticator(
     settings: &Settings,
     metrics: &Metrics,
+    review_counts: ccm_runtime::admin::access::ReviewCounts,
 ) -> anyhow::Result<(Authenticator, Vec<PathBuf>, Access)> {
     let mut reviews = None;
     let reviewer = match &settings.service_accounts {
@@ -251,7 +254,11 @@ async fn authenticator(
             let client = ccm_runtime::kube::client(sa.kubeconfig.as_deref())
                 .await
                 .context("a Kubernetes client for TokenReview")?;
-            reviews = Some(Reviews::new(client.clone()));
+            reviews = Some(Reviews::new(
+                client.clone(),
+                &settings.admin.reviews,
+                review_counts,
+            ));
             tracing::info!(
                 audience = %sa.audience,
                 accounts = sa.roles.len(),
@@ -285,6 +292,17 @@ async fn authenticator(
             identities = ?tls.client_cert_roles,
             "client certificates are verified and mapped to roles"
         );
+        if let (Some(client_ca), Ok(serving)) =
+            (&tls.files.client_ca, std::fs::read(&tls.files.cert))
+            && std::fs::read(client_ca).is_ok_and(|ca| {
+                crate::layers::client_certs::client_ca_signed_serving(&ca, &serving)
+            })
+        {
+            tracing::warn!(
+                client_ca = %client_ca.display(),
+                "the client CA also signed the gateway's serving certificate: every server certificate it issues (the diagnostics API's, any other service's) is a client certificate here, and whoever may ask it for one can present a mapped identity; give client certificates a CA of their own"
+            );
+        }
         authenticator = authenticator.with_client_certs(tls.client_cert_roles.clone());
     }
     Ok((authenticator, token_files, admin_access))

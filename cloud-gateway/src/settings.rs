@@ -100,10 +100,10 @@ pub struct Args {
     /// PEM private key of --tls-cert; read again when it changes.
     #[arg(long, env = "CLOUD_GATEWAY_TLS_KEY")]
     pub tls_key: Option<String>,
-    /// PEM CA bundle client certificates are verified against (mutual TLS, beside tokens); read again when it changes.
+    /// PEM CA bundle client certificates are verified against (mutual TLS, beside tokens), read again when it changes: a CA of client certificates alone, never the one that signs serving certificates (whoever may obtain a certificate from it may obtain the roles mapped).
     #[arg(long, env = "CLOUD_GATEWAY_TLS_CLIENT_CA")]
     pub tls_client_ca: Option<String>,
-    /// Client certificate identities allowed in and their roles, comma-separated <identity>=<role>; an identity is a URI SAN (spiffe://<trust domain>/ns/<namespace>/sa/<name>) or CN=<common name>. Such a caller needs no token.
+    /// Client certificate identities allowed in and their roles, comma-separated <identity>=<role>; an identity is a URI SAN (spiffe://<trust domain>/ns/<namespace>/sa/<name>), matched exactly, or CN=<common name>, matched only on a certificate with no URI SAN; a certificate with several URI SANs is refused. Such a caller needs no token.
     #[arg(long, env = "CLOUD_GATEWAY_CLIENT_CERT_ROLES")]
     pub client_cert_roles: Option<String>,
     /// How often the TLS files are read again; a changed certificate is served from the next connection on.

@@ -104,6 +104,13 @@ pub struct CommonArgs {
     /// <release>-gateway.<namespace>.svc).
     #[arg(long)]
     pub diagnostics_peer_ca_file: Option<String>,
+    /// The token the diagnostics API shows the leaders' and the gateway's
+    /// admin ports: a ServiceAccount token bound to the audience
+    /// diagnostics.cloudgateway.io (a projected volume), which the API
+    /// server refuses, read at each use; required with
+    /// --diagnostics-peer-ca-file. The process's own API token is never sent.
+    #[arg(long, env = "CCM_DIAGNOSTICS_PEER_TOKEN_FILE")]
+    pub diagnostics_peer_token_file: Option<String>,
     #[command(flatten)]
     pub admin: crate::admin::AdminArgs,
 }
@@ -310,6 +317,28 @@ impl CommonArgs {
             "diagnostics-peer-ca-file",
             &self.diagnostics_peer_ca_file,
         );
+        let peer_token = file(
+            p,
+            "diagnostics-peer-token-file",
+            &self.diagnostics_peer_token_file,
+        );
+        match (
+            &self.diagnostics_peer_ca_file,
+            &self.diagnostics_peer_token_file,
+        ) {
+            (Some(_), None) => p.push(
+                "diagnostics-peer-token-file",
+                format!(
+                    "is required with --diagnostics-peer-ca-file: the peers are shown a token bound to the audience {}, never this process's API token",
+                    crate::admin::access::PEER_AUDIENCE
+                ),
+            ),
+            (None, Some(_)) => p.push(
+                "diagnostics-peer-token-file",
+                "only with --diagnostics-peer-ca-file (without it no peer is asked)",
+            ),
+            _ => {}
+        }
         if self.requestheader_allowed_names.is_some() && self.requestheader_client_ca_file.is_none()
         {
             p.push(
@@ -365,6 +394,10 @@ impl CommonArgs {
             peer_ca: match (&self.diagnostics_peer_ca_file, peer_ca) {
                 (None, _) => None,
                 (Some(_), ca) => Some(ca?),
+            },
+            peer_token: match (&self.diagnostics_peer_token_file, peer_token) {
+                (None, _) => None,
+                (Some(_), token) => Some(token?),
             },
             gateway_ca: self.gateway_ca_file.as_ref().map(PathBuf::from),
         }))
@@ -475,5 +508,54 @@ mod tests {
             ]),
             None
         );
+    }
+
+    #[test]
+    fn the_peers_are_shown_a_token_of_their_own_and_reviews_are_bounded() {
+        let file = std::env::temp_dir().join(format!("ccm-peer-{}.token", std::process::id()));
+        std::fs::write(&file, "t").unwrap();
+        let file = file.to_str().unwrap();
+        let problem = |args: &[&str]| {
+            let mut all = vec!["--gateway-token-file", file];
+            all.extend(args);
+            resolve(&all).err().map(|p| p.to_string())
+        };
+        let no_token = problem(&["--diagnostics-peer-ca-file", file]).unwrap();
+        assert!(
+            no_token.contains("diagnostics-peer-token-file")
+                && no_token.contains("diagnostics.cloudgateway.io"),
+            "{no_token}"
+        );
+        let no_ca = problem(&["--diagnostics-peer-token-file", file]).unwrap();
+        assert!(
+            no_ca.contains("only with --diagnostics-peer-ca-file"),
+            "{no_ca}"
+        );
+        let bounds = problem(&[
+            "--admin-token-reviews-per-second",
+            "0",
+            "--admin-token-reviews-in-flight",
+            "none",
+        ])
+        .unwrap();
+        assert!(
+            bounds.contains("admin-token-reviews-per-second")
+                && bounds.contains("admin-token-reviews-in-flight"),
+            "{bounds}"
+        );
+        let common = resolve(&[
+            "--gateway-token-file",
+            file,
+            "--diagnostics-peer-ca-file",
+            file,
+            "--diagnostics-peer-token-file",
+            file,
+        ])
+        .unwrap();
+        assert_eq!(
+            common.admin.reviews,
+            crate::admin::access::ReviewLimits::default()
+        );
+        std::fs::remove_file(file).unwrap();
     }
 }

@@ -68,6 +68,7 @@ impl<M> Base<M> {
         let mut registry = Registry::default();
         let metrics = metrics(&mut registry);
         crate::version::register(&mut registry);
+        let review_counts = crate::admin::access::register(&mut registry);
         registry
             .sub_registry_with_label(("lease".into(), common.lease.name.clone().into()))
             .register(
@@ -77,7 +78,11 @@ impl<M> Base<M> {
             );
         let readiness = Readiness::new();
         let inspection = Inspection::new();
-        let reviews = crate::admin::access::Reviews::new(client.clone());
+        let reviews = crate::admin::access::Reviews::new(
+            client.clone(),
+            &common.admin.reviews,
+            review_counts,
+        );
         let security = crate::admin::Security {
             tls: common.admin.server_tls(shutdown)?,
             access: crate::admin::access::Access::new(
@@ -98,7 +103,6 @@ impl<M> Base<M> {
             let bound = crate::diagnostics::spawn(
                 diagnostics,
                 client.clone(),
-                crate::kube::own_token(common.kubeconfig.as_deref()).await?,
                 identity.clone(),
                 inspection.clone(),
                 shutdown.clone(),

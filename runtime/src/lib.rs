@@ -2,6 +2,7 @@
 //! ([`telemetry`]), the admin HTTP server with `/livez`, `/readyz` and
 //! `/metrics` ([`admin`]), graceful shutdown on signals ([`shutdown`]),
 //! config layering ([`layered_config`]) and checking ([`config_checks`]),
+//! secrets written for their owner only ([`files`]),
 //! the flags every controller shares ([`common_args`]), the start-up,
 //! leading and failure handling every controller shares ([`controller`]),
 //! Kubernetes well-known names ([`names`]), the Kubernetes and gateway
@@ -17,6 +18,7 @@ pub mod common_args;
 pub mod config_checks;
 pub mod controller;
 pub mod diagnostics;
+pub mod files;
 pub mod gateway;
 pub mod https;
 pub mod inspect;

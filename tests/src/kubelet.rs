@@ -142,9 +142,11 @@ impl Node<'_> {
         dir: &Path,
     ) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
+        // Every file owner-only, as a Secret's are mounted (defaultMode
+        // 0400 in the chart) and as tokens are.
         let write = |files: BTreeMap<String, String>| -> anyhow::Result<()> {
             for (name, content) in files {
-                std::fs::write(dir.join(name), content)?;
+                ccm_runtime::files::write_private(&dir.join(name), content.as_bytes())?;
             }
             Ok(())
         };
@@ -163,9 +165,9 @@ impl Node<'_> {
                     let audience = text(&sa["audience"]);
                     let audiences: Vec<&str> =
                         [audience].into_iter().filter(|a| !a.is_empty()).collect();
-                    std::fs::write(
-                        dir.join(text(&sa["path"])),
-                        self.token(namespace, account, &audiences),
+                    ccm_runtime::files::write_private(
+                        &dir.join(text(&sa["path"])),
+                        self.token(namespace, account, &audiences).as_bytes(),
                     )?;
                 } else if let Some(map) = source.get("configMap") {
                     write(self.config_map(text(&map["name"]))?)?;
@@ -279,14 +281,15 @@ impl Node<'_> {
         // In-cluster API credentials, as a kubeconfig (see the module docs).
         let kubeconfig = pod_root.join("kubeconfig");
         std::fs::create_dir_all(&pod_root)?;
-        std::fs::write(
+        ccm_runtime::files::write_private(
             &kubeconfig,
             kube_test_apiserver::kubeconfig(
                 &self.api.url(),
                 &self.api.pki().ca_pem,
                 &account,
                 &self.token(&namespace, &account, &[]),
-            ),
+            )
+            .as_bytes(),
         )?;
         env.insert("KUBECONFIG".into(), kubeconfig.display().to_string());
 

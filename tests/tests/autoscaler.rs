@@ -320,8 +320,9 @@ async fn cluster_autoscaler_scales_a_sim_node_group_and_nodes_join_and_leave() {
     assert_eq!(ok(answers[1].clone())["targetSize"], 1);
     assert_eq!(instances(&config).len(), 1);
 
-    // Its certificate opens this service and nothing else.
-    let pki = sandbox.options.state_dir.join("pki");
+    // Its certificate (of the sandbox's client CA) opens this service and
+    // nothing else.
+    let pki = sandbox.options.state_dir.join("client-pki");
     let mut as_autoscaler =
         ClientConfig::new(sandbox.gateway.clone(), "kubernetes", TokenSource::None);
     as_autoscaler.tls_ca = sandbox.gateway_ca.clone();

@@ -197,26 +197,28 @@ async fn a_certificate_rotated_on_disk_is_served_with_no_restart_and_no_failed_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mapped_client_certificate_needs_no_token_and_others_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    // The client CA is the gateway's own test CA here; any bundle works.
-    let ca = dir.path().join("gateway/pki/ca.crt");
+    // Client certificates come from a CA of their own, as the chart and
+    // the sandbox make one: the gateway's serving CA is not trusted for
+    // clients.
+    let clients = Pki::create(&dir.path().join("clients"), "client CA").unwrap();
     let roles = format!("{AUTOSCALER}=node,CN=ops-console=admin");
-    // The CA is made by GatewayProcess::start before the flags are read;
-    // name its path now, it exists by then.
     let gw = gateway(
         dir.path(),
         &[
             "--tls-client-ca",
-            ca.to_str().unwrap(),
+            clients.ca_file().to_str().unwrap(),
             "--client-cert-roles",
             &roles,
         ],
     )
     .await;
-    let with_cert = |file: &str, uri: Option<&str>, cn: &str, expired: bool| {
-        let issued = gw.pki.client(file, uri, cn, expired).unwrap();
+    let with = |issued: ccm_sandbox::pki::Issued| {
         let mut config = gw.client_config("kubernetes", TokenSource::None);
         config.client_cert = Some((issued.cert, issued.key));
         client(config)
+    };
+    let with_cert = |file: &str, uri: Option<&str>, cn: &str, expired: bool| {
+        with(clients.client(file, uri, cn, expired).unwrap())
     };
 
     // Known by its SPIFFE ID: the node role, no token.
@@ -235,7 +237,7 @@ async fn a_mapped_client_certificate_needs_no_token_and_others_are_refused() {
         .unwrap();
     let err = autoscaler.list_routes().await.unwrap_err();
     assert!(matches!(err, Error::PermissionDenied { .. }), "{err:?}");
-    // Known by its common name: admin.
+    // Known by its common name, having no URI: admin.
     let ops = with_cert("ops", None, "ops-console", false);
     assert!(ops.list_routes().await.is_ok());
 
@@ -251,18 +253,51 @@ async fn a_mapped_client_certificate_needs_no_token_and_others_are_refused() {
         matches!(&err, Error::Unauthenticated { message } if message.contains("mapped to no role")),
         "{err:?}"
     );
-    // Expired, or from another CA: refused at the handshake.
+    // A URI of its own makes a mapped common name mean nothing (SPIRE
+    // chooses its CNs), and a certificate of two URIs is no one, even
+    // with the mapped one first.
+    let spire = with_cert(
+        "spire",
+        Some("spiffe://cluster.local/ns/default/sa/web"),
+        "ops-console",
+        false,
+    );
+    let err = spire.list_routes().await.unwrap_err();
+    assert!(matches!(err, Error::Unauthenticated { .. }), "{err:?}");
+    let two = with(
+        clients
+            .client_naming(
+                "two",
+                &[AUTOSCALER, "spiffe://cluster.local/ns/default/sa/web"],
+                None,
+                false,
+            )
+            .unwrap(),
+    );
+    let err = two.provider_info().await.unwrap_err();
+    assert!(
+        matches!(&err, Error::PermissionDenied { message, .. } if message.contains("2 URI SANs")),
+        "{err:?}"
+    );
+    // Expired: refused at the handshake.
     let expired = with_cert("expired", Some(AUTOSCALER), "cluster-autoscaler", true);
     let err = expired.provider_info().await.unwrap_err();
     assert!(handshake_failed(&err), "{err:?}");
+    // The identity from the CA that issues the gateway's own serving
+    // certificate (whoever may ask it for a certificate), or from any
+    // other: no handshake.
     let other = Pki::create(&dir.path().join("other"), "another CA").unwrap();
-    let forged = other
-        .client("forged", Some(AUTOSCALER), "cluster-autoscaler", false)
-        .unwrap();
-    let mut config = gw.client_config("kubernetes", TokenSource::None);
-    config.client_cert = Some((forged.cert, forged.key));
-    let err = client(config).provider_info().await.unwrap_err();
-    assert!(handshake_failed(&err), "{err:?}");
+    for ca in [&gw.pki, &other] {
+        let forged = with(
+            ca.client("forged", Some(AUTOSCALER), "cluster-autoscaler", false)
+                .unwrap(),
+        );
+        let err = forged.provider_info().await.unwrap_err();
+        assert!(handshake_failed(&err), "{err:?}");
+        let by_name = with(ca.client("forged-cn", None, "ops-console", false).unwrap());
+        let err = by_name.provider_info().await.unwrap_err();
+        assert!(handshake_failed(&err), "{err:?}");
+    }
 
     // Tokens work as before, beside certificates.
     let node = gw.client("node", "kubernetes");

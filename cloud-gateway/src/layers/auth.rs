@@ -122,7 +122,10 @@ impl Tokens {
         for role in Role::ALL {
             let path = dir.join(format!("{}.token", role.as_str()));
             let token = match std::fs::read_to_string(&path) {
-                Ok(t) if t.trim().len() >= MIN_TOKEN_LEN => t.trim().to_owned(),
+                Ok(t) if t.trim().len() >= MIN_TOKEN_LEN => {
+                    keep_private(&path);
+                    t.trim().to_owned()
+                }
                 _ => {
                     let token = random_token()?;
                     write_private(&path, &token)?;
@@ -168,16 +171,20 @@ fn random_token() -> std::io::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Makes a kept token file readable by its owner only, if an older
+/// release left it readable by others; one that cannot be changed (a
+/// read-only disk) is named in the log and still used.
+fn keep_private(path: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let loose = std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0);
+    if loose && let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+    {
+        tracing::warn!(file = %path.display(), error = %e, "a token file others may read could not be made private");
+    }
+}
+
 fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    writeln!(file, "{contents}")
+    ccm_runtime::files::write_private(path, format!("{contents}\n").as_bytes())
 }
 
 fn refuse(code: Code, reason: &str, message: String) -> Status {
@@ -226,7 +233,13 @@ impl Authenticator {
         let Some(roles) = allowed_roles(path) else {
             return Ok(None);
         };
-        let mapped = client_cert.and_then(|cert| self.cert_roles.caller(cert));
+        // A certificate naming more than one identity is refused outright,
+        // a token beside it or not: it is no one's.
+        let mapped = match client_cert.map(|cert| self.cert_roles.caller(cert)) {
+            Some(Err(why)) => return Err(Status::permission_denied(why)),
+            Some(Ok(caller)) => caller,
+            None => None,
+        };
         let caller = match (mapped, client_cert, header) {
             (Some(caller), _, _) => caller,
             // A certificate no role is mapped to, and no token either.
@@ -442,5 +455,27 @@ mod tests {
         let token = token.trim().as_bytes();
         assert_eq!(first.caller(token), second.caller(token));
         assert_eq!(first.caller(token).map(|c| c.role), Some(Role::Admin));
+    }
+
+    #[test]
+    fn generated_tokens_are_readable_by_their_owner_only_even_if_left_readable() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        // One an older release left readable by others, and one too short
+        // to keep, which is written anew.
+        let kept = dir.path().join("admin.token");
+        std::fs::write(&kept, "a".repeat(40)).unwrap();
+        let short = dir.path().join("node.token");
+        std::fs::write(&short, "short").unwrap();
+        for file in [&kept, &short] {
+            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let (_, paths) = Tokens::generate(dir.path()).unwrap();
+        for path in &paths {
+            assert_eq!(mode(path), 0o600, "{}", path.display());
+        }
+        assert_eq!(std::fs::read_to_string(&kept).unwrap(), "a".repeat(40));
+        assert_ne!(std::fs::read_to_string(&short).unwrap().trim(), "short");
     }
 }

@@ -1,10 +1,18 @@
 //! Callers known by their client certificate (mutual TLS): the TLS
 //! handshake verified the chain against the client CA bundle; here the
-//! certificate's identity (a URI SAN such as a SPIFFE ID
-//! `spiffe://<trust domain>/ns/<namespace>/sa/<name>`, or the subject's
-//! common name) is mapped to a role through `--client-cert-roles`. Tools
-//! that can only present a certificate (Cluster Autoscaler's external gRPC
-//! client) come in this way, with no token.
+//! certificate's identity is mapped to a role through
+//! `--client-cert-roles`. Tools that can only present a certificate
+//! (Cluster Autoscaler's external gRPC client) come in this way, with no
+//! token.
+//!
+//! A certificate names one identity, read as SPIFFE reads an X.509-SVID:
+//! its one URI SAN (`spiffe://<trust domain>/ns/<namespace>/sa/<name>`),
+//! matched exactly. A certificate with several URI SANs names no one and
+//! is refused, whatever else it carries, so no order of the configuration
+//! decides who it is. Only a certificate with no URI SAN at all is known by
+//! its subject's common name, and only when the operator mapped that
+//! `CN=`: a certificate issued for a URI (SPIRE's, whose CN is a DNS name)
+//! is never taken for a CN someone else was mapped by.
 
 use crate::identity::{Caller, Role};
 
@@ -13,8 +21,8 @@ use crate::identity::{Caller, Role};
 pub struct CertIdentity {
     /// Its URI subject alternative names.
     pub uris: Vec<String>,
-    /// Its subject's common name.
-    pub common_name: Option<String>,
+    /// Its subject's common names (one, in a well-formed certificate).
+    pub common_names: Vec<String>,
 }
 
 impl CertIdentity {
@@ -37,25 +45,43 @@ impl CertIdentity {
                     .collect()
             })
             .unwrap_or_default();
-        let common_name = cert
+        let common_names = cert
             .subject()
             .iter_common_name()
-            .next()
-            .and_then(|cn| cn.as_str().ok())
-            .map(str::to_owned);
-        Some(Self { uris, common_name })
+            .filter_map(|cn| cn.as_str().ok())
+            .map(str::to_owned)
+            .collect();
+        Some(Self { uris, common_names })
     }
 
     /// How the certificate is named in refusals and logs.
     pub fn describe(&self) -> String {
         let mut names: Vec<String> = self.uris.clone();
-        if let Some(cn) = &self.common_name {
-            names.push(format!("CN={cn}"));
-        }
+        names.extend(self.common_names.iter().map(|cn| format!("CN={cn}")));
         if names.is_empty() {
             "a certificate with neither a URI SAN nor a common name".to_owned()
         } else {
             names.join(", ")
+        }
+    }
+
+    /// The one identity the certificate names: its URI SAN, or with none
+    /// its common name. `Err` for a certificate that names several.
+    fn identity(&self) -> Result<Option<Matcher>, String> {
+        match (self.uris.as_slice(), self.common_names.as_slice()) {
+            ([uri], _) => Ok(Some(Matcher::Uri(uri.clone()))),
+            ([], [cn]) => Ok(Some(Matcher::CommonName(cn.clone()))),
+            ([], []) => Ok(None),
+            ([], many) => Err(format!(
+                "the client certificate's subject carries {} common names ({}); an identity is one name",
+                many.len(),
+                self.describe()
+            )),
+            (many, _) => Err(format!(
+                "the client certificate carries {} URI SANs ({}); an identity is exactly one",
+                many.len(),
+                self.describe()
+            )),
         }
     }
 }
@@ -68,13 +94,6 @@ enum Matcher {
 }
 
 impl Matcher {
-    fn matches(&self, cert: &CertIdentity) -> bool {
-        match self {
-            Self::Uri(uri) => cert.uris.iter().any(|u| u == uri),
-            Self::CommonName(cn) => cert.common_name.as_deref() == Some(cn),
-        }
-    }
-
     fn name(&self) -> String {
         match self {
             Self::Uri(uri) => uri.clone(),
@@ -144,17 +163,44 @@ impl ClientCertRoles {
         self.entries.is_empty()
     }
 
-    /// The caller a certificate maps to: the first configured identity it
-    /// carries.
-    pub fn caller(&self, cert: &CertIdentity) -> Option<Caller> {
-        self.entries
+    /// The caller a certificate maps to: `Ok(None)` when its identity is
+    /// mapped to no role, `Err` (why) for a certificate that names more
+    /// than one identity.
+    pub fn caller(&self, cert: &CertIdentity) -> Result<Option<Caller>, String> {
+        let Some(identity) = cert.identity()? else {
+            return Ok(None);
+        };
+        Ok(self
+            .entries
             .iter()
-            .find(|(matcher, _)| matcher.matches(cert))
+            .find(|(matcher, _)| *matcher == identity)
             .map(|(matcher, role)| Caller {
                 name: matcher.name(),
                 role: *role,
-            })
+            }))
     }
+}
+
+/// Whether a certificate of the client CA bundle `client_ca` (PEM) signed
+/// the first certificate of `serving` (the serving chain, PEM): then every
+/// certificate that CA issued for a server is also a client certificate
+/// the gateway verifies. `false` for what does not parse (the TLS files
+/// were loaded already, and name their own problems).
+pub fn client_ca_signed_serving(client_ca: &[u8], serving: &[u8]) -> bool {
+    let (Ok(cas), Ok(chain)) = (
+        ccm_runtime::tls::certificates(client_ca, "the client CA"),
+        ccm_runtime::tls::certificates(serving, "the serving certificate"),
+    ) else {
+        return false;
+    };
+    let Ok((_, leaf)) = x509_parser::parse_x509_certificate(&chain[0]) else {
+        return false;
+    };
+    cas.iter().any(|ca| {
+        x509_parser::parse_x509_certificate(ca).is_ok_and(|(_, ca)| {
+            ca.subject() == leaf.issuer() && leaf.verify_signature(Some(ca.public_key())).is_ok()
+        })
+    })
 }
 
 #[cfg(test)]
@@ -163,31 +209,79 @@ mod tests {
 
     const AUTOSCALER: &str = "spiffe://cluster.local/ns/kube-system/sa/cluster-autoscaler";
 
+    fn cert(uris: &[&str], cns: &[&str]) -> CertIdentity {
+        CertIdentity {
+            uris: uris.iter().map(|u| (*u).to_owned()).collect(),
+            common_names: cns.iter().map(|c| (*c).to_owned()).collect(),
+        }
+    }
+
     #[test]
-    fn a_certificate_maps_by_its_uri_or_its_common_name() {
+    fn a_certificate_maps_by_its_one_uri_or_with_none_its_common_name() {
         let roles =
             ClientCertRoles::parse(&format!("{AUTOSCALER}=node, CN=ops-console=admin")).unwrap();
-        let autoscaler = CertIdentity {
-            uris: vec![AUTOSCALER.to_owned()],
-            common_name: Some("whatever".into()),
-        };
         assert_eq!(
-            roles.caller(&autoscaler),
-            Some(Caller {
+            roles.caller(&cert(&[AUTOSCALER], &["whatever"])),
+            Ok(Some(Caller {
                 name: AUTOSCALER.into(),
                 role: Role::Node
-            })
+            }))
         );
-        let ops = CertIdentity {
-            uris: vec![],
-            common_name: Some("ops-console".into()),
-        };
-        assert_eq!(roles.caller(&ops).map(|c| c.role), Some(Role::Admin));
-        let stranger = CertIdentity {
-            uris: vec!["spiffe://cluster.local/ns/default/sa/web".into()],
-            common_name: Some("ops-console-2".into()),
-        };
-        assert_eq!(roles.caller(&stranger), None);
+        assert_eq!(
+            roles
+                .caller(&cert(&[], &["ops-console"]))
+                .unwrap()
+                .map(|c| c.role),
+            Some(Role::Admin)
+        );
+        let stranger = cert(
+            &["spiffe://cluster.local/ns/default/sa/web"],
+            &["ops-console-2"],
+        );
+        assert_eq!(roles.caller(&stranger), Ok(None));
+        // A URI prefix, or the URI with more after it, is another identity.
+        for near in [
+            "spiffe://cluster.local/ns/kube-system/sa/cluster-autoscaler/x",
+            "spiffe://cluster.local/ns/kube-system/sa/cluster-autoscale",
+            "SPIFFE://cluster.local/ns/kube-system/sa/cluster-autoscaler",
+        ] {
+            assert_eq!(roles.caller(&cert(&[near], &[])), Ok(None), "{near}");
+        }
+    }
+
+    #[test]
+    fn a_mapped_common_name_means_nothing_on_a_certificate_with_a_uri() {
+        // SPIRE's certificates carry a URI and a CN of their own choosing:
+        // the URI is who they are, and it is mapped to nothing here.
+        let roles = ClientCertRoles::parse("CN=cluster-autoscaler=autoscaler").unwrap();
+        let spire = cert(
+            &["spiffe://cluster.local/ns/default/sa/web"],
+            &["cluster-autoscaler"],
+        );
+        assert_eq!(roles.caller(&spire), Ok(None));
+        assert!(
+            roles
+                .caller(&cert(&[], &["cluster-autoscaler"]))
+                .unwrap()
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn a_certificate_naming_several_identities_is_refused_whatever_is_mapped() {
+        let roles = ClientCertRoles::parse(&format!(
+            "{AUTOSCALER}=autoscaler,spiffe://cluster.local/ns/default/sa/web=node,CN=a=admin"
+        ))
+        .unwrap();
+        for both in [
+            [AUTOSCALER, "spiffe://cluster.local/ns/default/sa/web"],
+            ["spiffe://cluster.local/ns/default/sa/web", AUTOSCALER],
+        ] {
+            let why = roles.caller(&cert(&both, &[])).unwrap_err();
+            assert!(why.contains("2 URI SANs"), "{why}");
+        }
+        let why = roles.caller(&cert(&[], &["a", "b"])).unwrap_err();
+        assert!(why.contains("2 common names"), "{why}");
     }
 
     #[test]
@@ -210,14 +304,52 @@ mod tests {
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, "cluster-autoscaler");
+        // A second CN, as an attribute of the same OID.
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CustomDnType(vec![2, 5, 4, 3]), "other");
         let key = rcgen::KeyPair::generate().unwrap();
         let cert = params.self_signed(&key).unwrap();
         let identity = CertIdentity::from_der(cert.der()).unwrap();
         assert_eq!(identity.uris, vec![AUTOSCALER.to_owned()]);
-        assert_eq!(identity.common_name.as_deref(), Some("cluster-autoscaler"));
+        assert_eq!(identity.common_names, ["cluster-autoscaler", "other"]);
         assert_eq!(
             identity.describe(),
-            format!("{AUTOSCALER}, CN=cluster-autoscaler")
+            format!("{AUTOSCALER}, CN=cluster-autoscaler, CN=other")
         );
+    }
+
+    #[test]
+    fn a_client_ca_that_signed_the_serving_certificate_is_found() {
+        let ca = |name: &str| {
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, name);
+            rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+                .unwrap()
+        };
+        let (serving_ca, client_ca) = (ca("serving"), ca("clients"));
+        // Another CA of the same name, whose key signed nothing here.
+        let namesake = ca("serving");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let serving = rcgen::CertificateParams::new(vec!["gw.svc".to_owned()])
+            .unwrap()
+            .signed_by(&key, &serving_ca)
+            .unwrap()
+            .pem();
+        let bundle = |cas: &[&rcgen::CertifiedIssuer<'_, rcgen::KeyPair>]| {
+            cas.iter().map(|c| c.pem()).collect::<String>().into_bytes()
+        };
+        assert!(client_ca_signed_serving(
+            &bundle(&[&client_ca, &serving_ca]),
+            serving.as_bytes()
+        ));
+        assert!(!client_ca_signed_serving(
+            &bundle(&[&client_ca, &namesake]),
+            serving.as_bytes()
+        ));
+        assert!(!client_ca_signed_serving(b"not pem", serving.as_bytes()));
     }
 }

@@ -205,3 +205,23 @@ existingSecret
 {{- printf "%s-diagnostics-tls" (include "ccm.base" .) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* Cluster Autoscaler's identity at the gateway, the one URI SAN of its
+client certificate where cert-manager issues it: autoscaler.identity, or
+the SPIFFE ID of the ServiceAccount cluster-autoscaler in the release's
+namespace. */}}
+{{- define "ccm.autoscalerIdentity" -}}
+{{- .Values.autoscaler.identity | default (printf "spiffe://cluster.local/ns/%s/sa/cluster-autoscaler" .Release.Namespace) -}}
+{{- end -}}
+
+{{/* The gateway's --client-cert-roles entry for Cluster Autoscaler: its
+URI where cert-manager issues its certificate, its common name where the
+chart does (Sprig signs no URI SAN; the chart's client CA signs nothing
+else). */}}
+{{- define "ccm.autoscalerRole" -}}
+{{- if eq .Values.gateway.tls.source "helm" -}}
+CN=cluster-autoscaler=autoscaler
+{{- else -}}
+{{- printf "%s=autoscaler" (include "ccm.autoscalerIdentity" .) -}}
+{{- end -}}
+{{- end -}}

@@ -29,7 +29,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use self::access::{Access, Decision};
-use crate::config_checks::{Problems, check_file};
+use crate::config_checks::{Problems, check_file, number_within};
 use crate::https::{Peer, TlsListener};
 use crate::inspect::Inspection;
 use crate::tls::{PemFiles, ServerTls};
@@ -52,24 +52,35 @@ pub struct AdminArgs {
     /// reviews and a grant to get the path.
     #[arg(long, default_value = "/healthz,/readyz,/livez")]
     pub authorization_always_allow_paths: String,
+    /// TokenReviews of bearer tokens the admin port has not seen accepted, per second (twice as many in a burst); past it such requests get 429. Callers the API server accepted before are not held to it.
+    #[arg(long, default_value = "5")]
+    pub admin_token_reviews_per_second: String,
+    /// TokenReviews of such tokens in flight at once; past it such requests get 429.
+    #[arg(long, default_value = "4")]
+    pub admin_token_reviews_in_flight: String,
 }
 
 impl Default for AdminArgs {
     fn default() -> Self {
+        let limits = access::ReviewLimits::default();
         Self {
             admin_tls_cert: None,
             admin_tls_key: None,
             authorization_always_allow_paths: access::DEFAULT_ALWAYS_ALLOW.join(","),
+            admin_token_reviews_per_second: limits.per_second.to_string(),
+            admin_token_reviews_in_flight: limits.in_flight.to_string(),
         }
     }
 }
 
 /// How the admin port serves, checked.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct AdminSettings {
     /// The certificate and key; `None`: self-signed.
     pub tls: Option<PemFiles>,
     pub always_allow: Vec<String>,
+    /// How many reviews of unknown tokens the port may ask for.
+    pub reviews: access::ReviewLimits,
 }
 
 impl AdminArgs {
@@ -87,6 +98,16 @@ impl AdminArgs {
         };
         let cert = file("admin-tls-cert", &self.admin_tls_cert);
         let key = file("admin-tls-key", &self.admin_tls_key);
+        let per_second = p.parse(
+            "admin-token-reviews-per-second",
+            &self.admin_token_reviews_per_second,
+            number_within(0.1, 10_000.0),
+        );
+        let in_flight = p.parse(
+            "admin-token-reviews-in-flight",
+            &self.admin_token_reviews_in_flight,
+            number_within(1usize, 1_000),
+        );
         let tls = match (&self.admin_tls_cert, &self.admin_tls_key) {
             (None, None) => None,
             (Some(_), Some(_)) => Some(PemFiles {
@@ -117,7 +138,14 @@ impl AdminArgs {
             );
             return None;
         }
-        Some(AdminSettings { tls, always_allow })
+        Some(AdminSettings {
+            tls,
+            always_allow,
+            reviews: access::ReviewLimits {
+                per_second: per_second?,
+                in_flight: in_flight?,
+            },
+        })
     }
 }
 
@@ -243,6 +271,12 @@ async fn guard(State(access): State<Access>, request: Request, next: Next) -> Re
         Decision::Unavailable(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("the caller's credentials could not be checked now: {why}\n"),
+        )
+            .into_response(),
+        Decision::TooManyRequests(why) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "1")],
+            format!("{why}\n"),
         )
             .into_response(),
     }

@@ -243,11 +243,21 @@ impl FrontProxy {
         };
         let allowed = &trusted.header.allowed_names;
         if !allowed.is_empty() {
-            let names = common_names(cert);
-            if !names.iter().any(|n| allowed.contains(n)) {
-                return Err(format!(
-                    "the client certificate's common name {names:?} is not an allowed front-proxy name"
-                ));
+            // kube-apiserver reads one common name of a subject; one with
+            // several is no name, whichever of them is allowed.
+            match common_names(cert).as_slice() {
+                [name] if allowed.contains(name) => {}
+                [name] => {
+                    return Err(format!(
+                        "the client certificate's common name {name:?} is not an allowed front-proxy name"
+                    ));
+                }
+                names => {
+                    return Err(format!(
+                        "the client certificate's subject carries {} common names ({names:?}); the front proxy's carries one",
+                        names.len()
+                    ));
+                }
             }
         }
         let values = |names: &[String]| -> Vec<String> {
@@ -389,15 +399,28 @@ mod tests {
     }
 
     fn ca_and_client(cn: &str) -> (String, CertificateDer<'static>) {
+        ca_and_client_named(&[cn])
+    }
+
+    /// A CA and a client certificate whose subject carries every common
+    /// name in `cns`, in order.
+    fn ca_and_client_named(cns: &[&str]) -> (String, CertificateDer<'static>) {
         let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         let issuer =
             rcgen::CertifiedIssuer::self_signed(ca, rcgen::KeyPair::generate().unwrap()).unwrap();
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, cn);
+        for (i, cn) in cns.iter().enumerate() {
+            // rcgen keeps one value per attribute type: a second CN goes
+            // in under CN's own OID, as a type of its own.
+            let kind = if i == 0 {
+                rcgen::DnType::CommonName
+            } else {
+                rcgen::DnType::CustomDnType(vec![2, 5, 4, 3])
+            };
+            params.distinguished_name.push(kind, *cn);
+        }
         let leaf = params.signed_by(&key, &issuer).unwrap();
         (issuer.pem(), leaf.der().clone())
     }
@@ -445,5 +468,26 @@ mod tests {
             .authenticate(&peer(Some(good)), &HeaderMap::new())
             .unwrap_err();
         assert!(nobody.contains("no user"), "{nobody}");
+    }
+
+    #[test]
+    fn a_certificate_of_several_common_names_is_no_allowed_name() {
+        let proxy = FrontProxy::new();
+        let mut headers = HeaderMap::new();
+        headers.insert("X-Remote-User", "alice".parse().unwrap());
+        for names in [
+            ["front-proxy-client", "someone"],
+            ["someone", "front-proxy-client"],
+        ] {
+            let (ca, cert) = ca_and_client_named(&names);
+            proxy
+                .set(RequestHeader::new(
+                    ca.into_bytes(),
+                    vec!["front-proxy-client".into()],
+                ))
+                .unwrap();
+            let refused = proxy.authenticate(&peer(Some(cert)), &headers).unwrap_err();
+            assert!(refused.contains("2 common names"), "{refused}");
+        }
     }
 }

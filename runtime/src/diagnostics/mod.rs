@@ -62,6 +62,10 @@ pub struct Settings {
     /// certificates; without it no peer is asked (its certificate cannot
     /// be verified, and it would be sent this process's token).
     pub peer_ca: Option<PathBuf>,
+    /// The token shown to the peers, bound to
+    /// [`crate::admin::access::PEER_AUDIENCE`] (read at each use); with
+    /// `peer_ca`.
+    pub peer_token: Option<PathBuf>,
     /// The CA bundle the gateway's certificate is verified by (its gRPC
     /// one, which serves its admin port too).
     pub gateway_ca: Option<PathBuf>,
@@ -79,7 +83,6 @@ struct Served {
 pub async fn spawn(
     settings: &Settings,
     client: kube::Client,
-    token: crate::kube::OwnToken,
     identity: String,
     own: Inspection,
     shutdown: CancellationToken,
@@ -113,7 +116,7 @@ pub async fn spawn(
         peers::Trust {
             ca: settings.peer_ca.clone(),
             gateway_ca: settings.gateway_ca.clone(),
-            token,
+            token: settings.peer_token.clone(),
         },
         identity,
         own,

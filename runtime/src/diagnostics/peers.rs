@@ -22,7 +22,6 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::inspect::Inspection;
-use crate::kube::OwnToken;
 
 /// What a process answered, or why there is no answer.
 pub type Answer = Result<Value, String>;
@@ -84,7 +83,11 @@ pub struct Trust {
     /// The CA bundle this process verifies the gateway's gRPC certificate
     /// by, which serves its admin port too; `None`: `ca`.
     pub gateway_ca: Option<std::path::PathBuf>,
-    pub token: OwnToken,
+    /// The file of the token shown to the peers, bound to
+    /// [`crate::admin::access::PEER_AUDIENCE`]: one the API server refuses,
+    /// so a peer (or whoever answers in its place) gains no API access by
+    /// it. Read at each use, as the kubelet rotates it.
+    pub token: Option<std::path::PathBuf>,
 }
 
 /// A TLS client configuration that verifies servers by a CA bundle file
@@ -317,9 +320,19 @@ impl Peers {
             let mut request = http::Request::get(path)
                 .header(http::header::HOST, server_name)
                 .header(http::header::ACCEPT, "application/json");
-            if let Some(token) = self.trust.token.get() {
-                request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
-            }
+            let token = match &self.trust.token {
+                Some(file) => std::fs::read_to_string(file)
+                    .map_err(|e| format!("{url}: not asked: read {}: {e}", file.display()))?,
+                None => {
+                    return Err(format!(
+                        "{url}: not asked: no peer token (--diagnostics-peer-token-file)"
+                    ));
+                }
+            };
+            request = request.header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", token.trim()),
+            );
             let request = request
                 .body(Empty::<Bytes>::new())
                 .map_err(|e| format!("{url}: {e}"))?;

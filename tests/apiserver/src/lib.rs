@@ -247,7 +247,8 @@ impl Shared {
     /// Who a request acts as: the authenticated user, or whom it
     /// impersonates (`Impersonate-User`, `Impersonate-Group`: kubectl's
     /// `--as`, `--as-group`) when that user may impersonate them, as on a
-    /// real server. Without RBAC any request may impersonate anyone.
+    /// real server. Without RBAC any authenticated caller may impersonate
+    /// anyone; an anonymous one, never.
     pub fn caller(
         &self,
         headers: &axum::http::HeaderMap,
@@ -261,6 +262,13 @@ impl Shared {
         else {
             return Ok(real);
         };
+        if real.is_none() && self.token_user(headers, cert).is_none() {
+            return Err(ApiError::new(
+                401,
+                "Unauthorized",
+                "impersonation needs an authenticated caller",
+            ));
+        }
         let groups: Vec<String> = headers
             .get_all("impersonate-group")
             .iter()
@@ -605,14 +613,12 @@ impl ApiServer {
         kubeconfig(&self.url(), &self.shared.pki.ca_pem, "admin", ADMIN_TOKEN)
     }
 
-    /// Writes [`Self::kubeconfig`] to `path`.
+    /// Writes [`Self::kubeconfig`] to `path`, readable by its owner only
+    /// (it holds the admin token).
     pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
         // Whole or not at all: a server started again rewrites it while
         // clients may be reading it.
-        let mut partial = path.as_os_str().to_owned();
-        partial.push(".partial");
-        std::fs::write(&partial, self.kubeconfig())?;
-        std::fs::rename(&partial, path)
+        ccm_runtime::files::write_private(path, self.kubeconfig().as_bytes())
     }
 
     /// A kube client for this server, as the admin.

@@ -268,17 +268,9 @@ fn ca_params() -> CertificateParams {
     ca
 }
 
-/// Writes a file only its owner may read.
+/// Writes a file only its owner may read, replacing whatever was there.
 pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options.open(path)?;
-    // A file left by an earlier run keeps its mode on open.
-    #[cfg(unix)]
-    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-    std::io::Write::write_all(&mut file, bytes)
+    ccm_runtime::files::write_private(path, bytes)
 }
 
 #[cfg(test)]

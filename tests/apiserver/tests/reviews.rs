@@ -367,3 +367,69 @@ async fn without_rbac_everyone_may_do_anything() {
         Some(&["*".to_owned()][..])
     );
 }
+
+/// Even with RBAC off, where everyone else may do anything, a caller with
+/// no credential is handed none: no token for a ServiceAccount, and no one
+/// to act as.
+#[tokio::test]
+async fn without_rbac_an_anonymous_caller_gets_no_token_and_acts_as_no_one() {
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        let server = ApiServer::start().await.unwrap();
+        let admin = client(&server, ADMIN_TOKEN, None);
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(admin.clone(), "default");
+        accounts
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(serde_json::json!({"metadata": {"name": "robot"}}))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let token_request = |client: kube::Client| async move {
+            let request = http::Request::post(
+                "/api/v1/namespaces/default/serviceaccounts/robot/token",
+            )
+            .header("content-type", "application/json")
+            .body(
+                br#"{"kind":"TokenRequest","apiVersion":"authentication.k8s.io/v1","spec":{}}"#
+                    .to_vec(),
+            )
+            .unwrap();
+            client.request::<Value>(request).await
+        };
+        let mut config = server.client_config(None);
+        config.default_retry = false;
+        let anonymous = kube::Client::try_from(config.clone()).unwrap();
+        let refused = token_request(anonymous.clone()).await.unwrap_err();
+        assert!(
+            matches!(&refused, kube::Error::Api(e) if e.code == 401),
+            "{refused:?}"
+        );
+        let minted = token_request(admin.clone()).await.unwrap();
+        assert!(minted["status"]["token"].as_str().is_some(), "{minted}");
+
+        config.auth_info.impersonate = Some("system:admin".into());
+        let posing = kube::Client::try_from(config).unwrap();
+        let refused = Api::<Node>::all(posing)
+            .list(&ListParams::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, kube::Error::Api(e) if e.code == 401),
+            "{refused:?}"
+        );
+        // Anonymous without impersonating: as before, anything goes.
+        Api::<Node>::all(anonymous)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        let as_someone = client(&server, ADMIN_TOKEN, Some("someone"));
+        Api::<Node>::all(as_someone)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+    })
+    .await
+    .expect("within 30 s");
+}

@@ -122,9 +122,13 @@ pub const RELEASE: &str = "ccm";
 pub const NAMESPACE: &str = "kube-system";
 /// The audience of the controllers' gateway tokens, as in the chart.
 pub const GATEWAY_AUDIENCE: &str = "cloud-gateway";
-/// The common name of Cluster Autoscaler's client certificate, which the
+/// The audience of the tokens the diagnostics API shows its peers' admin
+/// ports, as in the chart.
+pub use ccm_runtime::admin::access::PEER_AUDIENCE;
+/// The identity of Cluster Autoscaler's client certificate (its one URI
+/// SAN, a SPIFFE ID of the ServiceAccount it would run as), which the
 /// gateway maps to the `autoscaler` role.
-pub const AUTOSCALER_CN: &str = "cluster-autoscaler";
+pub const AUTOSCALER_ID: &str = "spiffe://cluster.local/ns/kube-system/sa/cluster-autoscaler";
 /// The process name (and log) of the toy gateway.
 const TOY_GATEWAY: &str = "toy-gateway";
 /// The components, each with its gateway role.
@@ -166,6 +170,22 @@ fn chart_labels(component: &str) -> serde_json::Value {
         "app.kubernetes.io/instance": RELEASE,
         "app.kubernetes.io/component": component,
     })
+}
+
+/// A token shaped as the ServiceAccount tokens a cluster mints (a JWT
+/// whose payload names its audience, which is how the admin ports tell
+/// whom to review it for), known to the API server as a static token; its
+/// signature part is random.
+fn audience_token(audience: &str) -> String {
+    let part = |json: serde_json::Value| {
+        data_encoding::BASE64URL_NOPAD.encode(json.to_string().as_bytes())
+    };
+    format!(
+        "{}.{}.{}",
+        part(json!({"alg": "none"})),
+        part(json!({"aud": [audience], "jti": uuid::Uuid::new_v4().to_string()})),
+        random_token()
+    )
 }
 
 fn random_token() -> String {
@@ -528,14 +548,19 @@ impl Sandbox {
                         serving.key.display().to_string(),
                     ];
                     // Cluster Autoscaler's identity: a client certificate
-                    // of the sandbox's CA, and the cloud-config its
-                    // `--cloud-provider=externalgrpc` reads. Not for
-                    // another release's gateway (the skew run), which may
-                    // not know the role.
+                    // of a CA for clients only (the serving CA above
+                    // signs no identity), and the cloud-config its
+                    // `--cloud-provider=externalgrpc` reads, whose
+                    // `cacert` verifies the gateway. Not for another
+                    // release's gateway (the skew run), which may not
+                    // know the role.
                     if sandbox.options.components_dir.is_some() {
                         transport
                     } else {
-                        let autoscaler = pki.client("autoscaler", None, AUTOSCALER_CN, false)?;
+                        let clients =
+                            pki::Pki::create(&state.join("client-pki"), "ccm sandbox client CA")?;
+                        let autoscaler =
+                            clients.client_naming("autoscaler", &[AUTOSCALER_ID], None, false)?;
                         let config = state.join("autoscaler-cloud-config.yaml");
                         std::fs::write(
                             &config,
@@ -553,9 +578,9 @@ impl Sandbox {
                         );
                         transport.extend([
                             "--tls-client-ca".into(),
-                            pki.ca_file().display().to_string(),
+                            clients.ca_file().display().to_string(),
                             "--client-cert-roles".into(),
-                            format!("CN={AUTOSCALER_CN}=autoscaler"),
+                            format!("{AUTOSCALER_ID}=autoscaler"),
                         ]);
                         transport
                     }
@@ -667,6 +692,16 @@ impl Sandbox {
                     "--diagnostics-peer-ca-file".into(),
                     pki.ca_file().display().to_string(),
                 ];
+                // The token shown to the peers, in the environment: a
+                // previous release's controller (the skew run) ignores it
+                // where it would refuse an unknown flag.
+                let env = [(
+                    "CCM_DIAGNOSTICS_PEER_TOKEN_FILE".to_owned(),
+                    state
+                        .join(format!("tokens/{binary}-peer.token"))
+                        .display()
+                        .to_string(),
+                )];
                 if let Some(ca) = &sandbox.gateway_ca {
                     args.extend(["--gateway-ca-file".into(), ca.display().to_string()]);
                 }
@@ -676,7 +711,7 @@ impl Sandbox {
                 }
                 args.extend(extra.iter().cloned());
                 args.extend(sandbox.extra_args(binary));
-                sandbox.spawn(&name, binary, &args, &[])?;
+                sandbox.spawn(&name, binary, &args, &env)?;
                 sandbox
                     .endpoints
                     .insert(format!("{name}_admin"), format!("https://{}", addr(admin)));
@@ -921,46 +956,65 @@ impl Sandbox {
         let state = &self.options.state_dir;
         std::fs::create_dir_all(state.join("tokens"))?;
         let mut entries = Vec::new();
+        // Every file below holds a credential: its owner's alone, as the
+        // kubelet mounts a pod's.
+        let private = ccm_runtime::files::write_private;
         for (binary, role) in COMPONENTS {
             let account = service_account(binary);
             let api_token = random_token();
-            std::fs::write(
-                state.join(format!("kubeconfig-{binary}")),
-                kube_test_apiserver::kubeconfig(api_url, ca_pem, &account, &api_token),
+            private(
+                &state.join(format!("kubeconfig-{binary}")),
+                kube_test_apiserver::kubeconfig(api_url, ca_pem, &account, &api_token).as_bytes(),
             )?;
             entries.push(TokenEntry {
                 token: api_token,
                 user: TokenUser::service_account(NAMESPACE, &account, &[]),
             });
             let gateway_token = random_token();
-            std::fs::write(state.join(format!("tokens/{role}.token")), &gateway_token)?;
+            private(
+                &state.join(format!("tokens/{role}.token")),
+                gateway_token.as_bytes(),
+            )?;
             if role == "admin" {
-                std::fs::write(
-                    state.join("gateway-tokens.yaml"),
+                private(
+                    &state.join("gateway-tokens.yaml"),
                     format!(
                         "tokens:\n  - {{token: {gateway_token}, role: admin, name: sandbox-admin}}\n"
-                    ),
+                    )
+                    .as_bytes(),
                 )?;
             } else {
                 entries.push(TokenEntry {
                     token: gateway_token,
                     user: TokenUser::service_account(NAMESPACE, &account, &[GATEWAY_AUDIENCE]),
                 });
+                // The token the diagnostics API shows its peers, as the
+                // chart's projected volume gives it.
+                let peer_token = audience_token(PEER_AUDIENCE);
+                private(
+                    &state.join(format!("tokens/{binary}-peer.token")),
+                    peer_token.as_bytes(),
+                )?;
+                entries.push(TokenEntry {
+                    token: peer_token,
+                    user: TokenUser::service_account(NAMESPACE, &account, &[PEER_AUDIENCE]),
+                });
             }
         }
         // Cluster Autoscaler's own ServiceAccount, as upstream's chart
         // makes it.
         let api_token = random_token();
-        std::fs::write(
-            state.join(format!("kubeconfig-{}", autoscaler::NAME)),
-            kube_test_apiserver::kubeconfig(api_url, ca_pem, autoscaler::NAME, &api_token),
+        private(
+            &state.join(format!("kubeconfig-{}", autoscaler::NAME)),
+            kube_test_apiserver::kubeconfig(api_url, ca_pem, autoscaler::NAME, &api_token)
+                .as_bytes(),
         )?;
         entries.push(TokenEntry {
             token: api_token,
             user: TokenUser::service_account(NAMESPACE, autoscaler::NAME, &[]),
         });
         let path = state.join("apiserver-tokens.yaml");
-        std::fs::write(&path, serde_norway::to_string(&entries)?)?;
+        private(&path, serde_norway::to_string(&entries)?.as_bytes())?;
         Ok(path)
     }
 

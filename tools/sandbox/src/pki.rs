@@ -79,11 +79,28 @@ impl Pki {
         cn: &str,
         expired: bool,
     ) -> anyhow::Result<Issued> {
+        let uris: Vec<&str> = uri.into_iter().collect();
+        self.client_naming(file, &uris, Some(cn), expired)
+    }
+
+    /// A client certificate with every URI SAN in `uris` and the common
+    /// name `cn` when given (a certificate of several identities, or of
+    /// none, for tests of how the gateway reads them).
+    pub fn client_naming(
+        &self,
+        file: &str,
+        uris: &[&str],
+        cn: Option<&str>,
+        expired: bool,
+    ) -> anyhow::Result<Issued> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
-        if let Some(uri) = uri {
-            params.subject_alt_names = vec![SanType::URI(uri.try_into()?)];
+        params.subject_alt_names = uris
+            .iter()
+            .map(|uri| Ok(SanType::URI((*uri).try_into()?)))
+            .collect::<Result<_, rcgen::Error>>()?;
+        if let Some(cn) = cn {
+            params.distinguished_name.push(DnType::CommonName, cn);
         }
-        params.distinguished_name.push(DnType::CommonName, cn);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         if expired {
             params.not_before = rcgen::date_time_ymd(2019, 1, 1);
@@ -101,7 +118,8 @@ impl Pki {
         };
         // The key first, then the certificate, each replaced whole (a
         // rename), as a Secret's files are: a reader never sees half a file.
-        replace(&issued.key, &key.serialize_pem())?;
+        // The key is its owner's alone, as the kubelet mounts it (0400).
+        ccm_runtime::files::write_private(&issued.key, key.serialize_pem().as_bytes())?;
         replace(&issued.cert, &cert.pem())?;
         Ok(issued)
     }

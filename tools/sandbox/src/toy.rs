@@ -67,9 +67,9 @@ impl ToyGateway {
         let tokens = dir.join("tokens");
         std::fs::create_dir_all(&tokens)?;
         for role in ["node", "service", "route", "admin"] {
-            std::fs::write(
-                tokens.join(format!("{role}.token")),
-                format!("{role}-{}", uuid::Uuid::new_v4().simple()),
+            ccm_runtime::files::write_private(
+                &tokens.join(format!("{role}.token")),
+                format!("{role}-{}", uuid::Uuid::new_v4().simple()).as_bytes(),
             )?;
         }
         let pki = Pki::create(&dir.join("pki"), "toy gateway test CA")?;
