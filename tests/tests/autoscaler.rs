@@ -724,3 +724,61 @@ async fn a_stock_cluster_autoscaler_scales_an_aws_group_up_from_zero_read_back_w
     );
     scenario::finish(sandbox, kubelets).await;
 }
+
+/// The README's install of upstream's chart gives the binary only flags it
+/// has: the chart passes `cloudProvider` as `--cloud-provider` and each
+/// `extraArgs.NAME` as `--NAME`, and this asks the real binary's `--help`.
+#[test]
+fn the_readme_installs_the_autoscaler_with_flags_the_real_binary_has() {
+    const TEST: &str = "the_readme_installs_the_autoscaler_with_flags_the_real_binary_has";
+    let Some(binary) = ccm_testkit::cluster_autoscaler(TEST) else {
+        return;
+    };
+    let out = Command::new(binary).arg("--help").output().unwrap();
+    let help = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
+    )
+    .unwrap();
+    let start = readme
+        .find("helm install cluster-autoscaler")
+        .expect("the README installs upstream's chart");
+    let block = &readme[start..start + readme[start..].find("```").unwrap()];
+    let mut flags = Vec::new();
+    for set in block.split("--set ").skip(1) {
+        let (key, value) = set
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .split_once('=')
+            .unwrap();
+        let flag = match key {
+            "cloudProvider" => "cloud-provider",
+            _ => match key.strip_prefix("extraArgs.") {
+                Some(flag) => flag,
+                None => continue,
+            },
+        };
+        assert!(
+            help.contains(&format!("--{flag} ")),
+            "the README passes --{flag}={value}, which the binary does not have:\n{help}"
+        );
+        flags.push((flag, value));
+    }
+    assert!(
+        flags
+            .iter()
+            .any(|(f, v)| *f == "cloud-provider" && *v == "externalgrpc")
+            && flags.iter().any(|(f, _)| *f == "cloud-config"),
+        "{flags:?}"
+    );
+    let providers = help
+        .lines()
+        .find(|l| l.trim_start().starts_with("--cloud-provider "))
+        .unwrap();
+    assert!(providers.contains("externalgrpc"), "{providers}");
+}

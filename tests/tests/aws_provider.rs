@@ -4573,7 +4573,12 @@ async fn templates_come_from_the_launch_template_and_tags_and_options_from_tags(
     assert_eq!(have["nvidia.com/gpu"], "1");
     let labels = gpus.metadata.unwrap_or_default().labels;
     assert_eq!(labels["node.kubernetes.io/instance-type"], "g4dn.xlarge");
-    assert_eq!(labels["k8s.amazonaws.com/accelerator"], "g4dn.xlarge");
+    // As upstream's AWS provider: the GPU label only from a node-template
+    // label tag, never made up from the type.
+    assert!(
+        !labels.contains_key("k8s.amazonaws.com/accelerator"),
+        "{labels:?}"
+    );
 
     // Options from the group's tags, the autoscaler's defaults elsewhere.
     let defaults = ca::NodeGroupAutoscalingOptions {
