@@ -482,17 +482,20 @@ impl Harness {
                     11 => {
                         let (n, m) = (self.sizes.target_nodes[i], self.sizes.target_services);
                         let rows = tokio::task::spawn_blocking(move || {
-                            (targets::rows(n, m), targets::sweep(n, m, &[5, 10, 25, 50, 100]))
+                            anyhow::Ok((
+                                targets::rows(n, m)?,
+                                targets::sweep(n, m, &[5, 10, 25, 50, 100])?,
+                            ))
                         })
                         .await;
-                        rows.map(|(rows, sweep)| {
+                        rows.map_err(anyhow::Error::from).and_then(|rows| {
+                            let (rows, sweep) = rows?;
                             self.tables.push((
                                 format!("Scenario 11's subset size against its cost, at {n} nodes and {m} Services"),
                                 sweep,
                             ));
-                            rows
+                            Ok(rows)
                         })
-                        .map_err(anyhow::Error::from)
                     }
                     12 => {
                         let (n, m) = (self.sizes.live_target_nodes[i], self.sizes.target_services);
