@@ -194,12 +194,8 @@ fn ask(svc: &Service, subset: usize) -> Ask {
 
 /// The CPU time this thread has used.
 fn thread_cpu() -> Duration {
-    // The first field of schedstat: nanoseconds on a CPU.
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .map(Duration::from_nanos)
-        .unwrap_or_default()
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.max(0) as u32)
 }
 
 /// The targets the service controller chooses for `svc` of `nodes`
