@@ -1,7 +1,7 @@
 # The two commands the README promises. Cargo's target directory may be
 # shared between clones through CARGO_TARGET_DIR.
 
-.PHONY: run test proto-compat proto-baseline chart-baseline previous-release bench bench-large bench-autoscaler bench-targets bench-xl soak
+.PHONY: run test docs-check proto-compat proto-baseline chart-baseline previous-release bench bench-large bench-autoscaler bench-targets bench-xl soak
 
 # The whole system on loopback on the simulated cloud (see README).
 run:
@@ -36,8 +36,14 @@ chart-baseline:
 previous-release:
 	bash tools/previous-release/build.sh
 
+# Every path, file, module, flag and test the docs name in backticks exists,
+# and BENCHMARKS.md's main table names a commit of HEAD's history (the rules:
+# tools/docs-check/src/lib.rs).
+docs-check:
+	cargo run --quiet --package ccm-docs-check -- .
+
 # Everything the tests need, then every test of the workspace.
-test: proto-compat previous-release
+test: docs-check proto-compat previous-release
 	python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 	cargo test --doc -p cloud-gateway -p ccm-provider
 	# The tests start the real binaries (gateway-conformance too): build

@@ -1,11 +1,9 @@
 //! What every part of the service controller shares.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use ccm_proto::GatewayClient;
-use ccm_proto::v1::Host;
 use ccm_runtime::leader::Leadership;
 use ccm_runtime::queue::WorkQueue;
 use ccm_runtime::view::{Interner, Views};
@@ -15,14 +13,15 @@ use kube::runtime::events::Recorder;
 use crate::args::Settings;
 use crate::endpoints::{Serving, SliceView};
 use crate::error::{Error, Result};
+use crate::membership::{Ask, How, Membership};
 use crate::metrics::Metrics;
 use crate::plan::{self, NodeView, ServiceView};
 use crate::subsets;
 use ccm_runtime::host_limits::{Allowed, HostLimits};
 use kube::ResourceExt;
 
-/// A Service's key: `namespace/name`.
-pub type Key = (String, String);
+/// A Service's key: `(namespace, name)`.
+pub use crate::membership::Key;
 
 /// The shared state of one service controller process.
 pub struct Context {
@@ -45,11 +44,8 @@ pub struct Context {
     /// Whether the next host pass looks at every load balancer (a node
     /// changed), not only those of `serving_changed`.
     pub hosts_pass_full: std::sync::atomic::AtomicBool,
-    /// One more at every change of a node's view.
-    pub nodes_generation: AtomicU64,
-    /// The nodes that may back load balancers, built once per
-    /// `nodes_generation` and shared by every ensure and host pass.
-    pub shared_hosts: Mutex<Option<(u64, Shared)>>,
+    /// Which nodes back each load balancer, kept as nodes change.
+    pub backing: Arc<Backing>,
     pub gateway: GatewayClient,
     pub recorder: Recorder,
     pub metrics: Metrics,
@@ -87,60 +83,75 @@ pub struct Context {
     pub applied: Mutex<HashMap<Key, Applied>>,
 }
 
-/// A load balancer's backing hosts, shared, with their digests.
-#[derive(Clone, Debug, Default)]
-pub struct Hosts {
-    pub list: Arc<Vec<Host>>,
-    /// [`plan::hosts_digest`] without addresses: what a host pass compares.
-    pub digest: u64,
-    /// With addresses: what an ensure asks for.
-    pub full_digest: u64,
+pub use crate::membership::Hosts;
+
+/// Which nodes back each load balancer ([`Membership`]), brought up to
+/// date with the nodes whose views changed since it last looked.
+pub struct Backing {
+    nodes: Views<NodeView>,
+    changed: Mutex<Changed>,
+    /// `None` until first asked (the node cache is then in).
+    membership: Mutex<Option<Membership>>,
 }
 
-impl Hosts {
-    fn of(list: Vec<Host>) -> Self {
+/// The nodes whose views changed since the membership last looked.
+#[derive(Default)]
+struct Changed {
+    names: HashSet<String>,
+    /// Every view changed (their labels were dropped).
+    all: bool,
+}
+
+impl Backing {
+    /// The membership of the nodes of `nodes`, as they change.
+    pub fn new(nodes: Views<NodeView>) -> Self {
         Self {
-            digest: plan::hosts_digest(&list, false),
-            full_digest: plan::hosts_digest(&list, true),
-            list: Arc::new(list),
+            nodes,
+            changed: Mutex::default(),
+            membership: Mutex::default(),
         }
     }
-}
 
-/// The nodes that may back load balancers (those that
-/// [`plan::backs_load_balancers`]), sorted by name, and, once a load
-/// balancer takes them all, all of them as one shared host list (with
-/// subsets, few ever do).
-#[derive(Clone, Debug, Default)]
-pub struct Shared {
-    pub nodes: Arc<Vec<Arc<NodeView>>>,
-    all: Arc<std::sync::OnceLock<Hosts>>,
-}
+    /// Notes that the view of the node `name` changed (or it is gone).
+    pub fn note(&self, name: &str) {
+        self.lock_changed().names.insert(name.to_owned());
+    }
 
-impl Shared {
-    /// Every node, as one host list built at most once.
-    fn all(&self) -> Hosts {
-        self.all
-            .get_or_init(|| {
-                Hosts::of(plan::hosts(
-                    self.nodes.iter().map(|n| n.as_ref()),
-                    &Default::default(),
-                ))
-            })
-            .clone()
+    /// Notes that every node's view changed.
+    pub fn note_all(&self) {
+        self.lock_changed().all = true;
+    }
+
+    fn lock_changed(&self) -> std::sync::MutexGuard<'_, Changed> {
+        self.changed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `f` on the membership, brought up to date: each node noted as
+    /// changed is taken in, unless so many changed (a relist) that
+    /// building it again from every node costs less. Building costs a
+    /// pass over every node, and each Service its subset afterwards: call
+    /// this off the runtime's threads.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Membership) -> R) -> R {
+        let mut membership = self.membership.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = std::mem::take(&mut *self.lock_changed());
+        match &mut *membership {
+            Some(kept)
+                if !changed.all && changed.names.len() <= REBUILD_AFTER.max(kept.len() / 8) =>
+            {
+                for name in changed.names {
+                    kept.update(&name, self.nodes.get(&name));
+                }
+            }
+            // Changes noted from here on are the views' after this read.
+            _ => *membership = Some(Membership::new(self.nodes.state())),
+        }
+        f(membership.as_mut().expect("just built"))
     }
 }
 
-/// How a load balancer's hosts were chosen.
-#[derive(Clone, Copy, Debug)]
-enum Chosen {
-    /// By the Service's selection.
-    Selection(subsets::Selection),
-    /// The eligible nodes among those serving a Local Service.
-    Local { serving: usize },
-    /// A Local Service's subset: none of the nodes serving it is eligible.
-    NoneServingEligible,
-}
+/// Node changes taken in one by one, at least; past this and an eighth of
+/// the nodes, the membership is built again.
+const REBUILD_AFTER: usize = 1024;
 
 /// What an ensure made of one load balancer.
 #[derive(Clone, Debug, PartialEq)]
@@ -198,111 +209,54 @@ impl Context {
         self.services.get(&format!("{}/{}", key.0, key.1))
     }
 
-    /// Notes a change of a node's view: the shared hosts are built again.
-    pub fn note_node_view_change(&self) {
-        self.nodes_generation.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// The nodes that may back load balancers: built once after each node
-    /// change and shared.
-    pub fn hosts(&self) -> Shared {
-        let generation = self.nodes_generation.load(Ordering::SeqCst);
-        let mut cached = self.shared_hosts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((built, shared)) = &*cached
-            && *built == generation
-        {
-            return shared.clone();
-        }
-        let mut nodes: Vec<Arc<NodeView>> =
-            self.nodes.state().into_iter().filter(|n| n.backs).collect();
-        nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-        let shared = Shared {
-            nodes: Arc::new(nodes),
-            all: Arc::default(),
-        };
-        *cached = Some((generation, shared.clone()));
-        shared
-    }
-
-    /// The Node label keys `svc`'s host-selecting annotations name.
-    pub fn host_label_keys(&self, svc: &Service) -> std::collections::BTreeSet<String> {
-        plan::host_label_keys(
-            svc,
-            self.host_label_annotations
-                .get()
-                .map(Vec::as_slice)
-                .unwrap_or_default(),
-        )
-    }
-
-    /// The Node labels `svc`'s host-selecting annotations ask for.
-    fn host_selector(&self, svc: &Service) -> Vec<(String, Option<String>)> {
-        plan::host_selector(
-            svc,
-            self.host_label_annotations
-                .get()
-                .map(Vec::as_slice)
-                .unwrap_or_default(),
-        )
-    }
-
-    /// The backing hosts of `svc`'s load balancer, of `shared` (from
-    /// [`Context::hosts`]): those its host-selecting annotations select,
-    /// then its subset ([`subsets`]), or with Local traffic those that
-    /// serve its endpoints ([`crate::endpoints`]), within the cloud's
+    /// What decides which nodes back `svc`'s load balancer: its
+    /// host-selecting annotations, its subset ([`subsets`]), the cloud's
     /// limits for its kind of load balancer. An invalid subset annotation
     /// is the problem.
-    pub fn hosts_for(&self, svc: &Service, shared: &Shared) -> Result<Hosts, String> {
-        Ok(self.choose_hosts(svc, shared)?.0)
+    pub fn ask(&self, svc: &Service) -> Result<Ask, String> {
+        let annotations = self.host_label_annotations.get().map(Vec::as_slice);
+        Ask::of(
+            svc,
+            self.settings.subset_size,
+            annotations.unwrap_or_default(),
+            self.allowed(svc),
+        )
     }
 
-    /// [`Self::hosts_for`], and how they were chosen.
-    fn choose_hosts(&self, svc: &Service, shared: &Shared) -> Result<(Hosts, Chosen), String> {
-        let selection = subsets::selection(svc, self.settings.subset_size)?;
-        let selector = self.host_selector(svc);
-        let keys = self.host_label_keys(svc);
-        let allowed = self.allowed(svc);
-        let eligible = || {
-            shared
-                .nodes
-                .iter()
-                .map(|n| n.as_ref())
-                .filter(|n| n.selected_by(&selector))
-        };
-        // Local traffic: the eligible nodes that serve it, all of them
-        // within the limits. None of them eligible, or no endpoint serving
-        // yet: its subset, never no target at all.
-        let local = plan::is_local(svc) && matches!(selection, subsets::Selection::Subset(_));
-        let serving = local.then(|| self.serving.lock().unwrap_or_else(|e| e.into_inner()));
-        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
-        let nodes = serving.as_ref().and_then(|serving| {
-            serving.nodes(&key, self.settings.local_grace, std::time::Instant::now())
-        });
-        // Sorted by name, so a serving node is found by name.
-        let eligible_named = |name: &str| {
-            let i = subsets::position(&shared.nodes, name).ok()?;
-            Some(shared.nodes[i].as_ref()).filter(|n| n.selected_by(&selector))
-        };
-        let (chosen, on_serving) = subsets::choose_serving(
-            eligible,
-            eligible_named,
-            subsets::seed(svc),
-            selection,
-            allowed,
-            nodes.as_ref(),
-        );
-        let how = match &nodes {
-            Some(nodes) if on_serving => Chosen::Local {
-                serving: nodes.len(),
-            },
-            Some(_) => Chosen::NoneServingEligible,
-            None => Chosen::Selection(selection),
-        };
-        drop(serving);
-        if keys.is_empty() && chosen.len() == shared.nodes.len() {
-            return Ok((shared.all(), how));
+    /// The nodes that serve `svc` if it is a Local Service with a subset
+    /// ([`crate::endpoints`]): those that back its load balancer, when any
+    /// is eligible. `None` when none serves.
+    pub fn serving_of(&self, svc: &Service, ask: &Ask) -> Option<BTreeSet<String>> {
+        if !(plan::is_local(svc) && matches!(ask.selection, subsets::Selection::Subset(_))) {
+            return None;
         }
-        Ok((Hosts::of(plan::hosts(chosen, &keys)), how))
+        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+        let serving = self.serving.lock().unwrap_or_else(|e| e.into_inner());
+        let nodes = serving.nodes(&key, self.settings.local_grace, std::time::Instant::now())?;
+        Some(nodes.into_iter().map(str::to_owned).collect())
+    }
+
+    /// The backing hosts of `svc`'s load balancer: those its
+    /// host-selecting annotations select, then its subset ([`subsets`]),
+    /// or with Local traffic those that serve its endpoints
+    /// ([`crate::endpoints`]), within the cloud's limits for its kind of
+    /// load balancer ([`Membership`] keeps what decides them). Worked out
+    /// off the runtime's threads. An invalid subset annotation is the
+    /// problem.
+    pub async fn hosts_for(&self, svc: &Service) -> Result<Hosts, String> {
+        let ask = self.ask(svc)?;
+        let serving = self.serving_of(svc, &ask);
+        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+        let backing = self.backing.clone();
+        let hosts = tokio::task::spawn_blocking(move || {
+            let serving: Option<BTreeSet<&str>> = serving
+                .as_ref()
+                .map(|s| s.iter().map(String::as_str).collect());
+            backing.with(|m| m.hosts(&key, &ask, serving.as_ref()).0)
+        })
+        .await
+        .map_err(|e| format!("working out the hosts failed: {e}"))?;
+        Ok(hosts)
     }
 
     /// Whether the nodes serving `svc` are followed: it is a Local load
@@ -492,39 +446,45 @@ impl Context {
 
     /// How many nodes back `svc`'s load balancer, of how many eligible,
     /// and why that many, for `kubectl ccm why`.
+    /// It asks the membership on the caller's thread: a question asked
+    /// now and then, which at worst waits for a host pass.
     pub fn explain_hosts(&self, svc: &Service) -> serde_json::Value {
-        let shared = self.hosts();
-        let (used, how) = match self.choose_hosts(svc, &shared) {
-            Ok((hosts, how)) => (hosts.list.len(), how),
+        let ask = match self.ask(svc) {
+            Ok(ask) => ask,
             Err(problem) => return serde_json::json!({"why": problem}),
         };
-        let selector = self.host_selector(svc);
-        let eligible = shared
-            .nodes
-            .iter()
-            .filter(|n| n.selected_by(&selector))
-            .count();
+        let serving = self.serving_of(svc, &ask);
+        let serving: Option<BTreeSet<&str>> = serving
+            .as_ref()
+            .map(|s| s.iter().map(String::as_str).collect());
+        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+        let (used, how, eligible) = self.backing.with(|m| {
+            let (hosts, how) = m.hosts(&key, &ask, serving.as_ref());
+            let eligible = m.nodes().filter(|n| n.selected_by(&ask.selector)).count();
+            (hosts.list.len(), how, eligible)
+        });
+        let selector = ask.selector;
         let mut why = match how {
-            Chosen::Local { serving } => format!(
+            How::Local { serving } => format!(
                 "externalTrafficPolicy Local: the eligible nodes of the {serving} that serve its endpoints (or did within {:?})",
                 self.settings.local_grace
             ),
-            Chosen::NoneServingEligible => {
+            How::NoneServingEligible => {
                 "externalTrafficPolicy Local, but no eligible node serves its endpoints: a subset"
                     .to_owned()
             }
-            Chosen::Selection(subsets::Selection::Subset(n)) if plan::is_local(svc) => {
+            How::Selection(subsets::Selection::Subset(n)) if plan::is_local(svc) => {
                 format!(
                     "externalTrafficPolicy Local with no endpoint serving yet: a subset of {n} per zone"
                 )
             }
-            Chosen::Selection(subsets::Selection::Subset(n)) => format!("a subset of {n} per zone"),
-            Chosen::Selection(subsets::Selection::All) => "every eligible node".to_owned(),
+            How::Selection(subsets::Selection::Subset(n)) => format!("a subset of {n} per zone"),
+            How::Selection(subsets::Selection::All) => "every eligible node".to_owned(),
         };
         if !selector.is_empty() {
             why.push_str(", of the nodes its label annotation selects");
         }
-        let allowed = self.allowed(svc);
+        let allowed = ask.allowed;
         let mut quota = Vec::new();
         if let Some(n) = allowed.per_zone {
             quota.push(format!("{n} per zone"));

@@ -11,6 +11,7 @@ pub mod args;
 pub mod context;
 pub mod endpoints;
 pub mod error;
+pub mod membership;
 pub mod metrics;
 pub mod plan;
 pub mod reconcile;
@@ -59,18 +60,18 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
     let client = base.client.clone();
 
     let service_stream = view::watch(Api::<Service>::all(client.clone()));
+    let nodes = Views::default();
     let ctx = Arc::new(Context {
         client: client.clone(),
         services: Views::default(),
-        nodes: Views::default(),
+        nodes: nodes.clone(),
         slices: Views::default(),
         slice_nodes: Default::default(),
         slices_followed: Default::default(),
         serving: Mutex::default(),
         serving_changed: Mutex::default(),
         hosts_pass_full: Default::default(),
-        nodes_generation: Default::default(),
-        shared_hosts: Mutex::new(None),
+        backing: Arc::new(context::Backing::new(nodes)),
         gateway: base.gateway.clone(),
         recorder: base.recorder.clone(),
         metrics: base.metrics.clone(),
@@ -212,7 +213,7 @@ async fn run(
     let _ = ctx.host_label_annotations.set(info.host_label_annotations);
     if !labels {
         ctx.nodes.rewrite(plan::NodeView::without_labels);
-        ctx.note_node_view_change();
+        ctx.backing.note_all();
     }
     // Upstream skips the controller then; a Deployment that exited would
     // restart forever, so it idles (and stays ready), as the route
@@ -322,10 +323,10 @@ fn follow_nodes(
                 if before.is_some_and(|b| b.hosting() == view.hosting()) =>
             {
                 // Addresses: the host lists change, no host pass is due.
-                ctx.note_node_view_change();
+                ctx.backing.note(&view.name);
             }
-            view::Seen::Changed { .. } | view::Seen::Deleted(_) => {
-                ctx.note_node_view_change();
+            view::Seen::Changed { view, .. } | view::Seen::Deleted(view) => {
+                ctx.backing.note(&view.name);
                 ctx.note_node_change();
                 ctx.hosts_pass_full
                     .store(true, std::sync::atomic::Ordering::SeqCst);

@@ -2,7 +2,7 @@
 //! (per Service, from the work queue), [`sync_hosts`] (one pass after a
 //! debounced batch of node changes) and [`check_orphans`] (periodic).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Instant;
 
 use ccm_proto::Error as GatewayError;
@@ -13,7 +13,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::context::{Applied, Context, Hosts, Key, Shared};
+use crate::context::{Applied, Context, Hosts, Key};
 use crate::error::{Error, Result, ServiceError};
 use crate::plan;
 
@@ -280,7 +280,7 @@ async fn ensure(ctx: &Context, key: &Key, svc: &Service) -> Result<()> {
         tracing::info!("the Service is gone; no load balancer");
         return Ok(());
     }
-    let hosts = match ctx.hosts_for(svc, &ctx.hosts()) {
+    let hosts = match ctx.hosts_for(svc).await {
         Ok(hosts) => hosts,
         // The user can fix this; nothing goes to the cloud.
         Err(problem) => return refuse(ctx, svc, problem).await,
@@ -519,27 +519,58 @@ pub async fn sync_hosts(ctx: &Context, only: Option<HashSet<Key>>) {
         })
     })
     .collect();
-    // Without a load balancer there is no host list to build.
-    let shared = if services.is_empty() {
-        Shared::default()
-    } else {
-        ctx.hosts()
-    };
-    // A Service whose subset annotation is invalid keeps what it has; its
-    // own sync says why.
-    let changed: Vec<_> = services
-        .into_iter()
-        .filter_map(|view| {
-            let svc = view.service()?;
-            let key = (svc.namespace().unwrap_or_default(), svc.name_any());
-            let last = ctx.remembered_hosts(&key)?;
-            let hosts = ctx.hosts_for(svc, &shared).ok()?;
-            (last != hosts.digest).then_some(key)
+    // What decides each one's hosts, and the digest of those it was last
+    // given. A Service whose subset annotation is invalid keeps what it
+    // has; its own sync says why.
+    let mut kept: HashSet<Key> = HashSet::new();
+    let mut asked = Vec::new();
+    for view in &services {
+        let Some(svc) = view.service() else { continue };
+        let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+        let Ok(ask) = ctx.ask(svc) else { continue };
+        kept.insert(key.clone());
+        if let Some(last) = ctx.remembered_hosts(&key) {
+            let serving = ctx.serving_of(svc, &ask);
+            asked.push((key, ask, serving, last));
+        }
+    }
+    // Each Service's hosts, worked out again only where a change may have
+    // moved them (off the runtime's threads: a Service that takes every
+    // node, or a membership built anew, costs a pass over every node).
+    let full = only.is_none();
+    let backing = ctx.backing.clone();
+    let worked_out = tokio::task::spawn_blocking(move || {
+        // Without a load balancer there is nothing to work out.
+        if kept.is_empty() {
+            return (Vec::new(), 0);
+        }
+        backing.with(|m| {
+            if full {
+                m.retain(|key| kept.contains(key));
+            }
+            let changed: Vec<Key> = asked
+                .into_iter()
+                .filter_map(|(key, ask, serving, last)| {
+                    let serving: Option<BTreeSet<&str>> = serving
+                        .as_ref()
+                        .map(|s| s.iter().map(String::as_str).collect());
+                    (m.digest(&key, &ask, serving.as_ref()) != last).then_some(key)
+                })
+                .collect();
+            (changed, m.len())
         })
-        .collect();
+    })
+    .await;
+    let (changed, nodes) = match worked_out {
+        Ok(worked_out) => worked_out,
+        Err(e) => {
+            tracing::error!(error = %e, "the host pass could not work out the hosts");
+            return;
+        }
+    };
     // Each update carries its own copy of the host list (the gateway's API
     // takes a whole list): at most about a million hosts in flight at once.
-    let at_once = (1_000_000 / shared.nodes.len().max(1)).clamp(1, 256);
+    let at_once = (1_000_000 / nodes.max(1)).clamp(1, 256);
     let ctx_ref = ctx;
     let updates = futures::stream::iter(changed.into_iter().map(|key| {
         async move {
@@ -558,7 +589,7 @@ pub async fn sync_hosts(ctx: &Context, only: Option<HashSet<Key>>) {
             {
                 return true;
             }
-            let Ok(hosts) = ctx_ref.hosts_for(svc, &ctx_ref.hosts()) else {
+            let Ok(hosts) = ctx_ref.hosts_for(svc).await else {
                 return true;
             };
             if ctx_ref.remembered_hosts(&key) == Some(hosts.digest) {

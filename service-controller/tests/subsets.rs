@@ -8,16 +8,20 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use ccm_runtime::host_limits::Allowed;
 use ccm_runtime::names;
 use ccm_testkit::env::{TestController, TestEnv, eventually};
 use clap::Parser;
 use cloud_gateway::identity::Role;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube_test_apiserver::fixtures::{endpoint_slice, load_balancer, node};
 use serde_json::json;
 use service_controller::args::{Args, Settings};
+use service_controller::plan::NodeView;
+use service_controller::subsets;
 use tokio_util::sync::CancellationToken;
 
 const ZONES: [&str; 3] = ["sim-zone-a", "sim-zone-b", "sim-zone-c"];
@@ -479,4 +483,147 @@ async fn a_service_that_becomes_local_is_backed_at_once_by_the_nodes_that_serve_
         (hosts(&env).await.get("late")? == &set(&["sim-zone-c-3"])).then_some(())
     })
     .await;
+}
+
+/// Each load balancer's hosts as a pass over every node chooses them now
+/// ([`subsets::choose_serving`], which the service controller ran for
+/// every Service after each node change before it kept its membership),
+/// from the API's Nodes and Services; `serving`: the nodes each Local
+/// Service's slice names.
+async fn chosen_by_a_full_pass(
+    nodes: &Api<Node>,
+    services: &Api<Service>,
+    quota: u32,
+    serving: &BTreeMap<String, BTreeSet<String>>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let strings = ccm_runtime::view::Interner::default();
+    let mut views: Vec<NodeView> = nodes
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|n| NodeView::of(n, &strings, false))
+        .filter(|n| n.backs)
+        .collect();
+    views.sort_by(|a, b| a.name.cmp(&b.name));
+    // The sim's total per load balancer does not bind a few nodes.
+    let allowed = Allowed {
+        per_zone: Some(quota),
+        total: None,
+    };
+    let mut out = BTreeMap::new();
+    for svc in services.list(&Default::default()).await.unwrap().items {
+        let selection = subsets::selection(&svc, 25).unwrap();
+        let on: Option<BTreeSet<&str>> = serving
+            .get(&svc.name_any())
+            .map(|s| s.iter().map(String::as_str).collect());
+        let (chosen, _) = subsets::choose_serving(
+            || views.iter(),
+            |name| {
+                let i = subsets::position(&views, name).ok()?;
+                Some(&views[i])
+            },
+            subsets::seed(&svc),
+            selection,
+            allowed,
+            on.as_ref(),
+        );
+        out.insert(
+            svc.name_any(),
+            chosen.into_iter().map(|n| n.name.clone()).collect(),
+        );
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_joining_leaving_and_changing_move_load_balancers_exactly_as_a_full_pass_would() {
+    let (env, nodes, services, slices) = cluster(3, 4).await;
+    set_endpoints(
+        &slices,
+        "local",
+        &[("sim-zone-a-0", true), ("sim-zone-b-1", true)],
+    )
+    .await;
+    let serving = BTreeMap::from([("local".to_owned(), set(&["sim-zone-a-0", "sim-zone-b-1"]))]);
+    let _c = start(&env).await;
+    for i in 0..4 {
+        services
+            .create(
+                &PostParams::default(),
+                &load_balancer("default", &format!("web-{i}")).build(),
+            )
+            .await
+            .unwrap();
+    }
+    let one = load_balancer("default", "one")
+        .annotation(names::ANNOTATION_LB_SUBSET_SIZE, "1")
+        .build();
+    let local = load_balancer("default", "local").local().build();
+    for svc in [one, local] {
+        services.create(&PostParams::default(), &svc).await.unwrap();
+    }
+    let patch = |name: &str, body: serde_json::Value| {
+        let nodes = nodes.clone();
+        let name = name.to_owned();
+        async move {
+            nodes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(body))
+                .await
+                .unwrap();
+        }
+    };
+    let agree = |what: &'static str| {
+        let (env, nodes, services, serving) = (&env, &nodes, &services, &serving);
+        async move {
+            eventually(what, || async {
+                let want = chosen_by_a_full_pass(nodes, services, 3, serving).await;
+                (want.len() == 6 && hosts(env).await == want).then_some(())
+            })
+            .await
+        }
+    };
+    agree("every load balancer on its full pass's hosts").await;
+
+    // Each burst lands within one debounce window or across two.
+    for name in ["sim-zone-a-new", "sim-zone-b-new", "sim-zone-c-new"] {
+        add_node(&nodes, name).await;
+    }
+    agree("after three nodes joined").await;
+    nodes
+        .delete("sim-zone-a-1", &Default::default())
+        .await
+        .unwrap();
+    nodes
+        .delete("sim-zone-b-new", &Default::default())
+        .await
+        .unwrap();
+    agree("after two nodes left").await;
+    patch(
+        "sim-zone-c-0",
+        json!({"metadata": {"labels": {names::LABEL_EXCLUDE_FROM_LB: "true"}}}),
+    )
+    .await;
+    patch("sim-zone-c-1", json!({"spec": {"unschedulable": true}})).await;
+    agree("after one node was excluded and one cordoned").await;
+    patch(
+        "sim-zone-c-0",
+        json!({"metadata": {"labels": {names::LABEL_EXCLUDE_FROM_LB: null}}}),
+    )
+    .await;
+    patch("sim-zone-c-1", json!({"spec": {"unschedulable": false}})).await;
+    patch(
+        "sim-zone-b-2",
+        json!({"spec": {"taints": [{"key": names::TAINT_TO_BE_DELETED, "effect": "NoSchedule"}]}}),
+    )
+    .await;
+    agree("after both came back and the autoscaler took one").await;
+    // A node serving the Local Service goes: it keeps the other.
+    nodes
+        .delete("sim-zone-a-0", &Default::default())
+        .await
+        .unwrap();
+    add_node(&nodes, "sim-zone-a-later").await;
+    agree("after a serving node left and another joined").await;
 }

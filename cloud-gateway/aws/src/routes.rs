@@ -1,7 +1,7 @@
 //! Routes: one VPC route per pod CIDR (IPv4 or IPv6) to the node's
-//! instance, in every route table tagged for the cluster (or those named by
-//! `--aws-route-table-ids`, which must carry the tag too). A route table
-//! without the cluster's tag is never changed.
+//! instance, in every route table tagged for the cluster, or in those named
+//! by `--aws-route-table-ids`, tagged or not (as upstream's
+//! `RouteTableIDs`). No other route table is changed.
 //!
 //! Several tables act as one: a route is listed as healthy only when every
 //! table sends its CIDR to the same live instance; anything else (missing

@@ -482,17 +482,20 @@ impl Harness {
                     11 => {
                         let (n, m) = (self.sizes.target_nodes[i], self.sizes.target_services);
                         let rows = tokio::task::spawn_blocking(move || {
-                            (targets::rows(n, m), targets::sweep(n, m, &[5, 10, 25, 50, 100]))
+                            anyhow::Ok((
+                                targets::rows(n, m)?,
+                                targets::sweep(n, m, &[5, 10, 25, 50, 100])?,
+                            ))
                         })
                         .await;
-                        rows.map(|(rows, sweep)| {
+                        rows.map_err(anyhow::Error::from).and_then(|rows| {
+                            let (rows, sweep) = rows?;
                             self.tables.push((
                                 format!("Scenario 11's subset size against its cost, at {n} nodes and {m} Services"),
                                 sweep,
                             ));
-                            rows
+                            Ok(rows)
                         })
-                        .map_err(anyhow::Error::from)
                     }
                     12 => {
                         let (n, m) = (self.sizes.live_target_nodes[i], self.sizes.target_services);
@@ -2556,6 +2559,39 @@ pub fn command_line() -> Vec<String> {
         .collect()
 }
 
+/// The commit a run measures, as its report's header says it: `at commit
+/// <sha>` of the current directory's HEAD, `with changes not committed`
+/// when files git tracks differ from it (the report and its charts aside,
+/// which the run itself writes). `make docs-check` holds the main table to
+/// a commit of the history, and refuses the second form.
+pub fn commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    };
+    let Some(head) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return "at no known commit".into();
+    };
+    let changed = git(&[
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        ":(exclude)BENCHMARKS.md",
+        ":(exclude)benchmarks",
+    ]);
+    match changed {
+        Some(changed) if changed.is_empty() => format!("at commit {head}"),
+        _ => format!("at commit {head} with changes not committed"),
+    }
+}
+
+/// The machine, in words: cores, CPU model, memory, operating system.
 pub fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -2604,6 +2640,7 @@ pub fn markdown(
     plots_dir: &str,
     cloud: &Cloud,
     command: &str,
+    commit: &str,
     machine: &str,
     when: &str,
 ) -> String {
@@ -2611,7 +2648,7 @@ pub fn markdown(
     let _ = writeln!(out, "{heading}\n");
     let _ = writeln!(
         out,
-        "Produced by `{command}` on {when}, on {machine}. Every figure below comes from that one run; \
+        "Produced by `{command}` {commit} on {when}, on {machine}. Every figure below comes from that one run; \
 each scenario ran twice in it, on the real binaries (API test server, gateway on the sim, \
 one replica of each controller as processes on loopback): with our defaults, and with the \
 upstream profile of the same binaries (one worker, one lookup per node, no cache, coalescing \

@@ -195,6 +195,8 @@ async fn main() -> anyhow::Result<()> {
         budget: args.budget,
     };
     let sizes = args.sizes();
+    // What the run measures is the tree as it starts.
+    let commit = ccm_bench::commit();
     if args.work_dir.exists() {
         std::fs::remove_dir_all(&args.work_dir)?;
     }
@@ -224,6 +226,7 @@ async fn main() -> anyhow::Result<()> {
         PLOTS,
         &cloud,
         &command,
+        &commit,
         &machine(),
         &when,
     );

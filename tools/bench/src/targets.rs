@@ -18,6 +18,7 @@ use ccm_runtime::view::Interner;
 use k8s_openapi::api::core::v1::Service;
 use kube_test_apiserver::fixtures::{load_balancer, node};
 use service_controller::endpoints::Serving;
+use service_controller::membership::{Ask, Membership};
 use service_controller::plan::NodeView;
 use service_controller::subsets::{self, Selection};
 
@@ -141,6 +142,62 @@ impl Model {
     }
 }
 
+/// The service controller's membership ([`Membership`]) of a model's
+/// cluster, as a host pass uses it.
+struct Kept {
+    membership: Membership,
+    asks: Vec<Ask>,
+}
+
+impl Model {
+    /// What a host pass does after a node change, with `subset` per zone:
+    /// each Service's question worked out from it, then its hosts' digest
+    /// from the membership, which works them out again only where the
+    /// change may have moved them.
+    fn pass(&self, kept: &mut Kept, now: Instant, subset: usize) {
+        kept.asks = self
+            .services
+            .iter()
+            .map(|(svc, _)| ask(svc, subset))
+            .collect();
+        for (i, (_, local)) in self.services.iter().enumerate() {
+            let serving = local
+                .then(|| self.serving.nodes(&key(i), GRACE, now))
+                .flatten();
+            kept.membership
+                .digest(&key(i), &kept.asks[i], serving.as_ref());
+        }
+    }
+
+    /// Every Service's targets as the membership has them.
+    fn kept_targets(&self, kept: &mut Kept, now: Instant) -> Vec<BTreeSet<String>> {
+        (0..self.services.len())
+            .map(|i| {
+                let serving = self.services[i]
+                    .1
+                    .then(|| self.serving.nodes(&key(i), GRACE, now))
+                    .flatten();
+                let (hosts, _) = kept
+                    .membership
+                    .hosts(&key(i), &kept.asks[i], serving.as_ref());
+                hosts.list.iter().map(|h| h.name.clone()).collect()
+            })
+            .collect()
+    }
+}
+
+/// What `svc` asks of the membership, with subsets of `subset` per zone
+/// under AWS's NLB quotas.
+fn ask(svc: &Service, subset: usize) -> Ask {
+    Ask::of(svc, subset as u32, &[], NLB).expect("no subset annotation")
+}
+
+/// The CPU time this thread has used.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.max(0) as u32)
+}
+
 /// The targets the service controller chooses for `svc` of `nodes`
 /// (sorted by name), with subsets of `subset` per zone under AWS's NLB
 /// quotas, and for a Local Service the nodes `serving` it.
@@ -167,38 +224,113 @@ pub(crate) fn chosen(
 /// Nodes joined (or left), each alone, for the mean changes per node.
 const EVENTS: usize = 20;
 
+/// What one node joining or leaving cost the membership: the host pass's
+/// CPU time, and whether it chose exactly what the full pass did.
+#[derive(Default)]
+struct Costs {
+    cpu: Vec<Duration>,
+}
+
+impl Costs {
+    fn mean_ms(&self) -> f64 {
+        self.cpu.iter().map(Duration::as_secs_f64).sum::<f64>() * 1e3 / self.cpu.len().max(1) as f64
+    }
+
+    fn max_ms(&self) -> f64 {
+        self.cpu
+            .iter()
+            .map(Duration::as_secs_f64)
+            .fold(0.0, f64::max)
+            * 1e3
+    }
+}
+
 impl Model {
+    /// After a node change the full pass chose `after`: with `kept`, the
+    /// membership takes in the change (the node `name`, now `view`) in a
+    /// host pass, timed in `costs`, and must choose exactly `after`.
+    fn follow(
+        &self,
+        kept: Option<(&mut Kept, &mut Costs)>,
+        name: &str,
+        view: Option<&NodeView>,
+        after: &[BTreeSet<String>],
+        now: Instant,
+        subset: usize,
+    ) -> anyhow::Result<()> {
+        let Some((kept, costs)) = kept else {
+            return Ok(());
+        };
+        let started = thread_cpu();
+        kept.membership
+            .update(name, view.map(|v| Arc::new(v.clone())));
+        self.pass(kept, now, subset);
+        costs.cpu.push(thread_cpu().saturating_sub(started));
+        anyhow::ensure!(
+            self.kept_targets(kept, now) == after,
+            "the kept membership chose other targets than the full pass after {name} changed"
+        );
+        Ok(())
+    }
+
     /// The mean target changes from `before` (the targets now) when a new
-    /// node joins, over [`EVENTS`] nodes joining one at a time.
-    fn joins(&mut self, before: &[BTreeSet<String>], now: Instant, subset: usize) -> f64 {
+    /// node joins, over [`EVENTS`] nodes joining one at a time; with
+    /// `kept`, what each cost the membership (see [`Self::follow`]).
+    fn joins(
+        &mut self,
+        before: &[BTreeSet<String>],
+        now: Instant,
+        subset: usize,
+        mut kept: Option<(&mut Kept, &mut Costs)>,
+    ) -> anyhow::Result<f64> {
         let n = self.nodes.len();
-        let total: usize = (0..EVENTS)
-            .map(|j| {
-                let joined = view(&self.strings, n + j);
-                let at = subsets::position(&self.nodes, &joined.name).unwrap_or_else(|at| at);
-                self.nodes.insert(at, joined);
-                let after = self.targets(now, subset);
-                self.nodes.remove(at);
-                changes(before, &after)
-            })
-            .sum();
-        total as f64 / EVENTS as f64
+        let mut total = 0;
+        for j in 0..EVENTS {
+            let joined = view(&self.strings, n + j);
+            let at = subsets::position(&self.nodes, &joined.name).unwrap_or_else(|at| at);
+            self.nodes.insert(at, joined.clone());
+            let after = self.targets(now, subset);
+            let reborrow = kept.as_mut().map(|(k, c)| (&mut **k, &mut **c));
+            self.follow(reborrow, &joined.name, Some(&joined), &after, now, subset)?;
+            self.nodes.remove(at);
+            if let Some((kept, _)) = kept.as_mut() {
+                kept.membership.update(&joined.name, None);
+                self.pass(kept, now, subset);
+            }
+            total += changes(before, &after);
+        }
+        Ok(total as f64 / EVENTS as f64)
     }
 
     /// The mean target changes from `before` when a node of the cluster
-    /// leaves, over [`EVENTS`] nodes spread over it leaving one at a time.
-    fn leaves(&mut self, before: &[BTreeSet<String>], now: Instant, subset: usize) -> f64 {
+    /// leaves, over [`EVENTS`] nodes spread over it leaving one at a time;
+    /// with `kept`, what each cost the membership.
+    fn leaves(
+        &mut self,
+        before: &[BTreeSet<String>],
+        now: Instant,
+        subset: usize,
+        mut kept: Option<(&mut Kept, &mut Costs)>,
+    ) -> anyhow::Result<f64> {
         let n = self.nodes.len();
-        let total: usize = (0..EVENTS)
-            .map(|j| {
-                let at = j * n / EVENTS;
-                let gone = self.nodes.remove(at);
-                let after = self.targets(now, subset);
-                self.nodes.insert(at, gone);
-                changes(before, &after)
-            })
-            .sum();
-        total as f64 / EVENTS as f64
+        let mut total = 0;
+        for j in 0..EVENTS {
+            let at = j * n / EVENTS;
+            let gone = self.nodes.remove(at);
+            let after = self.targets(now, subset);
+            let reborrow = kept.as_mut().map(|(k, c)| (&mut **k, &mut **c));
+            self.follow(reborrow, &gone.name, None, &after, now, subset)?;
+            if let Some((kept, _)) = kept.as_mut() {
+                kept.membership
+                    .update(&gone.name, Some(Arc::new(gone.clone())));
+            }
+            self.nodes.insert(at, gone);
+            if let Some((kept, _)) = kept.as_mut() {
+                self.pass(kept, now, subset);
+            }
+            total += changes(before, &after);
+        }
+        Ok(total as f64 / EVENTS as f64)
     }
 }
 
@@ -229,11 +361,22 @@ fn changes(a: &[BTreeSet<String>], b: &[BTreeSet<String>]) -> usize {
 }
 
 /// The rows for one size.
-pub fn rows(nodes: usize, services: usize) -> Vec<Row> {
+pub fn rows(nodes: usize, services: usize) -> anyhow::Result<Vec<Row>> {
     let mut model = Model::new(nodes, services);
     let t0 = Instant::now();
     let before = model.targets(t0, SUBSET);
-    let pass = t0.elapsed();
+    // The membership from nothing, as a new leader's first host pass.
+    let started = thread_cpu();
+    let mut kept = Kept {
+        membership: Membership::new(model.nodes.iter().map(|n| Arc::new(n.clone()))),
+        asks: Vec::new(),
+    };
+    model.pass(&mut kept, t0, SUBSET);
+    let pass = thread_cpu().saturating_sub(started);
+    anyhow::ensure!(
+        model.kept_targets(&mut kept, t0) == before,
+        "the membership chose other targets than the full pass"
+    );
     let m = services as f64;
     let local = model.services.iter().filter(|(_, l)| *l).count();
     let cluster = services - local;
@@ -255,7 +398,8 @@ pub fn rows(nodes: usize, services: usize) -> Vec<Row> {
         })
         .count();
 
-    let join = model.joins(&before, t0, SUBSET);
+    let (mut joining, mut leaving) = (Costs::default(), Costs::default());
+    let join = model.joins(&before, t0, SUBSET, Some((&mut kept, &mut joining)))?;
     // The best any even spread can do: a Cluster Service's subset takes the
     // new node with the odds of any node of its zone, and, once the zone
     // has more nodes than the subset, lets another go for it.
@@ -271,7 +415,7 @@ pub fn rows(nodes: usize, services: usize) -> Vec<Row> {
     } else {
         2.0 * cluster as f64 * SUBSET as f64 / per_zone as f64
     } + local as f64 * PODS as f64 / nodes as f64;
-    let leave = model.leaves(&before, t0, SUBSET);
+    let leave = model.leaves(&before, t0, SUBSET, Some((&mut kept, &mut leaving)))?;
     let left = before;
 
     // A rolling update moves 100 pods of Local Services to other nodes;
@@ -311,15 +455,31 @@ pub fn rows(nodes: usize, services: usize) -> Vec<Row> {
         target: None,
         note,
     };
-    vec![
+    let per_change = |costs: &Costs, what: &str| Row {
+        target: Some(("≤ 10 ms".into(), costs.mean_ms() <= PER_CHANGE_MS)),
+        ..row(
+            &format!("one node {what}: the host pass's work (CPU, mean of {EVENTS})"),
+            costs.mean_ms(),
+            None,
+            "ms",
+            None,
+            format!(
+                "the CPU time of the service controller's host pass after the node {what} (each Service's question read from it, its targets kept or worked out again by the membership), at most {:.2} ms; its targets were exactly the full pass's each time; one core",
+                costs.max_ms()
+            ),
+        )
+    };
+    Ok(vec![
         row(
-            "one host pass: every load balancer's targets chosen (CPU)",
+            "a host pass from nothing: every load balancer's targets chosen (CPU)",
             pass.as_secs_f64(),
             None,
             "s",
             None,
-            "the service controller's selection code for every Service at once, as after a node change; one core".into(),
+            "a new leader's first pass (or after a relist): the membership built from every node, then every Service's targets; one core".into(),
         ),
+        per_change(&joining, "joining"),
+        per_change(&leaving, "leaving"),
         row(
             "targets per load balancer (mean)",
             mean,
@@ -361,14 +521,17 @@ pub fn rows(nodes: usize, services: usize) -> Vec<Row> {
                 GRACE.as_secs()
             ),
         ),
-    ]
+    ])
 }
+
+/// The most CPU time one node change may cost the host pass (issue #60).
+const PER_CHANGE_MS: f64 = 10.0;
 
 /// Subset sizes against what they cost, at `nodes` nodes: a Markdown
 /// table of the Cluster Services' targets, the target changes a node
 /// joining makes, and how many nodes carry each Service (a node lost takes
 /// that share of its capacity).
-pub fn sweep(nodes: usize, services: usize, sizes: &[usize]) -> String {
+pub fn sweep(nodes: usize, services: usize, sizes: &[usize]) -> anyhow::Result<String> {
     let mut model = Model::new(nodes, services);
     let t0 = Instant::now();
     let mut out = String::from(
@@ -376,7 +539,7 @@ pub fn sweep(nodes: usize, services: usize, sizes: &[usize]) -> String {
     );
     for &k in sizes {
         let before = model.targets(t0, k);
-        let join = model.joins(&before, t0, k);
+        let join = model.joins(&before, t0, k, None)?;
         let cluster: Vec<usize> = (0..services).filter(|i| i % 2 == 0).collect();
         let targets = cluster.iter().map(|i| before[*i].len()).sum::<usize>() as f64
             / cluster.len().max(1) as f64;
@@ -388,5 +551,5 @@ pub fn sweep(nodes: usize, services: usize, sizes: &[usize]) -> String {
             ),
         );
     }
-    out
+    Ok(out)
 }
