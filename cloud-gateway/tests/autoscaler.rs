@@ -427,7 +427,8 @@ async fn a_launch_without_capacity_is_an_out_of_resources_placeholder() {
     assert_eq!(failed.len(), 1, "{members:?}");
     // Upstream's cloudprovider.OutOfResourcesErrorClass.
     assert_eq!(failed[0].instance_error_class, 1);
-    assert_eq!(failed[0].error_code, "InsufficientInstanceCapacity");
+    // Upstream AWS provider's code for a launch the cloud cannot fulfil.
+    assert_eq!(failed[0].error_code, "placeholder-cannot-be-fulfilled");
     // The running instance may not go this way; the failed launch may.
     let refused = c
         .node_group_decrease_target_size(ca::NodeGroupDecreaseTargetSizeRequest {

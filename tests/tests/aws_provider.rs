@@ -1258,6 +1258,12 @@ async fn the_gateway_sends_exactly_the_actions_of_the_documented_iam_policy() {
     aws::seed_node_groups(&env._moto.endpoint, &env.seeded, CLUSTER)
         .await
         .unwrap();
+    // Templates of types chosen by attributes and of an EKS managed node
+    // group.
+    aws::seed_template_groups(&env._moto.endpoint, &env.seeded, CLUSTER)
+        .await
+        .unwrap();
+    env.proxy.set_types_for_requirements(&["m6g.2xlarge"]);
     let mut c = autoscaler_of(&env);
     refresh(&mut c).await;
     let running = one_more_without_capacity(&env, &mut c)
@@ -4431,14 +4437,16 @@ async fn auto_scaling_groups_tagged_for_the_cluster_scale_through_their_desired_
         .map(|s| s.as_str().to_owned());
     assert_eq!(state.as_deref(), Some("terminated"));
 
-    // Below the minimum, or another group's instance: refused, nothing
-    // deleted.
+    // Both of the last two: AWS terminates the first and refuses the one
+    // that would take the group below its minimum, as upstream's provider
+    // leaves it to; nothing is refused before AWS is asked.
     refresh(&mut c).await;
     let workers: Vec<ca::ExternalGrpcNode> = nodes_of(&mut c, groups::WORKERS)
         .await
         .iter()
         .map(|i| ca_node(&i.id))
         .collect();
+    assert_eq!(workers.len(), 2, "{workers:?}");
     let below = timed(c.node_group_delete_nodes(ca::NodeGroupDeleteNodesRequest {
         id: groups::WORKERS.into(),
         nodes: workers.clone(),
@@ -4446,6 +4454,12 @@ async fn auto_scaling_groups_tagged_for_the_cluster_scale_through_their_desired_
     .await
     .unwrap_err();
     assert_eq!(below.code(), tonic::Code::InvalidArgument, "{below:?}");
+    assert!(below.message().contains("min size"), "{below:?}");
+    let (desired, left) = group_in_aws(&env, groups::WORKERS).await;
+    assert_eq!(desired, 1);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(workers[1].provider_id.ends_with(&left[0]), "{left:?}");
+    // Another group's instance: refused, nothing deleted.
     let foreign = timed(c.node_group_delete_nodes(ca::NodeGroupDeleteNodesRequest {
         id: groups::WORKERS.into(),
         nodes: vec![ca_node(&format!(
@@ -4457,7 +4471,7 @@ async fn auto_scaling_groups_tagged_for_the_cluster_scale_through_their_desired_
     .await
     .unwrap_err();
     assert_eq!(foreign.code(), tonic::Code::InvalidArgument, "{foreign:?}");
-    assert_eq!(group_in_aws(&env, groups::WORKERS).await.0, 2);
+    assert_eq!(group_in_aws(&env, groups::WORKERS).await.0, 1);
 
     // Decreasing the target never deletes a running instance.
     let decrease = timed(c.node_group_decrease_target_size(
@@ -4521,6 +4535,10 @@ async fn templates_come_from_the_launch_template_and_tags_and_options_from_tags(
     let labels = workers.metadata.clone().unwrap_or_default().labels;
     assert_eq!(labels["node.kubernetes.io/instance-type"], "m5.large");
     assert_eq!(labels["topology.kubernetes.io/zone"], aws::ZONES[0]);
+    // The EBS CSI driver's zone label, so a Pod with an EBS volume can
+    // scale the group up from zero, as upstream's template has it.
+    assert_eq!(labels["topology.ebs.csi.aws.com/zone"], aws::ZONES[0]);
+    assert_eq!(labels["kubernetes.io/arch"], "amd64");
     assert_eq!(labels["topology.kubernetes.io/region"], aws::REGION);
     assert_eq!(labels["pool"], "workers");
     let spec = workers.spec.clone().unwrap_or_default();
@@ -4573,12 +4591,26 @@ async fn templates_come_from_the_launch_template_and_tags_and_options_from_tags(
     assert_eq!(have["nvidia.com/gpu"], "1");
     let labels = gpus.metadata.unwrap_or_default().labels;
     assert_eq!(labels["node.kubernetes.io/instance-type"], "g4dn.xlarge");
-    // As upstream's AWS provider: the GPU label only from a node-template
-    // label tag, never made up from the type.
+    // As upstream's, the template names no GPU type: the autoscaler reads
+    // it from the label of real nodes only.
     assert!(
         !labels.contains_key("k8s.amazonaws.com/accelerator"),
         "{labels:?}"
     );
+    let gpu_label = timed(c.gpu_label(ca::GpuLabelRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .label;
+    assert_eq!(gpu_label, "k8s.amazonaws.com/accelerator");
+    let gpu_types = timed(c.get_available_gpu_types(ca::GetAvailableGpuTypesRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .gpu_types;
+    for known in ["nvidia-tesla-t4", "nvidia-a10g", "nvidia-l4", "nvidia-l40s"] {
+        assert!(gpu_types.contains_key(known), "{known}: {gpu_types:?}");
+    }
 
     // Options from the group's tags, the autoscaler's defaults elsewhere.
     let defaults = ca::NodeGroupAutoscalingOptions {
@@ -4624,10 +4656,15 @@ async fn a_launch_aws_has_no_capacity_for_is_a_placeholder_out_of_resources() {
         ca::instance_status::InstanceState::InstanceCreating as i32
     );
     let error = status.error_info.unwrap();
-    assert_eq!(error.error_code, "InsufficientInstanceCapacity");
+    // Upstream's code and class; AWS's reason in the message.
+    assert_eq!(error.error_code, "placeholder-cannot-be-fulfilled");
     assert_eq!(
         error.instance_error_class, 1,
         "OutOfResourcesErrorClass: {error:?}"
+    );
+    assert!(
+        error.error_message.contains("InsufficientInstanceCapacity"),
+        "{error:?}"
     );
     // The autoscaler gives up on it: deleting the placeholder lowers the
     // target and terminates nothing.
@@ -4645,4 +4682,244 @@ async fn a_launch_aws_has_no_capacity_for_is_a_placeholder_out_of_resources() {
             .take_actions()
             .contains_key("autoscaling:TerminateInstanceInAutoScalingGroup")
     );
+}
+
+/// A node group's template, decoded as the autoscaler decodes it.
+async fn template_of(c: &mut Autoscaler, id: &str) -> k8s_pb::api::core::v1::Node {
+    let bytes = timed(
+        c.node_group_template_node_info(ca::NodeGroupTemplateNodeInfoRequest { id: id.into() }),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("template of {id}: {e:?}"))
+    .into_inner()
+    .node_bytes;
+    k8s_pb::api::core::v1::Node::decode(bytes.as_slice()).unwrap()
+}
+
+/// A template's labels and capacity.
+fn shape(
+    node: &k8s_pb::api::core::v1::Node,
+) -> (
+    std::collections::BTreeMap<String, String>,
+    std::collections::BTreeMap<String, String>,
+) {
+    let labels = node.metadata.clone().unwrap_or_default().labels;
+    let capacity = node
+        .status
+        .clone()
+        .unwrap_or_default()
+        .capacity
+        .into_iter()
+        .map(|(k, v)| (k, v.string.unwrap_or_default()))
+        .collect();
+    (labels.into_iter().collect(), capacity)
+}
+
+#[tokio::test]
+async fn one_groups_unreadable_template_or_activities_are_its_own_and_the_others_are_listed() {
+    let (env, mut c) = with_groups().await;
+    // AWS fails every read of a launch template and of scaling
+    // activities: the listing goes on, as upstream's does.
+    env.proxy.fail(
+        Some("DescribeLaunchTemplateVersions"),
+        Fault::ServerError,
+        1000,
+    );
+    env.proxy.fail(
+        Some("autoscaling:DescribeScalingActivities"),
+        Fault::ServerError,
+        1000,
+    );
+    let workers = one_more_without_capacity(&env, &mut c).await;
+    let mut listed: Vec<String> = timed(c.node_groups(ca::NodeGroupsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .node_groups
+        .into_iter()
+        .map(|g| g.id)
+        .collect();
+    listed.sort();
+    assert_eq!(listed, [groups::GPUS, groups::WORKERS]);
+    // The missing instance is taken as coming: no error to give up on.
+    let placeholder = workers
+        .iter()
+        .find(|i| i.id.contains("i-placeholder-workers-"))
+        .unwrap_or_else(|| panic!("no placeholder: {workers:?}"));
+    assert_eq!(
+        placeholder
+            .status
+            .as_ref()
+            .and_then(|s| s.error_info.clone()),
+        None
+    );
+    // Only the group with the launch template has no template; the one
+    // with a launch configuration has its own.
+    let err = timed(
+        c.node_group_template_node_info(ca::NodeGroupTemplateNodeInfoRequest {
+            id: groups::WORKERS.into(),
+        }),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    let (labels, _) = shape(&template_of(&mut c, groups::GPUS).await);
+    assert_eq!(labels["node.kubernetes.io/instance-type"], "g4dn.xlarge");
+
+    // AWS back: the template, and the failed launch's error.
+    env.proxy.heal();
+    refresh(&mut c).await;
+    let (labels, _) = shape(&template_of(&mut c, groups::WORKERS).await);
+    assert_eq!(labels["node.kubernetes.io/instance-type"], "m5.large");
+    let workers = nodes_of(&mut c, groups::WORKERS).await;
+    assert!(
+        workers.iter().any(|i| i
+            .status
+            .as_ref()
+            .and_then(|s| s.error_info.as_ref())
+            .is_some()),
+        "{workers:?}"
+    );
+
+    // The listing itself throttled: that still fails the refresh.
+    env.proxy.fail(
+        Some("autoscaling:DescribeAutoScalingGroups"),
+        Fault::Throttle,
+        1,
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(timed(c.refresh(ca::RefreshRequest {})).await.is_err());
+}
+
+#[tokio::test]
+async fn templates_match_the_nodes_of_small_types_types_by_attributes_and_eks_node_groups() {
+    use ccm_sandbox::aws::template_groups as tg;
+    let (env, mut c) = with_groups().await;
+    aws::seed_template_groups(&env._moto.endpoint, &env.seeded, CLUSTER)
+        .await
+        .unwrap();
+    // EC2 names this type first for the group's requirements; it has 8
+    // vCPUs and 32 GiB, more than the requirements' least.
+    env.proxy.set_types_for_requirements(&["m6g.2xlarge"]);
+    refresh(&mut c).await;
+
+    // t2 types name `i386` first: still amd64, as upstream. A resource
+    // tag that is no quantity is left out; the others are kept.
+    let (labels, capacity) = shape(&template_of(&mut c, tg::SMALL).await);
+    assert_eq!(labels["node.kubernetes.io/instance-type"], "t2.medium");
+    assert_eq!(labels["kubernetes.io/arch"], "amd64");
+    assert_eq!(labels["topology.ebs.csi.aws.com/zone"], aws::ZONES[0]);
+    assert_eq!(capacity["cpu"], "2");
+    assert_eq!(capacity["memory"], "4096Mi");
+    assert_eq!(capacity["ephemeral-storage"], "20Gi");
+    assert!(!capacity.contains_key("hugepages-2Mi"), "{capacity:?}");
+
+    // Types by attributes: EC2's first type for the image's architecture,
+    // with the requirements' least CPUs and memory, as upstream.
+    let (labels, capacity) = shape(&template_of(&mut c, tg::BY_ATTRIBUTES).await);
+    assert_eq!(labels["node.kubernetes.io/instance-type"], "m6g.2xlarge");
+    assert_eq!(labels["kubernetes.io/arch"], "arm64");
+    assert_eq!(capacity["cpu"], "4");
+    assert_eq!(capacity["memory"], "16384Mi");
+    let asked = env
+        .proxy
+        .bodies("GetInstanceTypesFromInstanceRequirements")
+        .join("\n");
+    for part in [
+        "=arm64",
+        "=hvm",
+        "VCpuCount.Min=4",
+        "VCpuCount.Max=8",
+        "MemoryMiB.Min=16384",
+    ] {
+        assert!(asked.contains(part), "{part} not in {asked}");
+    }
+
+    // An EKS managed node group: EKS's labels, taints and resources.
+    let eks = template_of(&mut c, tg::EKS).await;
+    let (labels, capacity) = shape(&eks);
+    for (key, value) in [
+        ("team", "ml"),
+        ("eks.amazonaws.com/nodegroup", tg::EKS_NODEGROUP),
+        ("eks.amazonaws.com/capacityType", "SPOT"),
+        ("nodegroup-name", tg::EKS_NODEGROUP),
+        ("cluster-name", CLUSTER),
+    ] {
+        assert_eq!(
+            labels.get(key).map(String::as_str),
+            Some(value),
+            "{key}: {labels:?}"
+        );
+    }
+    assert_eq!(capacity["ephemeral-storage"], "50Gi");
+    let taints: Vec<(String, String, String)> = eks
+        .spec
+        .clone()
+        .unwrap_or_default()
+        .taints
+        .into_iter()
+        .map(|t| {
+            (
+                t.key.unwrap_or_default(),
+                t.value.unwrap_or_default(),
+                t.effect.unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        taints,
+        [("dedicated".into(), "ml".into(), "NoSchedule".into())]
+    );
+    // EKS is asked once, not once per listing.
+    refresh(&mut c).await;
+    let actions = env.proxy.take_actions();
+    assert_eq!(
+        actions.get("eks:DescribeNodegroup"),
+        Some(&1),
+        "{actions:?}"
+    );
+}
+
+#[tokio::test]
+async fn instances_on_their_way_out_count_against_the_desired_capacity_and_are_not_terminated_again()
+ {
+    let (env, mut c) = with_groups().await;
+    timed(
+        c.node_group_increase_size(ca::NodeGroupIncreaseSizeRequest {
+            id: groups::WORKERS.into(),
+            delta: 1,
+        }),
+    )
+    .await
+    .unwrap();
+    let (_, ids) = group_in_aws(&env, groups::WORKERS).await;
+    assert_eq!(ids.len(), 2);
+    // A lifecycle hook holds the second on its way out.
+    env.proxy.show_terminating(&ids[1]);
+    refresh(&mut c).await;
+    let workers = nodes_of(&mut c, groups::WORKERS).await;
+    // Two instances for a desired capacity of two: no placeholder.
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    let leaving = workers
+        .iter()
+        .find(|i| i.id.ends_with(&ids[1]))
+        .unwrap_or_else(|| panic!("{workers:?}"));
+    assert_eq!(
+        leaving.status.as_ref().map(|s| s.instance_state),
+        Some(ca::instance_status::InstanceState::InstanceDeleting as i32)
+    );
+    // Deleting it sends nothing: AWS is already terminating it.
+    env.proxy.take_actions();
+    timed(c.node_group_delete_nodes(ca::NodeGroupDeleteNodesRequest {
+        id: groups::WORKERS.into(),
+        nodes: vec![ca_node(&leaving.id)],
+    }))
+    .await
+    .unwrap();
+    let actions = env.proxy.take_actions();
+    assert!(
+        !actions.contains_key("autoscaling:TerminateInstanceInAutoScalingGroup"),
+        "{actions:?}"
+    );
+    assert_eq!(group_in_aws(&env, groups::WORKERS).await, (2, ids));
 }

@@ -1,4 +1,4 @@
-//! The EC2, ELB, ELBv2 and Auto Scaling clients: region, endpoints (one for all, or one
+//! The EC2, ELB, ELBv2, Auto Scaling and EKS clients: region, endpoints (one for all, or one
 //! per API) and credentials from the SDK's standard
 //! chain (environment, shared config and credentials files, web identity
 //! for IRSA, container and instance metadata), optionally through an
@@ -46,10 +46,11 @@ pub(super) struct Clients {
     pub elb: aws_sdk_elasticloadbalancingv2::Client,
     pub classic: aws_sdk_elasticloadbalancing::Client,
     pub autoscaling: aws_sdk_autoscaling::Client,
+    pub eks: aws_sdk_eks::Client,
     pub region: String,
 }
 
-/// Builds the EC2, ELBv2 and (Classic) ELB clients. Nothing is sent to AWS yet (except
+/// Builds the EC2, ELBv2, (Classic) ELB, Auto Scaling and EKS clients. Nothing is sent to AWS yet (except
 /// what the credential chain asks of metadata services).
 pub(super) async fn clients(settings: &AwsSettings) -> anyhow::Result<Clients> {
     // rustls on ring, the provider kube and tonic use, so the process has
@@ -106,8 +107,12 @@ pub(super) async fn clients(settings: &AwsSettings) -> anyhow::Result<Clients> {
         aws_sdk_elasticloadbalancing::config::Builder::from(&shared).interceptor(CountRequests);
     let mut autoscaling =
         aws_sdk_autoscaling::config::Builder::from(&shared).interceptor(CountRequests);
+    let mut eks = aws_sdk_eks::config::Builder::from(&shared).interceptor(CountRequests);
     if let Some(url) = endpoint("autoscaling") {
         autoscaling.set_endpoint_url(Some(url));
+    }
+    if let Some(url) = endpoint("eks") {
+        eks.set_endpoint_url(Some(url));
     }
     if let Some(url) = endpoint("ec2") {
         ec2.set_endpoint_url(Some(url));
@@ -121,6 +126,7 @@ pub(super) async fn clients(settings: &AwsSettings) -> anyhow::Result<Clients> {
         elb: aws_sdk_elasticloadbalancingv2::Client::from_conf(elb.build()),
         classic: aws_sdk_elasticloadbalancing::Client::from_conf(classic.build()),
         autoscaling: aws_sdk_autoscaling::Client::from_conf(autoscaling.build()),
+        eks: aws_sdk_eks::Client::from_conf(eks.build()),
         region,
     })
 }

@@ -75,6 +75,7 @@ pub struct AwsCloud {
     elb: aws_sdk_elasticloadbalancingv2::Client,
     classic: aws_sdk_elasticloadbalancing::Client,
     autoscaling: aws_sdk_autoscaling::Client,
+    eks: aws_sdk_eks::Client,
     region: String,
     settings: AwsSettings,
     zones: Mutex<Zones>,
@@ -100,6 +101,7 @@ impl AwsCloud {
             elb,
             classic,
             autoscaling,
+            eks,
             region,
         } = client::clients(&settings).await?;
         tracing::info!(
@@ -114,6 +116,7 @@ impl AwsCloud {
             elb,
             classic,
             autoscaling,
+            eks,
             region,
             settings,
             zones: Mutex::new(Zones::default()),

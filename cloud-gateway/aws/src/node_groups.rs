@@ -1,26 +1,57 @@
 //! Cluster Autoscaler's node groups as Auto Scaling groups, found by its
 //! own discovery tags (`k8s.io/cluster-autoscaler/enabled` and
-//! `k8s.io/cluster-autoscaler/<cluster>`). Only the desired capacity is
-//! changed: `SetDesiredCapacity` to scale, and
+//! `k8s.io/cluster-autoscaler/<cluster>`), answered as Cluster
+//! Autoscaler's own AWS provider (`cloudprovider/aws`) answers. Only the
+//! desired capacity is changed: `SetDesiredCapacity` to scale, and
 //! `TerminateInstanceInAutoScalingGroup` with decrement to delete a named
-//! instance of the group. A group short of its desired capacity shows the
-//! missing instances as placeholders (`i-placeholder-<group>-<n>`, as
-//! Cluster Autoscaler's AWS provider names them), with the error of the
-//! group's latest scaling activity when that failed after our last change.
-//! Templates come from the launch template's (or configuration's) instance
-//! type and the `node-template/{label,taint,resources}` tags, options from
-//! the `node-template/autoscaling-options` tags. Instance types and launch
-//! configurations never change, so they are read once; a launch template's
-//! version is read again after [`TEMPLATE_REFRESH`].
+//! instance of the group.
+//!
+//! - **Listing**: one `DescribeAutoScalingGroups` (its failure fails the
+//!   listing). A group with fewer instances (all of them, terminating ones
+//!   included) than its desired capacity shows the missing ones as
+//!   placeholders (`i-placeholder-<group>-<n>`); when a scaling activity
+//!   since this process last set the group's size failed, they carry
+//!   upstream's out-of-resources error `placeholder-cannot-be-fulfilled`.
+//!   One group's trouble is its own: a scaling activity that cannot be
+//!   read leaves its placeholders without an error (upstream assumes the
+//!   group available), and a template that cannot be read is that group's
+//!   template's error alone (`template.rs`, `eks.rs`).
+//! - **Options** from the `node-template/autoscaling-options` tags.
+//! - **Deleting**: placeholders lower the desired capacity to the number of
+//!   instances the group holds; an instance already terminating is
+//!   skipped; every other is terminated with the desired capacity one
+//!   lower. AWS refuses what would take the group below its minimum; the
+//!   gateway refuses a group already at it; nothing else is refused here.
+//!
+//! Where this differs from upstream's provider, on purpose:
+//! - A group whose launch template, requirements or image cannot be read
+//!   is listed (its template answers the error); upstream fails its whole
+//!   refresh when a mixed-instances group's launch template cannot be read.
+//! - A failed launch's error message is upstream's sentence followed by
+//!   AWS's own reason (the scaling activity's status message).
+//! - Requirements are asked of EC2 with every bound the group sets
+//!   (upstream leaves out `AllowedInstanceTypes` and
+//!   `NetworkBandwidthGbps`, so its first type may be one the group never
+//!   launches), and one page of the answer is read (its first type is the
+//!   same).
+//! - Labels come from tags whose key starts with `eks:` (upstream takes
+//!   whatever follows `eks:` anywhere in a key); an EKS taint without a
+//!   value is kept (upstream drops it); a template taint tag may be the
+//!   effect alone (`NoSchedule`, upstream needs `value:NoSchedule`).
+
+mod eks;
+mod template;
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
 use async_trait::async_trait;
-use aws_sdk_autoscaling::types::{AutoScalingGroup, Filter, LifecycleState};
+use aws_sdk_autoscaling::types::{
+    Activity, AutoScalingGroup, Filter, LifecycleState, ScalingActivityStatusCode,
+};
 use ccm_provider::node_groups::{
     GroupInstance, GroupInstanceState, GroupOptions, InstanceError, InstanceErrorClass, NodeGroup,
-    NodeGroups, NodeTemplate, OPTION_NAMES, Taint,
+    NodeGroups, OPTION_NAMES, UNFULFILLABLE,
 };
 use ccm_provider::{CloudError, Result};
 
@@ -29,21 +60,15 @@ use crate::{AwsCloud, errors, every_page};
 
 /// The tag every group Cluster Autoscaler may scale carries.
 pub const ENABLED_TAG: &str = "k8s.io/cluster-autoscaler/enabled";
-/// The prefix of the template's tags.
-const TEMPLATE_PREFIX: &str = "k8s.io/cluster-autoscaler/node-template/";
 /// The instance ID prefix of a placeholder for an instance not yet made.
 const PLACEHOLDER_PREFIX: &str = "i-placeholder";
-/// The error code of a placeholder whose launch failed for a reason
-/// AWS's message does not name (Cluster Autoscaler's own).
-const UNFULFILLABLE: &str = "placeholder-cannot-be-fulfilled";
-/// How long a launch template version's instance type is kept.
-const TEMPLATE_REFRESH: Duration = Duration::from_secs(300);
-/// Pods a node of any type takes (Cluster Autoscaler's AWS default).
-const PODS: u32 = 110;
+/// The start of a placeholder's error message, as upstream writes it.
+const UNFULFILLABLE_MESSAGE: &str = "AWS cannot provision any more instances for this node group";
 /// The Node label that marks GPU nodes on AWS, as Cluster Autoscaler's
 /// AWS provider names it.
 pub const GPU_LABEL: &str = "k8s.amazonaws.com/accelerator";
-/// The GPU types Cluster Autoscaler's AWS provider knows.
+/// The GPU types Cluster Autoscaler's AWS provider knows (its
+/// `availableGPUTypes`).
 const GPU_TYPES: &[&str] = &[
     "nvidia-tesla-k80",
     "nvidia-tesla-p100",
@@ -51,40 +76,20 @@ const GPU_TYPES: &[&str] = &[
     "nvidia-tesla-t4",
     "nvidia-tesla-a100",
     "nvidia-a10g",
-];
-/// Error codes in a failed launch's message that say AWS has no room for
-/// the instance (capacity or quota).
-const CAPACITY_CODES: &[&str] = &[
-    "InsufficientInstanceCapacity",
-    "InsufficientCapacity",
-    "InstanceLimitExceeded",
-    "VcpuLimitExceeded",
-    "MaxSpotInstanceCountExceeded",
-    "SpotMaxPriceTooLow",
-    "InsufficientFreeAddressesInSubnet",
-    "Unsupported",
+    "nvidia-l4",
+    "nvidia-l40s",
 ];
 
 /// What the provider remembers between listings.
 #[derive(Default)]
 pub(super) struct GroupCache {
-    /// CPUs, memory, GPUs and architecture of each instance type.
-    types: HashMap<String, TypeInfo>,
-    /// The instance type of a launch template version, and when read.
-    templates: HashMap<String, (Option<String>, Instant)>,
-    /// The instance type of each launch configuration.
-    configurations: HashMap<String, Option<String>>,
-    /// When this process last changed each group's size: a failed
-    /// activity older than that says nothing of the group now.
+    /// Instance types, launch templates and configurations, images.
+    template: template::Cache,
+    /// EKS managed node groups.
+    managed: eks::Cache,
+    /// When this process last set each group's size: a failed activity
+    /// older than that says nothing of the group now.
     changed: HashMap<String, SystemTime>,
-}
-
-#[derive(Clone, Debug)]
-struct TypeInfo {
-    cpus: i32,
-    memory_mib: i64,
-    gpus: i32,
-    arch: Option<String>,
 }
 
 fn invalid(field: &str, problem: String) -> CloudError {
@@ -132,30 +137,46 @@ fn placeholder_id(group: &str, n: u32) -> String {
     format!("{PLACEHOLDER_PREFIX}-{group}-{n}")
 }
 
-/// The error of a failed launch, from its scaling activity's message:
-/// always out of resources, as Cluster Autoscaler's AWS provider classes
-/// it, with AWS's code where the message names one.
-fn launch_error(message: &str) -> InstanceError {
-    let code = CAPACITY_CODES
-        .iter()
-        .find(|code| message.contains(*code))
-        .map_or(UNFULFILLABLE, |code| code);
+/// The error of a launch AWS could not fulfil: upstream's code and class,
+/// and AWS's reason after upstream's message.
+fn launch_error(reason: &str) -> InstanceError {
     InstanceError {
         class: InstanceErrorClass::OutOfResources,
-        code: code.to_owned(),
-        message: if message.is_empty() {
-            "AWS cannot launch more instances for this node group".to_owned()
+        code: UNFULFILLABLE.to_owned(),
+        message: if reason.is_empty() {
+            UNFULFILLABLE_MESSAGE.to_owned()
         } else {
-            message.to_owned()
+            format!("{UNFULFILLABLE_MESSAGE}: {reason}")
         },
     }
+}
+
+/// The error of the group's launches, as upstream's
+/// `isNodeGroupAvailable` reads its scaling activities (newest first):
+/// any that failed since `changed`, when this process last set the
+/// group's size (all of them when it never did).
+fn launch_failure(activities: &[Activity], changed: Option<SystemTime>) -> Option<InstanceError> {
+    for activity in activities {
+        let started = activity
+            .start_time()
+            .and_then(|t| SystemTime::try_from(*t).ok());
+        if let (Some(started), Some(changed)) = (started, changed)
+            && started < changed
+        {
+            break;
+        }
+        if activity.status_code() == Some(&ScalingActivityStatusCode::Failed) {
+            return Some(launch_error(activity.status_message().unwrap_or_default()));
+        }
+    }
+    None
 }
 
 /// The options the group's tags set; a value that does not parse is
 /// left at the autoscaler's default, with a warning.
 fn options(group: &str, tags: &BTreeMap<&str, &str>) -> GroupOptions {
     let mut out = GroupOptions::default();
-    let prefix = format!("{TEMPLATE_PREFIX}autoscaling-options/");
+    let prefix = format!("{}autoscaling-options/", template::TEMPLATE_PREFIX);
     for (key, value) in tags {
         let Some(name) = key.strip_prefix(prefix.as_str()) else {
             continue;
@@ -176,43 +197,56 @@ fn options(group: &str, tags: &BTreeMap<&str, &str>) -> GroupOptions {
     out
 }
 
-/// The labels, taints and resources the group's template tags name.
-fn template_tags(
+/// What deleting some of a group's instances takes.
+#[derive(Debug, Default, PartialEq)]
+struct Deletion {
+    /// The desired capacity placeholders bring the group to: the number of
+    /// instances it holds.
+    lower_to: Option<u32>,
+    /// The instances to terminate, each with the desired capacity one
+    /// lower.
+    terminate: Vec<String>,
+}
+
+/// What deleting `provider_ids` from `group`, whose instances are
+/// `members` (ID and state), takes, as upstream's `DeleteInstances`
+/// decides it: an instance already terminating is skipped, and one that
+/// is not the group's is refused before anything is done.
+fn plan_deletion(
     group: &str,
-    tags: &BTreeMap<&str, &str>,
-) -> (
-    BTreeMap<String, String>,
-    Vec<Taint>,
-    BTreeMap<String, String>,
-) {
-    let (mut labels, mut taints, mut resources) = (BTreeMap::new(), Vec::new(), BTreeMap::new());
-    for (key, value) in tags {
-        let Some(rest) = key.strip_prefix(TEMPLATE_PREFIX) else {
+    members: &[(&str, GroupInstanceState)],
+    provider_ids: &[String],
+) -> Result<Deletion> {
+    let own_placeholder = format!("{PLACEHOLDER_PREFIX}-{group}-");
+    let mut plan = Deletion::default();
+    for id in provider_ids {
+        if id
+            .rsplit('/')
+            .next()
+            .is_some_and(|i| i.starts_with(&own_placeholder))
+        {
+            plan.lower_to = Some(u32::try_from(members.len()).unwrap_or(u32::MAX));
             continue;
-        };
-        if let Some(name) = rest.strip_prefix("label/") {
-            labels.insert(name.to_owned(), (*value).to_owned());
-        } else if let Some(name) = rest.strip_prefix("taint/") {
-            // `value:Effect`, or `Effect` alone.
-            let (value, effect) = value.rsplit_once(':').unwrap_or(("", value));
-            if ["NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&effect) {
-                taints.push(Taint {
-                    key: name.to_owned(),
-                    value: value.to_owned(),
-                    effect: effect.to_owned(),
-                });
-            } else {
-                tracing::warn!(
-                    group,
-                    tag = key,
-                    "template taint ignored: its effect is not NoSchedule, PreferNoSchedule or NoExecute"
-                );
+        }
+        let instance = parse_provider_id(id).map_err(|e| invalid("provider_ids", e))?;
+        match members.iter().find(|(m, _)| *m == instance) {
+            // Already on its way out: terminating it again would lower
+            // the desired capacity twice.
+            Some((_, GroupInstanceState::Deleting)) => {}
+            Some(_) => {
+                if !plan.terminate.contains(&instance) {
+                    plan.terminate.push(instance);
+                }
             }
-        } else if let Some(name) = rest.strip_prefix("resources/") {
-            resources.insert(name.to_owned(), (*value).to_owned());
+            None => {
+                return Err(invalid(
+                    "provider_ids",
+                    format!("{id:?} is not an instance of node group {group:?}"),
+                ));
+            }
         }
     }
-    (labels, taints, resources)
+    Ok(plan)
 }
 
 impl AwsCloud {
@@ -260,171 +294,36 @@ impl AwsCloud {
             })
     }
 
-    /// The instance type new instances of `group` get.
-    async fn group_instance_type(&self, group: &AutoScalingGroup) -> Result<Option<String>> {
-        let mixed = group
-            .mixed_instances_policy()
-            .and_then(|p| p.launch_template());
-        if let Some(t) = mixed
-            .and_then(|t| t.overrides().first())
-            .and_then(|o| o.instance_type())
-        {
-            return Ok(Some(t.to_owned()));
-        }
-        let spec = group
-            .launch_template()
-            .or_else(|| mixed.and_then(|t| t.launch_template_specification()));
-        if let Some(spec) = spec {
-            let version = spec.version().unwrap_or("$Default").to_owned();
-            let key = format!(
-                "{}/{}/{version}",
-                spec.launch_template_id().unwrap_or_default(),
-                spec.launch_template_name().unwrap_or_default()
-            );
-            if let Some((t, at)) = self.group_cache().templates.get(&key)
-                && (at.elapsed() < TEMPLATE_REFRESH || !version.starts_with('$'))
-            {
-                return Ok(t.clone());
-            }
-            let answer = self
-                .ec2
-                .describe_launch_template_versions()
-                .set_launch_template_id(spec.launch_template_id().map(str::to_owned))
-                .set_launch_template_name(spec.launch_template_name().map(str::to_owned))
-                .versions(version)
-                .send()
-                .await
-                .map_err(|e| errors::cloud_error("DescribeLaunchTemplateVersions", e))?;
-            let t = answer
-                .launch_template_versions()
-                .first()
-                .and_then(|v| v.launch_template_data())
-                .and_then(|d| d.instance_type())
-                .map(|t| t.as_str().to_owned());
-            self.group_cache()
-                .templates
-                .insert(key, (t.clone(), Instant::now()));
-            return Ok(t);
-        }
-        let Some(name) = group.launch_configuration_name() else {
-            return Ok(None);
-        };
-        if let Some(t) = self.group_cache().configurations.get(name) {
-            return Ok(t.clone());
-        }
-        let answer = self
-            .autoscaling
-            .describe_launch_configurations()
-            .launch_configuration_names(name)
-            .send()
-            .await
-            .map_err(|e| errors::cloud_error("DescribeLaunchConfigurations", e))?;
-        let t = answer
-            .launch_configurations()
-            .first()
-            .and_then(|c| c.instance_type())
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned);
-        self.group_cache()
-            .configurations
-            .insert(name.to_owned(), t.clone());
-        Ok(t)
-    }
-
-    /// What an instance type offers, read once.
-    async fn type_info(&self, instance_type: &str) -> Result<Option<TypeInfo>> {
-        if let Some(info) = self.group_cache().types.get(instance_type) {
-            return Ok(Some(info.clone()));
-        }
-        let answer = self
-            .ec2
-            .describe_instance_types()
-            .instance_types(instance_type.into())
-            .send()
-            .await
-            .map_err(|e| errors::cloud_error("DescribeInstanceTypes", e))?;
-        let Some(t) = answer.instance_types().first() else {
-            return Ok(None);
-        };
-        let info = TypeInfo {
-            cpus: t.v_cpu_info().and_then(|v| v.default_v_cpus()).unwrap_or(0),
-            memory_mib: t.memory_info().and_then(|m| m.size_in_mib()).unwrap_or(0),
-            gpus: t
-                .gpu_info()
-                .map(|g| g.gpus().iter().filter_map(|d| d.count()).sum())
-                .unwrap_or(0),
-            arch: t
-                .processor_info()
-                .and_then(|p| p.supported_architectures().first())
-                .map(|a| match a.as_str() {
-                    "x86_64" | "x86_64_mac" => "amd64".to_owned(),
-                    other => other.to_owned(),
-                }),
-        };
-        self.group_cache()
-            .types
-            .insert(instance_type.to_owned(), info.clone());
-        Ok(Some(info))
-    }
-
-    /// The template of `group`.
-    async fn template(&self, name: &str, group: &AutoScalingGroup) -> Result<NodeTemplate> {
-        let tags = tags(group);
-        let (mut labels, taints, resources) = template_tags(name, &tags);
-        let instance_type = self.group_instance_type(group).await?.unwrap_or_default();
-        let mut capacity = BTreeMap::from([("pods".to_owned(), PODS.to_string())]);
-        if !instance_type.is_empty()
-            && let Some(info) = self.type_info(&instance_type).await?
-        {
-            capacity.insert("cpu".to_owned(), info.cpus.to_string());
-            capacity.insert("memory".to_owned(), format!("{}Mi", info.memory_mib));
-            if info.gpus > 0 {
-                capacity.insert("nvidia.com/gpu".to_owned(), info.gpus.to_string());
-            }
-            if let Some(arch) = info.arch {
-                labels
-                    .entry("kubernetes.io/arch".to_owned())
-                    .or_insert(arch);
-            }
-        }
-        capacity.extend(resources);
-        Ok(NodeTemplate {
-            instance_type,
-            zones: group.availability_zones().to_vec(),
-            region: self.region.clone(),
-            capacity,
-            labels,
-            taints,
-        })
-    }
-
-    /// The error of the group's latest scaling activity, when it failed
-    /// after this process last changed the group's size.
-    async fn launch_failure(&self, name: &str) -> Result<Option<InstanceError>> {
+    /// Why the group's launches fail, if they do. Activities that cannot
+    /// be read say nothing: the group is taken as available, with a
+    /// warning, as upstream takes it.
+    async fn group_launch_failure(&self, name: &str) -> Option<InstanceError> {
         let answer = self
             .autoscaling
             .describe_scaling_activities()
             .auto_scaling_group_name(name)
-            .max_records(1)
             .send()
             .await
-            .map_err(|e| errors::cloud_error("DescribeScalingActivities", e))?;
-        let Some(activity) = answer.activities().first() else {
-            return Ok(None);
-        };
-        let failed = activity
-            .status_code()
-            .is_some_and(|s| s.as_str() == "Failed");
-        let started = activity
-            .start_time()
-            .and_then(|t| SystemTime::try_from(*t).ok());
-        let changed = self.group_cache().changed.get(name).copied();
-        let stale = matches!((started, changed), (Some(s), Some(c)) if s < c);
-        Ok((failed && !stale).then(|| launch_error(activity.status_message().unwrap_or_default())))
+            .map_err(|e| errors::cloud_error("DescribeScalingActivities", e));
+        match answer {
+            Ok(answer) => {
+                let changed = self.group_cache().changed.get(name).copied();
+                launch_failure(answer.activities(), changed)
+            }
+            Err(error) => {
+                tracing::warn!(
+                    group = name,
+                    %error,
+                    "scaling activities not read; the group's missing instances are taken as coming"
+                );
+                None
+            }
+        }
     }
 
-    async fn to_group(&self, group: &AutoScalingGroup) -> Result<NodeGroup> {
+    async fn to_group(&self, group: &AutoScalingGroup) -> NodeGroup {
         let name = group.auto_scaling_group_name().unwrap_or_default();
+        let tags = tags(group);
         let target = count(group.desired_capacity());
         let mut instances: Vec<GroupInstance> = group
             .instances()
@@ -440,34 +339,30 @@ impl AwsCloud {
                 })
             })
             .collect();
-        let live = u32::try_from(
-            instances
-                .iter()
-                .filter(|i| i.state != GroupInstanceState::Deleting)
-                .count(),
-        )
-        .unwrap_or(u32::MAX);
-        if target > live {
-            let error = self.launch_failure(name).await?;
+        // Every instance counts against the desired capacity, terminating
+        // ones too, as upstream counts them.
+        let held = u32::try_from(group.instances().len()).unwrap_or(u32::MAX);
+        if target > held {
+            let error = self.group_launch_failure(name).await;
             let zone = group
                 .availability_zones()
                 .first()
                 .map_or("", String::as_str);
-            instances.extend((live..target).map(|n| GroupInstance {
+            instances.extend((held..target).map(|n| GroupInstance {
                 provider_id: provider_id(zone, &placeholder_id(name, n)),
                 state: GroupInstanceState::Creating,
                 error: error.clone(),
             }));
         }
-        Ok(NodeGroup {
+        NodeGroup {
             id: name.to_owned(),
             min_size: count(group.min_size()),
             max_size: count(group.max_size()),
             target_size: target,
             instances,
-            template: self.template(name, group).await,
-            options: options(name, &tags(group)),
-        })
+            template: self.template(name, group, &tags).await,
+            options: options(name, &tags),
+        }
     }
 
     async fn set_desired(&self, group: &str, size: u32) -> Result<()> {
@@ -496,7 +391,7 @@ impl NodeGroups for AwsCloud {
             .await?;
         let mut out = Vec::with_capacity(groups.len());
         for group in groups.iter().filter(|g| manages(g, cluster)) {
-            out.push(self.to_group(group).await?);
+            out.push(self.to_group(group).await);
         }
         Ok(out)
     }
@@ -515,55 +410,21 @@ impl NodeGroups for AwsCloud {
         provider_ids: &[String],
     ) -> Result<()> {
         let now = self.managed_group(cluster, group).await?;
-        let members: HashMap<&str, GroupInstanceState> = now
+        let members: Vec<(&str, GroupInstanceState)> = now
             .instances()
             .iter()
             .filter_map(|i| Some((i.instance_id()?, state_of(i.lifecycle_state()))))
             .collect();
-        let own_placeholder = format!("{PLACEHOLDER_PREFIX}-{group}-");
-        let (mut doomed, mut placeholders) = (Vec::new(), 0u32);
-        for id in provider_ids {
-            if id
-                .rsplit('/')
-                .next()
-                .is_some_and(|i| i.starts_with(&own_placeholder))
-            {
-                placeholders += 1;
-                continue;
-            }
-            let instance = parse_provider_id(id).map_err(|e| invalid("provider_ids", e))?;
-            match members.get(instance.as_str()) {
-                // Already on its way out: nothing more to do.
-                Some(GroupInstanceState::Deleting) => {}
-                Some(_) => doomed.push(instance),
-                None => {
-                    return Err(invalid(
-                        "provider_ids",
-                        format!("{id:?} is not an instance of node group {group:?}"),
-                    ));
-                }
-            }
+        let plan = plan_deletion(group, &members, provider_ids)?;
+        // Placeholders are instances not made yet: a lower desired
+        // capacity is all that deleting them takes. AWS refuses one below
+        // the group's minimum.
+        if let Some(size) = plan.lower_to {
+            self.set_desired(group, size).await?;
         }
-        let desired = count(now.desired_capacity());
-        let min = count(now.min_size());
-        let removing = placeholders + u32::try_from(doomed.len()).unwrap_or(u32::MAX);
-        if desired.saturating_sub(removing) < min || removing > desired {
-            return Err(invalid(
-                "provider_ids",
-                format!(
-                    "deleting {removing} would take node group {group:?} below its minimum {min}"
-                ),
-            ));
-        }
-        // Placeholders are instances not made yet: a lower target is all
-        // that deleting them takes.
-        if placeholders > 0 {
-            self.set_desired(group, desired - placeholders).await?;
-        }
-        for instance in doomed {
-            self.group_cache()
-                .changed
-                .insert(group.to_owned(), SystemTime::now());
+        // One at a time, as upstream: AWS refuses the one that would take
+        // the group below its minimum, and those before it are gone.
+        for instance in plan.terminate {
             self.autoscaling
                 .terminate_instance_in_auto_scaling_group()
                 .instance_id(instance)
@@ -586,6 +447,10 @@ impl NodeGroups for AwsCloud {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use aws_sdk_autoscaling::primitives::DateTime;
+
     use super::*;
 
     #[test]
@@ -616,58 +481,81 @@ mod tests {
         assert_eq!(o.max_node_provision_time, None);
     }
 
+    fn activity(status: ScalingActivityStatusCode, at: SystemTime, why: &str) -> Activity {
+        Activity::builder()
+            .activity_id("a")
+            .auto_scaling_group_name("g")
+            .cause("c")
+            .start_time(DateTime::from(at))
+            .status_code(status)
+            .status_message(why)
+            .build()
+    }
+
     #[test]
-    fn template_tags_give_labels_taints_and_resources() {
-        let p = TEMPLATE_PREFIX;
-        let (l, t, r) = (
-            format!("{p}label/team"),
-            format!("{p}taint/gpu"),
-            format!("{p}resources/ephemeral-storage"),
-        );
-        let bad = format!("{p}taint/odd");
-        let tags = BTreeMap::from([
-            (l.as_str(), "ml"),
-            (t.as_str(), "true:NoSchedule"),
-            (r.as_str(), "100Gi"),
-            (bad.as_str(), "x:Sometimes"),
-            ("Name", "worker"),
-        ]);
-        let (labels, taints, resources) = template_tags("g", &tags);
+    fn any_launch_failed_since_the_last_change_is_upstreams_unfulfillable_error() {
+        use ScalingActivityStatusCode::{Failed, Successful};
+        let now = SystemTime::now();
+        let ago = |s| now - Duration::from_secs(s);
+        let why =
+            "Could not launch On-Demand Instances. InsufficientInstanceCapacity - no m5.large.";
+        // Newest first, as AWS lists them: a failure behind a success
+        // still counts while it is newer than the last change.
+        let activities = [
+            activity(Successful, ago(10), ""),
+            activity(Failed, ago(20), why),
+            activity(Failed, ago(100), "old"),
+        ];
+        let error = launch_failure(&activities, Some(ago(30))).unwrap();
         assert_eq!(
-            labels,
-            BTreeMap::from([("team".to_owned(), "ml".to_owned())])
+            (error.class, error.code.as_str()),
+            (InstanceErrorClass::OutOfResources, UNFULFILLABLE)
         );
+        assert_eq!(error.message, format!("{UNFULFILLABLE_MESSAGE}: {why}"));
+        // Older than the last change: nothing to say about the group now.
+        assert_eq!(launch_failure(&activities, Some(ago(15))), None);
+        assert_eq!(launch_failure(&activities[..1], None), None);
+        // Never changed here: every activity counts, as upstream counts them.
         assert_eq!(
-            taints,
-            vec![Taint {
-                key: "gpu".into(),
-                value: "true".into(),
-                effect: "NoSchedule".into()
-            }]
-        );
-        assert_eq!(
-            resources,
-            BTreeMap::from([("ephemeral-storage".to_owned(), "100Gi".to_owned())])
+            launch_failure(&activities[2..], None).map(|e| e.message),
+            Some(format!("{UNFULFILLABLE_MESSAGE}: old"))
         );
     }
 
     #[test]
-    fn a_failed_launch_is_out_of_resources_with_awss_code_where_named() {
-        let e = launch_error(
-            "Could not launch On-Demand Instances. InsufficientInstanceCapacity - We currently do not have sufficient m5.large capacity.",
-        );
+    fn deleting_skips_terminating_instances_and_placeholders_lower_to_what_the_group_holds() {
+        use GroupInstanceState::{Creating, Deleting, Running};
+        let members = [("i-1", Running), ("i-2", Deleting), ("i-3", Creating)];
+        let id = |i: &str| format!("aws:///eu-west-1a/{i}");
+        let ids = |list: &[&str]| list.iter().map(|i| id(i)).collect::<Vec<_>>();
+        let plan = plan_deletion("g", &members, &ids(&["i-1", "i-2", "i-3", "i-1"])).unwrap();
         assert_eq!(
-            (e.class, e.code.as_str()),
-            (
-                InstanceErrorClass::OutOfResources,
-                "InsufficientInstanceCapacity"
-            )
+            plan,
+            Deletion {
+                lower_to: None,
+                terminate: vec!["i-1".into(), "i-3".into()]
+            }
         );
-        let e = launch_error("The requested configuration is currently not supported.");
+        // Placeholders: the desired capacity comes down to every instance
+        // the group holds, the terminating one included.
+        let plan = plan_deletion(
+            "g",
+            &members,
+            &ids(&["i-placeholder-g-3", "i-placeholder-g-4", "i-2"]),
+        )
+        .unwrap();
         assert_eq!(
-            (e.class, e.code.as_str()),
-            (InstanceErrorClass::OutOfResources, UNFULFILLABLE)
+            plan,
+            Deletion {
+                lower_to: Some(3),
+                terminate: Vec::new()
+            }
         );
+        // Not the group's: refused, whatever else was asked.
+        for foreign in ["i-9", "i-placeholder-other-1"] {
+            let err = plan_deletion("g", &members, &ids(&["i-1", foreign])).unwrap_err();
+            assert!(matches!(err, CloudError::InvalidArgument(_)), "{err}");
+        }
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub struct AwsSettings {
     /// kube-proxy's health endpoint, checked for Cluster-policy Services
     /// in place of the traffic port; `None` checks the traffic port.
     pub shared_health_probe: Option<SharedProbe>,
-    /// Endpoints for single AWS APIs (`autoscaling`, `ec2`,
+    /// Endpoints for single AWS APIs (`autoscaling`, `ec2`, `eks`,
     /// `elasticloadbalancing`, `sts`), ahead of [`Self::endpoint_url`].
     pub endpoints: BTreeMap<String, String>,
 }
@@ -71,7 +71,8 @@ pub struct SharedProbe {
 }
 
 /// The APIs [`AwsSettings::endpoints`] may name.
-pub const ENDPOINT_SERVICES: [&str; 4] = ["autoscaling", "ec2", "elasticloadbalancing", "sts"];
+pub const ENDPOINT_SERVICES: [&str; 5] =
+    ["autoscaling", "ec2", "eks", "elasticloadbalancing", "sts"];
 
 /// Reads `managed` or `none`.
 pub fn nlb_groups(value: &str) -> Result<NlbGroups, String> {

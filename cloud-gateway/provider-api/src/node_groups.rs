@@ -24,10 +24,16 @@ pub trait NodeGroups: Send + Sync {
     async fn set_target_size(&self, cluster: &str, group: &str, size: u32) -> Result<()>;
 
     /// Deletes the instances `provider_ids` (each one of the group's, as
-    /// last listed) and lowers the target by as many, never below the
-    /// group's minimum: an instance of another group, or one that would
-    /// take the group below its minimum, is `InvalidArgument` and nothing
-    /// is deleted.
+    /// last listed) and lowers the target with them, as Cluster
+    /// Autoscaler's AWS provider does: placeholders (instances not made
+    /// yet) lower the target to the number of instances the group holds;
+    /// an instance already being deleted is skipped (not deleted again,
+    /// not counted); each other one is deleted with the target one lower.
+    /// An instance of another group is `InvalidArgument` and nothing is
+    /// deleted. The gateway refuses a group already at its minimum; past
+    /// that the cloud refuses what it would refuse (on AWS, the instance
+    /// that would take the group below its minimum, those before it
+    /// deleted), and nothing the cloud would take is refused here.
     async fn delete_instances(
         &self,
         cluster: &str,
@@ -93,6 +99,11 @@ pub struct InstanceError {
     pub code: String,
     pub message: String,
 }
+
+/// The error code of a placeholder whose launch the cloud could not
+/// fulfil, as Cluster Autoscaler's AWS provider reports it (its
+/// `placeholderUnfulfillableStatus`).
+pub const UNFULFILLABLE: &str = "placeholder-cannot-be-fulfilled";
 
 /// Cluster Autoscaler's `InstanceErrorClass`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,6 +214,30 @@ impl GroupOptions {
     }
 }
 
+/// Whether `text` is a Kubernetes quantity (`resource.ParseQuantity`'s
+/// grammar: a signed decimal number, then `Ki`…`Ei`, `m`, `k`, `M`…`E`, an
+/// exponent `e3`/`E-2`, or nothing). The autoscaler cannot decode a
+/// template whose capacity holds anything else.
+pub fn is_quantity(text: &str) -> bool {
+    let unsigned = text.strip_prefix(['+', '-']).unwrap_or(text);
+    let end = unsigned
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(unsigned.len());
+    let (number, suffix) = unsigned.split_at(end);
+    let digits = number.chars().filter(char::is_ascii_digit).count();
+    if digits == 0 || number.matches('.').count() > 1 {
+        return false;
+    }
+    match suffix {
+        "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" => true,
+        "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" => true,
+        _ => suffix
+            .strip_prefix(['e', 'E'])
+            .map(|exp| exp.strip_prefix(['+', '-']).unwrap_or(exp))
+            .is_some_and(|exp| !exp.is_empty() && exp.bytes().all(|b| b.is_ascii_digit())),
+    }
+}
+
 /// A Go duration (`10m`, `1h30m`, `90s`, `1.5h`, `250ms`), as the
 /// autoscaler's options are written.
 pub fn go_duration(text: &str) -> Option<std::time::Duration> {
@@ -256,6 +291,20 @@ mod tests {
         }
         for bad in ["", "10", "ten minutes", "5d", "m"] {
             assert_eq!(go_duration(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn quantities_parse_as_kubernetes_parses_them() {
+        for good in [
+            "100Gi", "1", "0.5", "500m", "1.5e3", "2E-2", "+3k", "-1", ".5", "5.", "8192Mi",
+        ] {
+            assert!(is_quantity(good), "{good}");
+        }
+        for bad in [
+            "", "lots", "100GB", "1.2.3", "Gi", "1e", "1 Gi", " 1", "1i", "--1", ".", "1e1.5",
+        ] {
+            assert!(!is_quantity(bad), "{bad}");
         }
     }
 

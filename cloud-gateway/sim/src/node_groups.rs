@@ -2,8 +2,14 @@
 //! keeps a group's instances at its target, making new ones (each takes
 //! [`NEW_INSTANCE_TIME`] to be made, and its name is `<group>-<number>`)
 //! and removing the youngest first when the target drops. Deleting named
-//! instances lowers the target with them, never below the minimum. Groups
-//! live in the state database with everything else.
+//! instances follows Cluster Autoscaler's AWS provider on an Auto Scaling
+//! group: failed launches (placeholders) bring the target down to the
+//! instances the group holds, then each named instance goes with the
+//! target one lower, until the one that would take the group below its
+//! minimum, which is refused (those before it stay deleted, as AWS
+//! terminates them one call at a time). A failed launch carries upstream's
+//! `placeholder-cannot-be-fulfilled`, as the AWS provider reports one.
+//! Groups live in the state database with everything else.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -11,7 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ccm_provider::node_groups::{
     GroupInstance, GroupInstanceState, GroupOptions, InstanceError, InstanceErrorClass, NodeGroup,
-    NodeGroups, NodeTemplate, Taint,
+    NodeGroups, NodeTemplate, Taint, UNFULFILLABLE,
 };
 use ccm_provider::{CloudError, Operation, Result};
 
@@ -228,9 +234,9 @@ impl SimCloud {
                 state: GroupInstanceState::Creating,
                 error: Some(InstanceError {
                     class: InstanceErrorClass::OutOfResources,
-                    code: "InsufficientInstanceCapacity".to_owned(),
+                    code: UNFULFILLABLE.to_owned(),
                     message: format!(
-                        "zone {} has no capacity for {}",
+                        "the sim cannot provision any more instances for this node group: zone {} has no capacity for {}",
                         f.zone, group.instance_type
                     ),
                 }),
@@ -317,16 +323,17 @@ impl NodeGroups for SimCloud {
         let mut state = self.state();
         let mut record = Self::group_record(&state, cluster, group)?;
         let members = Self::members(&state, &record)?;
-        let mut gone = Vec::new();
-        let mut placeholders = Vec::new();
+        let failed_prefix = format!("{group}-failed-");
+        let (mut doomed, mut placeholders) = (Vec::new(), false);
         for id in provider_ids {
             let bare = id.strip_prefix(PROVIDER_ID_PREFIX).unwrap_or(id);
-            if record.failed.iter().any(|f| f.id == bare) {
-                placeholders.push(bare.to_owned());
+            if bare.starts_with(&failed_prefix) {
+                placeholders = true;
                 continue;
             }
             match members.iter().find(|m| m.id == bare) {
-                Some(m) => gone.push(m.id.clone()),
+                Some(m) if !doomed.contains(&m.id) => doomed.push(m.id.clone()),
+                Some(_) => {}
                 None => {
                     return Err(invalid(
                         "provider_ids",
@@ -335,22 +342,42 @@ impl NodeGroups for SimCloud {
                 }
             }
         }
-        let count = u32::try_from(gone.len() + placeholders.len()).unwrap_or(u32::MAX);
-        if record.target_size.saturating_sub(count) < record.min_size {
-            return Err(invalid(
+        // Placeholders: the target comes down to the instances the group
+        // holds, which may not be below its minimum.
+        if placeholders {
+            let held = u32::try_from(members.len()).unwrap_or(u32::MAX);
+            if held < record.min_size {
+                return Err(invalid(
+                    "provider_ids",
+                    format!(
+                        "a target of {held} would take node group {group:?} below its minimum {}",
+                        record.min_size
+                    ),
+                ));
+            }
+            record.failed.clear();
+            record.target_size = held;
+        }
+        let mut refused = None;
+        for id in doomed {
+            if record.target_size <= record.min_size {
+                refused = Some(id);
+                break;
+            }
+            state.store.delete_instance(&id)?;
+            record.target_size -= 1;
+        }
+        state.store.put_node_group(&record)?;
+        match refused {
+            Some(id) => Err(invalid(
                 "provider_ids",
                 format!(
-                    "deleting {count} would take node group {group:?} below its minimum {}",
+                    "deleting {id:?} would take node group {group:?} below its minimum {}",
                     record.min_size
                 ),
-            ));
+            )),
+            None => Ok(()),
         }
-        for id in &gone {
-            state.store.delete_instance(id)?;
-        }
-        record.failed.retain(|f| !placeholders.contains(&f.id));
-        record.target_size -= count;
-        state.store.put_node_group(&record)
     }
 
     fn gpu_label(&self) -> &'static str {
@@ -359,5 +386,87 @@ impl NodeGroups for SimCloud {
 
     fn gpu_types(&self) -> Vec<String> {
         vec!["sim.gpu-8".to_owned()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::{FaultSettings, SimConfig};
+
+    fn group(min: u32, target: u32) -> NodeGroupRecord {
+        NodeGroupRecord {
+            cluster: "c".into(),
+            id: "g".into(),
+            min_size: min,
+            max_size: 10,
+            target_size: target,
+            instance_type: "sim.standard-2".into(),
+            zones: vec!["sim-zone-a".into()],
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+            failed: Vec::new(),
+            next_failed: 0,
+            options: BTreeMap::new(),
+        }
+    }
+
+    /// The group's instances' provider IDs, its failed launches' last.
+    async fn members(sim: &SimCloud) -> (u32, Vec<String>) {
+        let listed = sim.list("c").await.unwrap().remove(0);
+        let ids = listed
+            .instances
+            .into_iter()
+            .map(|i| i.provider_id)
+            .collect();
+        (listed.target_size, ids)
+    }
+
+    #[tokio::test]
+    async fn deleting_goes_one_instance_at_a_time_until_the_minimum() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = SimCloud::open(dir.path(), SimConfig::default()).unwrap();
+        sim.create_node_group(group(1, 3)).unwrap();
+        let (_, ids) = members(&sim).await;
+        let err = sim.delete_instances("c", "g", &ids).await.unwrap_err();
+        // The first two went, as AWS terminates them; the last is refused.
+        assert!(err.to_string().contains("below its minimum 1"), "{err}");
+        assert_eq!(members(&sim).await, (1, ids[2..].to_vec()));
+        // Another group's instance: refused before anything is deleted.
+        let err = sim
+            .delete_instances("c", "g", &["sim://i-999".to_owned()])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CloudError::InvalidArgument(_)), "{err}");
+        assert_eq!(members(&sim).await.1.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn deleting_a_failed_launch_lowers_the_target_to_the_instances_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = SimCloud::open(dir.path(), SimConfig::default()).unwrap();
+        sim.create_node_group(group(0, 1)).unwrap();
+        sim.set_faults(FaultSettings {
+            capacity_exhausted_zones: ["sim-zone-a".to_owned()].into(),
+            ..FaultSettings::default()
+        });
+        sim.set_target_size("c", "g", 3).await.unwrap();
+        let listed = sim.list("c").await.unwrap().remove(0);
+        let failed: Vec<_> = listed
+            .instances
+            .iter()
+            .filter_map(|i| Some((i.provider_id.clone(), i.error.clone()?)))
+            .collect();
+        assert_eq!(failed.len(), 2, "{listed:?}");
+        assert_eq!(failed[0].1.code, UNFULFILLABLE);
+        assert_eq!(failed[0].1.class, InstanceErrorClass::OutOfResources);
+        // One named, both gone: the target is the one instance made.
+        sim.delete_instances("c", "g", &[failed[0].0.clone()])
+            .await
+            .unwrap();
+        let (target, ids) = members(&sim).await;
+        assert_eq!((target, ids.len()), (1, 1));
     }
 }

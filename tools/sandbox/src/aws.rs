@@ -5,7 +5,7 @@
 //! the failures AWS produces (throttling, refused credentials, server
 //! errors) and counts the API actions the gateway sends.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Stdio;
@@ -288,6 +288,165 @@ pub async fn seed_node_groups(
             .await
             .with_context(|| format!("create Auto Scaling group {name}"))?;
     }
+    Ok(())
+}
+
+/// The Auto Scaling groups [`seed_template_groups`] makes, each at zero,
+/// for the cluster: their templates are all Cluster Autoscaler has to go
+/// by.
+pub mod template_groups {
+    /// A launch configuration of `t2.medium` (2 vCPUs, 4 GiB, `i386`
+    /// first among its architectures), with two `resources/*` tags:
+    /// `ephemeral-storage` `20Gi`, and `hugepages-2Mi` `lots` (no
+    /// quantity).
+    pub const SMALL: &str = "small";
+    /// A mixed-instances policy whose one override chooses types by
+    /// attributes (4 to 8 vCPUs, at least 16 GiB) over a launch template
+    /// of an `arm64` image and no type.
+    pub const BY_ATTRIBUTES: &str = "by-attributes";
+    /// The Auto Scaling group of the EKS managed node group
+    /// [`EKS_NODEGROUP`] of the cluster (EKS's `eks:cluster-name` and
+    /// `eks:nodegroup-name` tags), on the workers' launch template.
+    pub const EKS: &str = "eks-managed";
+    /// The EKS managed node group: label `team=ml`, taint
+    /// `dedicated=ml:NoSchedule`, tag `resources/ephemeral-storage` `50Gi`,
+    /// spot capacity.
+    pub const EKS_NODEGROUP: &str = "ng-1";
+    /// The `arm64` image of [`BY_ATTRIBUTES`]' launch template (one of
+    /// moto's).
+    pub const ARM_IMAGE: &str = "ami-0e9271c829888680e";
+}
+
+/// Makes the groups of [`template_groups`] for `cluster` in the first
+/// subnet of `seeded` (after [`seed_node_groups`], whose launch template
+/// the EKS group uses), and the EKS cluster and node group (through
+/// boto3: there is no EKS client in Rust here).
+pub async fn seed_template_groups(
+    endpoint: &str,
+    seeded: &Seeded,
+    cluster: &str,
+) -> anyhow::Result<()> {
+    use aws_sdk_autoscaling::types::{
+        InstanceRequirements, LaunchTemplate, LaunchTemplateOverrides, LaunchTemplateSpecification,
+        MemoryMiBRequest, MixedInstancesPolicy, Tag as GroupTag, VCpuCountRequest,
+    };
+    let ec2 = ec2_client(endpoint);
+    let asg = autoscaling_client(endpoint);
+    let subnet = &seeded.subnets[0].1;
+    let python = std::env::var("MOTO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = "import boto3, sys\n\
+        eks = boto3.client('eks', endpoint_url=sys.argv[1], region_name=sys.argv[2],\n\
+            aws_access_key_id='a', aws_secret_access_key='b')\n\
+        eks.create_cluster(name=sys.argv[3], roleArn='arn:aws:iam::123456789012:role/eks',\n\
+            resourcesVpcConfig={'subnetIds': [sys.argv[5]]})\n\
+        eks.create_nodegroup(clusterName=sys.argv[3], nodegroupName=sys.argv[4],\n\
+            nodeRole='arn:aws:iam::123456789012:role/node', subnets=[sys.argv[5]],\n\
+            labels={'team': 'ml'}, capacityType='SPOT',\n\
+            taints=[{'key': 'dedicated', 'value': 'ml', 'effect': 'NO_SCHEDULE'}],\n\
+            tags={'k8s.io/cluster-autoscaler/node-template/resources/ephemeral-storage': '50Gi'})\n";
+    let out = Command::new(&python)
+        .args(["-c", script, endpoint, REGION, cluster])
+        .args([template_groups::EKS_NODEGROUP, subnet.as_str()])
+        .output()
+        .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "create the EKS node group: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ec2.create_launch_template()
+        .launch_template_name("attributes-template")
+        .launch_template_data(
+            aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
+                .image_id(template_groups::ARM_IMAGE)
+                .build(),
+        )
+        .send()
+        .await
+        .context("create the attributes' launch template")?;
+    asg.create_launch_configuration()
+        .launch_configuration_name("small-config")
+        .image_id("ami-12c6146b")
+        .instance_type("t2.medium")
+        .send()
+        .await
+        .context("create the small launch configuration")?;
+    let tag = |key: &str, value: &str| {
+        GroupTag::builder()
+            .key(key)
+            .value(value)
+            .propagate_at_launch(false)
+            .build()
+    };
+    let discovery = || {
+        vec![
+            tag("k8s.io/cluster-autoscaler/enabled", "true"),
+            tag(&format!("k8s.io/cluster-autoscaler/{cluster}"), "owned"),
+        ]
+    };
+    let resource = |name: &str, value: &str| {
+        tag(
+            &format!("k8s.io/cluster-autoscaler/node-template/resources/{name}"),
+            value,
+        )
+    };
+    let create = |name: &str, tags: Vec<GroupTag>| {
+        asg.create_auto_scaling_group()
+            .auto_scaling_group_name(name)
+            .min_size(0)
+            .max_size(2)
+            .desired_capacity(0)
+            .vpc_zone_identifier(subnet)
+            .set_tags(Some(tags))
+    };
+    let mut small = discovery();
+    small.extend([
+        resource("ephemeral-storage", "20Gi"),
+        resource("hugepages-2Mi", "lots"),
+    ]);
+    create(template_groups::SMALL, small)
+        .launch_configuration_name("small-config")
+        .send()
+        .await
+        .context("create the small group")?;
+    let requirements = InstanceRequirements::builder()
+        .v_cpu_count(VCpuCountRequest::builder().min(4).max(8).build())
+        .memory_mib(MemoryMiBRequest::builder().min(16384).build())
+        .build();
+    let spec = |name: &str| {
+        LaunchTemplateSpecification::builder()
+            .launch_template_name(name)
+            .version("$Latest")
+            .build()
+    };
+    create(template_groups::BY_ATTRIBUTES, discovery())
+        .mixed_instances_policy(
+            MixedInstancesPolicy::builder()
+                .launch_template(
+                    LaunchTemplate::builder()
+                        .launch_template_specification(spec("attributes-template"))
+                        .overrides(
+                            LaunchTemplateOverrides::builder()
+                                .instance_requirements(requirements)
+                                .build(),
+                        )
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .context("create the group by attributes")?;
+    let mut eks = discovery();
+    eks.extend([
+        tag("eks:cluster-name", cluster),
+        tag("eks:nodegroup-name", template_groups::EKS_NODEGROUP),
+    ]);
+    create(template_groups::EKS, eks)
+        .launch_template(spec("workers-template"))
+        .send()
+        .await
+        .context("create the EKS node group's Auto Scaling group")?;
     Ok(())
 }
 
@@ -738,6 +897,13 @@ struct ProxyState {
     /// The account's load balancer limits a test set, by quota name, over
     /// AWS's published defaults ([`FaultProxy::set_account_limit`]).
     account_limits: BTreeMap<String, u32>,
+    /// The instance types `GetInstanceTypesFromInstanceRequirements`
+    /// names, which moto does not implement
+    /// ([`FaultProxy::set_types_for_requirements`]).
+    requirement_types: Vec<String>,
+    /// Instances the Auto Scaling API shows as terminating
+    /// ([`FaultProxy::show_terminating`]).
+    terminating: BTreeSet<String>,
 }
 
 /// AWS's published defaults of the load balancer quotas the gateway reads,
@@ -807,6 +973,60 @@ fn with_held_capacity(body: &str, held: &BTreeMap<String, Option<(String, String
     body
 }
 
+/// `DescribeAutoScalingGroups`' answer `body` with each of `terminating`
+/// in the lifecycle state AWS shows while a lifecycle hook holds a
+/// terminating instance.
+fn with_terminating(body: &str, terminating: &BTreeSet<String>) -> String {
+    let mut body = body.to_owned();
+    for id in terminating {
+        let Some(at) = body.find(&format!("<InstanceId>{id}</InstanceId>")) else {
+            continue;
+        };
+        let Some(open) = body[at..].find("<LifecycleState>").map(|i| at + i + 16) else {
+            continue;
+        };
+        let Some(close) = body[open..].find('<').map(|i| open + i) else {
+            continue;
+        };
+        body.replace_range(open..close, "Terminating:Wait");
+    }
+    body
+}
+
+/// The text of the first `<tag>` element of `xml`.
+fn xml_text<'a>(xml: &'a str, tag: &str) -> Option<&'a str> {
+    let open = format!("<{tag}>");
+    let start = xml.find(&open)? + open.len();
+    let end = xml[start..].find('<')? + start;
+    Some(&xml[start..end])
+}
+
+/// AWS's answer to `GetInstanceTypesFromInstanceRequirements`: `types`.
+fn requirement_types_answer(types: &[String]) -> Response {
+    let items: String = types
+        .iter()
+        .map(|t| format!("<item><instanceType>{t}</instanceType></item>"))
+        .collect();
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<GetInstanceTypesFromInstanceRequirementsResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>test-proxy</requestId><instanceTypeSet>{items}</instanceTypeSet></GetInstanceTypesFromInstanceRequirementsResponse>"
+    );
+    (StatusCode::OK, [("content-type", "text/xml")], body).into_response()
+}
+
+/// AWS's refusal to terminate an instance with the desired capacity
+/// lowered when that is at the group's minimum (moto lowers it anyway).
+fn below_minimum_answer(min: &str) -> Response {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ErrorResponse xmlns=\"http://autoscaling.amazonaws.com/doc/2011-01-01/\"><Error><Type>Sender</Type><Code>ValidationError</Code><Message>Currently, desiredSize equals minSize ({min}). Terminating instance without replacement will violate group's min size constraint. Either set shouldDecrementDesiredCapacity flag to false or lower group's min size.</Message></Error><RequestId>test-proxy</RequestId></ErrorResponse>"
+    );
+    (
+        StatusCode::BAD_REQUEST,
+        [("content-type", "text/xml")],
+        body,
+    )
+        .into_response()
+}
+
 /// AWS's answer to `DescribeScalingActivities` for a group whose zones
 /// have no capacity: its latest activity, a launch that failed.
 fn failed_launch(group: &str, at: &str) -> Response {
@@ -849,8 +1069,11 @@ const MAX_RECORDED: usize = 100_000;
 /// An HTTP proxy in front of moto that can answer with AWS errors, and
 /// answers the actions the gateway sends that moto lacks or answers
 /// otherwise than AWS (`DescribeInstanceTopology`, both load balancer
-/// APIs' `DescribeAccountLimits`) as AWS would, and the Auto Scaling
-/// groups a test runs out of capacity ([`FaultProxy::no_capacity_for`]).
+/// APIs' `DescribeAccountLimits`, `GetInstanceTypesFromInstanceRequirements`,
+/// a `TerminateInstanceInAutoScalingGroup` that would take a group below
+/// its minimum) as AWS would, and the Auto Scaling groups a test runs out
+/// of capacity ([`FaultProxy::no_capacity_for`]) or holds instances of on
+/// their way out ([`FaultProxy::show_terminating`]).
 #[derive(Clone)]
 pub struct FaultProxy {
     /// `http://127.0.0.1:<port>`.
@@ -867,21 +1090,35 @@ struct Forward {
     state: Arc<Mutex<ProxyState>>,
 }
 
-/// The query action of a request (`Action=DescribeInstances&...`), bare
-/// for EC2 and as `<service>:<Action>` (IAM's form) for other services,
-/// whose name is in the signature's credential scope.
-fn action(headers: &http::HeaderMap, body: &[u8]) -> String {
-    let name = String::from_utf8_lossy(body)
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("Action="))
-        .unwrap_or("unknown")
-        .to_owned();
-    let service = headers
+/// The action of a REST request of `service` (EKS's), from its method
+/// and path, as IAM names it.
+fn rest_action(service: &str, method: &http::Method, path: &str) -> Option<&'static str> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (service, method.as_str(), parts.as_slice()) {
+        ("eks", "GET", ["clusters", _, "node-groups", _]) => Some("DescribeNodegroup"),
+        ("eks", "GET", ["clusters", _]) => Some("DescribeCluster"),
+        _ => None,
+    }
+}
+
+/// The action of a request: a query's (`Action=DescribeInstances&...`)
+/// or a REST API's (EKS's), bare for EC2 and as `<service>:<Action>`
+/// (IAM's form) for other services, whose name is in the signature's
+/// credential scope.
+fn action(parts: &http::request::Parts, body: &[u8]) -> String {
+    let service = parts
+        .headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split("Credential=").nth(1))
         .and_then(|c| c.split('/').nth(3))
         .unwrap_or("ec2");
+    let name = String::from_utf8_lossy(body)
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("Action="))
+        .map(str::to_owned)
+        .or_else(|| rest_action(service, &parts.method, parts.uri.path()).map(str::to_owned))
+        .unwrap_or_else(|| "unknown".to_owned());
     if service == "ec2" {
         name
     } else {
@@ -889,12 +1126,74 @@ fn action(headers: &http::HeaderMap, body: &[u8]) -> String {
     }
 }
 
+/// Asks moto the Auto Scaling query `body`, signed as `headers` sign the
+/// request being answered (moto reads the service from the signature and
+/// checks no more): its answer's text.
+async fn ask_upstream(f: &Forward, headers: &http::HeaderMap, body: String) -> Option<String> {
+    let mut request = http::Request::post(format!("{}/", f.upstream))
+        .body(Body::from(body))
+        .ok()?;
+    for name in [http::header::AUTHORIZATION, http::header::CONTENT_TYPE] {
+        if let Some(value) = headers.get(&name) {
+            request.headers_mut().insert(name, value.clone());
+        }
+    }
+    let answer = f.client.request(request).await.ok()?;
+    let bytes = axum::body::to_bytes(Body::new(answer.into_body()), 64 << 20)
+        .await
+        .ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// AWS's refusal of `TerminateInstanceInAutoScalingGroup` with the desired
+/// capacity lowered for `instance`, when its group is at its minimum: the
+/// group and its sizes asked of moto, the desired capacity the proxy
+/// holds for a group out of capacity winning.
+async fn refuse_below_minimum(
+    f: &Forward,
+    headers: &http::HeaderMap,
+    instance: &str,
+) -> Option<Response> {
+    let found = ask_upstream(
+        f,
+        headers,
+        format!(
+            "Action=DescribeAutoScalingInstances&Version=2011-01-01&InstanceIds.member.1={instance}"
+        ),
+    )
+    .await?;
+    let group = xml_text(&found, "AutoScalingGroupName")?.to_owned();
+    let described = ask_upstream(
+        f,
+        headers,
+        format!(
+            "Action=DescribeAutoScalingGroups&Version=2011-01-01&AutoScalingGroupNames.member.1={group}"
+        ),
+    )
+    .await?;
+    let min: u32 = xml_text(&described, "MinSize")?.parse().ok()?;
+    let held = {
+        let state = f.state.lock().unwrap_or_else(|e| e.into_inner());
+        state
+            .no_capacity
+            .get(&group)
+            .cloned()
+            .flatten()
+            .map(|(desired, _)| desired)
+    };
+    let desired: u32 = match held {
+        Some(desired) => desired.parse().ok()?,
+        None => xml_text(&described, "DesiredCapacity")?.parse().ok()?,
+    };
+    (desired <= min).then(|| below_minimum_answer(&min.to_string()))
+}
+
 async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) -> Response {
     let (mut parts, body) = request.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, 64 << 20).await else {
         return StatusCode::BAD_REQUEST.into_response();
     };
-    let action = action(&parts.headers, &bytes);
+    let action = action(&parts, &bytes);
     let fault = {
         let mut state = f.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.actions.len() < MAX_RECORDED {
@@ -934,6 +1233,19 @@ async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) ->
         let version = param(&text, "Version").unwrap_or("2015-12-01");
         return account_limits_answer(version, &state.account_limits);
     }
+    if action == "GetInstanceTypesFromInstanceRequirements" {
+        let state = f.state.lock().unwrap_or_else(|e| e.into_inner());
+        return requirement_types_answer(&state.requirement_types);
+    }
+    if action == "autoscaling:TerminateInstanceInAutoScalingGroup" {
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        if param(&text, "ShouldDecrementDesiredCapacity") == Some("true")
+            && let Some(instance) = param(&text, "InstanceId")
+            && let Some(refused) = refuse_below_minimum(&f, &parts.headers, instance).await
+        {
+            return refused;
+        }
+    }
     let held = {
         let mut state = f.state.lock().unwrap_or_else(|e| e.into_inner());
         let text = String::from_utf8_lossy(&bytes);
@@ -949,8 +1261,8 @@ async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) ->
                 return failed_launch(group, at);
             }
             _ => (action == "autoscaling:DescribeAutoScalingGroups"
-                && !state.no_capacity.is_empty())
-            .then(|| state.no_capacity.clone()),
+                && !(state.no_capacity.is_empty() && state.terminating.is_empty()))
+            .then(|| (state.no_capacity.clone(), state.terminating.clone())),
         }
     };
     let path = parts
@@ -969,13 +1281,14 @@ async fn forward(State(f): State<Arc<Forward>>, request: http::Request<Body>) ->
     {
         Ok(answer) => {
             let (mut parts, body) = answer.into_parts();
-            let Some(held) = held else {
+            let Some((held, terminating)) = held else {
                 return Response::from_parts(parts, Body::new(body));
             };
             let Ok(bytes) = axum::body::to_bytes(Body::new(body), 64 << 20).await else {
                 return StatusCode::BAD_GATEWAY.into_response();
             };
             let body = with_held_capacity(&String::from_utf8_lossy(&bytes), &held);
+            let body = with_terminating(&body, &terminating);
             parts.headers.remove(http::header::CONTENT_LENGTH);
             Response::from_parts(parts, Body::from(body))
         }
@@ -1057,6 +1370,26 @@ impl FaultProxy {
             .unwrap_or_else(|e| e.into_inner())
             .account_limits
             .insert(name.to_owned(), max);
+    }
+
+    /// Makes `GetInstanceTypesFromInstanceRequirements` name `types`, in
+    /// that order, whatever the requirements (none until set).
+    pub fn set_types_for_requirements(&self, types: &[&str]) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .requirement_types = types.iter().map(|t| t.to_string()).collect();
+    }
+
+    /// Shows instance `id` as AWS shows one a lifecycle hook holds on its
+    /// way out (`Terminating:Wait`) in `DescribeAutoScalingGroups`'
+    /// answers.
+    pub fn show_terminating(&self, id: &str) {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .terminating
+            .insert(id.to_owned());
     }
 
     /// Clears every fault.
