@@ -9,14 +9,21 @@ use std::process::Command;
 fn the_benchmark_harness_runs_every_scenario_for_both_profiles() {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("BENCHMARKS.md");
-    let out = Command::new(ccm_testkit::bin_dir().join("bench"))
+    let mut bench = Command::new(ccm_testkit::bin_dir().join("bench"));
+    bench
         .arg("--smoke")
         .arg("--work-dir")
         .arg(dir.path().join("work"))
         .arg("--out")
-        .arg(&report)
-        .output()
-        .unwrap();
+        .arg(&report);
+    // Scenario 10 counts a real autoscaler's loop too where there is one.
+    let autoscaler = ccm_testkit::cluster_autoscaler(
+        "the_benchmark_harness_runs_every_scenario_for_both_profiles",
+    );
+    if let Some(binary) = &autoscaler {
+        bench.arg("--cluster-autoscaler").arg(binary);
+    }
+    let out = bench.output().unwrap();
     assert!(
         out.status.success(),
         "bench failed:\n{}",
@@ -27,6 +34,12 @@ fn the_benchmark_harness_runs_every_scenario_for_both_profiles() {
         "| 1. ", "| 2. ", "| 3. ", "| 4. ", "| 5. ", "| 6. ", "| 7. ", "| 8. ", "| 9. ", "| 10. ",
     ] {
         assert!(text.contains(scenario), "{scenario} missing:\n{text}");
+    }
+    if autoscaler.is_some() {
+        assert!(
+            text.contains("| cloud calls per loop of a real cluster-autoscaler | 1.000 calls |"),
+            "the real autoscaler's loop costs one listing:\n{text}"
+        );
     }
     // Scenarios 1, 2 and 5 at both smoke sizes, as the ten-times run has.
     for sized in [

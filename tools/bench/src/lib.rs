@@ -13,7 +13,7 @@ pub mod targets;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -66,6 +66,9 @@ pub struct Sizes {
     /// per 100), and the autoscaler loops measured at each.
     pub autoscaler_nodes: Vec<usize>,
     pub autoscaler_loops: usize,
+    /// Scenario 10: a real `cluster-autoscaler` (its externalgrpc
+    /// provider compiled in), whose own loop is counted too when given.
+    pub cluster_autoscaler: Option<PathBuf>,
     /// Scenario 11: nodes, one run per size, and LoadBalancer Services
     /// (scenario 12's too).
     pub target_nodes: Vec<usize>,
@@ -102,6 +105,7 @@ impl Sizes {
             // reference profile's 200 listings a loop take minutes each.
             autoscaler_nodes: vec![1000],
             autoscaler_loops: 3,
+            cluster_autoscaler: None,
             target_nodes: vec![1000, 10_000, 100_000],
             target_services: 1000,
             live_target_nodes: vec![1000, 10_000, 100_000],
@@ -130,6 +134,7 @@ impl Sizes {
             steady_in_clear: false,
             autoscaler_nodes: vec![20],
             autoscaler_loops: 2,
+            cluster_autoscaler: None,
             target_nodes: vec![60, 300],
             target_services: 20,
             live_target_nodes: vec![60],
@@ -272,6 +277,8 @@ pub struct Harness {
     runs: usize,
     /// The next sandbox serves the gateway in clear.
     in_clear: bool,
+    /// The next sandbox runs this Cluster Autoscaler.
+    autoscaler_next: Option<PathBuf>,
 }
 
 /// Per cluster size, what each process cost: drawn when a scenario ran at
@@ -317,6 +324,11 @@ struct Run {
 /// How often a convergence is checked.
 const POLL: Duration = Duration::from_millis(200);
 
+/// How often the real Cluster Autoscaler of scenario 10 scans (upstream's
+/// default is 10s): a few loops in seconds, each renewing the gateway's
+/// snapshot (its minimum age is 1 s there).
+const REAL_SCAN_INTERVAL: &str = "2s";
+
 /// The service controller's default subset of each zone's nodes behind a
 /// load balancer (`--load-balancer-subset-size`).
 const SUBSET_SIZE: usize = 25;
@@ -337,6 +349,7 @@ impl Harness {
             growth: Growth::default(),
             runs: 0,
             in_clear: false,
+            autoscaler_next: None,
         }
     }
 
@@ -409,6 +422,7 @@ impl Harness {
             extra_args: args,
             replicas,
             gateway_in_clear: std::mem::take(&mut self.in_clear),
+            cluster_autoscaler: self.autoscaler_next.take(),
             ..Options::new(self.run_dir(), self.bin_dir.clone())
         })
         .await?;
@@ -1102,6 +1116,25 @@ impl Harness {
             target: None,
             note: "the limit: the Refresh's one listing (one page per 100 groups on AWS); the reference wrapper lists the groups for every per-group call, two per group".into(),
         }];
+        if let Some(binary) = self.sizes.cluster_autoscaler.clone() {
+            let ours = self
+                .real_autoscaler_loop(&binary, groups, per_group)
+                .await?;
+            rows.push(Row {
+                scenario: scenario.clone(),
+                metric: "cloud calls per loop of a real cluster-autoscaler".into(),
+                ours,
+                upstream: None,
+                unit: "calls",
+                limit: Some(1.0),
+                target: None,
+                note: format!(
+                    "the stock binary ({}) scanning every {}, its loops counted in its own log, the listings at the sim; the reference wrapper's is the modelled row above (our gateway's upstream profile keeps a snapshot for per-group calls, so it is not that wrapper)",
+                    binary.file_name().unwrap_or_default().to_string_lossy(),
+                    REAL_SCAN_INTERVAL
+                ),
+            });
+        }
         for rpc in [
             "Refresh",
             "NodeGroupForNode",
@@ -1123,6 +1156,96 @@ impl Harness {
             });
         }
         Ok(rows)
+    }
+
+    /// A real Cluster Autoscaler's cloud calls per loop against `groups`
+    /// node groups (the sandbox's own, empty, and `groups - 1` of
+    /// `per_group` instances) with our defaults: listings at the sim over
+    /// the loops its log began while they were counted.
+    async fn real_autoscaler_loop(
+        &mut self,
+        binary: &Path,
+        groups: usize,
+        per_group: u32,
+    ) -> anyhow::Result<f64> {
+        let extra = [
+            (
+                "cloud-gateway",
+                "--node-groups-refresh-interval=1s".to_owned(),
+            ),
+            (
+                ccm_sandbox::autoscaler::NAME,
+                format!("--scan-interval={REAL_SCAN_INTERVAL}"),
+            ),
+            // Each loop's first line ("Starting main loop") is at 4.
+            (ccm_sandbox::autoscaler::NAME, "--v=4".to_owned()),
+        ];
+        self.autoscaler_next = Some(binary.to_owned());
+        let run = self.start(Profile::Ours, 1, &extra).await?;
+        let mut latency = all_operations(self.cloud.latency);
+        latency.insert(
+            "list_node_groups".into(),
+            prost_types::Duration {
+                seconds: 0,
+                nanos: self.cloud.latency.subsec_nanos() as i32,
+            },
+        );
+        run.set_faults(Faults {
+            latency,
+            ..Default::default()
+        })
+        .await?;
+        let mut sim = run.sandbox.admin()?.sim_admin()?;
+        for g in 1..groups {
+            sim.create_node_group(CreateNodeGroupRequest {
+                cluster_name: ccm_sandbox::CLUSTER.into(),
+                id: format!("group-{g}"),
+                min_size: 0,
+                max_size: per_group * 2,
+                target_size: per_group,
+                instance_type: "sim.standard-4".into(),
+                zones: vec!["sim-zone-a".into()],
+                ..Default::default()
+            })
+            .await?;
+        }
+        let log = run
+            .sandbox
+            .options
+            .state_dir
+            .join(format!("{}.log", ccm_sandbox::autoscaler::NAME));
+        let loops_begun = || -> anyhow::Result<usize> {
+            Ok(std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .matches("Starting main loop")
+                .count())
+        };
+        // Each count starts and ends just after a loop's Refresh: a loop
+        // begins with it (its first line, then the Refresh), and the next
+        // begins a scan interval later.
+        let deadline = Instant::now() + self.sizes.limit;
+        let after_loop = async |n: usize| -> anyhow::Result<()> {
+            while loops_begun()? < n {
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "cluster-autoscaler ran {} of {n} loops (its log: {})",
+                    loops_begun()?,
+                    log.display()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            Ok(())
+        };
+        // Two loops with every group in place before counting.
+        let first = loops_begun()? + 2;
+        after_loop(first).await?;
+        run.stats(true).await?;
+        let loops = self.sizes.autoscaler_loops.max(3);
+        after_loop(first + loops).await?;
+        let stats = run.stats(false).await?;
+        run.sandbox.stop().await;
+        Ok(stats.get("list_node_groups").copied().unwrap_or(0) as f64 / loops as f64)
     }
 
     async fn burst(&mut self) -> anyhow::Result<Vec<Row>> {

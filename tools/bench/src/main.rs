@@ -102,6 +102,10 @@ struct Args {
     /// what TLS costs in the steady state.
     #[arg(long)]
     steady_in_clear: bool,
+    /// Scenario 10: a real cluster-autoscaler binary (built with its
+    /// externalgrpc provider), whose own loop is counted too.
+    #[arg(long, env = "CLUSTER_AUTOSCALER")]
+    cluster_autoscaler: Option<PathBuf>,
 }
 
 /// A section's name: lower-case letters, digits and dashes.
@@ -175,6 +179,7 @@ impl Args {
             sizes.latency_high_rate = r;
         }
         sizes.steady_in_clear = self.steady_in_clear;
+        sizes.cluster_autoscaler = self.cluster_autoscaler.clone();
         sizes
     }
 }
