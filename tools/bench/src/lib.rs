@@ -1005,35 +1005,9 @@ impl Harness {
                 format!("--node-groups-refresh-interval={interval}"),
             )];
             let run = self.start(profile, 1, &extra).await?;
-            let mut latency = all_operations(self.cloud.latency);
-            latency.insert(
-                "list_node_groups".into(),
-                prost_types::Duration {
-                    seconds: 0,
-                    nanos: self.cloud.latency.subsec_nanos() as i32,
-                },
-            );
-            run.set_faults(Faults {
-                latency,
-                ..Default::default()
-            })
-            .await?;
-            let admin = run.sandbox.admin()?;
-            let mut sim = admin.sim_admin()?;
             let ids: Vec<String> = (0..groups).map(|g| format!("group-{g}")).collect();
-            for id in &ids {
-                sim.create_node_group(CreateNodeGroupRequest {
-                    cluster_name: ccm_sandbox::CLUSTER.into(),
-                    id: id.clone(),
-                    min_size: 0,
-                    max_size: per_group * 2,
-                    target_size: per_group,
-                    instance_type: "sim.standard-4".into(),
-                    zones: vec!["sim-zone-a".into()],
-                    ..Default::default()
-                })
-                .await?;
-            }
+            self.node_groups(&run, &ids, per_group).await?;
+            let admin = run.sandbox.admin()?;
             let mut c = CloudProviderClient::new(admin.authorized_channel()?);
             // The nodes the autoscaler asks about: every group's instances.
             c.refresh(ca::RefreshRequest {}).await?;
@@ -1158,6 +1132,39 @@ impl Harness {
         Ok(rows)
     }
 
+    /// Makes the node groups `ids` of `per_group` instances each, every
+    /// listing of them taking the cloud's latency.
+    async fn node_groups(&self, run: &Run, ids: &[String], per_group: u32) -> anyhow::Result<()> {
+        let mut latency = all_operations(self.cloud.latency);
+        latency.insert(
+            "list_node_groups".into(),
+            prost_types::Duration {
+                seconds: 0,
+                nanos: self.cloud.latency.subsec_nanos() as i32,
+            },
+        );
+        run.set_faults(Faults {
+            latency,
+            ..Default::default()
+        })
+        .await?;
+        let mut sim = run.sandbox.admin()?.sim_admin()?;
+        for id in ids {
+            sim.create_node_group(CreateNodeGroupRequest {
+                cluster_name: ccm_sandbox::CLUSTER.into(),
+                id: id.clone(),
+                min_size: 0,
+                max_size: per_group * 2,
+                target_size: per_group,
+                instance_type: "sim.standard-4".into(),
+                zones: vec!["sim-zone-a".into()],
+                ..Default::default()
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
     /// A real Cluster Autoscaler's cloud calls per loop against `groups`
     /// node groups (the sandbox's own, empty, and `groups - 1` of
     /// `per_group` instances) with our defaults: listings at the sim over
@@ -1182,33 +1189,8 @@ impl Harness {
         ];
         self.autoscaler_next = Some(binary.to_owned());
         let run = self.start(Profile::Ours, 1, &extra).await?;
-        let mut latency = all_operations(self.cloud.latency);
-        latency.insert(
-            "list_node_groups".into(),
-            prost_types::Duration {
-                seconds: 0,
-                nanos: self.cloud.latency.subsec_nanos() as i32,
-            },
-        );
-        run.set_faults(Faults {
-            latency,
-            ..Default::default()
-        })
-        .await?;
-        let mut sim = run.sandbox.admin()?.sim_admin()?;
-        for g in 1..groups {
-            sim.create_node_group(CreateNodeGroupRequest {
-                cluster_name: ccm_sandbox::CLUSTER.into(),
-                id: format!("group-{g}"),
-                min_size: 0,
-                max_size: per_group * 2,
-                target_size: per_group,
-                instance_type: "sim.standard-4".into(),
-                zones: vec!["sim-zone-a".into()],
-                ..Default::default()
-            })
-            .await?;
-        }
+        let ids: Vec<String> = (1..groups).map(|g| format!("group-{g}")).collect();
+        self.node_groups(&run, &ids, per_group).await?;
         let log = run
             .sandbox
             .options
