@@ -1021,7 +1021,7 @@ mod tests {
             "aws-elb-security-group",
             "aws-nlb-security-group-mode",
             "aws-shared-health-probe-port: needs --aws-cluster-health-probe shared",
-            "\"s3\" is not one of autoscaling, ec2, elasticloadbalancing, sts",
+            "\"s3\" is not one of autoscaling, ec2, eks, elasticloadbalancing, sts",
         ] {
             assert!(problems.contains(key), "{key} missing from {problems}");
         }
