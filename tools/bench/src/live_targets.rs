@@ -234,13 +234,42 @@ impl Harness {
 
         let expected = cluster.targets();
         let limit = self.sizes.limit;
-        run.until(
-            limit,
-            POLL,
-            "every load balancer on its targets",
-            async |r| Ok(r.cloud_targets().await? == expected),
-        )
-        .await?;
+        let converged = run
+            .until(
+                limit,
+                POLL,
+                "every load balancer on its targets",
+                async |r| Ok(r.cloud_targets().await? == expected),
+            )
+            .await;
+        if let Err(e) = converged {
+            // Which load balancers differ, and how: enough to tell a slow
+            // controller from a wrong choice.
+            let have = run.cloud_targets().await?;
+            let differ: Vec<String> = expected
+                .iter()
+                .filter(|(svc, t)| have.get(*svc) != Some(*t))
+                .map(|(svc, t)| {
+                    let cloud = have.get(svc).cloned().unwrap_or_default();
+                    format!(
+                        "{svc}: missing {:?}, extra {:?}",
+                        t.difference(&cloud).collect::<Vec<_>>(),
+                        cloud.difference(t).collect::<Vec<_>>()
+                    )
+                })
+                .collect();
+            return Err(e.context(format!(
+                "{} of {} load balancers differ from the selection code's choice: {}",
+                differ.len(),
+                expected.len(),
+                differ
+                    .iter()
+                    .take(5)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )));
+        }
         let mut before = run.cloud_targets().await?;
         let mean_targets =
             before.values().map(BTreeSet::len).sum::<usize>() as f64 / m.max(1) as f64;
