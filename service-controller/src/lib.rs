@@ -47,6 +47,10 @@ const BACKOFF: Backoff = Backoff {
 
 pub use ccm_runtime::controller::Running;
 
+/// How soon the host pass looks again at a Service it passed over while
+/// its first ensure was on its way.
+const UNFINISHED_AGAIN: Duration = Duration::from_secs(1);
+
 /// Starts the controller; it runs until `shutdown`.
 pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<Running> {
     let base = Base::start(
@@ -271,7 +275,19 @@ async fn run(
                         .hosts_pass_full
                         .swap(false, std::sync::atomic::Ordering::SeqCst);
                     let serving = ctx.take_serving_changes();
-                    reconcile::sync_hosts(&ctx, (!full).then_some(serving)).await;
+                    let unfinished = reconcile::sync_hosts(&ctx, (!full).then_some(serving)).await;
+                    // A Service whose first ensure was still on its way
+                    // is looked at again, alone, a moment later.
+                    if !unfinished.is_empty() {
+                        for key in unfinished {
+                            ctx.note_serving_change(key);
+                        }
+                        let nodes_changed = nodes_changed.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(UNFINISHED_AGAIN).await;
+                            nodes_changed.notify_one();
+                        });
+                    }
                 }
             }
         });
