@@ -24,6 +24,12 @@ type Auth = Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, toni
 type Client = CloudProviderClient<InterceptedService<Channel, Auth>>;
 
 async fn client(gw: &TestGateway, role: Role) -> Client {
+    let (channel, auth) = authorized(gw, role).await;
+    CloudProviderClient::with_interceptor(channel, auth())
+}
+
+/// The gateway's channel, and interceptors adding `role`'s bearer token.
+async fn authorized(gw: &TestGateway, role: Role) -> (Channel, impl Fn() -> Auth) {
     let token = std::fs::read_to_string(gw.token_file(role)).unwrap();
     let bearer: tonic::metadata::MetadataValue<_> =
         format!("Bearer {}", token.trim()).parse().unwrap();
@@ -32,11 +38,14 @@ async fn client(gw: &TestGateway, role: Role) -> Client {
         .connect()
         .await
         .unwrap();
-    let auth: Auth = Box::new(move |mut r: tonic::Request<()>| {
-        r.metadata_mut().insert("authorization", bearer.clone());
-        Ok(r)
-    });
-    CloudProviderClient::with_interceptor(channel, auth)
+    let auth = move || -> Auth {
+        let bearer = bearer.clone();
+        Box::new(move |mut r: tonic::Request<()>| {
+            r.metadata_mut().insert("authorization", bearer.clone());
+            Ok(r)
+        })
+    };
+    (channel, auth)
 }
 
 fn group(id: &str, min: u32, max: u32, target: u32) -> NodeGroupRecord {
@@ -247,26 +256,13 @@ async fn upstream_clients(
     v1_35::cloud_provider_client::CloudProviderClient<InterceptedService<Channel, Auth>>,
     v1_30::cloud_provider_client::CloudProviderClient<InterceptedService<Channel, Auth>>,
 ) {
-    let token = std::fs::read_to_string(gw.token_file(role)).unwrap();
-    let bearer: tonic::metadata::MetadataValue<_> =
-        format!("Bearer {}", token.trim()).parse().unwrap();
-    let channel = Channel::from_shared(gw.address())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let auth = |bearer: tonic::metadata::MetadataValue<_>| -> Auth {
-        Box::new(move |mut r: tonic::Request<()>| {
-            r.metadata_mut().insert("authorization", bearer.clone());
-            Ok(r)
-        })
-    };
+    let (channel, auth) = authorized(gw, role).await;
     (
         v1_35::cloud_provider_client::CloudProviderClient::with_interceptor(
             channel.clone(),
-            auth(bearer.clone()),
+            auth(),
         ),
-        v1_30::cloud_provider_client::CloudProviderClient::with_interceptor(channel, auth(bearer)),
+        v1_30::cloud_provider_client::CloudProviderClient::with_interceptor(channel, auth()),
     )
 }
 
