@@ -1,8 +1,15 @@
 //! Instance lookups: a short-lived cache, coalescing of identical lookups
-//! in flight, and micro-batching. Single-node lookups that arrive within
-//! `batch_window` of each other go to the cloud as one batch call of up to
-//! `max_batch` nodes. A fresh read skips the cache but may join a lookup
-//! already on its way (that answer is no older than the request).
+//! in flight, and micro-batching. Lookups go to the cloud in batch calls of
+//! up to `max_batch` nodes, gathered while they keep coming: full batches
+//! go at once, and what is left goes once a `batch_window` passes with no
+//! new lookup, or once its oldest lookup has waited [`MOST_WINDOWS`]
+//! windows. A burst spread over a few windows (the Nodes of one
+//! registration, handed out to many workers) is one call, not one per
+//! window; a lone lookup still goes after one window. No lookup waits
+//! longer than `MOST_WINDOWS` windows (100 ms at the default 5 ms) before
+//! its call asks the budget, however lookups keep coming and whatever its
+//! priority. A fresh read skips the cache but may join a lookup already on
+//! its way (that answer is no older than the request).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,7 +32,7 @@ use ccm_provider::{CloudError, Lookup, NodeRef, Operation, Result};
 pub struct LookupConfig {
     /// How long an answer is served from the cache; zero disables it.
     pub cache_ttl: Duration,
-    /// How long to gather lookups into one batch; zero sends at once.
+    /// How long a batch waits for one more lookup; zero sends at once.
     pub batch_window: Duration,
     /// The most nodes in one provider call.
     pub max_batch: usize,
@@ -44,12 +51,19 @@ impl Default for LookupConfig {
     }
 }
 
+/// The most windows a lookup waits in a batch that keeps gathering: past
+/// it, it has waited long enough for a fuller call (100 ms with the
+/// default 5 ms window). `--batch-window`'s help states it.
+pub const MOST_WINDOWS: u32 = 20;
+
 type Reply = oneshot::Sender<Result<Lookup>>;
 
 struct Pending {
     key: String,
     node: NodeRef,
     priority: Priority,
+    /// When it was queued: the oldest pending lookup bounds the gathering.
+    queued: Instant,
     /// Set only without coalescing; with it, replies wait in `inflight`.
     reply: Option<Reply>,
     /// The trace of the call that asked, which the batch's span links.
@@ -231,6 +245,7 @@ impl InstanceLookups {
                             key,
                             node: node.clone(),
                             priority,
+                            queued: now,
                             reply: None,
                             caller: caller.clone(),
                         });
@@ -239,6 +254,7 @@ impl InstanceLookups {
                             key,
                             node: node.clone(),
                             priority,
+                            queued: now,
                             reply: Some(tx),
                             caller: caller.clone(),
                         });
@@ -336,6 +352,7 @@ impl InstanceLookups {
         if self.cloud.budget().overflow(Priority::Low, calls).is_some() {
             return 0;
         }
+        let now = Instant::now();
         let mut n = 0;
         for (key, node) in due {
             // A node named twice in one request is fetched once.
@@ -348,6 +365,7 @@ impl InstanceLookups {
                 key,
                 node,
                 priority: Priority::Low,
+                queued: now,
                 reply: None,
                 caller: caller.clone(),
             });
@@ -355,29 +373,32 @@ impl InstanceLookups {
         n
     }
 
-    /// Gathers pending lookups for `batch_window` (or until a batch is
-    /// full) and sends them as batch calls. Ends when the lookups are
-    /// dropped.
+    /// Gathers pending lookups (see the module's docs) and sends them as
+    /// batch calls. Ends when the lookups are dropped.
     async fn batcher(this: std::sync::Weak<Self>) {
         loop {
             let Some(lookups) = this.upgrade() else {
                 return;
             };
-            // Wake at least once a second to notice being dropped.
-            tokio::select! {
-                _ = lookups.wake.notified() => {}
-                _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
-            }
-            if !lookups.config.batch_window.is_zero() {
+            // A partial batch left from the last round gathers on at once;
+            // otherwise wait for a lookup, waking at least once a second to
+            // notice being dropped.
+            if lookups.state().pending.is_empty() {
                 tokio::select! {
-                    _ = tokio::time::sleep(lookups.config.batch_window) => {}
-                    _ = lookups.full.notified() => {}
+                    _ = lookups.wake.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
                 }
             }
+            let flush = lookups.gather().await;
             // The budget is taken before the batch is made: while the budget
             // makes us wait, more lookups join, so the busier the account,
             // the fuller each call.
             while let Some(mut priority) = lookups.most_urgent() {
+                // Full batches go; what is left of a burst still coming
+                // gathers on.
+                if !flush && lookups.state().pending.len() < lookups.config.max_batch {
+                    break;
+                }
                 let admit = lookups.cloud.admit(priority);
                 tokio::pin!(admit);
                 let admitted = loop {
@@ -406,6 +427,49 @@ impl InstanceLookups {
                 }
                 tokio::spawn(lookups.clone().fetch(batch, admitted));
             }
+        }
+    }
+
+    /// Waits while lookups keep coming, a window at a time, until a batch
+    /// is full, a window passes with none, or the oldest pending lookup has
+    /// waited [`MOST_WINDOWS`] windows. Whether everything pending goes
+    /// now, partial batch and all (`false`: a batch filled up while more
+    /// may still be coming, so only full batches go).
+    async fn gather(&self) -> bool {
+        let window = self.config.batch_window;
+        if window.is_zero() {
+            return true;
+        }
+        let (mut seen, oldest) = {
+            let state = self.state();
+            let oldest = state.pending.iter().map(|p| p.queued).min();
+            (state.pending.len(), oldest)
+        };
+        let Some(oldest) = oldest else {
+            return true;
+        };
+        // From the oldest lookup, not from this round: what a full batch
+        // left behind has already waited.
+        let deadline = oldest + window * MOST_WINDOWS;
+        loop {
+            if seen >= self.config.max_batch {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return true;
+            }
+            // A window, cut short by a batch filling up (a wake-up left
+            // from an earlier round only makes this window start again).
+            let filled = tokio::select! {
+                _ = tokio::time::sleep_until((now + window).min(deadline)) => false,
+                _ = self.full.notified() => true,
+            };
+            let pending = self.state().pending.len();
+            if !filled && pending == seen {
+                return true;
+            }
+            seen = pending;
         }
     }
 
@@ -584,6 +648,206 @@ mod tests {
             state.cache.capacity() <= 4 * 1024,
             "{} slots kept for one answer (were {room})",
             state.cache.capacity()
+        );
+    }
+
+    /// A cloud that notes the size of each batch call it answers.
+    #[derive(Default)]
+    struct Counting {
+        calls: Mutex<Vec<usize>>,
+    }
+
+    #[async_trait]
+    impl Provider for Counting {
+        fn name(&self) -> &str {
+            "counting"
+        }
+        fn instances(&self) -> Option<&dyn Instances> {
+            Some(self)
+        }
+        fn load_balancers(&self) -> Option<&dyn LoadBalancers> {
+            None
+        }
+        fn routes(&self) -> Option<&dyn Routes> {
+            None
+        }
+        async fn check(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl Instances for Counting {
+        async fn get_instances(&self, nodes: &[NodeRef]) -> Result<Vec<Lookup>> {
+            self.calls.lock().unwrap().push(nodes.len());
+            Ok(vec![Lookup::NotFound; nodes.len()])
+        }
+    }
+
+    const WINDOW: Duration = Duration::from_millis(5);
+
+    /// Lookups with no cache, batched in `WINDOW`s up to `max_batch`, on a
+    /// cloud whose budget never makes them wait.
+    fn counting(max_batch: usize) -> (Arc<Counting>, Arc<InstanceLookups>) {
+        let budget = Budget::start(BudgetConfig {
+            rate: 1e6,
+            burst: 1e6,
+            ..BudgetConfig::default()
+        });
+        let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
+        let provider = Arc::new(Counting::default());
+        let cloud = Arc::new(Cloud::new(provider.clone(), budget, metrics));
+        let lookups = InstanceLookups::start(
+            cloud,
+            LookupConfig {
+                cache_ttl: Duration::ZERO,
+                batch_window: WINDOW,
+                max_batch,
+                coalesce: true,
+            },
+        );
+        (provider, lookups)
+    }
+
+    /// Looks `node` up `after` from now; how long the answer took.
+    async fn timed_lookup(
+        lookups: Arc<InstanceLookups>,
+        node: NodeRef,
+        after: Duration,
+        priority: Priority,
+    ) -> Duration {
+        tokio::time::sleep(after).await;
+        let asked = Instant::now();
+        lookups.lookup(&[node], false, priority).await.unwrap();
+        asked.elapsed()
+    }
+
+    /// Runs `test` with a limit, so a batch that never goes fails it.
+    async fn within<T>(test: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(30), test)
+            .await
+            .expect("the lookups were not answered within 30 s")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_spread_over_several_windows_is_one_call() {
+        let (cloud, lookups) = counting(100);
+        // Ten Nodes registering 3 ms apart: six windows from first to last,
+        // none of them without a lookup.
+        let burst = nodes("burst", 10).into_iter().enumerate().map(|(i, node)| {
+            timed_lookup(
+                lookups.clone(),
+                node,
+                Duration::from_millis(3 * i as u64),
+                Priority::Normal,
+            )
+        });
+        within(join_all(burst)).await;
+        assert_eq!(*cloud.calls.lock().unwrap(), [10]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_lookup_goes_after_one_window() {
+        let (cloud, lookups) = counting(100);
+        let node = nodes("lone", 1).remove(0);
+        let took = within(timed_lookup(
+            lookups,
+            node,
+            Duration::ZERO,
+            Priority::Normal,
+        ))
+        .await;
+        assert!(
+            took >= WINDOW && took < 2 * WINDOW,
+            "answered after {took:?}"
+        );
+        assert_eq!(*cloud.calls.lock().unwrap(), [1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_goes_at_once_and_the_rest_after_a_quiet_window() {
+        let (cloud, lookups) = counting(10);
+        // Ten at once fill a batch: it goes without waiting a window.
+        let full = nodes("full", 10)
+            .into_iter()
+            .map(|node| timed_lookup(lookups.clone(), node, Duration::ZERO, Priority::Normal));
+        let took = within(join_all(full)).await;
+        assert!(took.iter().all(|t| *t < WINDOW), "answered after {took:?}");
+        // Thirteen more: one full call at once, three after a window.
+        let asked = Instant::now();
+        within(lookups.lookup(&nodes("more", 13), false, Priority::Normal))
+            .await
+            .unwrap();
+        let took = asked.elapsed();
+        assert!(
+            took >= WINDOW && took < 2 * WINDOW,
+            "answered after {took:?}"
+        );
+        assert_eq!(*cloud.calls.lock().unwrap(), [10, 10, 3]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_lookup_waits_more_than_the_most_windows_while_lookups_keep_coming() {
+        let (cloud, lookups) = counting(1000);
+        let most = WINDOW * MOST_WINDOWS;
+        // A lookup every 2 ms for twice the longest wait: no window passes
+        // without one, and no batch fills.
+        let stream = nodes("stream", most.as_millis() as usize)
+            .into_iter()
+            .enumerate()
+            .map(|(i, node)| {
+                timed_lookup(
+                    lookups.clone(),
+                    node,
+                    Duration::from_millis(2 * i as u64),
+                    Priority::Normal,
+                )
+            });
+        let took = within(join_all(stream)).await;
+        let longest = took.iter().max().unwrap();
+        assert!(*longest <= most, "a lookup waited {longest:?}");
+        // The first gathered as long as it may: the stream is a few calls,
+        // not one per window.
+        assert!(
+            took[0] > most - WINDOW,
+            "the first answered after {:?}",
+            took[0]
+        );
+        let calls = cloud.calls.lock().unwrap().len();
+        assert!(calls <= 3, "{calls} calls");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lookup_behind_full_batches_of_more_urgent_ones_waits_no_more_than_the_most_windows()
+    {
+        let (_, lookups) = counting(4);
+        let most = WINDOW * MOST_WINDOWS;
+        // A low-priority lookup, then high-priority ones, two a millisecond
+        // (a full batch every 2 ms) for twice the longest wait: every full
+        // batch is theirs.
+        let low = timed_lookup(
+            lookups.clone(),
+            nodes("low", 1).remove(0),
+            Duration::ZERO,
+            Priority::Low,
+        );
+        let high = nodes("high", 4 * most.as_millis() as usize)
+            .into_iter()
+            .enumerate()
+            .map(|(i, node)| {
+                timed_lookup(
+                    lookups.clone(),
+                    node,
+                    Duration::from_millis(1 + i as u64 / 2),
+                    Priority::High,
+                )
+            });
+        let (low, high) = within(futures::future::join(low, join_all(high))).await;
+        assert!(low <= most, "the low-priority lookup waited {low:?}");
+        let longest = high.iter().max().unwrap();
+        assert!(
+            *longest <= most,
+            "a high-priority lookup waited {longest:?}"
         );
     }
 }
