@@ -638,7 +638,6 @@ impl Harness {
             let run = self.start(profile, 1, &[]).await?;
             let ips = run.instances("join", n).await?;
             run.stats(true).await?;
-            let watched = Initialised::watch(&run.kube).await?;
             let started = Instant::now();
             let mut samples = vec![(0.0, 0.0, 0.0)];
             run.nodes("join", &ips, true, false).await?;
@@ -648,7 +647,7 @@ impl Harness {
                 POLL / 2,
                 "every node initialised",
                 async |r| {
-                    let (done, _) = watched.count();
+                    let done = r.initialised().await?;
                     let lookups = r.stats(false).await?.get("get_instances").copied();
                     samples.push((
                         started.elapsed().as_secs_f64(),
@@ -659,10 +658,7 @@ impl Harness {
                 },
             )
             .await?;
-            // When the watch saw the last one, not when a poll noticed.
-            let (_, last) = watched.count();
-            let last = last.map_or(started.elapsed(), |at| at.duration_since(started));
-            time.push(last.as_secs_f64());
+            time.push(started.elapsed().as_secs_f64());
             over_time.push((profile.name(), samples));
             calls.push(
                 run.stats(false)
@@ -2595,72 +2591,6 @@ impl Run {
             );
             tokio::time::sleep(poll).await;
         }
-    }
-}
-
-/// Nodes initialised (no longer tainted uninitialized), as a watch of
-/// every Node tells of them. A list of every Node each poll was, at 10,000
-/// Nodes, a load on the API server the size of the run measured (10 MiB of
-/// JSON each tenth of a second), and told the time to within a poll.
-struct Initialised {
-    state: std::sync::Arc<std::sync::Mutex<(std::collections::HashSet<String>, Option<Instant>)>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Initialised {
-    /// Starts watching; returns once the watch has listed the Nodes there.
-    async fn watch(client: &kube::Client) -> anyhow::Result<Self> {
-        use kube::runtime::watcher::{self, Event};
-        let state: std::sync::Arc<
-            std::sync::Mutex<(std::collections::HashSet<String>, Option<Instant>)>,
-        > = Default::default();
-        let (listed, ready) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn({
-            let state = state.clone();
-            let stream = watcher::watcher(Api::<Node>::all(client.clone()), Default::default());
-            async move {
-                let mut listed = Some(listed);
-                let mut stream = std::pin::pin!(stream);
-                while let Some(event) = stream.next().await {
-                    let node = match event {
-                        Ok(Event::Apply(node) | Event::InitApply(node)) => node,
-                        Ok(Event::InitDone) => {
-                            if let Some(listed) = listed.take() {
-                                let _ = listed.send(());
-                            }
-                            continue;
-                        }
-                        _ => continue,
-                    };
-                    let tainted = node
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.taints.as_ref())
-                        .is_some_and(|t| t.iter().any(|t| t.key == fixtures::UNINITIALIZED));
-                    let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
-                    let name = node.metadata.name.unwrap_or_default();
-                    if !tainted && state.0.insert(name) {
-                        state.1 = Some(Instant::now());
-                    }
-                }
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(60), ready)
-            .await
-            .context("the Node watch did not list within 60 s")??;
-        Ok(Self { state, task })
-    }
-
-    /// How many are initialised, and when the last of them was seen.
-    fn count(&self) -> (usize, Option<Instant>) {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        (state.0.len(), state.1)
-    }
-}
-
-impl Drop for Initialised {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
