@@ -34,6 +34,9 @@ pub struct NodeView {
     pub addresses: Vec<NodeAddress>,
     pub readiness: Readiness,
     pub created: Option<k8s_openapi::jiff::Timestamp>,
+    /// The resourceVersion this view was made from, when it is a number
+    /// (0 otherwise): the precondition of a write planned on the view.
+    pub resource_version: u64,
 }
 
 impl NodeView {
@@ -75,6 +78,12 @@ impl NodeView {
                 _ => Readiness::Unknown,
             },
             created: node.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            resource_version: node
+                .metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
         }
     }
 
@@ -297,6 +306,48 @@ pub fn apply_init(node: &mut Node, init: &Init) {
     for (k, v) in &init.labels {
         labels.insert(k.clone(), v.clone());
     }
+}
+
+/// The initialisation `init` as one JSON patch (RFC 6902) of the Node that
+/// `node` was made from: it first tests the view's resourceVersion, so it
+/// applies to that Node only and does to it what [`apply_init`] does. `None`
+/// when the view's resourceVersion is not known.
+pub fn init_patch(node: &NodeView, init: &Init) -> Option<serde_json::Value> {
+    if node.resource_version == 0 {
+        return None;
+    }
+    let mut ops = vec![serde_json::json!({
+        "op": "test",
+        "path": "/metadata/resourceVersion",
+        "value": node.resource_version.to_string(),
+    })];
+    // The last first, so the indices before it still hold.
+    for (i, (key, _)) in node.taints.iter().enumerate().rev() {
+        if &**key == names::TAINT_UNINITIALIZED {
+            ops.push(serde_json::json!({"op": "remove", "path": format!("/spec/taints/{i}")}));
+        }
+    }
+    if let Some(id) = init
+        .provider_id
+        .as_ref()
+        .filter(|_| node.provider_id.is_empty())
+    {
+        ops.push(serde_json::json!({"op": "add", "path": "/spec/providerID", "value": id}));
+    }
+    if node.labels.is_empty() {
+        if !init.labels.is_empty() {
+            ops.push(
+                serde_json::json!({"op": "add", "path": "/metadata/labels", "value": init.labels}),
+            );
+        }
+    } else {
+        for (key, value) in &init.labels {
+            // A JSON pointer writes `~` as `~0` and `/` as `~1`.
+            let key = key.replace('~', "~0").replace('/', "~1");
+            ops.push(serde_json::json!({"op": "add", "path": format!("/metadata/labels/{key}"), "value": value}));
+        }
+    }
+    Some(serde_json::Value::Array(ops))
 }
 
 /// Labels to set on an initialised node so each GA topology label follows
@@ -668,6 +719,58 @@ mod tests {
         assert_eq!(left, ["dedicated"]);
         assert!(!is_uninitialized(&n));
         assert_eq!(seen.provider_id, "sim://i-000001");
+    }
+
+    #[test]
+    fn the_one_write_patch_does_what_applying_does_to_the_node_it_was_planned_on() {
+        let mut cloud = instance();
+        cloud.additional_labels = [
+            ("example.com/pool".to_owned(), "a~b".to_owned()),
+            ("odd~key".to_owned(), "1".to_owned()),
+        ]
+        .into();
+        let nodes = [
+            node("labelled")
+                .uninitialized()
+                .label("example.com/pool", "kept")
+                .build(),
+            node("several-taints")
+                .taint("dedicated", Some("x"), "NoSchedule")
+                .uninitialized()
+                .taint("other", None, "NoExecute")
+                .taint(names::TAINT_UNINITIALIZED, None, "NoExecute")
+                .build(),
+            node("with-id")
+                .uninitialized()
+                .provider_id("sim://i-000001")
+                .build(),
+        ];
+        let mut unlabelled = node("unlabelled").uninitialized().build();
+        unlabelled.metadata.labels = None;
+        for mut n in nodes.into_iter().chain([unlabelled]) {
+            n.metadata.resource_version = Some("42".into());
+            let init = initialize(&n, &cloud).unwrap();
+            let patch: json_patch::Patch =
+                serde_json::from_value(init_patch(&view(&n), &init).unwrap()).unwrap();
+            let mut patched = serde_json::to_value(&n).unwrap();
+            json_patch::patch(&mut patched, &patch).unwrap();
+            let mut applied = n.clone();
+            apply_init(&mut applied, &init);
+            assert_eq!(
+                patched,
+                serde_json::to_value(&applied).unwrap(),
+                "{:?}",
+                n.metadata.name
+            );
+            // Changed since the view was made: the patch does not apply.
+            let mut changed = serde_json::to_value(&n).unwrap();
+            changed["metadata"]["resourceVersion"] = "43".into();
+            assert!(json_patch::patch(&mut changed, &patch).is_err());
+        }
+        let mut unknown = node("unknown").uninitialized().build();
+        unknown.metadata.resource_version = Some("not-a-number".into());
+        let init = initialize(&unknown, &cloud).unwrap();
+        assert_eq!(init_patch(&view(&unknown), &init), None);
     }
 
     #[test]

@@ -96,10 +96,15 @@ pub fn waits_for_initialisation(ctx: &Context, name: &str) -> bool {
         .is_some_and(|node| plan::is_uninitialized(&node))
 }
 
+/// Writes of one batch's initialisations sent at once.
+const WRITES_AT_ONCE: usize = 4;
+
 /// Syncs the named nodes, answering for each in order: those that carry
 /// the uninitialized taint are looked up in one gateway call and
-/// initialised one after another; the others get their topology labels
-/// reconciled.
+/// initialised, [`WRITES_AT_ONCE`] at a time, every taint of the batch
+/// removed before any node's addresses and event are written (a node is
+/// schedulable once its taint is gone); the others get their topology
+/// labels reconciled.
 #[tracing::instrument(skip_all, fields(nodes = names.len()))]
 pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
     let mut results: Vec<Result<()>> = Vec::with_capacity(names.len());
@@ -121,10 +126,30 @@ pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
     let refs = waiting.iter().map(|(_, node)| node_ref(node)).collect();
     match ctx.lookup(refs, LookupPurpose::Initialize, false).await {
         Ok(found) if found.len() == waiting.len() => {
-            for ((i, node), result) in waiting.into_iter().zip(found) {
-                let span = tracing::info_span!("initialize", node = %node.name);
-                results[i] = initialize(ctx, &node, result).instrument(span).await;
+            let initialised: Vec<_> = futures::stream::iter(waiting.into_iter().zip(found))
+                .map(|((i, node), result)| async move {
+                    let span = tracing::info_span!("initialize", node = %node.name);
+                    (i, initialize(ctx, &node, result).instrument(span).await)
+                })
+                .buffer_unordered(WRITES_AT_ONCE)
+                .collect()
+                .await;
+            let mut rest = Vec::new();
+            for (i, result) in initialised {
+                match result {
+                    Ok(Some(done)) => rest.push(done),
+                    Ok(None) => {}
+                    Err(e) => results[i] = Err(e),
+                }
             }
+            futures::stream::iter(rest)
+                .map(|done| {
+                    let span = tracing::info_span!("initialize", node = %done.node.name);
+                    finish_initialising(ctx, done).instrument(span)
+                })
+                .buffer_unordered(WRITES_AT_ONCE)
+                .collect::<()>()
+                .await;
         }
         Ok(found) => {
             let e = format!(
@@ -163,8 +188,21 @@ async fn reconcile_labels(ctx: &Context, node: &NodeView) -> Result<()> {
     Ok(())
 }
 
-/// Initialises `node` with what the gateway answered for it.
-async fn initialize(ctx: &Context, node: &NodeView, result: InstanceResult) -> Result<()> {
+/// What is left to write of a node initialised: its addresses and event.
+struct Initialised {
+    node: NodeView,
+    instance: ccm_proto::v1::Instance,
+}
+
+/// Initialises `node` with what the gateway answered for it: labels,
+/// provider ID and the taint gone, in one write planned on the cached node
+/// where it has not changed since (else read fresh and planned again).
+/// Returns what is left to write, unless someone else initialised it.
+async fn initialize(
+    ctx: &Context,
+    node: &NodeView,
+    result: InstanceResult,
+) -> Result<Option<Initialised>> {
     let name = node.name.clone();
     let instance = match (result.state(), result.instance) {
         (InstanceState::NotFound, _) => return Err(NodeError::InstanceNotFound(name).into()),
@@ -181,19 +219,24 @@ async fn initialize(ctx: &Context, node: &NodeView, result: InstanceResult) -> R
     for key in &init.discarded_labels {
         tracing::warn!(label = %key, "discarding provider label in a Kubernetes namespace");
     }
-    let updated = update_node(ctx, &name, 20, |fresh| {
-        let seen = view(fresh);
-        if !plan::is_uninitialized(&seen) {
-            return false;
+    let updated = match write_init(ctx, node, &init).await? {
+        Some(updated) => Some(updated),
+        None => {
+            update_node(ctx, &name, 20, |fresh| {
+                let seen = view(fresh);
+                if !plan::is_uninitialized(&seen) {
+                    return false;
+                }
+                // Re-plan on the fresh copy: labels present now are kept.
+                let init = plan::initialize(&seen, &instance).unwrap_or_else(|_| init.clone());
+                plan::apply_init(fresh, &init);
+                true
+            })
+            .await?
         }
-        // Re-plan on the fresh copy: labels present now are kept.
-        let init = plan::initialize(&seen, &instance).unwrap_or_else(|_| init.clone());
-        plan::apply_init(fresh, &init);
-        true
-    })
-    .await?;
+    };
     let Some(updated) = updated else {
-        return Ok(());
+        return Ok(None);
     };
     if let Some(created) = updated.metadata.creation_timestamp.as_ref() {
         let age = k8s_openapi::jiff::Timestamp::now().duration_since(created.0);
@@ -201,9 +244,21 @@ async fn initialize(ctx: &Context, node: &NodeView, result: InstanceResult) -> R
             .taint_removal_delay
             .observe(age.as_secs_f64().max(0.0));
     }
-    // Addresses go to status in a second write, as upstream; a failure is
-    // logged and the periodic sync mends it.
-    let updated = view(&updated);
+    Ok(Some(Initialised {
+        node: view(&updated),
+        instance,
+    }))
+}
+
+/// Writes an initialised node's addresses and its event. Addresses go to
+/// status in a write after the taint's, as upstream; a failure is logged
+/// and the periodic sync mends it.
+async fn finish_initialising(ctx: &Context, done: Initialised) {
+    let Initialised {
+        node: updated,
+        instance,
+    } = done;
+    let name = updated.name.clone();
     match plan::desired_addresses(&updated, &plan::cloud_addresses(&instance)) {
         Ok(Some(addresses)) => {
             if let Err(e) = write_addresses(ctx, &name, &addresses).await {
@@ -223,7 +278,32 @@ async fn initialize(ctx: &Context, node: &NodeView, result: InstanceResult) -> R
         "Node synced successfully".into(),
     )
     .await;
-    Ok(())
+}
+
+/// Writes `init` in one JSON patch conditioned on the resourceVersion of
+/// the cached `node` it was planned on ([`plan::init_patch`]): the Node
+/// written, or `None` where the view has no resourceVersion or the Node
+/// changed since (409, or the patch's test failing: 422, or 400 from
+/// servers that answer so), for the caller to read it fresh. Saves the
+/// read upstream's controller does from its informer cache and ours, which
+/// caches less of a Node, would do from the API server.
+async fn write_init(ctx: &Context, node: &NodeView, init: &plan::Init) -> Result<Option<Node>> {
+    let Some(patch) = plan::init_patch(node, init) else {
+        return Ok(None);
+    };
+    ctx.ensure_leader()?;
+    let request = http::Request::patch(format!(
+        "/api/v1/nodes/{}?fieldManager={FIELD_MANAGER}",
+        node.name
+    ))
+    .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+    .body(patch.to_string().into_bytes())
+    .map_err(|e| NodeError::Invalid(format!("the initialising patch: {e}")))?;
+    match ctx.client.request::<Node>(request).await {
+        Ok(node) => Ok(Some(node)),
+        Err(kube::Error::Api(s)) if matches!(s.code, 400 | 409 | 422) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Replaces the node's addresses. A JSON merge patch replaces the whole

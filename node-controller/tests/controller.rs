@@ -122,6 +122,20 @@ async fn uninitialized_node_gets_provider_id_labels_addresses_and_loses_taint() 
         ["dedicated"],
         "every uninitialized taint goes, others stay"
     );
+    // One patch, planned on the controller's cache, did it: no replace of
+    // a Node read fresh (the test's own reads share the caller).
+    let request = http::Request::get("/debug/requests").body(Vec::new()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&env.client().await.request_text(request).await.unwrap()).unwrap();
+    let writer = report
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|caller| &caller["requests"])
+        .find(|requests| requests.get("patch nodes").is_some())
+        .unwrap_or_else(|| panic!("no caller patched a Node: {report}"));
+    assert_eq!(writer["patch nodes"], 1, "{writer}");
+    assert!(writer.get("update nodes").is_none(), "{writer}");
     let labels = n.labels();
     for (k, v) in [
         (names::LABEL_INSTANCE_TYPE, instance.instance_type.as_str()),
