@@ -124,7 +124,9 @@ async fn uninitialized_node_gets_provider_id_labels_addresses_and_loses_taint() 
     );
     // One patch, planned on the controller's cache, did it: no replace of
     // a Node read fresh (the test's own reads share the caller).
-    let request = http::Request::get("/debug/requests").body(Vec::new()).unwrap();
+    let request = http::Request::get("/debug/requests")
+        .body(Vec::new())
+        .unwrap();
     let report: serde_json::Value =
         serde_json::from_str(&env.client().await.request_text(request).await.unwrap()).unwrap();
     let writer = report
