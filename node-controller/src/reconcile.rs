@@ -292,6 +292,8 @@ async fn write_init(ctx: &Context, node: &NodeView, init: &plan::Init) -> Result
         return Ok(None);
     };
     ctx.ensure_leader()?;
+    // A request of its own: kube's `Patch::Json` needs its `jsonpatch`
+    // feature, which would rebuild kube for every crate of the workspace.
     let request = http::Request::patch(format!(
         "/api/v1/nodes/{}?fieldManager={FIELD_MANAGER}",
         node.name

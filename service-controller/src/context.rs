@@ -55,6 +55,13 @@ pub struct Context {
     /// The digest ([`plan::hosts_digest`]) of the hosts each load balancer
     /// was last given, stored before the call.
     pub last_hosts: Mutex<HashMap<Key, u64>>,
+    /// Services a host pass passed over because no hosts were remembered
+    /// for them yet (their first ensure on its way): the ensure may have
+    /// chosen its hosts before the pass's change, so remembering them
+    /// asks for another pass of that Service ([`Self::remember_hosts`]).
+    pub passed_over: Mutex<HashSet<Key>>,
+    /// Wakes the host pass.
+    pub hosts_due: Arc<tokio::sync::Notify>,
     /// The provider's annotations that select hosts by Node label (from
     /// GetProviderInfo, set once at start).
     pub host_label_annotations: std::sync::OnceLock<Vec<String>>,
@@ -304,11 +311,21 @@ impl Context {
             .unwrap_or_default()
     }
 
+    /// Remembers the hosts `key`'s load balancer is given; if a host pass
+    /// passed it over meanwhile, that Service alone is passed again.
     pub fn remember_hosts(&self, key: &Key, digest: u64) {
-        self.last_hosts
+        let mut hosts = self.last_hosts.lock().unwrap_or_else(|e| e.into_inner());
+        hosts.insert(key.clone(), digest);
+        let passed_over = self
+            .passed_over
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone(), digest);
+            .remove(key);
+        drop(hosts);
+        if passed_over {
+            self.note_serving_change(key.clone());
+            self.hosts_due.notify_one();
+        }
     }
 
     pub fn remembered_hosts(&self, key: &Key) -> Option<u64> {
@@ -317,6 +334,21 @@ impl Context {
             .unwrap_or_else(|e| e.into_inner())
             .get(key)
             .copied()
+    }
+
+    /// The hosts remembered for `key`, as [`Self::remembered_hosts`]; when
+    /// there are none, notes that a host pass passed it over (under the
+    /// same lock as [`Self::remember_hosts`], so no ensure slips between).
+    pub fn remembered_hosts_or_pass_over(&self, key: &Key) -> Option<u64> {
+        let hosts = self.last_hosts.lock().unwrap_or_else(|e| e.into_inner());
+        let remembered = hosts.get(key).copied();
+        if remembered.is_none() {
+            self.passed_over
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone());
+        }
+        remembered
     }
 
     /// Notes (`Some`) or forgets (`None`) that `key`'s load balancer is
@@ -385,6 +417,10 @@ impl Context {
     pub fn forget(&self, key: &Key) {
         self.set_applied(key, None);
         self.last_hosts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        self.passed_over
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);

@@ -47,10 +47,6 @@ const BACKOFF: Backoff = Backoff {
 
 pub use ccm_runtime::controller::Running;
 
-/// How soon the host pass looks again at a Service it passed over while
-/// its first ensure was on its way.
-const UNFINISHED_AGAIN: Duration = Duration::from_secs(1);
-
 /// Starts the controller; it runs until `shutdown`.
 pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::Result<Running> {
     let base = Base::start(
@@ -65,6 +61,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
 
     let service_stream = view::watch(Api::<Service>::all(client.clone()));
     let nodes = Views::default();
+    let nodes_changed = Arc::new(Notify::new());
     let ctx = Arc::new(Context {
         client: client.clone(),
         services: Views::default(),
@@ -83,6 +80,8 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         settings,
         queue: WorkQueue::new(BACKOFF).with_metrics(base.metrics.queue.clone()),
         last_hosts: Mutex::new(HashMap::new()),
+        passed_over: Mutex::default(),
+        hosts_due: nodes_changed.clone(),
         host_label_annotations: std::sync::OnceLock::new(),
         host_limits: std::sync::OnceLock::new(),
         provisioning: Mutex::new(HashMap::new()),
@@ -123,7 +122,6 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             }
         }
     };
-    let nodes_changed = Arc::new(Notify::new());
     tokio::spawn({
         let ctx = ctx.clone();
         let mut synced = Some(synced_once.clone());
@@ -275,19 +273,7 @@ async fn run(
                         .hosts_pass_full
                         .swap(false, std::sync::atomic::Ordering::SeqCst);
                     let serving = ctx.take_serving_changes();
-                    let unfinished = reconcile::sync_hosts(&ctx, (!full).then_some(serving)).await;
-                    // A Service whose first ensure was still on its way
-                    // is looked at again, alone, a moment later.
-                    if !unfinished.is_empty() {
-                        for key in unfinished {
-                            ctx.note_serving_change(key);
-                        }
-                        let nodes_changed = nodes_changed.clone();
-                        tokio::spawn(async move {
-                            tokio::time::sleep(UNFINISHED_AGAIN).await;
-                            nodes_changed.notify_one();
-                        });
-                    }
+                    reconcile::sync_hosts(&ctx, (!full).then_some(serving)).await;
                 }
             }
         });

@@ -504,11 +504,11 @@ async fn record_success(
 /// One host pass: every load balancer whose host set changed gets one
 /// update (of `only` those Services, when only their serving endpoints
 /// changed). A failed update falls back to a full ensure of that Service.
-/// Returns the Services it passed over because their first ensure has not
-/// finished: that ensure may have chosen its hosts before this change, so
-/// they are to be looked at again once it has.
+/// A Service whose first ensure has not yet remembered its hosts is passed
+/// over, and passed again once it has ([`Context::remember_hosts`]): that
+/// ensure may have chosen its hosts before this change.
 #[tracing::instrument(skip_all)]
-pub async fn sync_hosts(ctx: &Context, only: Option<HashSet<Key>>) -> Vec<Key> {
+pub async fn sync_hosts(ctx: &Context, only: Option<HashSet<Key>>) {
     // Changes seen from here on wait for the next pass.
     let changed_at = ctx.take_node_change();
     let services: Vec<_> = match &only {
@@ -527,18 +527,14 @@ pub async fn sync_hosts(ctx: &Context, only: Option<HashSet<Key>>) -> Vec<Key> {
     // has; its own sync says why.
     let mut kept: HashSet<Key> = HashSet::new();
     let mut asked = Vec::new();
-    let mut unfinished = Vec::new();
     for view in &services {
         let Some(svc) = view.service() else { continue };
         let key = (svc.namespace().unwrap_or_default(), svc.name_any());
         let Ok(ask) = ctx.ask(svc) else { continue };
         kept.insert(key.clone());
-        match ctx.remembered_hosts(&key) {
-            Some(last) => {
-                let serving = ctx.serving_of(svc, &ask);
-                asked.push((key, ask, serving, last));
-            }
-            None => unfinished.push(key),
+        if let Some(last) = ctx.remembered_hosts_or_pass_over(&key) {
+            let serving = ctx.serving_of(svc, &ask);
+            asked.push((key, ask, serving, last));
         }
     }
     // Each Service's hosts, worked out again only where a change may have
@@ -572,7 +568,7 @@ pub async fn sync_hosts(ctx: &Context, only: Option<HashSet<Key>>) -> Vec<Key> {
         Ok(worked_out) => worked_out,
         Err(e) => {
             tracing::error!(error = %e, "the host pass could not work out the hosts");
-            return unfinished;
+            return;
         }
     };
     // Each update carries its own copy of the host list (the gateway's API
@@ -682,7 +678,6 @@ pub async fn sync_hosts(ctx: &Context, only: Option<HashSet<Key>>) -> Vec<Key> {
             .host_sync_delay
             .observe(at.elapsed().as_secs_f64());
     }
-    unfinished
 }
 
 /// Whether the load balancer of `service` (as the cloud tags it) has lost

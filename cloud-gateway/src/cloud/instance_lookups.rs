@@ -629,35 +629,6 @@ mod tests {
     use async_trait::async_trait;
     use ccm_provider::{Instances, LoadBalancers, Provider, Routes};
 
-    /// A cloud without instances, answering every lookup at once.
-    struct Empty;
-
-    #[async_trait]
-    impl Provider for Empty {
-        fn name(&self) -> &str {
-            "empty"
-        }
-        fn instances(&self) -> Option<&dyn Instances> {
-            Some(self)
-        }
-        fn load_balancers(&self) -> Option<&dyn LoadBalancers> {
-            None
-        }
-        fn routes(&self) -> Option<&dyn Routes> {
-            None
-        }
-        async fn check(&self) -> Result<()> {
-            Ok(())
-        }
-    }
-
-    #[async_trait]
-    impl Instances for Empty {
-        async fn get_instances(&self, nodes: &[NodeRef]) -> Result<Vec<Lookup>> {
-            Ok(vec![Lookup::NotFound; nodes.len()])
-        }
-    }
-
     fn nodes(prefix: &str, n: usize) -> Vec<NodeRef> {
         (0..n)
             .map(|i| NodeRef {
@@ -669,24 +640,14 @@ mod tests {
 
     #[tokio::test]
     async fn the_cache_gives_its_room_back_once_a_burst_of_answers_expires() {
-        let budget = Budget::start(BudgetConfig {
-            rate: 1e6,
-            burst: 1e6,
-            ..BudgetConfig::default()
-        });
-        let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
-        let cloud = Arc::new(Cloud::new(Arc::new(Empty), budget, metrics));
         // Long enough that none expires while 20,000 are cached on a
         // loaded machine (50 ms did not, in a debug build beside a build).
         let ttl = Duration::from_secs(2);
-        let lookups = InstanceLookups::start(
-            cloud,
-            LookupConfig {
-                cache_ttl: ttl,
-                batch_window: Duration::ZERO,
-                ..LookupConfig::default()
-            },
-        );
+        let (_, lookups) = counting(LookupConfig {
+            cache_ttl: ttl,
+            batch_window: Duration::ZERO,
+            ..LookupConfig::default()
+        });
         // An address sync's burst: 20,000 answers cached at once.
         let answers = lookups
             .lookup(&nodes("burst", 20_000), false, Priority::Low)
@@ -746,9 +707,9 @@ mod tests {
 
     const WINDOW: Duration = Duration::from_millis(5);
 
-    /// Lookups with no cache, batched in `WINDOW`s up to `max_batch`, on a
-    /// cloud whose budget never makes them wait.
-    fn counting(max_batch: usize) -> (Arc<Counting>, Arc<InstanceLookups>) {
+    /// Lookups as `config` says, on a cloud without instances whose
+    /// budget never makes them wait.
+    fn counting(config: LookupConfig) -> (Arc<Counting>, Arc<InstanceLookups>) {
         let budget = Budget::start(BudgetConfig {
             rate: 1e6,
             burst: 1e6,
@@ -757,16 +718,17 @@ mod tests {
         let metrics = Metrics::register(&mut prometheus_client::registry::Registry::default());
         let provider = Arc::new(Counting::default());
         let cloud = Arc::new(Cloud::new(provider.clone(), budget, metrics));
-        let lookups = InstanceLookups::start(
-            cloud,
-            LookupConfig {
-                cache_ttl: Duration::ZERO,
-                batch_window: WINDOW,
-                max_batch,
-                coalesce: true,
-            },
-        );
-        (provider, lookups)
+        (provider, InstanceLookups::start(cloud, config))
+    }
+
+    /// Lookups with no cache, batched in `WINDOW`s up to `max_batch`.
+    fn batching(max_batch: usize) -> (Arc<Counting>, Arc<InstanceLookups>) {
+        counting(LookupConfig {
+            cache_ttl: Duration::ZERO,
+            batch_window: WINDOW,
+            max_batch,
+            coalesce: true,
+        })
     }
 
     /// Looks `node` up `after` from now; how long the answer took.
@@ -791,7 +753,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_burst_spread_over_several_windows_is_one_call() {
-        let (cloud, lookups) = counting(100);
+        let (cloud, lookups) = batching(100);
         // Ten Nodes registering 3 ms apart: six windows from first to last,
         // none of them without a lookup.
         let burst = nodes("burst", 10).into_iter().enumerate().map(|(i, node)| {
@@ -808,7 +770,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn waves_of_lookups_further_apart_than_a_window_are_one_call() {
-        let (cloud, lookups) = counting(100);
+        let (cloud, lookups) = batching(100);
         // Sixteen lookups every 6 ms (workers asking as they finish their
         // writes): every window has a gap, yet at this pace a batch fills
         // before its oldest has waited the most windows. The first wave
@@ -832,7 +794,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_lone_lookup_goes_after_one_window() {
-        let (cloud, lookups) = counting(100);
+        let (cloud, lookups) = batching(100);
         let node = nodes("lone", 1).remove(0);
         let took = within(timed_lookup(
             lookups,
@@ -850,7 +812,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_full_batch_goes_at_once_and_the_rest_after_a_quiet_window() {
-        let (cloud, lookups) = counting(10);
+        let (cloud, lookups) = batching(10);
         // Ten at once fill a batch: it goes without waiting a window.
         let full = nodes("full", 10)
             .into_iter()
@@ -872,7 +834,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn no_lookup_waits_more_than_the_most_windows_while_lookups_keep_coming() {
-        let (cloud, lookups) = counting(1000);
+        let (cloud, lookups) = batching(1000);
         let most = WINDOW * MOST_WINDOWS;
         // A lookup every 2 ms for twice the longest wait: no window passes
         // without one, and no batch fills.
@@ -904,7 +866,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lookup_behind_full_batches_of_more_urgent_ones_waits_no_more_than_the_most_windows()
     {
-        let (_, lookups) = counting(4);
+        let (_, lookups) = batching(4);
         let most = WINDOW * MOST_WINDOWS;
         // A low-priority lookup, then high-priority ones, two a millisecond
         // (a full batch every 2 ms) for twice the longest wait: every full
