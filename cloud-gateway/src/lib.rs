@@ -384,7 +384,10 @@ fn serve(
         .add_service(reflection_v1alpha)
         // The request limits layer holds each method to its own largest
         // valid request; tonic's own limit must not be lower.
-        .add_service(ProviderServer::new(ProviderService::new(cloud.clone())))
+        .add_service(ProviderServer::new(ProviderService::new(
+            cloud.clone(),
+            settings.lookups.max_batch,
+        )))
         .add_service(
             InstancesServer::new(InstancesService::new(lookups.clone(), cloud.clone()))
                 .max_decoding_message_size(largest),

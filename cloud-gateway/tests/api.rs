@@ -34,10 +34,12 @@ fn duration(d: Duration) -> Option<prost_types::Duration> {
 
 #[tokio::test]
 async fn provider_info_names_the_sim_and_its_capabilities() {
-    let gw = TestGateway::start(|_| {}).await;
+    let gw = TestGateway::start(|s| s.lookups.max_batch = 250).await;
     let info = timed(gw.client(Role::Node).provider_info()).await.unwrap();
     assert_eq!(info.name, "sim");
     assert!(info.instances && info.load_balancers && info.routes);
+    // How many instances one of its cloud calls looks up (--max-batch).
+    assert_eq!(info.instance_batch, 250);
 }
 
 #[tokio::test]

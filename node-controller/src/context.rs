@@ -27,6 +27,11 @@ pub struct Context {
     pub leadership: Leadership,
     pub settings: Settings,
     pub queue: WorkQueue<String>,
+    /// Initialised nodes whose addresses and event are still to write.
+    pub finishing: crate::reconcile::Finishing,
+    /// The most instances one of the gateway's cloud calls looks up (0:
+    /// it did not say); read at start.
+    pub instance_batch: std::sync::atomic::AtomicUsize,
     /// The tagging controller, when `--instance-tags` names tags.
     pub tagging: Option<crate::tagging::Tagging>,
     /// The serving CSR approver, when `--approve-kubelet-serving-csrs`.

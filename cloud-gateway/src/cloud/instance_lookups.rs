@@ -2,9 +2,12 @@
 //! in flight, and micro-batching. Lookups go to the cloud in batch calls of
 //! up to `max_batch` nodes, gathered while more are coming: full batches
 //! go at once, and what is left goes once a `batch_window` passes with no
-//! new lookup and the lookups of the last [`MOST_WINDOWS`] windows, at
-//! their pace, would not fill it before its oldest has waited that long;
-//! or once its oldest lookup has waited `MOST_WINDOWS` windows. A burst
+//! new lookup, the lookups of the last [`MOST_WINDOWS`] windows, at their
+//! pace, would not fill it before its oldest has waited that long, and no
+//! next wave of requests is due by how far apart they came (see
+//! `State::next_wave_due`); or once its oldest lookup has waited
+//! `MOST_WINDOWS` windows. A flush sends one batch, partial or not; what
+//! came meanwhile gathers on. A burst
 //! spread over a few windows (the Nodes of one registration, handed out to
 //! many workers, who ask again as they finish their writes) is full calls,
 //! not one per window; a lone lookup still goes after one window. No lookup
@@ -83,7 +86,17 @@ struct State {
     arrivals: std::collections::VecDeque<(Instant, usize)>,
     /// The lookups counted in `arrivals`.
     arrived: usize,
+    /// The distinct instants lookups were queued at over the last
+    /// [`HISTORY_SPANS`] gathering spans: how far apart requests come.
+    instants: std::collections::VecDeque<Instant>,
 }
+
+/// How many gathering spans of requests tell how far apart they come.
+const HISTORY_SPANS: u32 = 10;
+
+/// The fewest gaps between waves of requests that tell how far apart
+/// they come.
+const FEWEST_FOR_GAPS: usize = 4;
 
 impl State {
     /// Counts `n` lookups queued at `now`, forgetting those older than
@@ -92,6 +105,15 @@ impl State {
         if n > 0 {
             self.arrivals.push_back((now, n));
             self.arrived += n;
+            if self.instants.back() != Some(&now) {
+                self.instants.push_back(now);
+            }
+        }
+        while let Some(&at) = self.instants.front() {
+            if now.duration_since(at) < span * HISTORY_SPANS {
+                break;
+            }
+            self.instants.pop_front();
         }
         while let Some(&(at, n)) = self.arrivals.front() {
             if now.duration_since(at) < span {
@@ -100,6 +122,35 @@ impl State {
             self.arrivals.pop_front();
             self.arrived -= n;
         }
+    }
+
+    /// Whether the next wave of requests is due. Those asking wait for
+    /// their answers and write before they ask again (a node controller's
+    /// workers), so requests come in waves: a quiet window inside a wave
+    /// says nothing, and one between waves says the next is on its way.
+    /// Once the history holds [`FEWEST_FOR_GAPS`] gaps of a window or
+    /// more between requests, at most half of `span` apart on average, the
+    /// next wave is due until twice that average has passed since the last
+    /// request. The remainder of a batch then waits for the next wave
+    /// rather than going alone: in a 10,000-node join those remainders
+    /// were a fifth of the calls. A slower trickle is left to the pace.
+    fn next_wave_due(&self, now: Instant, window: Duration, span: Duration) -> bool {
+        let Some(last) = self.instants.back() else {
+            return false;
+        };
+        let (mut waves, mut apart) = (0u32, Duration::ZERO);
+        for (a, b) in self.instants.iter().zip(self.instants.iter().skip(1)) {
+            let gap = b.duration_since(*a);
+            if gap >= window {
+                waves += 1;
+                apart += gap;
+            }
+        }
+        if (waves as usize) < FEWEST_FOR_GAPS {
+            return false;
+        }
+        let gap = apart / waves;
+        gap <= span / 2 && now.duration_since(*last) < 2 * gap
     }
 }
 
@@ -415,7 +466,7 @@ impl InstanceLookups {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
                 }
             }
-            let flush = lookups.gather().await;
+            let mut flush = lookups.gather().await;
             // The budget is taken before the batch is made: while the budget
             // makes us wait, more lookups join, so the busier the account,
             // the fuller each call.
@@ -452,6 +503,10 @@ impl InstanceLookups {
                     break;
                 }
                 tokio::spawn(lookups.clone().fetch(batch, admitted));
+                // What the gathering let go is on its way; lookups that
+                // came while it waited for the budget gather on unless
+                // they fill a batch.
+                flush = false;
             }
         }
     }
@@ -464,9 +519,9 @@ impl InstanceLookups {
     /// Waits while lookups keep coming, a window at a time, until a batch
     /// is full, a window passes with none while the pace of the last
     /// [`MOST_WINDOWS`] windows would not fill the batch in the time its
-    /// oldest lookup has left, or that oldest lookup has waited
-    /// `MOST_WINDOWS` windows. Whether everything pending goes now,
-    /// partial batch and all (`false`: a batch filled up while more may
+    /// oldest lookup has left and no next wave is due, or that oldest
+    /// lookup has waited `MOST_WINDOWS` windows. Whether the first batch
+    /// goes now, partial or not (`false`: a batch filled up while more may
     /// still be coming, so only full batches go).
     ///
     /// The pace matters where those asking wait for their answers before
@@ -505,7 +560,7 @@ impl InstanceLookups {
                 _ = tokio::time::sleep_until((now + window).min(deadline)) => false,
                 _ = self.full.notified() => true,
             };
-            let (pending, expected) = {
+            let (pending, expected, due) = {
                 let mut state = self.state();
                 let now = Instant::now();
                 state.arrive(now, 0, span);
@@ -523,10 +578,14 @@ impl InstanceLookups {
                     .sum();
                 let took = first.map_or(span, |at| now.duration_since(at)).max(window);
                 let pace = (state.arrived - at_first) as f64 / took.as_secs_f64();
-                (state.pending.len(), pace * left.as_secs_f64())
+                (
+                    state.pending.len(),
+                    pace * left.as_secs_f64(),
+                    state.next_wave_due(now, window, span),
+                )
             };
             let room = self.config.max_batch.saturating_sub(pending);
-            if !filled && pending == seen && expected < room as f64 {
+            if !filled && pending == seen && expected < room as f64 && !due {
                 return true;
             }
             seen = pending;
@@ -785,6 +844,36 @@ mod tests {
         });
         let took = within(join_all(waves)).await;
         assert_eq!(*cloud.calls.lock().unwrap(), [16, 80]);
+        let longest = took.iter().max().unwrap();
+        assert!(
+            *longest <= WINDOW * MOST_WINDOWS,
+            "a lookup waited {longest:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_coming_in_waves_wait_for_the_next_wave() {
+        let (cloud, lookups) = batching(100);
+        // Sixteen requests of 30 nodes, 40 ms apart (a node controller's
+        // workers asking for their shares as they finish their writes):
+        // at their pace none fills a batch in time, so each went alone;
+        // once the waves are known, each waits for the next.
+        let requests = (0..16u64).map(|r| {
+            let lookups = lookups.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(40 * r)).await;
+                let asked = Instant::now();
+                lookups
+                    .lookup(&nodes(&format!("wave{r}"), 30), false, Priority::High)
+                    .await
+                    .unwrap();
+                asked.elapsed()
+            }
+        });
+        let took = within(join_all(requests)).await;
+        let calls = cloud.calls.lock().unwrap().clone();
+        assert_eq!(calls.iter().sum::<usize>(), 480);
+        assert!(calls.len() <= 10, "{} calls: {calls:?}", calls.len());
         let longest = took.iter().max().unwrap();
         assert!(
             *longest <= WINDOW * MOST_WINDOWS,

@@ -14,12 +14,18 @@ use crate::cloud::Cloud;
 /// The Provider service.
 pub struct ProviderService {
     cloud: Arc<Cloud>,
+    /// The most instances one lookup call takes.
+    instance_batch: usize,
 }
 
 impl ProviderService {
-    /// Describes `cloud`'s provider.
-    pub fn new(cloud: Arc<Cloud>) -> Self {
-        Self { cloud }
+    /// Describes `cloud`'s provider, whose instance lookups go in calls of
+    /// up to `instance_batch`.
+    pub fn new(cloud: Arc<Cloud>, instance_batch: usize) -> Self {
+        Self {
+            cloud,
+            instance_batch,
+        }
     }
 }
 
@@ -49,6 +55,7 @@ impl Provider for ProviderService {
                     .cloned()
                     .map(convert::host_limits_to_wire)
                     .collect(),
+                instance_batch: u32::try_from(self.instance_batch).unwrap_or(u32::MAX),
             }))
         })
         .await
