@@ -306,7 +306,10 @@ pub async fn run(options: Options) -> anyhow::Result<Outcome> {
     }
     let cleared = Instant::now();
     let converged = observer::wait_converged(&handle, &cloud_dir, options.converge_within).await;
-    let converged = converged.map(|()| cleared.elapsed());
+    let converged = match converged {
+        Ok(()) => Ok(cleared.elapsed()),
+        Err(off) => Err(with_log_lines(off, &*sandbox.lock().await)),
+    };
     if let Some(run) = &upgrading {
         run.check_settled()
             .await
@@ -334,6 +337,29 @@ pub async fn run(options: Options) -> anyhow::Result<Outcome> {
         converged,
         memory,
     })
+}
+
+/// What did not converge, with the last lines each process logged of the
+/// Nodes named in it: a report read after the run has nothing else.
+fn with_log_lines(off: String, sandbox: &Sandbox) -> String {
+    let named: Vec<&str> = off
+        .split("Node ")
+        .skip(1)
+        .filter_map(|rest| rest.split_whitespace().next())
+        .collect();
+    let mut out = off.clone();
+    for process in sandbox.processes() {
+        let log = sandbox.log_tail(&process, usize::MAX);
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| named.iter().any(|n| l.contains(n)))
+            .collect();
+        for line in &lines[lines.len().saturating_sub(6)..] {
+            let line: String = line.chars().take(300).collect();
+            out.push_str(&format!("\n{process}: {line}"));
+        }
+    }
+    out
 }
 
 /// The Nodes and LoadBalancer Services there are now.

@@ -48,6 +48,9 @@ const READ: Duration = Duration::from_secs(3);
 pub struct Cluster {
     /// Each Node: its pod CIDR and whether it is initialised.
     pub nodes: BTreeMap<String, (Option<String>, bool)>,
+    /// Each Node's Ready condition as its kubelet last wrote it (status
+    /// and heartbeat), for the report of what did not converge.
+    pub readiness: BTreeMap<String, String>,
     pub services: Vec<ServiceState>,
     /// Each CSR: its name, the node it asks for, and its decision
     /// (`Approved`, `Denied` or empty while pending).
@@ -97,7 +100,26 @@ async fn cluster(handle: &Handle) -> Option<Cluster> {
             .list(&Default::default())
             .await?
             .items;
+        let readiness = nodes
+            .iter()
+            .map(|n| {
+                let ready = n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+                let said = ready.map_or_else(
+                    || "no Ready condition".to_owned(),
+                    |c| {
+                        let beat = c.last_heartbeat_time.as_ref().map(|t| t.0.to_string());
+                        format!("Ready {}, heartbeat {}", c.status, beat.unwrap_or_default())
+                    },
+                );
+                (n.metadata.name.clone().unwrap_or_default(), said)
+            })
+            .collect();
         anyhow::Ok(Cluster {
+            readiness,
             nodes: nodes
                 .into_iter()
                 .map(|n| {
@@ -417,7 +439,8 @@ fn not_converged(cloud: &Snapshot, now: &Cluster) -> Vec<String> {
     let instances: BTreeSet<&str> = cloud.instances.iter().map(|i| i.name.as_str()).collect();
     for (node, (_, initialised)) in &now.nodes {
         if !instances.contains(node.as_str()) {
-            off.push(format!("Node {node} remains, its instance gone"));
+            let ready = now.readiness.get(node).map_or("", String::as_str);
+            off.push(format!("Node {node} remains, its instance gone ({ready})"));
         } else if !initialised {
             off.push(format!("Node {node} not initialised"));
         }
