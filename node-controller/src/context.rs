@@ -28,7 +28,7 @@ pub struct Context {
     pub settings: Settings,
     pub queue: WorkQueue<String>,
     /// Initialised nodes whose addresses and event are still to write.
-    pub finishing: crate::reconcile::Finishing,
+    pub finishing: Finishing,
     /// The most instances one of the gateway's cloud calls looks up (0:
     /// it did not say); read at start.
     pub instance_batch: std::sync::atomic::AtomicUsize,
@@ -39,6 +39,54 @@ pub struct Context {
     /// The deletions the mass-deletion safeguard held back in the last
     /// lifecycle pass, if it held any.
     pub held_back: std::sync::Mutex<Option<HeldBack>>,
+}
+
+/// What is left to write of a node initialised: its addresses and event.
+pub struct Initialised {
+    pub node: crate::plan::NodeView,
+    pub instance: ccm_proto::v1::Instance,
+    /// When its taint came off: what a term before this one left is
+    /// not written (the address sync at the term's start reads afresh).
+    pub at: tokio::time::Instant,
+}
+
+/// Initialised nodes whose addresses and event wait to be written.
+const FINISHING_QUEUED: usize = 8192;
+
+/// The lane of initialised nodes whose addresses and event are still to
+/// write (`reconcile::finish_initialised`), behind the taints: a joining
+/// node is schedulable once its taint is gone, and these two writes per
+/// node, written by the worker that removed the taint, took two thirds of
+/// the API server's writes while nodes kept joining. Bounded: past
+/// [`FINISHING_QUEUED`] nodes the workers wait for room.
+pub struct Finishing {
+    tx: tokio::sync::mpsc::Sender<Initialised>,
+    rx: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Initialised>>,
+}
+
+impl Default for Finishing {
+    fn default() -> Self {
+        let (tx, rx) = tokio::sync::mpsc::channel(FINISHING_QUEUED);
+        Self {
+            tx,
+            rx: tokio::sync::Mutex::new(rx),
+        }
+    }
+}
+
+impl Finishing {
+    /// Queues `done`, waiting for room.
+    pub async fn send(&self, done: Initialised) {
+        // The receiver lives as long as the lane.
+        let _ = self.tx.send(done).await;
+    }
+
+    /// The receiving end, for one writer at a time.
+    pub async fn receiver(
+        &self,
+    ) -> tokio::sync::MutexGuard<'_, tokio::sync::mpsc::Receiver<Initialised>> {
+        self.rx.lock().await
+    }
 }
 
 /// Node deletions the mass-deletion safeguard held back.

@@ -14,7 +14,7 @@ use kube::runtime::events::{Event, EventType};
 use serde_json::json;
 use tracing::Instrument as _;
 
-use crate::context::Context;
+use crate::context::{Context, Initialised};
 use crate::error::{Error, NodeError, Result};
 use crate::metrics::ActionLabels;
 use crate::plan::node_ref;
@@ -102,7 +102,7 @@ const WRITES_AT_ONCE: usize = 4;
 /// Syncs the named nodes, answering for each in order: those that carry
 /// the uninitialized taint are looked up in one gateway call and
 /// initialised, [`WRITES_AT_ONCE`] at a time, their addresses and events
-/// left to the [`Finishing`] lane (a node is schedulable once its taint is
+/// left to the [`Finishing`](crate::context::Finishing) lane (a node is schedulable once its taint is
 /// gone); the others get their topology labels reconciled.
 #[tracing::instrument(skip_all, fields(nodes = names.len()))]
 pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
@@ -142,8 +142,7 @@ pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
                 }
             }
             for done in rest {
-                // The receiver lives as long as the context.
-                let _ = ctx.finishing.tx.send(done).await;
+                ctx.finishing.send(done).await;
             }
         }
         Ok(found) => {
@@ -183,47 +182,14 @@ async fn reconcile_labels(ctx: &Context, node: &NodeView) -> Result<()> {
     Ok(())
 }
 
-/// What is left to write of a node initialised: its addresses and event.
-struct Initialised {
-    node: NodeView,
-    instance: ccm_proto::v1::Instance,
-    /// When its taint came off: what a term before this one left is
-    /// not written (the address sync at the term's start reads afresh).
-    at: tokio::time::Instant,
-}
-
-/// Initialised nodes whose addresses and event wait to be written.
-const FINISHING_QUEUED: usize = 8192;
-
 /// Addresses and events of initialised nodes written at once.
 const FINISHING_AT_ONCE: usize = 8;
-
-/// The lane of initialised nodes whose addresses and event are still to
-/// write, behind the taints: a joining node is schedulable once its taint
-/// is gone, and these two writes per node, written by the worker that
-/// removed the taint, took two thirds of the API server's writes while
-/// nodes kept joining. Bounded: past [`FINISHING_QUEUED`] nodes the
-/// workers wait for room.
-pub struct Finishing {
-    tx: tokio::sync::mpsc::Sender<Initialised>,
-    rx: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Initialised>>,
-}
-
-impl Default for Finishing {
-    fn default() -> Self {
-        let (tx, rx) = tokio::sync::mpsc::channel(FINISHING_QUEUED);
-        Self {
-            tx,
-            rx: tokio::sync::Mutex::new(rx),
-        }
-    }
-}
 
 /// Writes the addresses and event of the nodes initialised in the term
 /// that began at `term`, [`FINISHING_AT_ONCE`] at a time, until the term
 /// ends.
 pub async fn finish_initialised(ctx: std::sync::Arc<Context>, term: tokio::time::Instant) {
-    let mut rx = ctx.finishing.rx.lock().await;
+    let mut rx = ctx.finishing.receiver().await;
     futures::stream::poll_fn(|cx| rx.poll_recv(cx))
         .filter(|done| std::future::ready(done.at >= term))
         .for_each_concurrent(FINISHING_AT_ONCE, |done| {
