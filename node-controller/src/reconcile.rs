@@ -102,8 +102,9 @@ const WRITES_AT_ONCE: usize = 4;
 /// Syncs the named nodes, answering for each in order: those that carry
 /// the uninitialized taint are looked up in one gateway call and
 /// initialised, [`WRITES_AT_ONCE`] at a time, their addresses and events
-/// left to the [`Finishing`](crate::context::Finishing) lane (a node is schedulable once its taint is
-/// gone); the others get their topology labels reconciled.
+/// left to the [`Finishing`](crate::context::Finishing) lane (a node is
+/// schedulable once its taint is gone); the others get their topology
+/// labels reconciled.
 #[tracing::instrument(skip_all, fields(nodes = names.len()))]
 pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
     let mut results: Vec<Result<()>> = Vec::with_capacity(names.len());

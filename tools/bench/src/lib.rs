@@ -728,10 +728,9 @@ impl Harness {
             });
         }
         // No node is initialised before it is registered, and the last one
-        // needs a lookup after that: a batch at the gateway's size, within
-        // the budget.
-        // The bucket refills while the Nodes register: the budget binds
-        // only where its calls take longer than the registration.
+        // needs a lookup after that; the lookups, in batches of the
+        // gateway's size, within the budget, whose bucket refills while the
+        // Nodes register: it binds only where its calls take longer.
         let fewest = Self::batches(n);
         let limit = registered[0].max(self.budget_secs(fewest)) + self.cloud.latency.as_secs_f64();
         let upstream = time.get(1).copied();
@@ -750,9 +749,12 @@ impl Harness {
                 "{:.2} s (ours) / {u:.2} s (upstream profile)",
                 registered[0]
             ),
+            None => format!("{:.2} s", registered[0]),
+        };
+        let upstream_not_run = match registered.get(1) {
+            Some(_) => String::new(),
             None => format!(
-                "{:.2} s; the upstream profile not run: one lookup per node at the budget takes it {:.0} s",
-                registered[0],
+                "; the upstream profile not run: one lookup per node at the budget takes it {:.0} s",
                 n as f64 / self.cloud.budget
             ),
         };
@@ -766,7 +768,7 @@ impl Harness {
                 limit: Some(limit),
                 target: Some(target),
                 note: format!(
-                    "from the first Node created to the last taint removed; the harness took {registering} to register the Nodes; the limit counts from the last one"
+                    "from the first Node created to the last taint removed; the harness took {registering} to register the Nodes{upstream_not_run}; the limit: the registration or the budget's time for the fewest calls, whichever is longer, and one call's latency"
                 ),
             },
             Row {
@@ -2508,8 +2510,6 @@ impl Run {
         Ok(())
     }
 
-    /// How many Nodes have lost the uninitialised taint (read in pages, as
-    /// there may be 100,000).
     /// The Nodes still waiting for initialisation (with `first`, at most
     /// one, to say whether any is): those without the instance type label
     /// that initialising writes with the taint's removal, still tainted.
@@ -2532,6 +2532,8 @@ impl Run {
             .count())
     }
 
+    /// How many Nodes have lost the uninitialised taint (read in pages, as
+    /// there may be 100,000).
     async fn initialised(&self) -> anyhow::Result<usize> {
         let mut count = 0;
         self.each_node_page(|page| {
