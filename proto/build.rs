@@ -13,6 +13,7 @@ const PROTOS: &[&str] = &[
     "cloudgateway/v1/instances.proto",
     "cloudgateway/v1/load_balancers.proto",
     "cloudgateway/v1/routes.proto",
+    "cloudgateway/v1/volumes.proto",
     "cloudgateway/v1/sim_admin.proto",
 ];
 
@@ -22,8 +23,13 @@ const PROTOS: &[&str] = &[
 /// expect.
 const THIRD_PARTY: &[&str] = &["autoscaler/externalgrpc.proto"];
 
+/// The Container Storage Interface, verbatim from its owners
+/// (`third_party/csi/README.md`): served by the volume controller and the
+/// sandbox's simulated node plugin, called by the tests.
+const CSI: &str = "third_party/csi/csi.proto";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    for proto in PROTOS.iter().chain(THIRD_PARTY) {
+    for proto in PROTOS.iter().chain(THIRD_PARTY).chain([&CSI]) {
         println!("cargo:rerun-if-changed={proto}");
     }
     let descriptors = protox::compile(PROTOS, ["."])?;
@@ -42,5 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         third_party.encode_to_vec(),
     )?;
     tonic_prost_build::configure().compile_fds(third_party)?;
+    let csi = protox::compile([CSI], ["."])?;
+    tonic_prost_build::configure().compile_fds(csi)?;
     Ok(())
 }

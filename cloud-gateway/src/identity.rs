@@ -15,18 +15,21 @@ pub enum Role {
     Route,
     /// Cluster Autoscaler: its external gRPC cloud provider (node groups).
     Autoscaler,
+    /// The volume controller: volumes and snapshots.
+    Volume,
     /// People and tests: everything, including SimAdmin.
     Admin,
 }
 
 impl Role {
     /// Every role.
-    pub const ALL: [Role; 5] = [
+    pub const ALL: [Role; 6] = [
         Role::Admin,
         Role::Node,
         Role::Service,
         Role::Route,
         Role::Autoscaler,
+        Role::Volume,
     ];
 
     /// The role's name in the tokens file.
@@ -36,6 +39,7 @@ impl Role {
             Self::Service => "service",
             Self::Route => "route",
             Self::Autoscaler => "autoscaler",
+            Self::Volume => "volume",
             Self::Admin => "admin",
         }
     }
@@ -49,7 +53,7 @@ impl FromStr for Role {
             .into_iter()
             .find(|r| r.as_str() == s)
             .ok_or_else(|| {
-                format!("unknown role {s:?}; use admin, node, service, route or autoscaler")
+                format!("unknown role {s:?}; use admin, node, service, route, autoscaler or volume")
             })
     }
 }
@@ -90,6 +94,7 @@ pub fn allowed_roles(path: &str) -> Option<&'static [Role]> {
         "cloudgateway.v1.Instances" => &[Role::Node, Role::Admin],
         "cloudgateway.v1.LoadBalancers" => &[Role::Service, Role::Admin],
         "cloudgateway.v1.Routes" => &[Role::Route, Role::Admin],
+        "cloudgateway.v1.Volumes" => &[Role::Volume, Role::Admin],
         "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider" => {
             &[Role::Autoscaler, Role::Admin]
         }

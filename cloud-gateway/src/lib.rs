@@ -56,6 +56,7 @@ use ccm_proto::v1::load_balancers_server::LoadBalancersServer;
 use ccm_proto::v1::provider_server::ProviderServer;
 use ccm_proto::v1::routes_server::RoutesServer;
 use ccm_proto::v1::sim_admin_server::SimAdminServer;
+use ccm_proto::v1::volumes_server::VolumesServer;
 use ccm_provider::Provider;
 use ccm_provider_sim::SimCloud;
 use ccm_runtime::admin::access::{Access, Check, Decision, Reviews};
@@ -77,7 +78,7 @@ use crate::cloud::load_balancer_reads::LoadBalancerReads;
 use crate::cloud::node_group_snapshots::NodeGroupSnapshots;
 use crate::grpc::{
     AutoscalerService, InstancesService, LoadBalancersService, ProviderService, RoutesService,
-    SimAdminService,
+    SimAdminService, VolumesService,
 };
 use crate::identity::Role;
 use crate::layers::auth::{AuthLayer, Authenticator, Tokens};
@@ -91,11 +92,12 @@ pub use crate::settings::Args;
 
 /// The gRPC services every health check reports on; SimAdmin too where
 /// the sim is the provider.
-const SERVICES: [&str; 4] = [
+const SERVICES: [&str; 5] = [
     "cloudgateway.v1.Provider",
     "cloudgateway.v1.Instances",
     "cloudgateway.v1.LoadBalancers",
     "cloudgateway.v1.Routes",
+    "cloudgateway.v1.Volumes",
 ];
 const SIM_ADMIN: &str = "cloudgateway.v1.SimAdmin";
 
@@ -401,6 +403,10 @@ fn serve(
         )
         .add_service(
             RoutesServer::new(RoutesService::new(cloud.clone())).max_decoding_message_size(largest),
+        )
+        .add_service(
+            VolumesServer::new(VolumesService::new(cloud.clone()))
+                .max_decoding_message_size(largest),
         )
         .add_service(
             CloudProviderServer::new(AutoscalerService::new(

@@ -40,6 +40,16 @@ pub const MAX_UID: usize = 128;
 pub const MAX_CLASS: usize = 317;
 pub const MAX_ROUTE_NAME: usize = 255;
 pub const MAX_NAME_HINT: usize = 128;
+/// A volume's or snapshot's name or ID, and an instance's ID in a volume
+/// call: CSI's limit, in printable ASCII.
+pub const MAX_VOLUME_ID: usize = 128;
+/// The most zones one volume create names.
+pub const MAX_VOLUME_ZONES: usize = 16;
+/// A volume request's provider parameters (a StorageClass's): the most
+/// entries, and their keys' and values' lengths in characters.
+pub const MAX_VOLUME_PARAMETERS: usize = 32;
+pub const MAX_VOLUME_PARAMETER_KEY: usize = 317;
+pub const MAX_VOLUME_PARAMETER_VALUE: usize = 1024;
 
 /// The encoded size of a length-delimited field of `len` bytes.
 fn field(len: usize) -> usize {
@@ -148,6 +158,25 @@ pub fn max_request_bytes(path: &str) -> Option<usize> {
         "LoadBalancers/ListLoadBalancers" | "Routes/ListRoutes" => p.cluster,
         "Routes/CreateRoute" => p.cluster + field(MAX_NAME_HINT) + p.route,
         "Routes/DeleteRoute" => p.cluster + p.route,
+        // cluster, name, two sizes, zones, parameters, mutable parameters,
+        // owner, two sources
+        "Volumes/CreateVolume" => {
+            p.cluster
+                + 3 * field(MAX_VOLUME_ID)
+                + 2 * 11
+                + MAX_VOLUME_ZONES * field(MAX_VOLUME_ID)
+                + 2 * p.volume_parameters
+                + field(3 * field(4 * MAX_NAME))
+        }
+        "Volumes/DeleteVolume" | "Volumes/GetVolume" | "Volumes/DeleteSnapshot" => {
+            p.cluster + field(MAX_VOLUME_ID)
+        }
+        "Volumes/ListVolumes" => p.cluster + 6 + field(MAX_VOLUME_ID),
+        "Volumes/AttachVolume" | "Volumes/DetachVolume" => p.cluster + 2 * field(MAX_VOLUME_ID),
+        "Volumes/ExpandVolume" => p.cluster + field(MAX_VOLUME_ID) + 2 * 11,
+        "Volumes/ModifyVolume" => p.cluster + field(MAX_VOLUME_ID) + p.volume_parameters,
+        "Volumes/CreateSnapshot" => p.cluster + 2 * field(MAX_VOLUME_ID) + p.volume_parameters,
+        "Volumes/ListSnapshots" => p.cluster + 3 * field(MAX_VOLUME_ID) + 6,
         // Admin only: instances, faults and stats are small.
         other if other.starts_with("SimAdmin/") => 64 * 1024,
         _ => return None,
@@ -165,6 +194,8 @@ struct Parts {
     spec: usize,
     hosts: usize,
     route: usize,
+    /// One request's provider parameters.
+    volume_parameters: usize,
 }
 
 static PARTS: std::sync::LazyLock<Parts> = std::sync::LazyLock::new(|| {
@@ -196,5 +227,15 @@ static PARTS: std::sync::LazyLock<Parts> = std::sync::LazyLock::new(|| {
         spec: field(largest_spec_without_annotations().encoded_len() + annotations),
         hosts: MAX_HOSTS * field(largest_host().encoded_len() + labels),
         route: field(route.encoded_len()),
+        // Each entry: its framing, and UTF-8 at up to four bytes a
+        // character.
+        volume_parameters: MAX_VOLUME_PARAMETERS
+            * (1 + 3
+                + 1
+                + 2
+                + 4 * MAX_VOLUME_PARAMETER_KEY
+                + 1
+                + 2
+                + 4 * MAX_VOLUME_PARAMETER_VALUE),
     }
 });

@@ -207,6 +207,9 @@ pub struct Args {
     /// The most hosts of one sim load balancer; 0 for no limit (AWS's NLB quota by default).
     #[arg(long, default_value_t = ccm_provider_sim::DEFAULT_LB_HOSTS_PER_LOAD_BALANCER)]
     pub sim_lb_hosts_per_load_balancer: u32,
+    /// The most volumes attached to one sim instance at once.
+    #[arg(long, default_value_t = ccm_provider_sim::DEFAULT_VOLUMES_PER_INSTANCE)]
+    pub sim_volumes_per_instance: u32,
     /// AWS region; without it, the SDK's chain (AWS_REGION, the profile, instance metadata).
     #[arg(long, env = "CLOUD_GATEWAY_AWS_REGION")]
     pub aws_region: Option<String>,
@@ -833,6 +836,7 @@ fn sim(p: &mut Problems, args: &Args) -> Option<SimConfig> {
         node_network: node_network?,
         lb_hosts_per_zone: args.sim_lb_hosts_per_zone,
         lb_hosts_per_load_balancer: args.sim_lb_hosts_per_load_balancer,
+        volumes_per_instance: args.sim_volumes_per_instance,
     })
 }
 

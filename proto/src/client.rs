@@ -20,6 +20,7 @@ use crate::v1::load_balancers_client::LoadBalancersClient;
 use crate::v1::provider_client::ProviderClient;
 use crate::v1::routes_client::RoutesClient;
 use crate::v1::sim_admin_client::SimAdminClient;
+use crate::v1::volumes_client::VolumesClient;
 use crate::v1::{
     CreateRouteRequest, DeleteLoadBalancerRequest, DeleteRouteRequest, EnsureLoadBalancerRequest,
     EnsureLoadBalancerResponse, GetInstancesRequest, GetLoadBalancerRequest,
@@ -240,6 +241,22 @@ macro_rules! rpc {
         Rpc {
             method: $method,
             span: concat!("cloudgateway.v1/", $method),
+        }
+    };
+}
+
+/// A typed method of the Volumes service: the request's cluster is this
+/// client's, and the call has the token, deadline and retries of every
+/// other.
+macro_rules! volume_rpc {
+    ($(#[$doc:meta])* $name:ident, $method:literal, $req:ident => $resp:ident) => {
+        $(#[$doc])*
+        pub async fn $name(&self, mut req: crate::v1::$req) -> Result<crate::v1::$resp> {
+            req.cluster_name = self.cluster_name.clone();
+            self.call(rpc!($method), req, |ch, r| async move {
+                VolumesClient::new(ch).$name(r).await
+            })
+            .await
         }
     };
 }
@@ -647,6 +664,51 @@ impl GatewayClient {
         .await
         .map(drop)
     }
+
+    volume_rpc!(
+        /// Creates a volume, or answers the one of the same name.
+        create_volume, "CreateVolume", CreateVolumeRequest => CreateVolumeResponse
+    );
+    volume_rpc!(
+        /// Deletes a volume; succeeds when it is gone already.
+        delete_volume, "DeleteVolume", DeleteVolumeRequest => DeleteVolumeResponse
+    );
+    volume_rpc!(
+        /// One volume as the cloud has it.
+        get_volume, "GetVolume", GetVolumeRequest => GetVolumeResponse
+    );
+    volume_rpc!(
+        /// The cluster's volumes, a page at a time.
+        list_volumes, "ListVolumes", ListVolumesRequest => ListVolumesResponse
+    );
+    volume_rpc!(
+        /// Attaches a volume to an instance under a device the gateway picks.
+        attach_volume, "AttachVolume", AttachVolumeRequest => AttachVolumeResponse
+    );
+    volume_rpc!(
+        /// Detaches a volume from an instance; succeeds when it is not there.
+        detach_volume, "DetachVolume", DetachVolumeRequest => DetachVolumeResponse
+    );
+    volume_rpc!(
+        /// Grows a volume.
+        expand_volume, "ExpandVolume", ExpandVolumeRequest => ExpandVolumeResponse
+    );
+    volume_rpc!(
+        /// Changes a volume's mutable parameters.
+        modify_volume, "ModifyVolume", ModifyVolumeRequest => ModifyVolumeResponse
+    );
+    volume_rpc!(
+        /// Snapshots a volume, or answers the snapshot of the same name.
+        create_snapshot, "CreateSnapshot", CreateSnapshotRequest => CreateSnapshotResponse
+    );
+    volume_rpc!(
+        /// Deletes a snapshot; succeeds when it is gone already.
+        delete_snapshot, "DeleteSnapshot", DeleteSnapshotRequest => DeleteSnapshotResponse
+    );
+    volume_rpc!(
+        /// The cluster's snapshots, a page at a time.
+        list_snapshots, "ListSnapshots", ListSnapshotsRequest => ListSnapshotsResponse
+    );
 
     /// The raw SimAdmin client with this client's token, for the sandbox,
     /// tests and the command line. Calls through it are not retried.

@@ -3,10 +3,12 @@
 //! machine-readable error reasons both sides share ([`reason`]), and the
 //! typed client every controller uses ([`GatewayClient`]); and the
 //! third-party protocols the gateway also serves: Cluster Autoscaler's
-//! external gRPC cloud provider ([`externalgrpc`]).
+//! external gRPC cloud provider ([`externalgrpc`]); and the Container
+//! Storage Interface ([`csi`]) the volume controller serves.
 
 pub mod client;
 pub mod codec;
+pub mod csi;
 pub mod error;
 pub mod externalgrpc;
 pub mod reason;

@@ -41,3 +41,11 @@ pub const CLOUD_NOT_CONFIGURED: &str = "CLOUD_NOT_CONFIGURED";
 /// The gateway is at one of its limits on connections, requests or bytes
 /// in flight; ask again after the delay.
 pub const GATEWAY_BUSY: &str = "GATEWAY_BUSY";
+/// A volume is attached to another instance (or, to delete it, to any);
+/// detach it first.
+pub const VOLUME_IN_USE: &str = "VOLUME_IN_USE";
+/// A volume and an instance are in different zones; a volume attaches
+/// only to instances of its own zone.
+pub const ZONE_MISMATCH: &str = "ZONE_MISMATCH";
+/// An instance has as many volumes attached as it can take.
+pub const ATTACH_LIMIT: &str = "ATTACH_LIMIT";

@@ -35,17 +35,49 @@ pub fn bin_dir() -> PathBuf {
 /// variable, where neither is there: the test that needs it then says it
 /// was skipped and passes.
 pub fn cluster_autoscaler(test: &str) -> Option<PathBuf> {
-    let from_env = std::env::var_os(ccm_sandbox::autoscaler::ENV).map(PathBuf::from);
-    let shared =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/bin/cluster-autoscaler-v1.30.0");
+    shared_binary(
+        test,
+        ccm_sandbox::autoscaler::ENV,
+        "cluster-autoscaler-v1.30.0",
+        "a cluster-autoscaler binary built with its externalgrpc provider",
+    )
+}
+
+/// The CSI project's conformance suite, `csi-sanity`: `CSI_SANITY`, else
+/// the v5.4.0-36 build in `../shared/bin`; `None` as
+/// [`cluster_autoscaler`].
+pub fn csi_sanity(test: &str) -> Option<PathBuf> {
+    shared_binary(test, "CSI_SANITY", "csi-sanity-v5.4.0-36", "csi-sanity")
+}
+
+/// A third-party binary a test runs: the file `env` names, else `file` in
+/// `../shared/bin` beside the repository, else `None` with a message.
+fn shared_binary(test: &str, env: &str, file: &str, what: &str) -> Option<PathBuf> {
+    let from_env = std::env::var_os(env).map(PathBuf::from);
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/bin")
+        .join(file);
     let found = from_env.or_else(|| shared.is_file().then_some(shared));
     if found.is_none() {
-        eprintln!(
-            "SKIPPED {test}: no cluster-autoscaler binary: set {} to one built with its externalgrpc provider (e.g. ../shared/bin/cluster-autoscaler-v1.30.0)",
-            ccm_sandbox::autoscaler::ENV
-        );
+        eprintln!("SKIPPED {test}: no {what}: set {env} to one (e.g. ../shared/bin/{file})");
     }
     found
+}
+
+/// A gRPC channel to the unix socket at `path`, as CSI's sidecars and the
+/// kubelet reach a driver.
+pub async fn unix_channel(path: &Path) -> anyhow::Result<tonic::transport::Channel> {
+    let path = path.to_path_buf();
+    Ok(tonic::transport::Endpoint::try_from("http://[::]:50051")?
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await?)
 }
 
 /// Runs the Python `script` with boto3 against moto at `endpoint` (its

@@ -25,10 +25,14 @@ async fn conformance(address: &str, tokens: &Path, args: &[&str]) -> Output {
 /// The node group checks, skipped on a gateway that does not serve
 /// Cluster Autoscaler (the Python one).
 const NODE_GROUP_CHECKS: usize = 5;
+/// The volume checks, skipped on a gateway whose provider has no volumes
+/// (the Python one's).
+const VOLUME_CHECKS: usize = 3;
 
 /// Asserts the run passed with every check run, in order, and only the
 /// one with nothing to try on a provider offering everything skipped
-/// (and the node group checks where `node_groups` is not offered).
+/// (and the node group and volume checks where the Python gateway offers
+/// neither).
 fn assert_passes_everything(out: &Output, node_groups: bool) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -45,7 +49,7 @@ fn assert_passes_everything(out: &Output, node_groups: bool) {
     let skipped = if node_groups {
         1
     } else {
-        1 + NODE_GROUP_CHECKS
+        1 + NODE_GROUP_CHECKS + VOLUME_CHECKS
     };
     assert!(
         stdout.contains(&format!(" 0 failed, {skipped} skipped")),
@@ -55,6 +59,11 @@ fn assert_passes_everything(out: &Output, node_groups: bool) {
     assert_eq!(
         stdout.matches("SKIP node-groups.").count(),
         if node_groups { 0 } else { NODE_GROUP_CHECKS },
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.matches("SKIP volumes.").count(),
+        if node_groups { 0 } else { VOLUME_CHECKS },
         "{stdout}"
     );
 }
@@ -121,7 +130,10 @@ async fn a_gateway_without_routes_passes_and_answers_unimplemented_for_them() {
     assert!(out.status.success(), "{stdout}\n{log}");
     assert!(stdout.contains("PASS provider.unimplemented"), "{stdout}");
     assert!(
-        stdout.contains(&format!(" 0 failed, {} skipped", 3 + NODE_GROUP_CHECKS)),
+        stdout.contains(&format!(
+            " 0 failed, {} skipped",
+            3 + NODE_GROUP_CHECKS + VOLUME_CHECKS
+        )),
         "{stdout}"
     );
     for check in [
@@ -178,6 +190,8 @@ async fn a_gateway_that_breaks_a_rule_fails_with_one_clear_line() {
     assert!(failed[0].starts_with("FAIL auth.wrong-role"), "{stdout}");
     assert!(failed[0].contains("PERMISSION_DENIED"), "{stdout}");
     assert!(stdout.contains("SKIP routes.create-idempotent"), "{stdout}");
+    // No token for the volume role was given: its checks skip.
+    assert!(stdout.contains("SKIP volumes.one-device-owner"), "{stdout}");
 }
 
 #[test]

@@ -17,6 +17,7 @@ pub(crate) enum Capability {
     LoadBalancers,
     Routes,
     NodeGroups,
+    Volumes,
 }
 
 impl std::fmt::Display for Capability {
@@ -26,6 +27,7 @@ impl std::fmt::Display for Capability {
             Capability::LoadBalancers => "load_balancers",
             Capability::Routes => "routes",
             Capability::NodeGroups => "node_groups",
+            Capability::Volumes => "volumes",
         })
     }
 }
@@ -101,7 +103,13 @@ impl Context {
             Capability::LoadBalancers => i.load_balancers,
             Capability::Routes => i.routes,
             Capability::NodeGroups => i.node_groups,
+            Capability::Volumes => i.volumes,
         })
+    }
+
+    /// The instance made for the run, if one was.
+    pub(crate) fn made_instance(&self) -> Option<&SimInstance> {
+        self.made.as_ref()
     }
 
     /// A client with `role`'s token, acting for the cluster under test.

@@ -18,7 +18,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use checks::{auth, health, instances, load_balancers, node_groups, provider, request, routes};
+use checks::{
+    auth, health, instances, load_balancers, node_groups, provider, request, routes, volumes,
+};
 use context::{Capability, Context};
 
 pub use outcome::{Checked, Outcome};
@@ -52,7 +54,7 @@ pub async fn run(target: &Target, mut on: impl FnMut(&Checked)) -> Vec<Checked> 
 
 /// The suite, in the order it runs: each check with the rule it tests and
 /// the capability it needs.
-const SUITE: [Check; 31] = [
+const SUITE: [Check; 34] = [
     Check {
         name: "health.serving",
         rule: "grpc.health.v1 answers SERVING for the server and each offered service",
@@ -238,6 +240,24 @@ const SUITE: [Check; 31] = [
         rule: "every autoscaler release reads the same templates and options: the wire formats before 1.35 and from 1.35 on, in one answer",
         needs: Some(Capability::NodeGroups),
         body: |cx| Box::pin(node_groups::both_wire_formats(cx)),
+    },
+    Check {
+        name: "volumes.create-idempotent",
+        rule: "a volume's name makes one volume, ALREADY_EXISTS for another size, out of another cluster's sight",
+        needs: Some(Capability::Volumes),
+        body: |cx| Box::pin(volumes::create_idempotent(cx)),
+    },
+    Check {
+        name: "volumes.delete-missing",
+        rule: "deleting a volume that does not exist succeeds",
+        needs: Some(Capability::Volumes),
+        body: |cx| Box::pin(volumes::delete_missing(cx)),
+    },
+    Check {
+        name: "volumes.one-device-owner",
+        rule: "two attaches to one instance at once get two devices; again, the same; an attached volume is not deleted",
+        needs: Some(Capability::Volumes),
+        body: |cx| Box::pin(volumes::one_device_owner(cx)),
     },
 ];
 

@@ -26,8 +26,8 @@ struct Args {
     #[arg(long)]
     tls_ca: Option<PathBuf>,
     /// A directory with one token file per role: node.token,
-    /// service.token, route.token, and admin.token where the gateway
-    /// offers the admin hook.
+    /// service.token, route.token, volume.token (where the provider offers
+    /// volumes), and admin.token where the gateway offers the admin hook.
     #[arg(long)]
     tokens_dir: Option<PathBuf>,
     /// A role's token file, `ROLE=PATH` (repeatable; overrides --tokens-dir).
@@ -80,9 +80,11 @@ async fn main() -> anyhow::Result<()> {
     ccm_runtime::process::install_crypto_provider();
     let mut tokens = BTreeMap::new();
     if let Some(dir) = &args.tokens_dir {
-        for role in ["node", "service", "route", "admin"] {
+        for role in ["node", "service", "route", "volume", "admin"] {
             let file = dir.join(format!("{role}.token"));
-            if role != "admin" || file.is_file() {
+            // The admin hook and volumes are optional: their checks skip
+            // without a token.
+            if !matches!(role, "admin" | "volume") || file.is_file() {
                 tokens.insert(role.to_owned(), TokenSource::File(file));
             }
         }

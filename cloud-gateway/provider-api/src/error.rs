@@ -63,6 +63,15 @@ pub enum CloudError {
     /// A bug or an unexpected state in the gateway or provider.
     #[error("internal error: {0}")]
     Internal(String),
+    /// A volume is attached to another instance (or, to delete it, to any).
+    #[error("volume in use: {0}")]
+    VolumeInUse(String),
+    /// A volume and an instance are in different zones.
+    #[error("zone mismatch: {0}")]
+    ZoneMismatch(String),
+    /// An instance has as many volumes attached as it can take.
+    #[error("attach limit reached: {0}")]
+    AttachLimit(String),
 }
 
 fn describe(violations: &[(String, String)]) -> String {
@@ -106,6 +115,9 @@ impl CloudError {
             Self::NotConfigured(_) => "not_configured",
             Self::Unavailable(_) => "unavailable",
             Self::Internal(_) => "internal",
+            Self::VolumeInUse(_) => "volume_in_use",
+            Self::ZoneMismatch(_) => "zone_mismatch",
+            Self::AttachLimit(_) => "attach_limit",
         }
     }
 }

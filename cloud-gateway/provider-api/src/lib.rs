@@ -1,7 +1,8 @@
 //! The provider API: what a cloud implements to sit behind the cloud
 //! gateway. One trait, [`Provider`], with an optional capability per
-//! upstream interface ([`Instances`], [`LoadBalancers`], [`Routes`]) and
-//! Cluster Autoscaler's node groups ([`NodeGroups`]), in
+//! upstream interface ([`Instances`], [`LoadBalancers`], [`Routes`]),
+//! Cluster Autoscaler's node groups ([`NodeGroups`]) and a CSI controller's
+//! volumes ([`Volumes`]), in
 //! plain Rust values ([`types`]) the gateway has already checked; the
 //! [`CloudError`] every call returns; the [`Operation`] names used for
 //! metrics, the audit log and sim faults; and the request meter
@@ -15,6 +16,7 @@ mod meter;
 pub mod node_groups;
 mod operation;
 pub mod types;
+pub mod volumes;
 /// The forms an operator's values take (durations, quoting), the same in
 /// every binary's settings and every provider's annotations.
 pub use ccm_values as values;
@@ -33,6 +35,7 @@ pub use types::{
 };
 pub use values::host_limits::HostLimits;
 pub use values::{parse_duration, quote};
+pub use volumes::Volumes;
 
 /// A cloud behind the gateway. Each capability is optional; the gateway
 /// answers `UNIMPLEMENTED` for a missing one. The gateway calls a provider
@@ -55,6 +58,12 @@ pub trait Provider: Send + Sync + 'static {
     /// Node groups Cluster Autoscaler scales, if supported (none unless a
     /// provider says so).
     fn node_groups(&self) -> Option<&dyn NodeGroups> {
+        None
+    }
+
+    /// Block volumes and snapshots, if supported (none unless a provider
+    /// says so).
+    fn volumes(&self) -> Option<&dyn Volumes> {
         None
     }
 

@@ -37,11 +37,35 @@ pub enum Operation {
     LoadBalancerLimits,
     /// The provider's readiness check (`Provider::check`).
     Check,
+    /// Create a volume.
+    CreateVolume,
+    /// Delete a volume.
+    DeleteVolume,
+    /// Read one volume.
+    GetVolume,
+    /// List a cluster's volumes.
+    ListVolumes,
+    /// Read the device names in use on an instance.
+    VolumeDevices,
+    /// Attach a volume to an instance.
+    AttachVolume,
+    /// Detach a volume from an instance.
+    DetachVolume,
+    /// Grow a volume.
+    ExpandVolume,
+    /// Change a volume's parameters.
+    ModifyVolume,
+    /// Snapshot a volume.
+    CreateSnapshot,
+    /// Delete a snapshot.
+    DeleteSnapshot,
+    /// List a cluster's snapshots.
+    ListSnapshots,
 }
 
 impl Operation {
     /// Every operation, for listing accepted values.
-    pub const ALL: [Operation; 15] = [
+    pub const ALL: [Operation; 27] = [
         Self::GetInstances,
         Self::TagInstances,
         Self::GetLoadBalancer,
@@ -57,6 +81,18 @@ impl Operation {
         Self::DeleteGroupInstances,
         Self::LoadBalancerLimits,
         Self::Check,
+        Self::CreateVolume,
+        Self::DeleteVolume,
+        Self::GetVolume,
+        Self::ListVolumes,
+        Self::VolumeDevices,
+        Self::AttachVolume,
+        Self::DetachVolume,
+        Self::ExpandVolume,
+        Self::ModifyVolume,
+        Self::CreateSnapshot,
+        Self::DeleteSnapshot,
+        Self::ListSnapshots,
     ];
 
     /// The operation's name.
@@ -77,6 +113,18 @@ impl Operation {
             Self::DeleteGroupInstances => "delete_group_instances",
             Self::LoadBalancerLimits => "load_balancer_limits",
             Self::Check => "check",
+            Self::CreateVolume => "create_volume",
+            Self::DeleteVolume => "delete_volume",
+            Self::GetVolume => "get_volume",
+            Self::ListVolumes => "list_volumes",
+            Self::VolumeDevices => "volume_devices",
+            Self::AttachVolume => "attach_volume",
+            Self::DetachVolume => "detach_volume",
+            Self::ExpandVolume => "expand_volume",
+            Self::ModifyVolume => "modify_volume",
+            Self::CreateSnapshot => "create_snapshot",
+            Self::DeleteSnapshot => "delete_snapshot",
+            Self::ListSnapshots => "list_snapshots",
         }
     }
 
@@ -92,6 +140,14 @@ impl Operation {
                 | Self::DeleteRoute
                 | Self::SetNodeGroupSize
                 | Self::DeleteGroupInstances
+                | Self::CreateVolume
+                | Self::DeleteVolume
+                | Self::AttachVolume
+                | Self::DetachVolume
+                | Self::ExpandVolume
+                | Self::ModifyVolume
+                | Self::CreateSnapshot
+                | Self::DeleteSnapshot
         )
     }
 }

@@ -1,8 +1,9 @@
 //! `sim`: the embedded default cloud. It behaves like a real one (instances
 //! that stop and vanish, load balancers with addresses from a pool that
-//! take time to provision, routes per cluster), keeps its state in SQLite
-//! under the state directory so it survives restarts, and injects faults on
-//! request: latency per operation, errors, throttling, slow provisioning.
+//! take time to provision, routes per cluster, volumes that attach only in
+//! their own zone), keeps its state in SQLite under the state directory so
+//! it survives restarts, and injects faults on request: latency per
+//! operation, errors, throttling, slow provisioning.
 //! Tests, the sandbox and the benchmarks all run on it.
 
 pub mod annotations;
@@ -12,6 +13,7 @@ mod node_groups;
 mod pool;
 mod routes;
 pub mod store;
+mod volumes;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
@@ -23,12 +25,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use ccm_provider::{
     AddressType, CloudError, Instance, Instances, LoadBalancers, NodeAddress, Operation, Provider,
-    Result, Routes,
+    Result, Routes, Volumes,
 };
 use ipnet::IpNet;
 
 pub use self::node_groups::{GPU_LABEL, NEW_INSTANCE_TIME, capacity as instance_capacity};
-use self::store::{InstanceRecord, LoadBalancerRecord, RouteRecord, Store};
+use self::store::{
+    InstanceRecord, LoadBalancerRecord, RouteRecord, SnapshotRecord, Store, VolumeRecord,
+};
+pub use self::volumes::{CSI_DRIVER, TOPOLOGY_ZONE_KEY};
 
 /// The provider's name and provider-ID scheme.
 pub const NAME: &str = "sim";
@@ -37,6 +42,8 @@ const PROVIDER_ID_PREFIX: &str = "sim://";
 const COUNTER_INSTANCE: &str = "next_instance";
 const COUNTER_NODE_ADDRESS: &str = "next_node_address";
 const COUNTER_POOL_CURSOR: &str = "pool_cursor";
+const COUNTER_VOLUME: &str = "next_volume";
+const COUNTER_SNAPSHOT: &str = "next_snapshot";
 
 /// The simulated cloud's fixed settings.
 #[derive(Clone, Debug)]
@@ -57,6 +64,8 @@ pub struct SimConfig {
     pub lb_hosts_per_zone: u32,
     /// The most hosts of one load balancer (0: no limit).
     pub lb_hosts_per_load_balancer: u32,
+    /// The most volumes attached to one instance at once.
+    pub volumes_per_instance: u32,
 }
 
 /// The sim's default limits on a load balancer's hosts: AWS's published
@@ -64,6 +73,11 @@ pub struct SimConfig {
 /// per load balancer).
 pub const DEFAULT_LB_HOSTS_PER_ZONE: u32 = 500;
 pub const DEFAULT_LB_HOSTS_PER_LOAD_BALANCER: u32 = 3000;
+
+/// The sim's default limit on the volumes attached to one instance, near
+/// what AWS's Nitro instances take (28 attachments, shared between volumes,
+/// network interfaces and the root disk).
+pub const DEFAULT_VOLUMES_PER_INSTANCE: u32 = 26;
 
 impl Default for SimConfig {
     fn default() -> Self {
@@ -80,6 +94,7 @@ impl Default for SimConfig {
             node_network: "10.240.0.0/16".parse().expect("valid"),
             lb_hosts_per_zone: DEFAULT_LB_HOSTS_PER_ZONE,
             lb_hosts_per_load_balancer: DEFAULT_LB_HOSTS_PER_LOAD_BALANCER,
+            volumes_per_instance: DEFAULT_VOLUMES_PER_INSTANCE,
         }
     }
 }
@@ -105,13 +120,18 @@ pub struct FaultSettings {
     pub capacity_exhausted_zones: std::collections::BTreeSet<String>,
 }
 
-/// Load balancers, routes and counters are held in memory beside the store;
-/// instances are read from it when asked for (see `store::Loaded`).
+/// Load balancers, routes, volumes, snapshots and counters are held in
+/// memory beside the store; instances are read from it when asked for (see
+/// `store::Loaded`).
 struct State {
     store: Store,
     load_balancers: BTreeMap<(String, String), LoadBalancerRecord>,
     used_addresses: HashSet<IpAddr>,
     routes: BTreeMap<(String, String), RouteRecord>,
+    /// Every cluster's volumes, by ID.
+    volumes: BTreeMap<String, VolumeRecord>,
+    /// Every cluster's snapshots, by ID.
+    snapshots: BTreeMap<String, SnapshotRecord>,
     counters: BTreeMap<String, u64>,
 }
 
@@ -213,6 +233,16 @@ impl SimCloud {
             load_balancers: BTreeMap::new(),
             used_addresses: HashSet::new(),
             routes: BTreeMap::new(),
+            volumes: loaded
+                .volumes
+                .into_iter()
+                .map(|v| (v.id.clone(), v))
+                .collect(),
+            snapshots: loaded
+                .snapshots
+                .into_iter()
+                .map(|s| (s.id.clone(), s))
+                .collect(),
             counters: loaded.counters,
         };
         for lb in loaded.load_balancers {
@@ -444,11 +474,12 @@ impl SimCloud {
         Ok(record)
     }
 
-    /// Terminates an instance: it is gone for good. Returns what it was.
+    /// Terminates an instance: it is gone for good, and the volumes that
+    /// were attached to it are attached nowhere. Returns what it was.
     pub fn terminate(&self, id_or_name: &str) -> Result<InstanceRecord> {
         let mut state = self.state();
         let record = Self::find(&state, id_or_name)?;
-        state.store.delete_instance(&record.id)?;
+        state.remove_instance(&record.id)?;
         Ok(record)
     }
 }
@@ -472,6 +503,10 @@ impl Provider for SimCloud {
     }
 
     fn node_groups(&self) -> Option<&dyn ccm_provider::NodeGroups> {
+        Some(self)
+    }
+
+    fn volumes(&self) -> Option<&dyn Volumes> {
         Some(self)
     }
 

@@ -208,7 +208,7 @@ impl SimCloud {
                 continue;
             }
             let gone = members.pop().expect("more than the target");
-            state.store.delete_instance(&gone.id)?;
+            state.remove_instance(&gone.id)?;
         }
         if (group.failed.clone(), group.next_failed) != before {
             state.store.put_node_group(group)?;
@@ -364,7 +364,7 @@ impl NodeGroups for SimCloud {
                 refused = Some(id);
                 break;
             }
-            state.store.delete_instance(&id)?;
+            state.remove_instance(&id)?;
             record.target_size -= 1;
         }
         state.store.put_node_group(&record)?;

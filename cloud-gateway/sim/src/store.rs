@@ -101,6 +101,48 @@ pub struct RouteRecord {
     pub target_addresses: Vec<(String, String)>,
 }
 
+/// A block volume as the simulated cloud stores it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    /// The cloud's ID, `vol-` and 17 hexadecimal digits.
+    pub id: String,
+    /// The cluster that owns it; no other cluster sees it.
+    pub cluster: String,
+    /// The name it was created under, unique in its cluster.
+    pub name: String,
+    /// Its size in bytes, always a whole number of GiB.
+    pub size_bytes: i64,
+    pub zone: String,
+    /// `(instance ID, device name)` pairs, one for each instance it is
+    /// attached to.
+    pub attachments: Vec<(String, String)>,
+    /// The snapshot it was made from, or empty.
+    pub source_snapshot_id: String,
+    /// The volume it was copied from, or empty.
+    pub source_volume_id: String,
+    /// What the sim tells of it beyond the above (its `type`).
+    pub attributes: BTreeMap<String, String>,
+    /// When it was made, in ms since the epoch.
+    pub created_at_ms: u64,
+}
+
+/// A snapshot of a volume as the simulated cloud stores it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// The cloud's ID, `snap-` and 17 hexadecimal digits.
+    pub id: String,
+    /// The cluster that owns it; no other cluster sees it.
+    pub cluster: String,
+    /// The name it was created under, unique in its cluster.
+    pub name: String,
+    /// The volume it was taken of (which may be gone since).
+    pub source_volume_id: String,
+    /// The size of that volume when it was taken, in bytes.
+    pub size_bytes: i64,
+    /// When it was taken, in ms since the epoch.
+    pub created_at_ms: u64,
+}
+
 /// What is loaded at open. Instances are not: they are read from the
 /// database when asked for, as a cloud keeps them on its own disks, so the
 /// process holding the sim does not grow with the cloud's instances
@@ -109,6 +151,8 @@ pub struct RouteRecord {
 pub struct Loaded {
     pub load_balancers: Vec<LoadBalancerRecord>,
     pub routes: Vec<RouteRecord>,
+    pub volumes: Vec<VolumeRecord>,
+    pub snapshots: Vec<SnapshotRecord>,
     pub counters: BTreeMap<String, u64>,
 }
 
@@ -118,6 +162,11 @@ pub struct Snapshot {
     pub instances: Vec<InstanceRecord>,
     pub load_balancers: Vec<LoadBalancerRecord>,
     pub routes: Vec<RouteRecord>,
+    /// Every volume, of every cluster (none in a store written before the
+    /// sim had volumes).
+    pub volumes: Vec<VolumeRecord>,
+    /// Every snapshot of a volume, of every cluster.
+    pub volume_snapshots: Vec<SnapshotRecord>,
 }
 
 /// The database handle.
@@ -149,6 +198,10 @@ CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NU
 CREATE TABLE IF NOT EXISTS node_groups (
     cluster TEXT NOT NULL, id TEXT NOT NULL, body TEXT NOT NULL,
     PRIMARY KEY (cluster, id));
+CREATE TABLE IF NOT EXISTS volumes (
+    id TEXT PRIMARY KEY, cluster TEXT NOT NULL, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY, cluster TEXT NOT NULL, body TEXT NOT NULL);
 ";
 
 /// A failure of the state database. One the disk causes and the disk's
@@ -195,6 +248,27 @@ fn load_all<T: for<'de> Deserialize<'de>>(db: &Connection, table: &str) -> Resul
         out.push(serde_json::from_str(&body.map_err(db_err)?).map_err(state_err)?);
     }
     Ok(out)
+}
+
+/// Like [`load_all`], but nothing when `table` does not exist: a store
+/// written by a version of the sim that did not have it, opened where it
+/// cannot be written or read by another process, which creates nothing.
+fn load_all_if_present<T: for<'de> Deserialize<'de>>(
+    db: &Connection,
+    table: &str,
+) -> Result<Vec<T>> {
+    let present: bool = db
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1)",
+            params![table],
+            |row| row.get(0),
+        )
+        .map_err(db_err)?;
+    if present {
+        load_all(db, table)
+    } else {
+        Ok(Vec::new())
+    }
 }
 
 /// Opens the database at `path`, and whether it could only be opened to
@@ -268,6 +342,10 @@ impl Store {
         let loaded = Loaded {
             load_balancers: load_all(&db, "load_balancers")?,
             routes: load_all(&db, "routes")?,
+            // Opened read-only, a store written before the sim had volumes
+            // has no such tables.
+            volumes: load_all_if_present(&db, "volumes")?,
+            snapshots: load_all_if_present(&db, "snapshots")?,
             counters,
         };
         let store = Self {
@@ -291,6 +369,8 @@ impl Store {
             instances: load_all(&db, "instances")?,
             load_balancers: load_all(&db, "load_balancers")?,
             routes: load_all(&db, "routes")?,
+            volumes: load_all_if_present(&db, "volumes")?,
+            volume_snapshots: load_all_if_present(&db, "snapshots")?,
         })
     }
 
@@ -410,11 +490,22 @@ impl Store {
         })
     }
 
-    /// Removes an instance.
-    pub fn delete_instance(&mut self, id: &str) -> Result<()> {
+    /// Removes an instance, and stores the volumes that were attached to
+    /// it as they are now that it is gone.
+    pub fn delete_instance(&mut self, id: &str, detached: &[VolumeRecord]) -> Result<()> {
+        let bodies = detached
+            .iter()
+            .map(|v| Ok((v, to_json(v)?)))
+            .collect::<Result<Vec<_>>>()?;
         self.write(|tx| {
-            tx.execute("DELETE FROM instances WHERE id = ?1", params![id])
-                .map(drop)
+            tx.execute("DELETE FROM instances WHERE id = ?1", params![id])?;
+            for (volume, body) in &bodies {
+                tx.execute(
+                    "INSERT OR REPLACE INTO volumes (id, cluster, body) VALUES (?1, ?2, ?3)",
+                    params![volume.id, volume.cluster, body],
+                )?;
+            }
+            Ok(())
         })
     }
 
@@ -481,6 +572,50 @@ impl Store {
                 params![record.cluster, record.name, body],
             )
             .map(drop)
+        })
+    }
+
+    /// Stores a volume, and the counter that named it when it is new.
+    pub fn put_volume(&mut self, record: &VolumeRecord, counters: &[(&str, u64)]) -> Result<()> {
+        let body = to_json(record)?;
+        self.write(|tx| {
+            tx.execute(
+                "INSERT OR REPLACE INTO volumes (id, cluster, body) VALUES (?1, ?2, ?3)",
+                params![record.id, record.cluster, body],
+            )?;
+            put_counters(tx, counters)
+        })
+    }
+
+    /// Removes a volume.
+    pub fn delete_volume(&mut self, id: &str) -> Result<()> {
+        self.write(|tx| {
+            tx.execute("DELETE FROM volumes WHERE id = ?1", params![id])
+                .map(drop)
+        })
+    }
+
+    /// Stores a snapshot, and the counter that named it when it is new.
+    pub fn put_snapshot(
+        &mut self,
+        record: &SnapshotRecord,
+        counters: &[(&str, u64)],
+    ) -> Result<()> {
+        let body = to_json(record)?;
+        self.write(|tx| {
+            tx.execute(
+                "INSERT OR REPLACE INTO snapshots (id, cluster, body) VALUES (?1, ?2, ?3)",
+                params![record.id, record.cluster, body],
+            )?;
+            put_counters(tx, counters)
+        })
+    }
+
+    /// Removes a snapshot.
+    pub fn delete_snapshot(&mut self, id: &str) -> Result<()> {
+        self.write(|tx| {
+            tx.execute("DELETE FROM snapshots WHERE id = ?1", params![id])
+                .map(drop)
         })
     }
 

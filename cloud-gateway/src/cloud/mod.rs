@@ -10,9 +10,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ccm_provider::volumes::VolumeOffer;
 use ccm_provider::{
     self as provider, CloudError, Instances, LoadBalancers, NodeGroups, Operation, Provider,
-    Result, Routes,
+    Result, Routes, Volumes,
 };
 
 pub mod budget;
@@ -20,6 +21,7 @@ pub mod calls;
 pub mod instance_lookups;
 pub mod load_balancer_reads;
 pub mod node_group_snapshots;
+pub mod one_at_a_time;
 
 use self::budget::{Budget, Priority};
 use crate::metrics::{CloudLabels, Metrics, OperationLabels, PriorityLabels};
@@ -74,6 +76,7 @@ impl Cloud {
             load_balancers: self.provider.load_balancers().is_some(),
             routes: self.provider.routes().is_some(),
             node_groups: self.provider.node_groups().is_some(),
+            volumes: self.provider.volumes().is_some(),
             instance_tags: self
                 .provider
                 .instances()
@@ -128,6 +131,17 @@ impl Cloud {
     /// Node groups; `NotImplemented` when the provider has none.
     pub fn node_groups(&self) -> Result<Capability<'_, dyn NodeGroups + '_>> {
         self.capability(self.provider.node_groups(), "node groups")
+    }
+
+    /// Volumes; `NotImplemented` when the provider has none.
+    pub fn volumes(&self) -> Result<Capability<'_, dyn Volumes + '_>> {
+        self.capability(self.provider.volumes(), "volumes")
+    }
+
+    /// What the provider's volumes are (no cloud call); `None` without
+    /// volumes.
+    pub fn volume_offer(&self) -> Option<VolumeOffer> {
+        self.provider.volumes().map(|v| v.offer())
     }
 
     /// The provider's GPU label and types (no cloud call); `None` without
@@ -293,6 +307,8 @@ pub struct Offers {
     pub routes: bool,
     /// Node groups for Cluster Autoscaler.
     pub node_groups: bool,
+    /// Volumes.
+    pub volumes: bool,
     /// Instance tags.
     pub instance_tags: bool,
     /// Service annotations that select hosts by Node label.

@@ -13,6 +13,7 @@ mod routes;
 mod sim_admin;
 pub mod status;
 pub mod validate;
+mod volumes;
 
 pub use autoscaler::AutoscalerService;
 pub use instances::InstancesService;
@@ -20,3 +21,4 @@ pub use load_balancers::LoadBalancersService;
 pub use provider_info::ProviderService;
 pub use routes::RoutesService;
 pub use sim_admin::SimAdminService;
+pub use volumes::VolumesService;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use ccm_proto::v1::provider_server::Provider;
-use ccm_proto::v1::{GetProviderInfoRequest, GetProviderInfoResponse};
+use ccm_proto::v1::{GetProviderInfoRequest, GetProviderInfoResponse, VolumeOffer};
 use tonic::{Request, Response, Status};
 
 use super::convert;
@@ -56,6 +56,16 @@ impl Provider for ProviderService {
                     .map(convert::host_limits_to_wire)
                     .collect(),
                 instance_batch: u32::try_from(self.instance_batch).unwrap_or(u32::MAX),
+                volumes: offers.volumes,
+                volume_offer: self.cloud.volume_offer().map(|o| VolumeOffer {
+                    csi_driver: o.csi_driver,
+                    topology_keys: o.topology_keys,
+                    clones: o.clones,
+                    snapshots: o.snapshots,
+                    modify: o.modify,
+                    default_size_bytes: o.default_size_bytes,
+                    node_parameters: o.node_parameters,
+                }),
             }))
         })
         .await

@@ -120,6 +120,9 @@ pub fn status(err: CloudError) -> Status {
         }
         CloudError::Unavailable(_) => (Code::Unavailable, info(reason::CLOUD_UNAVAILABLE)),
         CloudError::Internal(_) => (Code::Internal, ErrorDetails::new()),
+        CloudError::VolumeInUse(_) => (Code::FailedPrecondition, info(reason::VOLUME_IN_USE)),
+        CloudError::ZoneMismatch(_) => (Code::FailedPrecondition, info(reason::ZONE_MISMATCH)),
+        CloudError::AttachLimit(_) => (Code::ResourceExhausted, info(reason::ATTACH_LIMIT)),
     };
     Status::with_error_details(code, message, details)
 }

@@ -12,6 +12,7 @@
 pub mod admin;
 pub mod autoscaler;
 pub mod aws;
+pub mod csi_node;
 pub mod gateway;
 pub mod pki;
 pub mod ports;
@@ -92,6 +93,10 @@ pub struct Options {
     /// provider) to run against the API server and the gateway, with a
     /// node group to scale (see [`autoscaler`]).
     pub cluster_autoscaler: Option<PathBuf>,
+    /// Run the volume controller (its CSI socket is `csi_socket` in
+    /// `endpoints.json`) and a simulated CSI node plugin beside each sim
+    /// instance's kubelet (the first one's is `csi_node_socket`).
+    pub volumes: bool,
 }
 
 impl Options {
@@ -112,6 +117,7 @@ impl Options {
             legacy_cluster_tag: false,
             gateway_in_clear: false,
             cluster_autoscaler: None,
+            volumes: false,
         }
     }
 }
@@ -132,11 +138,12 @@ pub const AUTOSCALER_ID: &str = "spiffe://cluster.local/ns/kube-system/sa/cluste
 /// The process name (and log) of the toy gateway.
 const TOY_GATEWAY: &str = "toy-gateway";
 /// The components, each with its gateway role.
-const COMPONENTS: [(&str, &str); 4] = [
+const COMPONENTS: [(&str, &str); 5] = [
     ("cloud-gateway", "admin"),
     ("node-controller", "node"),
     ("service-controller", "service"),
     ("route-controller", "route"),
+    ("volume-controller", "volume"),
 ];
 /// The environment the chart gives every component (helm/.../gateway.yaml,
 /// controllers.yaml): one malloc arena (ARCHITECTURE.md, "Allocator").
@@ -208,6 +215,8 @@ pub struct Sandbox {
     /// The emulated AWS account, on the AWS cloud.
     pub aws: Option<AwsAccount>,
     children: Vec<Process>,
+    /// Stops the simulated CSI node plugins.
+    node_plugins: tokio_util::sync::CancellationToken,
 }
 
 /// The AWS account the sandbox emulates: moto, and what was seeded in it.
@@ -468,6 +477,7 @@ impl Sandbox {
             endpoints: BTreeMap::new(),
             aws: None,
             children: Vec::new(),
+            node_plugins: tokio_util::sync::CancellationToken::new(),
         };
         let api_port = free_port()?;
         let api_url = format!("https://{}", addr(api_port));
@@ -639,7 +649,7 @@ impl Sandbox {
             state.join("tokens/admin.token").display().to_string(),
         );
         wait_for_file(&kubeconfig).await?;
-        let controllers = [
+        let mut controllers = vec![
             ("node-controller", "node", vec![]),
             ("service-controller", "service", vec![]),
             (
@@ -648,6 +658,21 @@ impl Sandbox {
                 vec!["--cluster-cidr".to_owned(), "10.244.0.0/16".to_owned()],
             ),
         ];
+        if sandbox.options.volumes {
+            controllers.push(("volume-controller", "volume", vec![]));
+            sandbox.endpoints.insert(
+                "csi_socket".into(),
+                csi_socket(&state, "volume-controller-0")
+                    .display()
+                    .to_string(),
+            );
+            if sandbox.options.nodes > 0 && sandbox.options.cloud == CloudKind::Sim {
+                sandbox.endpoints.insert(
+                    "csi_node_socket".into(),
+                    node_plugin_socket(&state, "node-0").display().to_string(),
+                );
+            }
+        }
         for (binary, role, extra) in controllers {
             for replica in 0..sandbox.options.replicas {
                 let (admin, diagnostics_port) = (free_port()?, free_port()?);
@@ -708,6 +733,14 @@ impl Sandbox {
                 if binary == "node-controller" {
                     // The kubelets below ask for serving certificates.
                     args.extend(["--approve-kubelet-serving-csrs".into(), "true".into()]);
+                }
+                if binary == "volume-controller" {
+                    // The socket the sidecars of its pod would share.
+                    let socket = csi_socket(&state, &name);
+                    args.extend([
+                        "--csi-address".into(),
+                        format!("unix://{}", socket.display()),
+                    ]);
                 }
                 args.extend(extra.iter().cloned());
                 args.extend(sandbox.extra_args(binary));
@@ -1084,10 +1117,15 @@ impl Sandbox {
     }
 
     /// Creates the instances and registers their Nodes as kubelets with
-    /// `--cloud-provider=external` do, and the demo Services.
+    /// `--cloud-provider=external` do, and the demo Services; with
+    /// volumes, starts a simulated CSI node plugin beside each kubelet.
     pub async fn populate(&self) -> anyhow::Result<()> {
         let client = self.client().await?;
-        for (i, (name, ip)) in self.instances().await?.into_iter().enumerate() {
+        let instances = self.instances().await?;
+        if self.options.volumes && self.options.cloud == CloudKind::Sim {
+            self.start_node_plugins().await?;
+        }
+        for (i, (name, ip)) in instances.into_iter().enumerate() {
             register_node(
                 &client,
                 &name,
@@ -1108,6 +1146,38 @@ impl Sandbox {
                     &fixtures::load_balancer("default", &name).build(),
                 )
                 .await?;
+        }
+        Ok(())
+    }
+
+    /// A simulated CSI node plugin for each sim instance, on
+    /// `csi-node/<name>.sock` under the state directory, as the cloud's
+    /// node plugin runs beside each kubelet.
+    async fn start_node_plugins(&self) -> anyhow::Result<()> {
+        let admin = self.admin()?;
+        let offer = admin
+            .provider_info()
+            .await?
+            .volume_offer
+            .context("the gateway offers no volumes")?;
+        let listed = admin
+            .sim_admin()?
+            .list_instances(ListInstancesRequest::default())
+            .await?
+            .into_inner();
+        let state = &self.options.state_dir;
+        for instance in listed.instances {
+            let plugin = csi_node::NodePlugin {
+                driver: offer.csi_driver.clone(),
+                instance_id: instance.id.clone(),
+                zone: instance.zone.clone(),
+                topology_key: offer.topology_keys.first().cloned().unwrap_or_default(),
+                max_volumes: SIM_VOLUMES_PER_INSTANCE,
+                state_dir: state.join("csi-node").join(&instance.name),
+                gateway: admin.clone(),
+            };
+            let socket = node_plugin_socket(state, &instance.name);
+            csi_node::serve(plugin, socket, self.node_plugins.clone()).await?;
         }
         Ok(())
     }
@@ -1143,6 +1213,7 @@ impl Sandbox {
 
     /// Stops every process (SIGTERM, then kill).
     pub async fn stop(mut self) {
+        self.node_plugins.cancel();
         for p in &self.children {
             if let Some(pid) = p.child.id() {
                 let _ = std::process::Command::new("kill")
@@ -1160,6 +1231,20 @@ impl Sandbox {
             }
         }
     }
+}
+
+/// The most volumes a sim instance takes: the gateway's
+/// `--sim-volumes-per-instance` by default, which the sandbox keeps.
+const SIM_VOLUMES_PER_INSTANCE: i64 = 26;
+
+/// The CSI socket of the volume controller replica `name`.
+fn csi_socket(state: &Path, name: &str) -> PathBuf {
+    state.join("csi").join(format!("{name}.sock"))
+}
+
+/// The simulated CSI node plugin's socket of the instance `name`.
+fn node_plugin_socket(state: &Path, name: &str) -> PathBuf {
+    state.join("csi-node").join(format!("{name}.sock"))
 }
 
 /// What the simulated kubelets and progress reports need.

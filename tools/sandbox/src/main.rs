@@ -55,6 +55,11 @@ struct Args {
     /// nodes labelled pool=workers); its log is cluster-autoscaler.log.
     #[arg(long, env = ccm_sandbox::autoscaler::ENV)]
     cluster_autoscaler: Option<PathBuf>,
+    /// Also run the volume controller (CSI's controller half, its socket
+    /// csi_socket in endpoints.json) and a simulated CSI node plugin beside
+    /// each sim node's kubelet (the first one's csi_node_socket).
+    #[arg(long)]
+    volumes: bool,
 }
 
 fn cluster_name(value: &str) -> Result<String, String> {
@@ -90,6 +95,7 @@ async fn main() -> anyhow::Result<()> {
         legacy_cluster_tag: args.legacy_cluster_tag,
         gateway_in_clear: false,
         cluster_autoscaler: args.cluster_autoscaler,
+        volumes: args.volumes,
     };
     let sandbox = Sandbox::start(options.clone()).await?;
     println!(

@@ -81,6 +81,7 @@ fn offered_services(info: Option<&GetProviderInfoResponse>) -> Vec<String> {
             (i.instances, "Instances"),
             (i.load_balancers, "LoadBalancers"),
             (i.routes, "Routes"),
+            (i.volumes, "Volumes"),
         ] {
             if offered {
                 names.push(format!("cloudgateway.v1.{name}"));

@@ -12,3 +12,4 @@ pub(crate) mod node_groups;
 pub(crate) mod provider;
 pub(crate) mod request;
 pub(crate) mod routes;
+pub(crate) mod volumes;

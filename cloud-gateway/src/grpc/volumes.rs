@@ -1,0 +1,732 @@
+//! `Volumes`: a cluster's block volumes and snapshots, through the budget.
+//! The gateway is their one owner where one is needed: a volume's name is
+//! made one call at a time (so two creates of one name make one volume),
+//! and each instance's device names are picked one attach at a time, from
+//! what the cloud says is in use, so two attaches to one instance never
+//! get one name.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use ccm_proto::v1::volumes_server::Volumes;
+use ccm_proto::v1::{self as wire};
+use ccm_provider::volumes::{
+    AttachmentState, Snapshot, Volume, VolumeOwner, VolumeSpec, VolumeState,
+};
+use ccm_provider::{CloudError, Operation};
+use ccm_runtime::config_checks::quote;
+use tonic::{Request, Response, Status};
+
+use super::status::answer;
+use super::validate::Violations;
+use crate::cloud::budget::Priority;
+use crate::cloud::one_at_a_time::OneAtATime;
+use crate::cloud::{Audit, Cloud};
+use crate::identity::Caller;
+
+use crate::limits::{
+    MAX_VOLUME_ID as MAX_ID, MAX_VOLUME_PARAMETER_KEY as MAX_PARAMETER_KEY,
+    MAX_VOLUME_PARAMETER_VALUE as MAX_PARAMETER_VALUE, MAX_VOLUME_PARAMETERS as MAX_PARAMETERS,
+    MAX_VOLUME_ZONES as MAX_ZONES,
+};
+
+/// How soon to ask again about a volume or attachment the cloud is still
+/// making.
+const STILL_MAKING: Duration = Duration::from_secs(1);
+
+/// The Volumes service.
+pub struct VolumesService {
+    cloud: Arc<Cloud>,
+    /// Volume names being made.
+    names: OneAtATime,
+    /// Instances whose device names are being picked.
+    instances: OneAtATime,
+}
+
+impl VolumesService {
+    /// Serves volumes of `cloud`.
+    pub fn new(cloud: Arc<Cloud>) -> Self {
+        Self {
+            cloud,
+            names: OneAtATime::default(),
+            instances: OneAtATime::default(),
+        }
+    }
+
+    async fn get(&self, cluster: &str, volume_id: &str) -> Result<Option<Volume>, CloudError> {
+        self.cloud
+            .volumes()?
+            .call(Operation::GetVolume, Priority::Normal, None, |v| {
+                v.get(cluster, volume_id)
+            })
+            .await
+    }
+
+    /// Runs a call that changes the cloud, audit-logged.
+    async fn mutate<'a, T, F>(
+        &'a self,
+        op: Operation,
+        caller: &str,
+        cluster: &str,
+        resource: &str,
+        call: impl FnOnce(&'a (dyn ccm_provider::Volumes + 'a)) -> F,
+    ) -> Result<T, CloudError>
+    where
+        F: Future<Output = Result<T, CloudError>>,
+    {
+        self.cloud
+            .volumes()?
+            .call(
+                op,
+                Priority::Normal,
+                Some(Audit {
+                    caller,
+                    cluster,
+                    resource,
+                }),
+                call,
+            )
+            .await
+    }
+}
+
+/// An ID or name: 1 to 128 printable ASCII characters.
+fn id(v: &mut Violations, field: &str, value: &str) {
+    let len = value.chars().count();
+    if !(1..=MAX_ID).contains(&len) || !value.chars().all(|c| c.is_ascii_graphic()) {
+        v.add(
+            field,
+            format!(
+                "{} is not 1 to {MAX_ID} printable ASCII characters without spaces",
+                quote(value)
+            ),
+        );
+    }
+}
+
+/// An optional ID: empty, or as [`id`].
+fn optional_id(v: &mut Violations, field: &str, value: &str) {
+    if !value.is_empty() {
+        id(v, field, value);
+    }
+}
+
+/// A provider's parameters: at most 32, keys of 1 to 317 characters,
+/// values of at most 1024.
+fn parameters(v: &mut Violations, field: &str, parameters: &HashMap<String, String>) {
+    if parameters.len() > MAX_PARAMETERS {
+        v.add(
+            field,
+            format!(
+                "holds {} entries; at most {MAX_PARAMETERS}",
+                parameters.len()
+            ),
+        );
+        return;
+    }
+    let mut keys: Vec<&String> = parameters.keys().collect();
+    keys.sort();
+    for key in keys {
+        if !(1..=MAX_PARAMETER_KEY).contains(&key.chars().count()) {
+            v.add(
+                field,
+                format!(
+                    "key {} is not 1 to {MAX_PARAMETER_KEY} characters",
+                    quote(key)
+                ),
+            );
+        }
+        if parameters[key].chars().count() > MAX_PARAMETER_VALUE {
+            v.add(
+                format!("{field}[{}]", quote(key)),
+                format!("is longer than {MAX_PARAMETER_VALUE} characters"),
+            );
+        }
+    }
+}
+
+/// Sizes: neither negative, the limit (when set) not below the size.
+fn sizes(v: &mut Violations, size: i64, limit: i64) {
+    if size < 0 {
+        v.add("size_bytes", format!("{size} is negative"));
+    }
+    if limit < 0 {
+        v.add("limit_bytes", format!("{limit} is negative"));
+    }
+    if limit > 0 && size > limit {
+        v.add(
+            "limit_bytes",
+            format!("{limit} is below size_bytes ({size})"),
+        );
+    }
+}
+
+fn sorted(map: HashMap<String, String>) -> BTreeMap<String, String> {
+    map.into_iter().collect()
+}
+
+/// The entries of `all` (ordered by ID) after `starting_token`, at most
+/// `max` (0: all), and the token of the next page.
+fn page<T>(
+    all: Vec<T>,
+    id: impl Fn(&T) -> &str,
+    starting_token: &str,
+    max: u32,
+) -> (Vec<T>, String) {
+    let mut rest: Vec<T> = all
+        .into_iter()
+        .filter(|x| starting_token.is_empty() || id(x) > starting_token)
+        .collect();
+    let max = max as usize;
+    if max == 0 || rest.len() <= max {
+        return (rest, String::new());
+    }
+    rest.truncate(max);
+    let next = rest.last().map(|x| id(x).to_owned()).unwrap_or_default();
+    (rest, next)
+}
+
+fn volume_to_wire(volume: Volume) -> wire::Volume {
+    wire::Volume {
+        id: volume.id,
+        name: volume.name,
+        size_bytes: volume.size_bytes,
+        zone: volume.zone,
+        state: match volume.state {
+            VolumeState::Creating => wire::VolumeState::Creating,
+            VolumeState::Available => wire::VolumeState::Available,
+            VolumeState::InUse => wire::VolumeState::InUse,
+            VolumeState::Deleting => wire::VolumeState::Deleting,
+            VolumeState::Error => wire::VolumeState::Error,
+        } as i32,
+        attachments: volume
+            .attachments
+            .into_iter()
+            .map(|a| wire::VolumeAttachment {
+                instance_id: a.instance_id,
+                device: a.device,
+                state: attachment_state_to_wire(a.state) as i32,
+            })
+            .collect(),
+        source_snapshot_id: volume.source_snapshot_id,
+        source_volume_id: volume.source_volume_id,
+        attributes: volume.attributes.into_iter().collect(),
+    }
+}
+
+fn attachment_state_to_wire(state: AttachmentState) -> wire::AttachmentState {
+    match state {
+        AttachmentState::Attaching => wire::AttachmentState::Attaching,
+        AttachmentState::Attached => wire::AttachmentState::Attached,
+        AttachmentState::Detaching => wire::AttachmentState::Detaching,
+    }
+}
+
+fn snapshot_to_wire(snapshot: Snapshot) -> wire::Snapshot {
+    let since_epoch = snapshot
+        .created_at
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    wire::Snapshot {
+        id: snapshot.id,
+        name: snapshot.name,
+        source_volume_id: snapshot.source_volume_id,
+        size_bytes: snapshot.size_bytes,
+        created_at: Some(prost_types::Timestamp {
+            seconds: i64::try_from(since_epoch.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(since_epoch.subsec_nanos()).unwrap_or(0),
+        }),
+        ready_to_use: snapshot.ready_to_use,
+    }
+}
+
+/// A volume the cloud still makes is asked about again; one it failed to
+/// make can only be deleted.
+fn made(volume: Volume) -> Result<Volume, CloudError> {
+    match volume.state {
+        VolumeState::Creating => Err(CloudError::Provisioning {
+            retry_after: STILL_MAKING,
+            message: format!("volume {} is still being made", volume.id),
+        }),
+        VolumeState::Error => Err(CloudError::Unavailable(format!(
+            "the cloud failed to make volume {} ({}); delete it and create it again",
+            volume.id, volume.name
+        ))),
+        _ => Ok(volume),
+    }
+}
+
+#[tonic::async_trait]
+impl Volumes for VolumesService {
+    async fn create_volume(
+        &self,
+        request: Request<wire::CreateVolumeRequest>,
+    ) -> Result<Response<wire::CreateVolumeResponse>, Status> {
+        answer(async move {
+            let caller = Caller::name_of(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            id(&mut v, "name", &req.name);
+            sizes(&mut v, req.size_bytes, req.limit_bytes);
+            if req.zones.len() > MAX_ZONES {
+                v.add(
+                    "zones",
+                    format!("names {} zones; at most {MAX_ZONES}", req.zones.len()),
+                );
+            }
+            for (i, zone) in req.zones.iter().enumerate() {
+                id(&mut v, &format!("zones[{i}]"), zone);
+            }
+            parameters(&mut v, "parameters", &req.parameters);
+            parameters(&mut v, "mutable_parameters", &req.mutable_parameters);
+            optional_id(&mut v, "source_snapshot_id", &req.source_snapshot_id);
+            optional_id(&mut v, "source_volume_id", &req.source_volume_id);
+            if !req.source_snapshot_id.is_empty() && !req.source_volume_id.is_empty() {
+                v.add(
+                    "source_volume_id",
+                    "at most one source: a snapshot or a volume",
+                );
+            }
+            if let Some(owner) = &req.owner {
+                for (field, value) in [
+                    ("owner.pvc_namespace", &owner.pvc_namespace),
+                    ("owner.pvc_name", &owner.pvc_name),
+                    ("owner.pv_name", &owner.pv_name),
+                ] {
+                    if value.chars().count() > 253 {
+                        v.add(field, "is longer than 253 characters");
+                    }
+                }
+            }
+            let offer = self.cloud.volume_offer();
+            if let Some(offer) = &offer {
+                if !offer.clones && !req.source_volume_id.is_empty() {
+                    v.add("source_volume_id", "this provider cannot copy volumes");
+                }
+                if !offer.snapshots && !req.source_snapshot_id.is_empty() {
+                    v.add("source_snapshot_id", "this provider has no snapshots");
+                }
+            }
+            v.finish()?;
+            let default_size = offer.map_or(0, |o| o.default_size_bytes);
+            let spec = VolumeSpec {
+                size_bytes: if req.size_bytes == 0 {
+                    default_size
+                } else {
+                    req.size_bytes
+                },
+                name: req.name,
+                limit_bytes: req.limit_bytes,
+                zones: req.zones,
+                parameters: sorted(req.parameters),
+                owner: req.owner.map(|o| VolumeOwner {
+                    pvc_namespace: o.pvc_namespace,
+                    pvc_name: o.pvc_name,
+                    pv_name: o.pv_name,
+                }),
+                source_snapshot_id: req.source_snapshot_id,
+                source_volume_id: req.source_volume_id,
+                mutable_parameters: sorted(req.mutable_parameters),
+            };
+            let _name = self.names.hold(&spec.name).await;
+            let resource = format!("volume/{}", spec.name);
+            let volume = self
+                .mutate(
+                    Operation::CreateVolume,
+                    &caller,
+                    &req.cluster_name,
+                    &resource,
+                    |v| v.create(&req.cluster_name, &spec),
+                )
+                .await?;
+            Ok(Response::new(wire::CreateVolumeResponse {
+                volume: Some(volume_to_wire(made(volume)?)),
+            }))
+        })
+        .await
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<wire::DeleteVolumeRequest>,
+    ) -> Result<Response<wire::DeleteVolumeResponse>, Status> {
+        answer(async move {
+            let caller = Caller::name_of(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            id(&mut v, "volume_id", &req.volume_id);
+            v.finish()?;
+            let resource = format!("volume/{}", req.volume_id);
+            self.mutate(
+                Operation::DeleteVolume,
+                &caller,
+                &req.cluster_name,
+                &resource,
+                |v| v.delete(&req.cluster_name, &req.volume_id),
+            )
+            .await?;
+            Ok(Response::new(wire::DeleteVolumeResponse {}))
+        })
+        .await
+    }
+
+    async fn get_volume(
+        &self,
+        request: Request<wire::GetVolumeRequest>,
+    ) -> Result<Response<wire::GetVolumeResponse>, Status> {
+        answer(async move {
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            id(&mut v, "volume_id", &req.volume_id);
+            v.finish()?;
+            let volume = self
+                .get(&req.cluster_name, &req.volume_id)
+                .await?
+                .ok_or_else(|| CloudError::NotFound(format!("volume {}", req.volume_id)))?;
+            Ok(Response::new(wire::GetVolumeResponse {
+                volume: Some(volume_to_wire(volume)),
+            }))
+        })
+        .await
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<wire::ListVolumesRequest>,
+    ) -> Result<Response<wire::ListVolumesResponse>, Status> {
+        answer(async move {
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            optional_id(&mut v, "starting_token", &req.starting_token);
+            v.finish()?;
+            let mut all = self
+                .cloud
+                .volumes()?
+                .call(Operation::ListVolumes, Priority::Normal, None, |v| {
+                    v.list(&req.cluster_name)
+                })
+                .await?;
+            all.sort_by(|a, b| a.id.cmp(&b.id));
+            let (volumes, next_token) = page(all, |v| &v.id, &req.starting_token, req.max_entries);
+            Ok(Response::new(wire::ListVolumesResponse {
+                volumes: volumes.into_iter().map(volume_to_wire).collect(),
+                next_token,
+            }))
+        })
+        .await
+    }
+
+    async fn attach_volume(
+        &self,
+        request: Request<wire::AttachVolumeRequest>,
+    ) -> Result<Response<wire::AttachVolumeResponse>, Status> {
+        answer(async move {
+            let caller = Caller::name_of(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            id(&mut v, "volume_id", &req.volume_id);
+            id(&mut v, "instance_id", &req.instance_id);
+            v.finish()?;
+            let cluster = req.cluster_name.as_str();
+            // One attach at a time per instance: the device picked below
+            // stays free until the cloud has it.
+            let _instance = self.instances.hold(&req.instance_id).await;
+            let volume = self
+                .get(cluster, &req.volume_id)
+                .await?
+                .ok_or_else(|| CloudError::NotFound(format!("volume {}", req.volume_id)))?;
+            let attachment = match volume.attachment_to(&req.instance_id) {
+                Some(attached) => attached.clone(),
+                None => {
+                    if let Some(other) = volume.attachments.first() {
+                        return Err(CloudError::VolumeInUse(format!(
+                            "volume {} is attached to instance {}; detach it there first",
+                            volume.id, other.instance_id
+                        )));
+                    }
+                    let offer = self.cloud.volume_offer().unwrap_or_default();
+                    let used = self
+                        .cloud
+                        .volumes()?
+                        .call(Operation::VolumeDevices, Priority::Normal, None, |v| {
+                            v.devices_in_use(cluster, &req.instance_id)
+                        })
+                        .await?;
+                    let device = offer
+                        .device_names
+                        .iter()
+                        .find(|d| !used.contains(d))
+                        .ok_or_else(|| {
+                            CloudError::AttachLimit(format!(
+                                "instance {} has no device name left ({} in use)",
+                                req.instance_id,
+                                used.len()
+                            ))
+                        })?;
+                    let resource = format!("volume/{}->{}", req.volume_id, req.instance_id);
+                    self.mutate(Operation::AttachVolume, &caller, cluster, &resource, |v| {
+                        v.attach(cluster, &req.volume_id, &req.instance_id, device)
+                    })
+                    .await?
+                }
+            };
+            if attachment.state != AttachmentState::Attached {
+                return Err(CloudError::Provisioning {
+                    retry_after: STILL_MAKING,
+                    message: format!(
+                        "volume {} is still being attached to instance {} as {}",
+                        req.volume_id, req.instance_id, attachment.device
+                    ),
+                });
+            }
+            Ok(Response::new(wire::AttachVolumeResponse {
+                device: attachment.device,
+            }))
+        })
+        .await
+    }
+
+    async fn detach_volume(
+        &self,
+        request: Request<wire::DetachVolumeRequest>,
+    ) -> Result<Response<wire::DetachVolumeResponse>, Status> {
+        answer(async move {
+            let caller = Caller::name_of(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            id(&mut v, "volume_id", &req.volume_id);
+            id(&mut v, "instance_id", &req.instance_id);
+            v.finish()?;
+            let resource = format!("volume/{}-x-{}", req.volume_id, req.instance_id);
+            self.mutate(
+                Operation::DetachVolume,
+                &caller,
+                &req.cluster_name,
+                &resource,
+                |v| v.detach(&req.cluster_name, &req.volume_id, &req.instance_id),
+            )
+            .await?;
+            Ok(Response::new(wire::DetachVolumeResponse {}))
+        })
+        .await
+    }
+
+    async fn expand_volume(
+        &self,
+        request: Request<wire::ExpandVolumeRequest>,
+    ) -> Result<Response<wire::ExpandVolumeResponse>, Status> {
+        answer(async move {
+            let caller = Caller::name_of(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            id(&mut v, "volume_id", &req.volume_id);
+            if req.size_bytes <= 0 {
+                v.add("size_bytes", format!("{} is not above 0", req.size_bytes));
+            }
+            sizes(&mut v, req.size_bytes, req.limit_bytes);
+            v.finish()?;
+            let cluster = req.cluster_name.as_str();
+            let volume = self
+                .get(cluster, &req.volume_id)
+                .await?
+                .ok_or_else(|| CloudError::NotFound(format!("volume {}", req.volume_id)))?;
+            if volume.size_bytes >= req.size_bytes {
+                return Ok(Response::new(wire::ExpandVolumeResponse {
+                    size_bytes: volume.size_bytes,
+                }));
+            }
+            let resource = format!("volume/{}", req.volume_id);
+            let size_bytes = self
+                .mutate(Operation::ExpandVolume, &caller, cluster, &resource, |v| {
+                    v.expand(cluster, &req.volume_id, req.size_bytes)
+                })
+                .await?;
+            if req.limit_bytes > 0 && size_bytes > req.limit_bytes {
+                return Err(CloudError::invalid(
+                    "limit_bytes",
+                    format!(
+                        "the volume is now {size_bytes} bytes, above the limit of {}",
+                        req.limit_bytes
+                    ),
+                ));
+            }
+            Ok(Response::new(wire::ExpandVolumeResponse { size_bytes }))
+        })
+        .await
+    }
+
+    async fn modify_volume(
+        &self,
+        request: Request<wire::ModifyVolumeRequest>,
+    ) -> Result<Response<wire::ModifyVolumeResponse>, Status> {
+        answer(async move {
+            let caller = Caller::name_of(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            id(&mut v, "volume_id", &req.volume_id);
+            parameters(&mut v, "parameters", &req.parameters);
+            v.finish()?;
+            if req.parameters.is_empty() {
+                return Ok(Response::new(wire::ModifyVolumeResponse {}));
+            }
+            let cluster = req.cluster_name.as_str();
+            let parameters = sorted(req.parameters);
+            let resource = format!("volume/{}", req.volume_id);
+            self.mutate(Operation::ModifyVolume, &caller, cluster, &resource, |v| {
+                v.modify(cluster, &req.volume_id, &parameters)
+            })
+            .await?;
+            Ok(Response::new(wire::ModifyVolumeResponse {}))
+        })
+        .await
+    }
+
+    async fn create_snapshot(
+        &self,
+        request: Request<wire::CreateSnapshotRequest>,
+    ) -> Result<Response<wire::CreateSnapshotResponse>, Status> {
+        answer(async move {
+            let caller = Caller::name_of(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            id(&mut v, "name", &req.name);
+            id(&mut v, "source_volume_id", &req.source_volume_id);
+            parameters(&mut v, "parameters", &req.parameters);
+            v.finish()?;
+            let cluster = req.cluster_name.as_str();
+            let parameters = sorted(req.parameters);
+            let _name = self.names.hold(&format!("snapshot/{}", req.name)).await;
+            let resource = format!("snapshot/{}", req.name);
+            let snapshot = self
+                .mutate(
+                    Operation::CreateSnapshot,
+                    &caller,
+                    cluster,
+                    &resource,
+                    |v| v.create_snapshot(cluster, &req.name, &req.source_volume_id, &parameters),
+                )
+                .await?;
+            Ok(Response::new(wire::CreateSnapshotResponse {
+                snapshot: Some(snapshot_to_wire(snapshot)),
+            }))
+        })
+        .await
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<wire::DeleteSnapshotRequest>,
+    ) -> Result<Response<wire::DeleteSnapshotResponse>, Status> {
+        answer(async move {
+            let caller = Caller::name_of(&request);
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            id(&mut v, "snapshot_id", &req.snapshot_id);
+            v.finish()?;
+            let cluster = req.cluster_name.as_str();
+            let resource = format!("snapshot/{}", req.snapshot_id);
+            self.mutate(
+                Operation::DeleteSnapshot,
+                &caller,
+                cluster,
+                &resource,
+                |v| v.delete_snapshot(cluster, &req.snapshot_id),
+            )
+            .await?;
+            Ok(Response::new(wire::DeleteSnapshotResponse {}))
+        })
+        .await
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<wire::ListSnapshotsRequest>,
+    ) -> Result<Response<wire::ListSnapshotsResponse>, Status> {
+        answer(async move {
+            let req = request.into_inner();
+            let mut v = Violations::default();
+            v.cluster_name(&req.cluster_name);
+            optional_id(&mut v, "snapshot_id", &req.snapshot_id);
+            optional_id(&mut v, "source_volume_id", &req.source_volume_id);
+            optional_id(&mut v, "starting_token", &req.starting_token);
+            v.finish()?;
+            let mut all = self
+                .cloud
+                .volumes()?
+                .call(Operation::ListSnapshots, Priority::Normal, None, |v| {
+                    v.list_snapshots(&req.cluster_name)
+                })
+                .await?;
+            all.retain(|s| {
+                (req.snapshot_id.is_empty() || s.id == req.snapshot_id)
+                    && (req.source_volume_id.is_empty()
+                        || s.source_volume_id == req.source_volume_id)
+            });
+            all.sort_by(|a, b| a.id.cmp(&b.id));
+            let (snapshots, next_token) =
+                page(all, |s| &s.id, &req.starting_token, req.max_entries);
+            Ok(Response::new(wire::ListSnapshotsResponse {
+                snapshots: snapshots.into_iter().map(snapshot_to_wire).collect(),
+                next_token,
+            }))
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_go_on_after_the_last_id_handed_out() {
+        let ids: Vec<String> = (1..=5).map(|i| format!("vol-{i}")).collect();
+        let (first, next) = page(ids.clone(), |s| s, "", 2);
+        assert_eq!(first, ["vol-1", "vol-2"]);
+        assert_eq!(next, "vol-2");
+        let (second, next) = page(ids.clone(), |s| s, &next, 2);
+        assert_eq!(second, ["vol-3", "vol-4"]);
+        let (last, next) = page(ids.clone(), |s| s, &next, 2);
+        assert_eq!(last, ["vol-5"]);
+        assert_eq!(next, "", "the last page has no next token");
+        let (all, next) = page(ids, |s| s, "", 0);
+        assert_eq!((all.len(), next.as_str()), (5, ""));
+    }
+
+    #[test]
+    fn a_bad_create_names_every_field() {
+        let mut v = Violations::default();
+        id(&mut v, "name", "");
+        id(&mut v, "source_volume_id", "has space");
+        sizes(&mut v, -1, 0);
+        sizes(&mut v, 10, 5);
+        let many: HashMap<String, String> =
+            (0..40).map(|i| (format!("k{i}"), String::new())).collect();
+        parameters(&mut v, "parameters", &many);
+        let Err(CloudError::InvalidArgument(problems)) = v.finish() else {
+            panic!("no error");
+        };
+        let fields: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "name",
+                "source_volume_id",
+                "size_bytes",
+                "limit_bytes",
+                "parameters"
+            ]
+        );
+    }
+}
