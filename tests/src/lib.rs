@@ -50,6 +50,27 @@ pub fn csi_sanity(test: &str) -> Option<PathBuf> {
     shared_binary(test, "CSI_SANITY", "csi-sanity-v5.4.0-36", "csi-sanity")
 }
 
+/// Kubernetes CSI's external-provisioner and external-attacher sidecars:
+/// `CSI_PROVISIONER` and `CSI_ATTACHER`, else the builds in
+/// `../shared/bin`; `None` as [`cluster_autoscaler`] where either is
+/// missing.
+pub fn csi_sidecars(test: &str) -> Option<(PathBuf, PathBuf)> {
+    Some((
+        shared_binary(
+            test,
+            "CSI_PROVISIONER",
+            "csi-provisioner-v6.3.0-56",
+            "external-provisioner",
+        )?,
+        shared_binary(
+            test,
+            "CSI_ATTACHER",
+            "csi-attacher-v4.12.0-39",
+            "external-attacher",
+        )?,
+    ))
+}
+
 /// A third-party binary a test runs: the file `env` names, else `file` in
 /// `../shared/bin` beside the repository, else `None` with a message.
 fn shared_binary(test: &str, env: &str, file: &str, what: &str) -> Option<PathBuf> {
@@ -62,22 +83,6 @@ fn shared_binary(test: &str, env: &str, file: &str, what: &str) -> Option<PathBu
         eprintln!("SKIPPED {test}: no {what}: set {env} to one (e.g. ../shared/bin/{file})");
     }
     found
-}
-
-/// A gRPC channel to the unix socket at `path`, as CSI's sidecars and the
-/// kubelet reach a driver.
-pub async fn unix_channel(path: &Path) -> anyhow::Result<tonic::transport::Channel> {
-    let path = path.to_path_buf();
-    Ok(tonic::transport::Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await?)
 }
 
 /// Runs the Python `script` with boto3 against moto at `endpoint` (its

@@ -18,7 +18,7 @@ use ccm_testkit::scenario;
 async fn serving(socket: &Path) -> tonic::transport::Channel {
     let start = Instant::now();
     loop {
-        if let Ok(channel) = ccm_testkit::unix_channel(socket).await {
+        if let Ok(channel) = ccm_sandbox::csi_node::channel(socket).await {
             let mut identity = csi::identity_client::IdentityClient::new(channel.clone());
             if identity
                 .get_plugin_info(csi::GetPluginInfoRequest {})
@@ -228,6 +228,231 @@ async fn csi_sanity_passes_and_two_attaches_at_once_get_two_devices() {
             "csi-sanity passed only {passed} specs:\n{tail}"
         );
     }
+    kubelets.abort();
+    sandbox.stop().await;
+}
+
+/// Waits until `check` answers something, failing after the scenario's
+/// limit with `what`.
+async fn until<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(start.elapsed() < scenario::LIMIT, "{what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// A sidecar as its pod runs it: on the volume controller's socket, with
+/// its own leader election off (one replica).
+fn sidecar(
+    binary: &Path,
+    kubeconfig: &Path,
+    socket: &Path,
+    log: &Path,
+    extra: &[&str],
+) -> tokio::process::Child {
+    tokio::process::Command::new(binary)
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--csi-address={}", socket.display()))
+        .arg("--leader-election=false")
+        .args(extra)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_provisioner_and_attacher_make_attach_detach_and_delete_a_cloud_volume() {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+    use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+    use serde_json::json;
+
+    let test = "the_real_provisioner_and_attacher_make_attach_detach_and_delete_a_cloud_volume";
+    let Some((provisioner, attacher)) = ccm_testkit::csi_sidecars(test) else {
+        return;
+    };
+    let (sandbox, kubelets, dir) =
+        scenario::start_adjusted(CloudKind::Sim, 1, 0, Default::default(), |o| {
+            o.volumes = true;
+            o.replicas = 1;
+            // The chart has no volume controller yet.
+            o.rbac = None;
+        })
+        .await;
+    let socket = PathBuf::from(&sandbox.endpoints["csi_socket"]);
+    serving(&socket).await;
+    let logs = dir.path();
+    let _provisioner = sidecar(
+        &provisioner,
+        &sandbox.kubeconfig,
+        &socket,
+        &logs.join("csi-provisioner.log"),
+        &["--extra-create-metadata"],
+    );
+    let _attacher = sidecar(
+        &attacher,
+        &sandbox.kubeconfig,
+        &socket,
+        &logs.join("csi-attacher.log"),
+        &[],
+    );
+    let client = sandbox.client().await.unwrap();
+    let admin = sandbox.admin().unwrap();
+    let driver = admin
+        .provider_info()
+        .await
+        .unwrap()
+        .volume_offer
+        .unwrap()
+        .csi_driver;
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": "sim"},
+                "provisioner": driver,
+                "reclaimPolicy": "Delete",
+                "volumeBindingMode": "Immediate",
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    // The claim as the PV controller hands it to the external provisioner:
+    // annotated with the class's provisioner.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let claim = claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "data", "annotations": {
+                    "volume.kubernetes.io/storage-provisioner": driver,
+                }},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": "sim",
+                    "resources": {"requests": {"storage": "2Gi"}},
+                },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let pv_name = format!("pvc-{}", claim.metadata.uid.unwrap());
+    let pv = until("the provisioner made no PersistentVolume", || async {
+        volumes.get_opt(&pv_name).await.ok().flatten()
+    })
+    .await;
+    let spec = pv.spec.unwrap();
+    assert_eq!(spec.claim_ref.unwrap().name.as_deref(), Some("data"));
+    let handle = spec.csi.unwrap().volume_handle;
+    // The cloud has the volume, of the size asked, in the node's zone.
+    let get = |id: String| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .get_volume(ccm_proto::v1::GetVolumeRequest {
+                    volume_id: id,
+                    ..Default::default()
+                })
+                .await
+        }
+    };
+    let volume = get(handle.clone()).await.unwrap().volume.unwrap();
+    assert_eq!(volume.size_bytes, 2 << 30);
+    let affinity = serde_json::to_string(&spec.node_affinity).unwrap();
+    assert!(affinity.contains(&volume.zone), "{affinity}");
+
+    // As the attach-detach controller does for a Pod on node-0.
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    attachments
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+                "metadata": {"name": "data-on-node-0"},
+                "spec": {
+                    "attacher": driver,
+                    "nodeName": "node-0",
+                    "source": {"persistentVolumeName": pv_name},
+                },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = until("the attacher did not attach", || async {
+        let va = attachments.get("data-on-node-0").await.ok()?;
+        va.status.filter(|s| s.attached)
+    })
+    .await;
+    let device = status.attachment_metadata.unwrap()["devicePath"].clone();
+    let attached = get(handle.clone())
+        .await
+        .unwrap()
+        .volume
+        .unwrap()
+        .attachments;
+    assert_eq!(attached.len(), 1, "{attached:?}");
+    assert_eq!(attached[0].device, device);
+
+    attachments
+        .delete("data-on-node-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    until("the attacher did not detach", || async {
+        let gone = attachments.get_opt("data-on-node-0").await.ok()?.is_none();
+        gone.then_some(())
+    })
+    .await;
+    let volume = get(handle.clone()).await.unwrap().volume.unwrap();
+    assert!(volume.attachments.is_empty(), "{volume:?}");
+
+    // The claim goes; the PV controller marks its volume Released, and the
+    // provisioner deletes it from the cloud and the cluster.
+    claims
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    volumes
+        .patch_status(
+            &pv_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Released"}})),
+        )
+        .await
+        .unwrap();
+    until("the provisioner did not delete the volume", || async {
+        matches!(
+            get(handle.clone()).await,
+            Err(ccm_proto::Error::NotFound { .. })
+        )
+        .then_some(())
+    })
+    .await;
+    until("the PersistentVolume stayed", || async {
+        volumes
+            .get_opt(&pv_name)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
     kubelets.abort();
     sandbox.stop().await;
 }

@@ -88,6 +88,36 @@ pub async fn serve(
     }))
 }
 
+/// Connects to one unix socket, whatever the URI says.
+#[derive(Clone)]
+struct UnixConnector(PathBuf);
+
+impl tonic::codegen::Service<http::Uri> for UnixConnector {
+    type Response = hyper_util::rt::TokioIo<tokio::net::UnixStream>;
+    type Error = io::Error;
+    type Future = std::pin::Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: http::Uri) -> Self::Future {
+        let path = self.0.clone();
+        Box::pin(async move {
+            let stream = tokio::net::UnixStream::connect(path).await?;
+            Ok(hyper_util::rt::TokioIo::new(stream))
+        })
+    }
+}
+
+/// A gRPC channel to the unix socket at `path`, as the kubelet and CSI's
+/// sidecars reach a driver.
+pub async fn channel(path: &Path) -> anyhow::Result<tonic::transport::Channel> {
+    Ok(tonic::transport::Endpoint::try_from("http://[::]:50051")?
+        .connect_with_connector(UnixConnector(path.to_path_buf()))
+        .await?)
+}
+
 /// Binds the socket, replacing one a previous run left (never another kind
 /// of file); only its user and group may connect.
 fn bind(path: &Path) -> anyhow::Result<UnixListener> {
@@ -856,8 +886,6 @@ fn make_target(path: &Path, block: bool) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
     use std::time::Duration;
 
     use ccm_proto::csi::identity_client::IdentityClient;
@@ -1263,28 +1291,6 @@ mod tests {
             assert!(stage.is_dir());
         })
         .await;
-    }
-
-    /// Connects to one unix socket, whatever the URI says.
-    #[derive(Clone)]
-    struct UnixConnector(PathBuf);
-
-    impl tonic::codegen::Service<http::Uri> for UnixConnector {
-        type Response = hyper_util::rt::TokioIo<tokio::net::UnixStream>;
-        type Error = io::Error;
-        type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
-
-        fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, _uri: http::Uri) -> Self::Future {
-            let path = self.0.clone();
-            Box::pin(async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok(hyper_util::rt::TokioIo::new(stream))
-            })
-        }
     }
 
     #[tokio::test]

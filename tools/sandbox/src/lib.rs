@@ -1122,9 +1122,11 @@ impl Sandbox {
     pub async fn populate(&self) -> anyhow::Result<()> {
         let client = self.client().await?;
         let instances = self.instances().await?;
-        if self.options.volumes && self.options.cloud == CloudKind::Sim {
-            self.start_node_plugins().await?;
-        }
+        let plugins = if self.options.volumes && self.options.cloud == CloudKind::Sim {
+            self.start_node_plugins().await?
+        } else {
+            Vec::new()
+        };
         for (i, (name, ip)) in instances.into_iter().enumerate() {
             register_node(
                 &client,
@@ -1132,6 +1134,9 @@ impl Sandbox {
                 &Kubelet::at(&ip, &format!("10.244.{i}.0/24")),
             )
             .await?;
+        }
+        for (node, socket) in plugins {
+            register_plugin(&client, &node, &socket).await?;
         }
         let services: Api<Service> = Api::namespaced(client, "default");
         for i in 0..self.options.services {
@@ -1152,8 +1157,9 @@ impl Sandbox {
 
     /// A simulated CSI node plugin for each sim instance, on
     /// `csi-node/<name>.sock` under the state directory, as the cloud's
-    /// node plugin runs beside each kubelet.
-    async fn start_node_plugins(&self) -> anyhow::Result<()> {
+    /// node plugin runs beside each kubelet; each instance's name and its
+    /// plugin's socket.
+    async fn start_node_plugins(&self) -> anyhow::Result<Vec<(String, PathBuf)>> {
         let admin = self.admin()?;
         let offer = admin
             .provider_info()
@@ -1166,6 +1172,7 @@ impl Sandbox {
             .await?
             .into_inner();
         let state = &self.options.state_dir;
+        let mut plugins = Vec::new();
         for instance in listed.instances {
             let plugin = csi_node::NodePlugin {
                 driver: offer.csi_driver.clone(),
@@ -1177,9 +1184,10 @@ impl Sandbox {
                 gateway: admin.clone(),
             };
             let socket = node_plugin_socket(state, &instance.name);
-            csi_node::serve(plugin, socket, self.node_plugins.clone()).await?;
+            csi_node::serve(plugin, socket.clone(), self.node_plugins.clone()).await?;
+            plugins.push((instance.name, socket));
         }
-        Ok(())
+        Ok(plugins)
     }
 
     /// A cloneable handle for the simulated kubelets and progress, usable
@@ -1605,6 +1613,66 @@ pub async fn register_node(
             &Patch::Merge(json!({"status": status})),
         )
         .await?;
+    Ok(())
+}
+
+/// Registers the CSI node plugin on `socket` as the kubelet does once
+/// node-driver-registrar announces it: asks it `NodeGetInfo`, then writes
+/// the Node's CSINode entry (its node ID, topology keys and volume limit)
+/// and labels the Node with its topology, which the external-provisioner
+/// reads to place volumes.
+pub async fn register_plugin(
+    client: &kube::Client,
+    node: &str,
+    socket: &Path,
+) -> anyhow::Result<()> {
+    use ccm_proto::csi;
+    let channel = csi_node::channel(socket).await?;
+    let driver = csi::identity_client::IdentityClient::new(channel.clone())
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await?
+        .into_inner()
+        .name;
+    let info = csi::node_client::NodeClient::new(channel)
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await?
+        .into_inner();
+    let topology = info
+        .accessible_topology
+        .map(|t| t.segments)
+        .unwrap_or_default();
+    let csi_node = json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSINode",
+        "metadata": {"name": node},
+        "spec": {"drivers": [{
+            "name": driver,
+            "nodeID": info.node_id,
+            "topologyKeys": topology.keys().collect::<Vec<_>>(),
+            "allocatable": {"count": info.max_volumes_per_node},
+        }]},
+    });
+    let csi_nodes: Api<k8s_openapi::api::storage::v1::CSINode> = Api::all(client.clone());
+    match csi_nodes
+        .create(&PostParams::default(), &serde_json::from_value(csi_node)?)
+        .await
+    {
+        Ok(_) => {}
+        // Registered before this sandbox's run, on the same state.
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => {
+            return Err(e).with_context(|| format!("register {driver}'s CSINode entry of {node}"));
+        }
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": topology}})),
+        )
+        .await
+        .with_context(|| format!("label {node} with {driver}'s topology"))?;
     Ok(())
 }
 
