@@ -378,14 +378,27 @@ where
 mod tests {
     use super::*;
 
-    const FILE: &str = "tokens:\n  - {token: nnnnnnnnnnnnnnnnnnnn, role: node, name: node-controller}\n  - {token: aaaaaaaaaaaaaaaaaaaa, role: admin}\n";
+    const FILE: &str = "tokens:\n  - {token: nnnnnnnnnnnnnnnnnnnn, role: node, name: node-controller}\n  - {token: vvvvvvvvvvvvvvvvvvvv, role: volume, name: volume-controller}\n  - {token: aaaaaaaaaaaaaaaaaaaa, role: admin}\n";
 
     #[tokio::test]
     async fn roles_reach_only_their_services() {
         let auth = Authenticator::new(Tokens::parse(FILE).unwrap(), None);
         let node = Some(&b"Bearer nnnnnnnnnnnnnnnnnnnn"[..]);
         let admin = Some(&b"Bearer aaaaaaaaaaaaaaaaaaaa"[..]);
+        let volume = Some(&b"Bearer vvvvvvvvvvvvvvvvvvvv"[..]);
         let cases = [
+            ("/cloudgateway.v1.Volumes/AttachVolume", volume, Ok(true)),
+            ("/cloudgateway.v1.Volumes/CreateVolume", admin, Ok(true)),
+            (
+                "/cloudgateway.v1.Volumes/CreateVolume",
+                node,
+                Err(Code::PermissionDenied),
+            ),
+            (
+                "/cloudgateway.v1.Instances/GetInstances",
+                volume,
+                Err(Code::PermissionDenied),
+            ),
             ("/cloudgateway.v1.Instances/GetInstances", node, Ok(true)),
             ("/cloudgateway.v1.Provider/GetProviderInfo", node, Ok(true)),
             (
