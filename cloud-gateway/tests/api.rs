@@ -1098,3 +1098,58 @@ async fn a_huge_invalid_request_is_invalid_argument_with_a_short_error() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn a_slow_attach_answers_retry_after_with_its_device_until_attached() {
+    use ccm_proto::v1::{AttachVolumeRequest, CreateVolumeRequest, GetVolumeRequest};
+    let gw = TestGateway::start(|_| {}).await;
+    let instance = gw.create_instance("node-a").await;
+    gw.admin()
+        .set_faults(Faults {
+            volume_attach_delay: duration(Duration::from_millis(800)),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let volumes = gw.client(Role::Volume);
+    let volume = volumes
+        .create_volume(CreateVolumeRequest {
+            name: "pvc-slow".into(),
+            zones: vec![instance.zone.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .volume
+        .unwrap();
+    let attach = || {
+        volumes.attach_volume(AttachVolumeRequest {
+            volume_id: volume.id.clone(),
+            instance_id: instance.id.clone(),
+            ..Default::default()
+        })
+    };
+    let err = attach().await.unwrap_err();
+    let Error::RetryAfter { reason, .. } = &err else {
+        panic!("expected RetryAfter, got {err:?}");
+    };
+    assert_eq!(reason, reason::PROVISIONING);
+    // Asked again while it attaches: the same attachment, still attaching.
+    assert!(matches!(attach().await, Err(Error::RetryAfter { .. })));
+    let seen = volumes
+        .get_volume(GetVolumeRequest {
+            volume_id: volume.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .volume
+        .unwrap();
+    assert_eq!(seen.attachments.len(), 1, "{seen:?}");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let device = attach().await.unwrap().device;
+    assert_eq!(
+        device, seen.attachments[0].device,
+        "one attachment, one device"
+    );
+}

@@ -118,6 +118,9 @@ pub struct FaultSettings {
     pub lb_provisioning_delay: Duration,
     /// Zones where a node group's new instance fails to launch.
     pub capacity_exhausted_zones: std::collections::BTreeSet<String>,
+    /// How long a new volume attachment stays attaching (a slow attach; a
+    /// long one is a volume stuck attaching).
+    pub volume_attach_delay: Duration,
 }
 
 /// Load balancers, routes, volumes, snapshots and counters are held in

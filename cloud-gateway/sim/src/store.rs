@@ -124,6 +124,10 @@ pub struct VolumeRecord {
     pub attributes: BTreeMap<String, String>,
     /// When it was made, in ms since the epoch.
     pub created_at_ms: u64,
+    /// Until when (ms since the epoch) an attachment, by instance ID, is
+    /// still being made (the `volume_attach_delay` fault).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attaching_until_ms: BTreeMap<String, u64>,
 }
 
 /// A snapshot of a volume as the simulated cloud stores it.

@@ -224,12 +224,21 @@ fn differences(existing: &VolumeRecord, spec: &VolumeSpec, wanted: &Wanted) -> V
     out
 }
 
-/// An attachment as the trait tells it: the sim attaches at once.
-fn attachment(instance_id: &str, device: &str) -> VolumeAttachment {
+/// An attachment as the trait tells it: attached at once, or once the
+/// `volume_attach_delay` it was made under has passed.
+fn attachment(volume: &VolumeRecord, instance_id: &str, device: &str) -> VolumeAttachment {
+    let attaching = volume
+        .attaching_until_ms
+        .get(instance_id)
+        .is_some_and(|until| now_ms() < *until);
     VolumeAttachment {
         instance_id: instance_id.to_owned(),
         device: device.to_owned(),
-        state: AttachmentState::Attached,
+        state: if attaching {
+            AttachmentState::Attaching
+        } else {
+            AttachmentState::Attached
+        },
     }
 }
 
@@ -249,7 +258,7 @@ impl VolumeRecord {
             attachments: self
                 .attachments
                 .iter()
-                .map(|(instance, device)| attachment(instance, device))
+                .map(|(instance, device)| attachment(self, instance, device))
                 .collect(),
             source_snapshot_id: self.source_snapshot_id.clone(),
             source_volume_id: self.source_volume_id.clone(),
@@ -334,6 +343,7 @@ impl State {
             .map(|(volume, _)| {
                 let mut volume = volume.clone();
                 volume.attachments.retain(|(instance, _)| instance != id);
+                volume.attaching_until_ms.remove(id);
                 volume
             })
             .collect();
@@ -448,6 +458,7 @@ impl Volumes for SimCloud {
             source_volume_id: spec.source_volume_id.clone(),
             attributes: [(TYPE_PARAMETER.to_owned(), wanted.volume_type)].into(),
             created_at_ms: now_ms(),
+            attaching_until_ms: BTreeMap::new(),
         };
         state
             .store
@@ -528,7 +539,7 @@ impl Volumes for SimCloud {
             )));
         }
         if let Some(attached) = volume.device_on(&instance.id) {
-            return Ok(attachment(&instance.id, attached));
+            return Ok(attachment(&volume, &instance.id, attached));
         }
         if let Some((other, _)) = volume.attachments.first() {
             return Err(CloudError::VolumeInUse(format!(
@@ -567,9 +578,15 @@ impl Volumes for SimCloud {
         volume
             .attachments
             .push((instance.id.clone(), device.to_owned()));
+        let delay = self.faults().volume_attach_delay;
+        if !delay.is_zero() {
+            let until = now_ms() + u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+            volume.attaching_until_ms.insert(instance.id.clone(), until);
+        }
         state.store.put_volume(&volume, &[])?;
+        let answer = attachment(&volume, &instance.id, device);
         state.volumes.insert(volume.id.clone(), volume);
-        Ok(attachment(&instance.id, device))
+        Ok(answer)
     }
 
     async fn detach(&self, cluster: &str, volume_id: &str, instance_id: &str) -> Result<()> {
@@ -585,6 +602,7 @@ impl Volumes for SimCloud {
             return Ok(());
         }
         volume.attachments.retain(|(instance, _)| instance != id);
+        volume.attaching_until_ms.remove(id);
         state.store.put_volume(&volume, &[])?;
         state.volumes.insert(volume.id.clone(), volume);
         Ok(())

@@ -50,6 +50,10 @@ enum Cmd {
         /// How long new load balancers take to provision, e.g. 2s.
         #[arg(long)]
         provisioning: Option<String>,
+        /// How long a new volume attachment stays attaching, e.g. 5s (long
+        /// enough, a volume stuck attaching).
+        #[arg(long)]
+        attach_delay: Option<String>,
         /// A zone out of capacity: node groups' launches there fail
         /// (repeat for more zones).
         #[arg(long = "capacity-exhausted-zone")]
@@ -219,12 +223,14 @@ async fn main() -> anyhow::Result<()> {
             throttle_rate,
             latency,
             provisioning,
+            attach_delay,
             capacity_exhausted_zones,
         } => {
             let mut faults = Faults {
                 error_rate,
                 throttle_rate,
                 lb_provisioning_delay: duration(&provisioning)?,
+                volume_attach_delay: duration(&attach_delay)?,
                 capacity_exhausted_zones,
                 ..Default::default()
             };
