@@ -81,14 +81,11 @@ struct State {
     inflight: HashMap<String, Vec<Reply>>,
     pending: Vec<Pending>,
     last_prune: Option<Instant>,
-    /// When lookups were queued, and how many, over the last
-    /// `MOST_WINDOWS` windows: the pace a partial batch would fill at.
+    /// The distinct instants lookups were queued at, and how many each,
+    /// over the last [`HISTORY_SPANS`] gathering spans: the last span's
+    /// tell the pace a partial batch would fill at, all of them how far
+    /// apart requests come.
     arrivals: std::collections::VecDeque<(Instant, usize)>,
-    /// The lookups counted in `arrivals`.
-    arrived: usize,
-    /// The distinct instants lookups were queued at over the last
-    /// [`HISTORY_SPANS`] gathering spans: how far apart requests come.
-    instants: std::collections::VecDeque<Instant>,
 }
 
 /// How many gathering spans of requests tell how far apart they come.
@@ -103,25 +100,30 @@ impl State {
     /// `span`.
     fn arrive(&mut self, now: Instant, n: usize, span: Duration) {
         if n > 0 {
-            self.arrivals.push_back((now, n));
-            self.arrived += n;
-            if self.instants.back() != Some(&now) {
-                self.instants.push_back(now);
+            match self.arrivals.back_mut() {
+                Some((at, count)) if *at == now => *count += n,
+                _ => self.arrivals.push_back((now, n)),
             }
         }
-        while let Some(&at) = self.instants.front() {
+        while let Some(&(at, _)) = self.arrivals.front() {
             if now.duration_since(at) < span * HISTORY_SPANS {
                 break;
             }
-            self.instants.pop_front();
+            self.arrivals.pop_front();
         }
-        while let Some(&(at, n)) = self.arrivals.front() {
-            if now.duration_since(at) < span {
+    }
+
+    /// The lookups queued within the last `span`: how many at its first
+    /// instant, how many in all, and that first instant.
+    fn within(&self, now: Instant, span: Duration) -> (usize, usize, Option<Instant>) {
+        let (mut at_first, mut all, mut first) = (0, 0, None);
+        for &(at, n) in self.arrivals.iter().rev() {
+            if now.duration_since(at) >= span {
                 break;
             }
-            self.arrivals.pop_front();
-            self.arrived -= n;
+            (at_first, all, first) = (n, all + n, Some(at));
         }
+        (at_first, all, first)
     }
 
     /// Whether the next wave of requests is due. Those asking wait for
@@ -135,12 +137,13 @@ impl State {
     /// rather than going alone: in a 10,000-node join those remainders
     /// were a fifth of the calls. A slower trickle is left to the pace.
     fn next_wave_due(&self, now: Instant, window: Duration, span: Duration) -> bool {
-        let Some(last) = self.instants.back() else {
+        let Some((last, _)) = self.arrivals.back() else {
             return false;
         };
         let (mut waves, mut apart) = (0u32, Duration::ZERO);
-        for (a, b) in self.instants.iter().zip(self.instants.iter().skip(1)) {
-            let gap = b.duration_since(*a);
+        let instants = || self.arrivals.iter().map(|(at, _)| *at);
+        for (a, b) in instants().zip(instants().skip(1)) {
+            let gap = b.duration_since(a);
             if gap >= window {
                 waves += 1;
                 apart += gap;
@@ -569,15 +572,9 @@ impl InstanceLookups {
                 // span: a wave of lookups after a quiet spell comes at its
                 // own pace. What came at that first instant came at once
                 // and tells no pace (a burst, then nothing more).
-                let first = state.arrivals.front().map(|(at, _)| *at);
-                let at_first: usize = state
-                    .arrivals
-                    .iter()
-                    .take_while(|(at, _)| Some(*at) == first)
-                    .map(|(_, n)| n)
-                    .sum();
+                let (at_first, arrived, first) = state.within(now, span);
                 let took = first.map_or(span, |at| now.duration_since(at)).max(window);
-                let pace = (state.arrived - at_first) as f64 / took.as_secs_f64();
+                let pace = (arrived - at_first) as f64 / took.as_secs_f64();
                 (
                     state.pending.len(),
                     pace * left.as_secs_f64(),
