@@ -1153,3 +1153,48 @@ async fn a_slow_attach_answers_retry_after_with_its_device_until_attached() {
         "one attachment, one device"
     );
 }
+
+#[tokio::test]
+async fn attaches_to_one_instance_read_its_devices_from_the_cloud_once() {
+    use ccm_proto::v1::{AttachVolumeRequest, CreateVolumeRequest};
+    let gw = TestGateway::start(|_| {}).await;
+    let instance = gw.create_instance("node-a").await;
+    let volumes = gw.client(Role::Volume);
+    let mut made = Vec::new();
+    for i in 0..5 {
+        made.push(
+            volumes
+                .create_volume(CreateVolumeRequest {
+                    name: format!("pvc-{i}"),
+                    zones: vec![instance.zone.clone()],
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .volume
+                .unwrap()
+                .id,
+        );
+    }
+    let attaches = made.iter().map(|id| {
+        volumes.attach_volume(AttachVolumeRequest {
+            volume_id: id.clone(),
+            instance_id: instance.id.clone(),
+            ..Default::default()
+        })
+    });
+    let devices: HashSet<String> = futures::future::join_all(attaches)
+        .await
+        .into_iter()
+        .map(|a| a.unwrap().device)
+        .collect();
+    assert_eq!(devices.len(), 5, "{devices:?}");
+    let stats = gw
+        .admin()
+        .get_stats(GetStatsRequest { reset: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.calls["volume_devices"], 1, "{:?}", stats.calls);
+    assert_eq!(stats.calls["attach_volume"], 5, "{:?}", stats.calls);
+}

@@ -5,7 +5,7 @@
 //! what the cloud says is in use, so two attaches to one instance never
 //! get one name.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -42,6 +42,58 @@ pub struct VolumesService {
     names: OneAtATime,
     /// Instances whose device names are being picked.
     instances: OneAtATime,
+    /// The device names known in use on each instance.
+    devices: Devices,
+}
+
+/// How long the gateway trusts what it knows of an instance's device
+/// names: the cloud's answer, and the names it handed out since. Attaches
+/// to one instance in a burst (a node's Pods scheduled together) then ask
+/// the cloud once; a name used behind the gateway's back is found by the
+/// cloud refusing it, and read afresh.
+const DEVICE_MEMORY: Duration = Duration::from_secs(30);
+
+/// The device names known in use, by instance: one allocator per
+/// instance, owned by the gateway.
+#[derive(Debug, Default)]
+struct Devices(std::sync::Mutex<HashMap<String, (std::time::Instant, BTreeSet<String>)>>);
+
+impl Devices {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, (std::time::Instant, BTreeSet<String>)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What is known in use on `instance`, if it is remembered still.
+    fn remembered(&self, instance: &str) -> Option<BTreeSet<String>> {
+        let map = self.map();
+        let (read_at, used) = map.get(instance)?;
+        (read_at.elapsed() < DEVICE_MEMORY).then(|| used.clone())
+    }
+
+    /// Remembers the cloud's answer for `instance`, forgetting answers past
+    /// their time, so the map holds only instances attached to lately.
+    fn remember(&self, instance: &str, used: &[String]) {
+        let mut map = self.map();
+        map.retain(|_, (read_at, _)| read_at.elapsed() < DEVICE_MEMORY);
+        map.insert(
+            instance.to_owned(),
+            (std::time::Instant::now(), used.iter().cloned().collect()),
+        );
+    }
+
+    /// Notes a name handed out on `instance`.
+    fn taken(&self, instance: &str, device: &str) {
+        if let Some((_, used)) = self.map().get_mut(instance) {
+            used.insert(device.to_owned());
+        }
+    }
+
+    /// Forgets what is known of `instance`.
+    fn forget(&self, instance: &str) {
+        self.map().remove(instance);
+    }
 }
 
 impl VolumesService {
@@ -51,7 +103,46 @@ impl VolumesService {
             cloud,
             names: OneAtATime::default(),
             instances: OneAtATime::default(),
+            devices: Devices::default(),
         }
+    }
+
+    /// A device name free on `instance_id`: the first of the provider's
+    /// names neither the cloud said is in use nor this gateway handed out
+    /// since. The cloud is asked once per instance while its answer is
+    /// remembered ([`DEVICE_MEMORY`]), or when `fresh`. Called with the
+    /// instance's turn held.
+    async fn free_device(
+        &self,
+        cluster: &str,
+        instance_id: &str,
+        fresh: bool,
+    ) -> Result<String, CloudError> {
+        let used = match self.devices.remembered(instance_id).filter(|_| !fresh) {
+            Some(used) => used,
+            None => {
+                let used = self
+                    .cloud
+                    .volumes()?
+                    .call(Operation::VolumeDevices, Priority::Normal, None, |v| {
+                        v.devices_in_use(cluster, instance_id)
+                    })
+                    .await?;
+                self.devices.remember(instance_id, &used);
+                used.into_iter().collect()
+            }
+        };
+        let offer = self.cloud.volume_offer().unwrap_or_default();
+        offer
+            .device_names
+            .into_iter()
+            .find(|d| !used.contains(d))
+            .ok_or_else(|| {
+                CloudError::AttachLimit(format!(
+                    "instance {instance_id} has no device name left ({} in use)",
+                    used.len()
+                ))
+            })
     }
 
     async fn get(&self, cluster: &str, volume_id: &str) -> Result<Option<Volume>, CloudError> {
@@ -450,30 +541,30 @@ impl Volumes for VolumesService {
                             volume.id, other.instance_id
                         )));
                     }
-                    let offer = self.cloud.volume_offer().unwrap_or_default();
-                    let used = self
-                        .cloud
-                        .volumes()?
-                        .call(Operation::VolumeDevices, Priority::Normal, None, |v| {
-                            v.devices_in_use(cluster, &req.instance_id)
-                        })
-                        .await?;
-                    let device = offer
-                        .device_names
-                        .iter()
-                        .find(|d| !used.contains(d))
-                        .ok_or_else(|| {
-                            CloudError::AttachLimit(format!(
-                                "instance {} has no device name left ({} in use)",
-                                req.instance_id,
-                                used.len()
-                            ))
-                        })?;
                     let resource = format!("volume/{}->{}", req.volume_id, req.instance_id);
-                    self.mutate(Operation::AttachVolume, &caller, cluster, &resource, |v| {
-                        v.attach(cluster, &req.volume_id, &req.instance_id, device)
-                    })
-                    .await?
+                    let mut fresh = false;
+                    loop {
+                        let device = self.free_device(cluster, &req.instance_id, fresh).await?;
+                        let attached = self
+                            .mutate(Operation::AttachVolume, &caller, cluster, &resource, |v| {
+                                v.attach(cluster, &req.volume_id, &req.instance_id, &device)
+                            })
+                            .await;
+                        match attached {
+                            Ok(attached) => {
+                                self.devices.taken(&req.instance_id, &attached.device);
+                                break attached;
+                            }
+                            // A name the cloud had in use that the gateway
+                            // did not know of (attached by hand): read the
+                            // instance afresh, once.
+                            Err(CloudError::Conflict(_)) if !fresh => {
+                                self.devices.forget(&req.instance_id);
+                                fresh = true;
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
                 }
             };
             if attachment.state != AttachmentState::Attached {
