@@ -5,8 +5,8 @@
 //! a second call for one of them is `ABORTED`, as the spec asks, so the
 //! sidecar retries it once the first is done.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use ccm_proto::csi::controller_server::Controller;
 use ccm_proto::csi::identity_server::Identity;
@@ -16,6 +16,7 @@ use ccm_proto::{GatewayClient, reason};
 use tonic::{Code, Request, Response, Status};
 
 use crate::metrics::Metrics;
+use crate::socket::{Held, OneCallEach};
 
 /// The keys of StorageClass parameters the external-provisioner adds
 /// itself (`--extra-create-metadata`) or reads itself: never a provider's.
@@ -34,7 +35,7 @@ pub struct Driver {
     pub offer: VolumeOffer,
     pub metrics: Metrics,
     /// Volume names and IDs with a call in flight.
-    in_flight: Mutex<BTreeSet<String>>,
+    in_flight: OneCallEach,
 }
 
 impl Driver {
@@ -44,23 +45,14 @@ impl Driver {
             gateway,
             offer,
             metrics,
-            in_flight: Mutex::default(),
+            in_flight: OneCallEach::default(),
         })
     }
 
     /// Holds `key` until the guard is dropped; `ABORTED` while another
     /// call holds it.
-    fn one_call(&self, key: &str) -> Result<InFlight<'_>, Status> {
-        let mut held = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        if !held.insert(key.to_owned()) {
-            return Err(Status::aborted(format!(
-                "an operation on {key} is already in progress"
-            )));
-        }
-        Ok(InFlight {
-            driver: self,
-            key: key.to_owned(),
-        })
+    fn one_call(&self, key: &str) -> Result<Held<'_>, Status> {
+        self.in_flight.hold(key)
     }
 
     /// Counts a call's outcome.
@@ -74,22 +66,6 @@ impl Driver {
             tracing::debug!(method, code = ?status.code(), message = status.message(), "CSI call failed");
         }
         result
-    }
-}
-
-/// A call in flight for one key.
-struct InFlight<'a> {
-    driver: &'a Driver,
-    key: String,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.driver
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.key);
     }
 }
 

@@ -9,14 +9,12 @@
 pub mod args;
 pub mod csi;
 pub mod metrics;
-
-use std::path::Path;
+pub mod socket;
 
 use anyhow::Context as _;
 use ccm_proto::csi::controller_server::ControllerServer;
 use ccm_proto::csi::identity_server::IdentityServer;
 use ccm_runtime::controller::Base;
-use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
@@ -39,7 +37,7 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         &shutdown,
     )
     .await?;
-    let listener = bind(&settings.csi_socket)?;
+    let listener = socket::bind(&settings.csi_socket)?;
     let task = tokio::spawn({
         let (gateway, metrics, readiness) = (
             base.gateway.clone(),
@@ -79,25 +77,4 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         }
     });
     Ok(base.running(task))
-}
-
-/// Binds the socket, replacing one a previous run left; only the pod's
-/// own user and group may connect (the sidecars share the pod's group).
-fn bind(path: &Path) -> anyhow::Result<UnixListener> {
-    use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        anyhow::ensure!(
-            meta.file_type().is_socket(),
-            "{} exists and is not a socket; not replacing it",
-            path.display()
-        );
-        std::fs::remove_file(path).with_context(|| format!("remove {}", path.display()))?;
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    }
-    let listener = UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        .with_context(|| format!("restrict {}", path.display()))?;
-    Ok(listener)
 }

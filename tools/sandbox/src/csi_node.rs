@@ -14,10 +14,10 @@
 //! The records are small files, read and written inside the handlers: they
 //! block for a moment only, which a simulator can afford.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use ccm_proto::GatewayClient;
@@ -26,11 +26,11 @@ use ccm_proto::csi::node_server::{Node, NodeServer};
 use ccm_proto::csi::{self, node_service_capability as ncap, plugin_capability as pcap};
 use ccm_proto::v1 as gw;
 use serde_json::{Value, json};
-use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+use volume_controller::socket::{Held, OneCallEach};
 
 /// The publish context key the controller names the device under (AWS's
 /// EBS node plugin reads the same).
@@ -71,7 +71,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> anyhow::Result<JoinHandle<anyhow::Result<()>>> {
     let service = Arc::new(NodeService::new(plugin)?);
-    let listener = bind(&socket)?;
+    let listener = volume_controller::socket::bind(&socket)?;
     tracing::info!(
         socket = %socket.display(),
         instance = service.plugin.instance_id,
@@ -118,33 +118,12 @@ pub async fn channel(path: &Path) -> anyhow::Result<tonic::transport::Channel> {
         .await?)
 }
 
-/// Binds the socket, replacing one a previous run left (never another kind
-/// of file); only its user and group may connect.
-fn bind(path: &Path) -> anyhow::Result<UnixListener> {
-    use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        anyhow::ensure!(
-            meta.file_type().is_socket(),
-            "{} exists and is not a socket; not replacing it",
-            path.display()
-        );
-        std::fs::remove_file(path).with_context(|| format!("remove {}", path.display()))?;
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    }
-    let listener = UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        .with_context(|| format!("restrict {}", path.display()))?;
-    Ok(listener)
-}
-
 /// Both services of one plugin: what it serves for, its records, and the
 /// volumes with a call in flight.
 struct NodeService {
     plugin: NodePlugin,
     records: Records,
-    in_flight: Mutex<BTreeSet<String>>,
+    in_flight: OneCallEach,
 }
 
 impl NodeService {
@@ -155,23 +134,14 @@ impl NodeService {
         Ok(Self {
             plugin,
             records,
-            in_flight: Mutex::default(),
+            in_flight: OneCallEach::default(),
         })
     }
 
     /// Holds `volume_id` until the guard is dropped; `ABORTED` while
     /// another call holds it.
-    fn one_call(&self, volume_id: &str) -> Result<InFlight<'_>, Status> {
-        let mut held = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        if !held.insert(volume_id.to_owned()) {
-            return Err(Status::aborted(format!(
-                "an operation on volume {volume_id} is already in progress"
-            )));
-        }
-        Ok(InFlight {
-            service: self,
-            volume_id: volume_id.to_owned(),
-        })
+    fn one_call(&self, volume_id: &str) -> Result<Held<'_>, Status> {
+        self.in_flight.hold(volume_id)
     }
 
     /// The volume as the cloud has it now.
@@ -186,22 +156,6 @@ impl NodeService {
             .map_err(gateway_status)?
             .volume
             .ok_or_else(|| Status::internal(format!("the gateway answered no volume {volume_id}")))
-    }
-}
-
-/// A call in flight for one volume.
-struct InFlight<'a> {
-    service: &'a NodeService,
-    volume_id: String,
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.service
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.volume_id);
     }
 }
 
