@@ -18,7 +18,8 @@ use ccm_provider::CloudError;
 const THROTTLE_PAUSE: Duration = Duration::from_secs(1);
 
 /// How long to wait before asking again about a load balancer being made or
-/// taken down, or about what it still holds on to while it goes.
+/// taken down, or about what it still holds on to while it goes, or about a
+/// volume being detached.
 const PROVISIONING_RETRY: Duration = Duration::from_secs(15);
 
 /// Error codes AWS uses for "slow down".
@@ -70,6 +71,9 @@ const QUOTA: &[&str] = &[
     "RulesPerSecurityGroupLimitExceeded",
     "SecurityGroupLimitExceeded",
     "AddressLimitExceeded",
+    "VolumeLimitExceeded",
+    "SnapshotLimitExceeded",
+    "MaxIOPSLimitExceeded",
 ];
 
 /// Error codes that say the request itself is wrong for this account,
@@ -94,6 +98,14 @@ pub(super) fn code<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> Option<&
     match err {
         SdkError::ServiceError(e) => e.err().code(),
         _ => None,
+    }
+}
+
+/// The message the cloud answered `err` with; empty when there is none.
+pub(super) fn message<E: ProvideErrorMetadata, R>(err: &SdkError<E, R>) -> &str {
+    match err {
+        SdkError::ServiceError(e) => e.err().message().unwrap_or_default(),
+        _ => "",
     }
 }
 

@@ -4,7 +4,9 @@
 //! tagged for the cluster (`routes.rs`), load balancers are Classic ELBs
 //! or Network Load Balancers (`load_balancers/`) configured by the
 //! upstream annotations (`annotations.rs`), and Cluster Autoscaler's node
-//! groups are Auto Scaling groups (`node_groups.rs`).
+//! groups are Auto Scaling groups (`node_groups.rs`); volumes are EBS
+//! volumes and snapshots, as the upstream EBS CSI controller makes them
+//! (`volumes.rs`).
 //! Credentials come from the SDK's standard chain only (`client.rs`) and
 //! never leave this module. Every AWS error is mapped in `errors.rs`;
 //! ownership follows the `kubernetes.io/cluster/<name>` tag (`tags.rs`).
@@ -20,6 +22,7 @@ mod routes;
 pub mod settings;
 mod tags;
 mod topology;
+mod volumes;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -28,7 +31,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use aws_sdk_ec2::types::{Filter, Instance as Ec2Instance};
 
-use ccm_provider::{CloudError, Instances, LoadBalancers, NodeGroups, Provider, Result, Routes};
+use ccm_provider::{
+    CloudError, Instances, LoadBalancers, NodeGroups, Provider, Result, Routes, Volumes,
+};
 
 pub use crate::load_balancers::preflight::{Action, Verdict};
 pub use crate::settings::AwsSettings;
@@ -236,6 +241,10 @@ impl Provider for AwsCloud {
     }
 
     fn node_groups(&self) -> Option<&dyn NodeGroups> {
+        Some(self)
+    }
+
+    fn volumes(&self) -> Option<&dyn Volumes> {
         Some(self)
     }
 
