@@ -901,6 +901,162 @@ def check_autoscaler(c: Checks) -> None:
             c.expect(names in str(e), f"{what}: the render error names {names}: {e}")
 
 
+# The volume controller (volumes.enabled) and what comes with it: its
+# Deployment with upstream's CSI sidecars on one socket, the CSIDriver, the
+# StorageClass, the sidecars' RBAC, the gateway's role for it, and its
+# place beside the other controllers (PDB, NetworkPolicy, ServiceMonitor).
+VOLUMES = {"volumes": {"enabled": True}}
+CSI_SIDECARS = ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter"]
+VOLUME_OBJECTS = {("Deployment", "ccm-volume-controller"), ("ServiceAccount", "ccm-volume-controller"),
+                  ("CSIDriver", "sim.csi.cloudgateway.io"), ("StorageClass", "cloud-volumes"),
+                  ("PodDisruptionBudget", "ccm-volume-controller"), ("Role", "ccm-volume-controller-leases"),
+                  ("RoleBinding", "ccm-volume-controller-leases")} | {
+    (kind, f"ccm-{s}") for s in CSI_SIDECARS for kind in ("ClusterRole", "ClusterRoleBinding")}
+
+
+def volume_objects(docs: list[dict]) -> list[str]:
+    """Everything of the volume controller in `docs`, by kind/name (and
+    every mention of its ServiceAccount)."""
+    out = [f"{d['kind']}/{d['metadata']['name']}" for d in docs
+           if d["kind"] in ("CSIDriver", "StorageClass") or "volume-controller" in d["metadata"]["name"]
+           or d["metadata"]["name"] in {f"ccm-{s}" for s in CSI_SIDECARS}]
+    out += [f"{d['kind']}/{d['metadata']['name']}: {s}" for d in docs for s in d.get("subjects", [])
+            if "volume-controller" in s.get("name", "")]
+    out += [f"{d['metadata']['name']}: {a}" for d, ctr in containers(docs) for a in ctr.get("args", [])
+            if "volume" in a]
+    return out
+
+
+def check_volumes(c: Checks) -> None:
+    report = helm.lint(str(CHART), merge(SIM, VOLUMES), strict=True, kube_version="v1.33.0", namespace=NAMESPACE)
+    problems = [m for m in report.get("messages", []) if m["severity"] >= 2] + report.get("errors", [])
+    c.expect(not problems, f"helm lint --strict with volumes: {problems}")
+    docs = render_sim(VOLUMES)
+    validate_all(c, docs, "volumes")
+    have = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    c.expect(VOLUME_OBJECTS <= have, f"volumes.enabled renders {sorted(VOLUME_OBJECTS - have)}")
+    c.expect(not any(d["kind"] == "ClusterRole" and d["metadata"]["name"] == "ccm-volume-controller" for d in docs),
+             "the volume controller itself needs no ClusterRole of its own")
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "ccm-volume-controller")
+    pod = deployment["spec"]["template"]["spec"]
+    names = [ctr["name"] for ctr in pod["containers"]]
+    c.expect(names == ["volume-controller"] + CSI_SIDECARS, f"the volume controller and its four sidecars: {names}")
+    socket = [v for v in pod["volumes"] if v["name"] == "socket-dir"]
+    c.expect(socket == [{"name": "socket-dir", "emptyDir": {}}], f"the socket lives in an emptyDir: {socket}")
+    for ctr in pod["containers"]:
+        sc = ctr["securityContext"]
+        c.expect(sc.get("readOnlyRootFilesystem") is True and sc.get("allowPrivilegeEscalation") is False
+                 and sc.get("privileged") is False and sc.get("capabilities") == {"drop": ["ALL"]},
+                 f"{ctr['name']}: read-only root, no privilege escalation, no capabilities")
+        c.expect({"name": "socket-dir", "mountPath": "/csi"} in ctr["volumeMounts"], f"{ctr['name']} mounts /csi")
+        c.expect(ctr.get("resources", {}).get("limits", {}).get("memory"), f"{ctr['name']} has a memory limit")
+        if ctr["name"] in CSI_SIDECARS:
+            c.expect(ctr["args"][:3] == ["--csi-address=/csi/csi.sock", "--leader-election",
+                                         "--leader-election-namespace=kube-system"],
+                     f"{ctr['name']} reaches the socket and elects a leader in the namespace: {ctr['args']}")
+            c.expect(ctr["image"].startswith(f"registry.k8s.io/sig-storage/{ctr['name']}:v"),
+                     f"{ctr['name']} runs upstream's image at a pinned release: {ctr['image']}")
+    c.expect(pod["securityContext"].get("runAsNonRoot") is True, "the volume controller's pod runs as non-root")
+    controller = pod["containers"][0]
+    c.expect("--csi-address=unix:///csi/csi.sock" in controller["args"]
+             and not any(a.startswith(("--leader-elect", "--diagnostics")) for a in controller["args"]),
+             f"the volume controller serves the socket, elects no leader and serves no diagnostics API: "
+             f"{controller['args']}")
+    c.expect(token_audience(pod, controller, "/var/run/secrets/cloud-gateway/token") == "cloud-gateway"
+             and mounted_from(pod, controller, "/etc/cloud-gateway/ca/ca.crt") == ("ccm-gateway-tls", "ca.crt"),
+             "the volume controller shows the gateway a token of its audience and verifies it by its CA")
+    c.expect([mounted_from(pod, controller, f"{DIAGNOSTICS_TLS_DIR}/{f}") for f in ("tls.crt", "tls.key")]
+             == [("ccm-diagnostics-tls", "tls.crt"), ("ccm-diagnostics-tls", "tls.key")]
+             and flag_values(controller, "--admin-tls-cert") == [f"{DIAGNOSTICS_TLS_DIR}/tls.crt"],
+             "the volume controller's admin port serves the diagnostics certificate, as the controllers' do")
+    _, gateway = gateway_container(docs)
+    c.expect(flag_values(gateway, "--service-account-roles") == [
+        "kube-system/ccm-node-controller=node,kube-system/ccm-service-controller=service,"
+        "kube-system/ccm-route-controller=route,kube-system/ccm-volume-controller=volume"],
+             f"the gateway gives the volume controller's ServiceAccount the role volume: {gateway['args']}")
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    leases = by_name[("Role", "ccm-volume-controller-leases")]["rules"]
+    c.expect(leases == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "update"],
+         "resourceNames": ["sim-csi-cloudgateway-io", "external-attacher-leader-sim-csi-cloudgateway-io",
+                           "external-resizer-sim-csi-cloudgateway-io",
+                           "external-snapshotter-leader-sim-csi-cloudgateway-io"]}],
+             f"the sidecars may update their own Leases only: {leases}")
+    c.expect(sa("volume-controller") in by_name[("ClusterRoleBinding", "ccm-auth-delegator")]["subjects"],
+             "the volume controller's admin port checks tokens through system:auth-delegator")
+
+    # Beside the other controllers: its admin port behind the same
+    # NetworkPolicy and ServiceMonitor, the gateway's gRPC open to it.
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    beside = render_sim(merge(VOLUMES, {"networkPolicy": {"adminSources": monitoring},
+                                        "serviceMonitor": {"enabled": True}}))
+    validate_all(c, beside, "volumes beside the options")
+    objects = {(d["kind"], d["metadata"]["name"]): d for d in beside}
+    grpc = objects[("NetworkPolicy", "ccm-gateway")]["spec"]["ingress"][0]["from"][0]
+    c.expect(grpc["podSelector"]["matchExpressions"][0]["values"][-1] == "volume-controller",
+             f"the volume controller may reach the gateway's gRPC port: {grpc}")
+    admin = objects[("NetworkPolicy", "ccm-controllers")]["spec"]["podSelector"]["matchExpressions"][0]["values"]
+    c.expect("volume-controller" in admin, f"the controllers' NetworkPolicy covers the volume controller: {admin}")
+    readers = objects[("NetworkPolicy", "ccm-controllers")]["spec"]["ingress"][0]["from"][-1]
+    c.expect(readers == CONTROLLER_PEER, f"the diagnostics readers are still the three controllers: {readers}")
+    metrics = objects.get(("Service", "ccm-volume-controller-metrics"), {}).get("spec", {})
+    monitor = objects[("ServiceMonitor", "ccm-controllers")]["spec"]
+    c.expect(metrics.get("ports") == [{"name": "admin", "port": 7441, "targetPort": "admin", "protocol": "TCP"}]
+             and selects(monitor["selector"], objects[("Service", "ccm-volume-controller-metrics")]["metadata"]["labels"]),
+             f"the controllers' ServiceMonitor scrapes the volume controller's admin port: {metrics}")
+
+    # The provider names the driver; the gateway elsewhere needs it named.
+    aws = render({"gateway": {"provider": "aws", "aws": {"region": "eu-west-1"}}, **VOLUMES})
+    validate_all(c, aws, "volumes on aws")
+    c.expect([d["metadata"]["name"] for d in aws if d["kind"] == "CSIDriver"] == ["ebs.csi.aws.com"]
+             and [d["provisioner"] for d in aws if d["kind"] == "StorageClass"] == ["ebs.csi.aws.com"],
+             "with the AWS provider the driver is ebs.csi.aws.com")
+    try:
+        render(merge(GATEWAY_ELSEWHERE, VOLUMES))
+        c.expect(False, "volumes with the gateway elsewhere and no driver named must fail to render")
+    except helm.HelmError as e:
+        c.expect("volumes.csiDriver" in str(e), f"the render error names volumes.csiDriver: {e}")
+    elsewhere = render(merge(GATEWAY_ELSEWHERE, {"volumes": {"enabled": True, "csiDriver": "ebs.csi.aws.com"}}))
+    validate_all(c, elsewhere, "volumes with the gateway elsewhere")
+    c.expect(any(d["kind"] == "CSIDriver" and d["metadata"]["name"] == "ebs.csi.aws.com" for d in elsewhere),
+             "volumes.csiDriver names the driver")
+
+    # Options: no StorageClass, no snapshotter (no snapshot CRDs), no
+    # diagnostics (a self-signed admin certificate).
+    lean = render_sim({"volumes": {"enabled": True, "storageClass": {"create": False},
+                                   "sidecars": {"snapshotter": {"enabled": False}}},
+                       "diagnostics": {"enabled": False}})
+    validate_all(c, lean, "volumes without options")
+    pod = next(d for d in lean if d["kind"] == "Deployment" and d["metadata"]["name"] == "ccm-volume-controller")
+    pod = pod["spec"]["template"]["spec"]
+    c.expect([ctr["name"] for ctr in pod["containers"]] == ["volume-controller"] + CSI_SIDECARS[:3]
+             and "StorageClass" not in kinds(lean) and "ccm-csi-snapshotter" not in kinds(lean)["ClusterRole"],
+             "storageClass.create=false and the snapshotter off leave out the class and the sidecar with its rules")
+    c.expect(flag_values(pod["containers"][0], "--admin-tls-cert") == []
+             and not any(v["name"] == "diagnostics-tls" for v in pod["volumes"]),
+             "diagnostics off: the volume controller's admin port serves a self-signed certificate")
+
+    # Off (the default): none of it.
+    for what, values in (("defaults", {}), ("volumes.enabled=false", {"volumes": {"enabled": False}})):
+        c.expect(volume_objects(render_sim(values)) == [], f"{what}: nothing of the volume controller renders: "
+                                                        f"{volume_objects(render_sim(values))}")
+
+    chart = helm.Chart.load(CHART)
+    for what, values in {
+        "a sidecar image with an empty tag": {"volumes": {"sidecars": {"attacher": {"image": {"tag": ""}}}}},
+        "a sidecar flag without dashes": {"volumes": {"sidecars": {"resizer": {"extraArgs": ["timeout=60s"]}}}},
+        "a driver name that is no DNS name": {"volumes": {"csiDriver": "Sim_Driver"}},
+        "the socket moved through config": {"volumes": {"config": {"csi-address": "/tmp/x.sock"}}},
+        "an unknown volumes key": {"volumes": {"storageclass": {}}},
+    }.items():
+        try:
+            chart.validate_schema(values)
+            c.expect(False, f"the schema accepted {what}: {values}")
+        except helm.HelmError:
+            c.expect(True, what)
+
+
 def check_upgrade(c: Checks) -> None:
     """`helm upgrade` from the last release keeps every immutable field and
     every object the processes of that release use."""
@@ -1003,6 +1159,7 @@ def check() -> int:
     check_diagnostics(c, defaults)
     check_admin(c, defaults)
     check_autoscaler(c)
+    check_volumes(c)
     check_upgrade(c)
 
     # Bootstrap and hardening, in every pod.

@@ -1,6 +1,7 @@
 //! Runs the containers of rendered Deployments as processes, as a kubelet
 //! would run them: the rendered command (the image's `/usr/local/bin/<x>`
-//! taken from the workspace's build), args with `$(VAR)` expanded, the
+//! taken from the workspace's build; for one of upstream's images, a build
+//! of its binary the test names), args with `$(VAR)` expanded, the
 //! environment with the downward API and Service variables resolved, and
 //! every volume mounted at its rendered path (ConfigMaps, Secrets,
 //! projected ServiceAccount tokens with their audiences, emptyDirs), with
@@ -8,9 +9,10 @@
 //!
 //! Two things differ from a node, on purpose: mounted paths live under a
 //! root directory of the test (each path in args and environment that
-//! starts with a mount path is moved under it), and the API credentials a
-//! pod finds in-cluster come as `KUBECONFIG` (the test API server speaks
-//! plain HTTP, which in-cluster configuration refuses).
+//! starts with a mount path, or is a `unix://` address under one, is moved
+//! under it), and the API credentials a pod finds in-cluster come as
+//! `KUBECONFIG` (the test API server speaks plain HTTP, which in-cluster
+//! configuration refuses).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -190,6 +192,31 @@ impl Node<'_> {
         index: usize,
         pod: &str,
     ) -> anyhow::Result<Container> {
+        self.start_from(deployment, index, pod, None).await
+    }
+
+    /// Starts container `index` of `deployment`, one of upstream's images
+    /// (no command: the image's entrypoint), in pod `pod` as `program`, a
+    /// build of that image's binary. Containers of one pod share its
+    /// mounted volumes (an emptyDir's socket). Upstream's sidecars read no
+    /// `KUBECONFIG`: the pod's API credentials come as `--kubeconfig`.
+    pub async fn start_upstream(
+        &self,
+        deployment: &Value,
+        index: usize,
+        pod: &str,
+        program: &Path,
+    ) -> anyhow::Result<Container> {
+        self.start_from(deployment, index, pod, Some(program)).await
+    }
+
+    async fn start_from(
+        &self,
+        deployment: &Value,
+        index: usize,
+        pod: &str,
+        upstream: Option<&Path>,
+    ) -> anyhow::Result<Container> {
         let namespace = text(&deployment["metadata"]["namespace"]).to_owned();
         let spec = &deployment["spec"]["template"]["spec"];
         let container = &spec["containers"][index];
@@ -221,20 +248,28 @@ impl Node<'_> {
         }
         // Longest first, so /a/b is moved before /a.
         mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        // A path under a mount, bare or as a unix socket's address
+        // (unix:///csi/csi.sock), moved under the pod's root.
+        let moved = |path: &str| -> Option<String> {
+            let (scheme, path) = match path.strip_prefix("unix://") {
+                Some(rest) => ("unix://", rest),
+                None => ("", path),
+            };
+            mounts.iter().find_map(|m| {
+                (path == m || path.starts_with(&format!("{m}/"))).then(|| {
+                    let under = pod_root.join(m.trim_start_matches('/'));
+                    format!("{scheme}{}{}", under.display(), &path[m.len()..])
+                })
+            })
+        };
         let reroot = |value: &str| -> String {
-            for m in &mounts {
-                let under = pod_root
-                    .join(m.trim_start_matches('/'))
-                    .display()
-                    .to_string();
-                if value == m || value.starts_with(&format!("{m}/")) {
-                    return format!("{under}{}", &value[m.len()..]);
-                }
-                if let Some((flag, path)) = value.split_once('=')
-                    && (path == m || path.starts_with(&format!("{m}/")))
-                {
-                    return format!("{flag}={under}{}", &path[m.len()..]);
-                }
+            if let Some(path) = moved(value) {
+                return path;
+            }
+            if let Some((flag, path)) = value.split_once('=')
+                && let Some(path) = moved(path)
+            {
+                return format!("{flag}={path}");
             }
             value.to_owned()
         };
@@ -301,11 +336,7 @@ impl Node<'_> {
             }
             out
         };
-        let command = container["command"][0].as_str().context("no command")?;
-        let binary = command.strip_prefix("/usr/local/bin/").with_context(|| {
-            format!("{name}: the image holds its binaries in /usr/local/bin, not {command}")
-        })?;
-        let args: Vec<String> = container["command"]
+        let mut args: Vec<String> = container["command"]
             .as_array()
             .into_iter()
             .flatten()
@@ -313,8 +344,26 @@ impl Node<'_> {
             .chain(container["args"].as_array().into_iter().flatten())
             .map(|a| reroot(&expand(text(a))))
             .collect();
-        let log = self.root.join(format!("{pod}.log"));
-        let child = Command::new(self.bin_dir.join(binary))
+        let program = match upstream {
+            Some(program) => {
+                if !container["command"].is_null() {
+                    bail!("{name}: upstream's image runs its own entrypoint, not a command");
+                }
+                args.push(format!("--kubeconfig={}", kubeconfig.display()));
+                program.to_path_buf()
+            }
+            None => {
+                let command = container["command"][0].as_str().context("no command")?;
+                let binary = command.strip_prefix("/usr/local/bin/").with_context(|| {
+                    format!("{name}: the image holds its binaries in /usr/local/bin, not {command}")
+                })?;
+                self.bin_dir.join(binary)
+            }
+        };
+        let log = self
+            .root
+            .join(format!("{pod}-{}.log", text(&container["name"])));
+        let child = Command::new(&program)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .envs(&env)
@@ -323,7 +372,7 @@ impl Node<'_> {
             .stderr(std::fs::File::create(&log)?)
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("{name}: start {binary}"))?;
+            .with_context(|| format!("{name}: start {}", program.display()))?;
         Ok(Container { name, child, log })
     }
 

@@ -81,6 +81,9 @@ pub async fn start_adjusted(
     if options.cluster_autoscaler.is_some() {
         sets.push("autoscaler.enabled=true");
     }
+    if options.volumes {
+        sets.push("volumes.enabled=true");
+    }
     crate::chart::render_to(&policy, &sets).unwrap();
     let sandbox = Sandbox::start(options).await.unwrap();
     sandbox.populate().await.unwrap();

@@ -1,9 +1,11 @@
 //! The chart's pod specs, run: for the default values, a values file that
-//! turns on every option, and the AWS provider (against moto), every
-//! container starts from exactly the command, args, environment and
-//! mounted files the chart renders (see `ccm_testkit::kubelet`), under the
-//! chart's RBAC, and becomes ready. A container whose flags its binary
-//! refuses fails the test with the container's name.
+//! turns on every option (volumes too), and the AWS provider (against
+//! moto), every container of ours starts from exactly the command, args,
+//! environment and mounted files the chart renders (see
+//! `ccm_testkit::kubelet`), under the chart's RBAC, and becomes ready; so
+//! do upstream's CSI sidecars beside the volume controller, where builds
+//! of them are at hand. A container whose flags its binary refuses fails
+//! the test with the container's name.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -32,6 +34,7 @@ fn ports() -> Vec<String> {
         "nodeController.diagnosticsPort",
         "serviceController.diagnosticsPort",
         "routeController.diagnosticsPort",
+        "volumes.adminPort",
     ]
     .iter()
     .map(|key| format!("{key}={}", ccm_sandbox::ports::free_port().unwrap()))
@@ -261,4 +264,226 @@ async fn a_container_whose_flags_its_binary_refuses_is_named() {
         .to_string();
     assert!(err.contains("ccm-node-controller/node-controller"), "{err}");
     assert!(err.contains("concurrent-node-syncs"), "{err}");
+}
+
+/// The real external-provisioner and external-attacher (builds of their
+/// images' binaries, `ccm_testkit::csi_sidecars`) run as containers of the
+/// chart's volume-controller pod, with the args it renders, beside the
+/// volume controller on the pod's socket and under the chart's RBAC: each
+/// leads by the Lease the chart lets it update, and the provisioner makes
+/// the volume of a claim of the chart's StorageClass (placed as the claim's
+/// node says). The API server refuses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_sidecars_run_in_the_charts_volume_pod_under_its_rbac() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Node as KubeNode, PersistentVolume, PersistentVolumeClaim};
+    use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
+    use kube::api::{Api, PostParams};
+    use serde_json::json;
+
+    let test = "the_real_sidecars_run_in_the_charts_volume_pod_under_its_rbac";
+    let Some((provisioner, attacher)) = ccm_testkit::csi_sidecars(test) else {
+        return;
+    };
+    let mut sets = on_the_sim();
+    sets.push("volumes.enabled=true".into());
+    let objects = ccm_testkit::chart::render_objects(&[], &sets).unwrap();
+    let rendered = |kind: &str| -> Value {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} rendered"))
+            .clone()
+    };
+    let driver = rendered("CSIDriver")["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let api = ApiServer::start().await.unwrap();
+    api.enforce_rbac(&objects);
+    // What the install creates beside the pods.
+    let client = api.client().await.unwrap();
+    let post = PostParams::default();
+    Api::<CSIDriver>::all(client.clone())
+        .create(
+            &post,
+            &serde_json::from_value(rendered("CSIDriver")).unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<StorageClass>::all(client.clone())
+        .create(
+            &post,
+            &serde_json::from_value(rendered("StorageClass")).unwrap(),
+        )
+        .await
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node {
+        api: &api,
+        objects: &objects,
+        bin_dir: ccm_testkit::bin_dir(),
+        root: dir.path().to_path_buf(),
+        secrets: BTreeMap::new(),
+    };
+    let deployment = |name: &str| {
+        *kubelet::deployments(&objects)
+            .iter()
+            .find(|d| d["metadata"]["name"] == name)
+            .unwrap()
+    };
+    let (gateway, volumes) = (
+        deployment("ccm-gateway"),
+        deployment("ccm-volume-controller"),
+    );
+    let mut running = vec![node.start(gateway, 0, "ccm-gateway-0").await.unwrap()];
+    node.ready(gateway, 0, &mut running[0], Duration::from_secs(60))
+        .await
+        .unwrap();
+    let pod = "ccm-volume-controller-0";
+    running.push(node.start(volumes, 0, pod).await.unwrap());
+    node.ready(volumes, 0, &mut running[1], Duration::from_secs(60))
+        .await
+        .unwrap();
+    let names = |i: usize| volumes["spec"]["template"]["spec"]["containers"][i]["name"].clone();
+    assert_eq!(
+        (names(1), names(2)),
+        (json!("csi-provisioner"), json!("csi-attacher"))
+    );
+    running.push(
+        node.start_upstream(volumes, 1, pod, &provisioner)
+            .await
+            .unwrap(),
+    );
+    running.push(
+        node.start_upstream(volumes, 2, pod, &attacher)
+            .await
+            .unwrap(),
+    );
+
+    // Each leads by its own Lease, in the release's namespace.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-system");
+    let sanitized = driver.replace('.', "-");
+    for lease in [
+        sanitized.clone(),
+        format!("external-attacher-leader-{sanitized}"),
+    ] {
+        until(
+            &running,
+            &format!("no holder of the Lease {lease}"),
+            || async {
+                let held = leases.get_opt(&lease).await.ok().flatten()?;
+                held.spec?.holder_identity.filter(|h| !h.is_empty())
+            },
+        )
+        .await;
+    }
+
+    // A claim of the chart's class, for a Pod scheduled to a node in
+    // sim-zone-b: the node as the kubelet registers the node plugin (its
+    // CSINode entry and topology label), the claim as the scheduler and
+    // the PV controller annotate it.
+    let zone_key = "topology.sim.cloudgateway.io/zone";
+    Api::<KubeNode>::all(client.clone())
+        .create(
+            &post,
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "node-0", "labels": {zone_key: "sim-zone-b"}},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<CSINode>::all(client.clone())
+        .create(
+            &post,
+            &serde_json::from_value(json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                "metadata": {"name": "node-0"},
+                "spec": {"drivers": [{
+                    "name": driver, "nodeID": "i-0123456789abcdef0", "topologyKeys": [zone_key],
+                }]},
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let class = rendered("StorageClass")["metadata"]["name"].clone();
+    let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default")
+        .create(
+            &post,
+            &serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "data", "annotations": {
+                    "volume.kubernetes.io/storage-provisioner": driver,
+                    "volume.kubernetes.io/selected-node": "node-0",
+                }},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": class,
+                    "resources": {"requests": {"storage": "2Gi"}},
+                },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let pv_name = format!("pvc-{}", claim.metadata.uid.unwrap());
+    let volumes_api: Api<PersistentVolume> = Api::all(client.clone());
+    let pv = until(
+        &running,
+        "the provisioner made no PersistentVolume",
+        || async { volumes_api.get_opt(&pv_name).await.ok().flatten() },
+    )
+    .await;
+    let pv = serde_json::to_value(pv).unwrap();
+    assert_eq!(pv["spec"]["csi"]["driver"], driver.as_str(), "{pv}");
+    assert_eq!(pv["spec"]["csi"]["fsType"], "ext4", "{pv}");
+    assert_eq!(pv["spec"]["storageClassName"], class, "{pv}");
+    assert_eq!(
+        pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0],
+        json!({"key": zone_key, "operator": "In", "values": ["sim-zone-b"]}),
+        "{pv}"
+    );
+
+    let report = api.rbac_report().unwrap();
+    assert_eq!(
+        report["denied"],
+        json!([]),
+        "RBAC refused: {report}\n{}",
+        logs(&running)
+    );
+    drop(running);
+}
+
+/// The end of every container's log.
+fn logs(running: &[kubelet::Container]) -> String {
+    running
+        .iter()
+        .map(|c| format!("--- {}\n{}", c.name, c.log_tail(30)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Waits until `check` answers, failing with the containers' logs after a
+/// minute.
+async fn until<T, F: std::future::Future<Output = Option<T>>>(
+    running: &[kubelet::Container],
+    what: &str,
+    check: impl Fn() -> F,
+) -> T {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{what} within a minute\n{}",
+            logs(running)
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }

@@ -81,8 +81,6 @@ async fn csi_sanity_passes_and_two_attaches_at_once_get_two_devices() {
         scenario::start_adjusted(CloudKind::Sim, 1, 0, extra.into(), |o| {
             o.volumes = true;
             o.replicas = 1;
-            // The chart has no volume controller yet.
-            o.rbac = None;
         })
         .await;
     let controller_socket = PathBuf::from(&sandbox.endpoints["csi_socket"]);
@@ -228,8 +226,7 @@ async fn csi_sanity_passes_and_two_attaches_at_once_get_two_devices() {
             "csi-sanity passed only {passed} specs:\n{tail}"
         );
     }
-    kubelets.abort();
-    sandbox.stop().await;
+    scenario::finish(sandbox, kubelets).await;
 }
 
 /// Waits until `check` answers something, failing after the scenario's
@@ -281,27 +278,29 @@ async fn the_real_provisioner_and_attacher_make_attach_detach_and_delete_a_cloud
     let Some((provisioner, attacher)) = ccm_testkit::csi_sidecars(test) else {
         return;
     };
+    // Under the chart's RBAC (volumes on).
     let (sandbox, kubelets, dir) =
         scenario::start_adjusted(CloudKind::Sim, 1, 0, Default::default(), |o| {
             o.volumes = true;
             o.replicas = 1;
-            // The chart has no volume controller yet.
-            o.rbac = None;
         })
         .await;
     let socket = PathBuf::from(&sandbox.endpoints["csi_socket"]);
     serving(&socket).await;
     let logs = dir.path();
+    // The sidecars share the volume controller's pod, and so its
+    // ServiceAccount: they may do what the chart grants it.
+    let account = dir.path().join("state/kubeconfig-volume-controller");
     let _provisioner = sidecar(
         &provisioner,
-        &sandbox.kubeconfig,
+        &account,
         &socket,
         &logs.join("csi-provisioner.log"),
         &["--extra-create-metadata"],
     );
     let _attacher = sidecar(
         &attacher,
-        &sandbox.kubeconfig,
+        &account,
         &socket,
         &logs.join("csi-attacher.log"),
         &[],
@@ -453,6 +452,5 @@ async fn the_real_provisioner_and_attacher_make_attach_detach_and_delete_a_cloud
             .then_some(())
     })
     .await;
-    kubelets.abort();
-    sandbox.stop().await;
+    scenario::finish(sandbox, kubelets).await;
 }

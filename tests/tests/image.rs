@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BINARIES: [&str; 5] = [
+const BINARIES: [&str; 6] = [
     "cloud-gateway",
     "node-controller",
     "service-controller",
     "route-controller",
+    "volume-controller",
     "aws-preflight",
 ];
 

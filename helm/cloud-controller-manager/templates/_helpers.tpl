@@ -225,3 +225,38 @@ CN=cluster-autoscaler=autoscaler
 {{- printf "%s=autoscaler" (include "ccm.autoscalerIdentity" .) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* "true" when the volume controller runs (volumes.enabled), with its
+CSIDriver, sidecars and StorageClass. */}}
+{{- define "ccm.volumesOn" -}}
+{{- if .Values.volumes.enabled }}true{{ end -}}
+{{- end -}}
+
+{{/* The CSI driver's name, checked: volumes.csiDriver, else the gateway's
+provider's (the name the volume controller reports to the sidecars). With
+the gateway elsewhere there is no provider to ask. */}}
+{{- define "ccm.csiDriver" -}}
+{{- if .Values.volumes.csiDriver -}}
+{{- .Values.volumes.csiDriver -}}
+{{- else if not .Values.gateway.enabled -}}
+{{- fail "volumes.csiDriver is required when gateway.enabled is false: the CSI driver the external gateway's provider serves (sim.csi.cloudgateway.io for sim, ebs.csi.aws.com for aws)" -}}
+{{- else -}}
+{{- get (dict "sim" "sim.csi.cloudgateway.io" "aws" "ebs.csi.aws.com") (include "ccm.provider" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The CSI sidecars that run (values key, container name, the Lease it
+elects its leader by), as a YAML list. Each sidecar names its Lease after
+the driver, as csi-lib-utils' leader election sanitises it: every
+character but [a-zA-Z0-9-] becomes "-" (the provisioner's is the driver's
+alone; the others' carry a prefix, as each sidecar's main.go has it). */}}
+{{- define "ccm.csiSidecars" -}}
+{{- $driver := regexReplaceAll "[^a-zA-Z0-9-]" (include "ccm.csiDriver" .) "-" -}}
+{{- if hasSuffix "-" $driver }}{{ $driver = printf "%sX" $driver }}{{ end -}}
+- {key: provisioner, name: csi-provisioner, lease: {{ $driver }}}
+- {key: attacher, name: csi-attacher, lease: external-attacher-leader-{{ $driver }}}
+- {key: resizer, name: csi-resizer, lease: external-resizer-{{ $driver }}}
+{{- if .Values.volumes.sidecars.snapshotter.enabled }}
+- {key: snapshotter, name: csi-snapshotter, lease: external-snapshotter-leader-{{ $driver }}}
+{{- end }}
+{{- end -}}

@@ -720,7 +720,7 @@ impl Sandbox {
                 // The token shown to the peers, in the environment: a
                 // previous release's controller (the skew run) ignores it
                 // where it would refuse an unknown flag.
-                let env = [(
+                let mut env = vec![(
                     "CCM_DIAGNOSTICS_PEER_TOKEN_FILE".to_owned(),
                     state
                         .join(format!("tokens/{binary}-peer.token"))
@@ -734,13 +734,18 @@ impl Sandbox {
                     // The kubelets below ask for serving certificates.
                     args.extend(["--approve-kubelet-serving-csrs".into(), "true".into()]);
                 }
+                let mut diagnostics_port = Some(diagnostics_port);
                 if binary == "volume-controller" {
-                    // The socket the sidecars of its pod would share.
+                    // The socket the sidecars of its pod would share; and,
+                    // as the chart runs it, no diagnostics API.
                     let socket = csi_socket(&state, &name);
                     args.extend([
                         "--csi-address".into(),
                         format!("unix://{}", socket.display()),
                     ]);
+                    without_diagnostics(&mut args);
+                    env.clear();
+                    diagnostics_port = None;
                 }
                 args.extend(extra.iter().cloned());
                 args.extend(sandbox.extra_args(binary));
@@ -753,7 +758,7 @@ impl Sandbox {
                     component: binary,
                     admin,
                     grpc: None,
-                    diagnostics: Some(diagnostics_port),
+                    diagnostics: diagnostics_port,
                 });
             }
         }
@@ -1239,6 +1244,28 @@ impl Sandbox {
             }
         }
     }
+}
+
+/// Takes the diagnostics API's flags (each with its value) out of a
+/// controller's `args`.
+fn without_diagnostics(args: &mut Vec<String>) {
+    const FLAGS: [&str; 5] = [
+        "--diagnostics-listen",
+        "--diagnostics-tls-cert",
+        "--diagnostics-tls-key",
+        "--release-name",
+        "--diagnostics-peer-ca-file",
+    ];
+    let mut kept = Vec::with_capacity(args.len());
+    let mut pairs = std::mem::take(args).into_iter();
+    while let Some(flag) = pairs.next() {
+        let value = pairs.next();
+        if !FLAGS.contains(&flag.as_str()) {
+            kept.push(flag);
+            kept.extend(value);
+        }
+    }
+    *args = kept;
 }
 
 /// The most volumes a sim instance takes: the gateway's
