@@ -102,7 +102,9 @@ fn csi_status(err: ccm_proto::Error) -> Status {
     Status::new(code, message)
 }
 
-fn required(field: &str, value: &str) -> Result<(), Status> {
+/// `INVALID_ARGUMENT` naming `field` when it is empty, as the CSI spec
+/// answers a missing required field.
+pub fn required(field: &str, value: &str) -> Result<(), Status> {
     if value.is_empty() {
         Err(Status::invalid_argument(format!("{field} is required")))
     } else {

@@ -30,11 +30,8 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+use volume_controller::csi::{DEVICE_PATH, required};
 use volume_controller::socket::{Held, OneCallEach};
-
-/// The publish context key the controller names the device under (AWS's
-/// EBS node plugin reads the same).
-const DEVICE_PATH: &str = "devicePath";
 
 /// The longest volume ID taken, in bytes (CSI's limit on its strings).
 const MAX_ID_BYTES: usize = 128;
@@ -354,14 +351,6 @@ fn gateway_status(err: ccm_proto::Error) -> Status {
             Status::unavailable(message)
         }
         _ => Status::internal(message),
-    }
-}
-
-fn required(field: &str, value: &str) -> Result<(), Status> {
-    if value.is_empty() {
-        Err(Status::invalid_argument(format!("{field} is required")))
-    } else {
-        Ok(())
     }
 }
 
