@@ -405,7 +405,7 @@ fn serve(
             RoutesServer::new(RoutesService::new(cloud.clone())).max_decoding_message_size(largest),
         )
         .add_service(
-            VolumesServer::new(VolumesService::new(cloud.clone()))
+            VolumesServer::new(VolumesService::new(cloud.clone(), settings.lookups.clone()))
                 .max_decoding_message_size(largest),
         )
         .add_service(

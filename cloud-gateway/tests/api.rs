@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use ccm_proto::v1::{AttachmentState, VolumeState};
 use ccm_proto::v1::{
     Faults, GetStatsRequest, Host, InstanceId, InstanceState, LookupPurpose, NodeRef, Route,
 };
@@ -1100,13 +1101,14 @@ async fn a_huge_invalid_request_is_invalid_argument_with_a_short_error() {
 }
 
 #[tokio::test]
-async fn a_slow_attach_answers_retry_after_with_its_device_until_attached() {
+async fn an_attach_past_the_wait_answers_retry_after_and_asked_again_the_same_device() {
     use ccm_proto::v1::{AttachVolumeRequest, CreateVolumeRequest, GetVolumeRequest};
     let gw = TestGateway::start(|_| {}).await;
     let instance = gw.create_instance("node-a").await;
+    // Longer than the gateway waits in one call (5 s), shorter than two.
     gw.admin()
         .set_faults(Faults {
-            volume_attach_delay: duration(Duration::from_millis(800)),
+            volume_attach_delay: duration(Duration::from_secs(7)),
             ..Default::default()
         })
         .await
@@ -1134,8 +1136,6 @@ async fn a_slow_attach_answers_retry_after_with_its_device_until_attached() {
         panic!("expected RetryAfter, got {err:?}");
     };
     assert_eq!(reason, reason::PROVISIONING);
-    // Asked again while it attaches: the same attachment, still attaching.
-    assert!(matches!(attach().await, Err(Error::RetryAfter { .. })));
     let seen = volumes
         .get_volume(GetVolumeRequest {
             volume_id: volume.id.clone(),
@@ -1146,12 +1146,82 @@ async fn a_slow_attach_answers_retry_after_with_its_device_until_attached() {
         .volume
         .unwrap();
     assert_eq!(seen.attachments.len(), 1, "{seen:?}");
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    // Asked again: the same attachment, waited for until attached.
     let device = attach().await.unwrap().device;
     assert_eq!(
         device, seen.attachments[0].device,
         "one attachment, one device"
     );
+}
+
+#[tokio::test]
+async fn volumes_the_cloud_makes_in_seconds_are_waited_for_with_their_reads_gathered() {
+    use ccm_proto::v1::{AttachVolumeRequest, CreateVolumeRequest, GetVolumeRequest};
+    let gw = TestGateway::start(|_| {}).await;
+    let instance = gw.create_instance("node-a").await;
+    gw.admin()
+        .set_faults(Faults {
+            volume_create_delay: duration(Duration::from_secs(2)),
+            volume_attach_delay: duration(Duration::from_secs(2)),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let volumes = gw.client(Role::Volume);
+    let creates = (0..20).map(|i| {
+        volumes.create_volume(CreateVolumeRequest {
+            name: format!("pvc-{i}"),
+            zones: vec![instance.zone.clone()],
+            ..Default::default()
+        })
+    });
+    let made: Vec<String> = futures::future::join_all(creates)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().volume.unwrap())
+        .inspect(|v| assert_eq!(v.state(), VolumeState::Available, "{v:?}"))
+        .map(|v| v.id)
+        .collect();
+    let attaches = made.iter().map(|id| {
+        volumes.attach_volume(AttachVolumeRequest {
+            volume_id: id.clone(),
+            instance_id: instance.id.clone(),
+            ..Default::default()
+        })
+    });
+    for attached in futures::future::join_all(attaches).await {
+        attached.unwrap();
+    }
+    for id in &made {
+        let volume = volumes
+            .get_volume(GetVolumeRequest {
+                volume_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .volume
+            .unwrap();
+        assert_eq!(
+            volume.attachments[0].state(),
+            AttachmentState::Attached,
+            "{volume:?}"
+        );
+    }
+    let stats = gw
+        .admin()
+        .get_stats(GetStatsRequest { reset: false })
+        .await
+        .unwrap()
+        .into_inner();
+    // 20 creates and 20 attaches, each waited for by reading once a
+    // second: one read a second between them (and one before each
+    // attach, gathered too), not one a waiter; the 20 reads just above
+    // are one call each.
+    let reads = stats.calls["get_volume"] - 20;
+    assert!(reads <= 12, "{reads} gathered reads: {:?}", stats.calls);
+    assert_eq!(stats.calls["create_volume"], 20, "{:?}", stats.calls);
+    assert_eq!(stats.calls["attach_volume"], 20, "{:?}", stats.calls);
 }
 
 #[tokio::test]

@@ -32,6 +32,7 @@ fn the_benchmark_harness_runs_every_scenario_for_both_profiles() {
     let text = std::fs::read_to_string(&report).unwrap();
     for scenario in [
         "| 1. ", "| 2. ", "| 3. ", "| 4. ", "| 5. ", "| 6. ", "| 7. ", "| 8. ", "| 9. ", "| 10. ",
+        "| 13. ",
     ] {
         assert!(text.contains(scenario), "{scenario} missing:\n{text}");
     }
@@ -65,7 +66,7 @@ fn the_benchmark_harness_runs_every_scenario_for_both_profiles() {
         .map(|l| l.split('|').map(str::trim).collect())
         .collect();
     assert_eq!(table[0][6], "limit", "{text}");
-    for scenario in ["1.", "2.", "3.", "4.", "5.", "6.", "7.", "8.", "9."] {
+    for scenario in ["1.", "2.", "3.", "4.", "5.", "6.", "7.", "8.", "9.", "13."] {
         assert!(
             table
                 .iter()

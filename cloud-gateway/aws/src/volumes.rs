@@ -53,6 +53,10 @@ const TAG_PV_NAME: &str = "kubernetes.io/created-for/pv/name";
 /// EBS's unit of size.
 const GIB: i64 = 1 << 30;
 
+/// Volume IDs read in one DescribeVolumes, as values of one filter (EC2
+/// takes up to 200 values a filter).
+const READS_PER_CALL: usize = 200;
+
 /// The size of a volume asked without one, upstream's default.
 const DEFAULT_SIZE_GIB: i64 = 100;
 
@@ -526,6 +530,7 @@ impl Volumes for AwsCloud {
             default_size_bytes: DEFAULT_SIZE_GIB * GIB,
             node_parameters: NODE_PARAMETERS.iter().map(|p| (*p).to_owned()).collect(),
             device_names: ebs_device_names(),
+            reads_per_call: READS_PER_CALL,
         }
     }
 
@@ -651,6 +656,27 @@ impl Volumes for AwsCloud {
 
     async fn get(&self, cluster: &str, volume_id: &str) -> Result<Option<Volume>> {
         self.cluster_volume(cluster, volume_id).await
+    }
+
+    async fn get_many(&self, cluster: &str, volume_ids: &[String]) -> Result<Vec<Volume>> {
+        // By filter, not by `VolumeIds`: one ID gone must not fail the
+        // read of the others (`InvalidVolume.NotFound`).
+        let mut out = Vec::with_capacity(volume_ids.len());
+        for ids in volume_ids.chunks(READS_PER_CALL) {
+            let found = self
+                .describe_volumes(vec![tags::filter(
+                    "volume-id",
+                    ids.iter().map(String::as_str),
+                )])
+                .await?;
+            out.extend(
+                found
+                    .iter()
+                    .filter(|v| tags::belongs_to(v.tags(), cluster))
+                    .filter_map(to_volume),
+            );
+        }
+        Ok(out)
     }
 
     async fn list(&self, cluster: &str) -> Result<Vec<Volume>> {

@@ -38,6 +38,10 @@ pub struct VolumeOffer {
     /// Device names a volume may be attached under, in the order the
     /// gateway hands them out.
     pub device_names: Vec<String>,
+    /// The most volumes [`Volumes::get_many`] reads in one call to the
+    /// cloud; 0 or 1 where it reads one at a time (each read is then one
+    /// call against the budget).
+    pub reads_per_call: usize,
 }
 
 /// Where a volume is in its life.
@@ -163,6 +167,19 @@ pub trait Volumes: Send + Sync {
     /// One volume, `None` when there is none.
     async fn get(&self, cluster: &str, volume_id: &str) -> Result<Option<Volume>>;
 
+    /// The volumes of `volume_ids` that exist, in any order: one call to
+    /// the cloud where it reads many volumes at once (the gateway gathers
+    /// the reads of many waiters into one, at most
+    /// [`VolumeOffer::reads_per_call`] IDs). The default reads them one
+    /// by one, for a cloud that cannot.
+    async fn get_many(&self, cluster: &str, volume_ids: &[String]) -> Result<Vec<Volume>> {
+        let mut out = Vec::with_capacity(volume_ids.len());
+        for id in volume_ids {
+            out.extend(self.get(cluster, id).await?);
+        }
+        Ok(out)
+    }
+
     /// Every volume of the cluster.
     async fn list(&self, cluster: &str) -> Result<Vec<Volume>>;
 
@@ -172,7 +189,10 @@ pub trait Volumes: Send + Sync {
 
     /// Attaches a volume to an instance under `device`, which the gateway
     /// picked from what [`Self::devices_in_use`] left free; answers the
-    /// attachment, `Provisioning` while the cloud still attaches it.
+    /// attachment (the one that exists, whatever `device`, when the volume
+    /// is attached to the instance already: the gateway does not read the
+    /// volume first). `Provisioning` while the cloud still makes the
+    /// volume.
     /// Refuses as the cloud does: [`CloudError::VolumeInUse`],
     /// [`CloudError::ZoneMismatch`], [`CloudError::AttachLimit`],
     /// `NotFound` for a volume or instance that does not exist.

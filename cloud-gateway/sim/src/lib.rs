@@ -121,6 +121,8 @@ pub struct FaultSettings {
     /// How long a new volume attachment stays attaching (a slow attach; a
     /// long one is a volume stuck attaching).
     pub volume_attach_delay: Duration,
+    /// How long a new volume stays creating.
+    pub volume_create_delay: Duration,
 }
 
 /// Load balancers, routes, volumes, snapshots and counters are held in

@@ -128,6 +128,14 @@ pub struct VolumeRecord {
     /// still being made (the `volume_attach_delay` fault).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub attaching_until_ms: BTreeMap<String, u64>,
+    /// Until when (ms since the epoch) it is still being made (the
+    /// `volume_create_delay` fault); 0 when it was made at once.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub creating_until_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A snapshot of a volume as the simulated cloud stores it.

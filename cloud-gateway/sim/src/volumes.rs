@@ -32,6 +32,9 @@ const WELL_KNOWN_ZONE_KEY: &str = "topology.kubernetes.io/zone";
 /// The sim's unit of size: a volume is a whole number of GiB.
 const GIB: i64 = 1 << 30;
 
+/// Volumes read in one `get_many`, as EC2's DescribeVolumes filter takes.
+const READS_PER_CALL: usize = 200;
+
 /// The largest volume the sim makes, 16 TiB (EBS's largest of most types).
 const MAX_SIZE_BYTES: i64 = 16 * 1024 * GIB;
 
@@ -250,7 +253,9 @@ impl VolumeRecord {
             name: self.name.clone(),
             size_bytes: self.size_bytes,
             zone: self.zone.clone(),
-            state: if self.attachments.is_empty() {
+            state: if now_ms() < self.creating_until_ms {
+                VolumeState::Creating
+            } else if self.attachments.is_empty() {
                 VolumeState::Available
             } else {
                 VolumeState::InUse
@@ -422,6 +427,7 @@ impl Volumes for SimCloud {
             default_size_bytes: GIB,
             node_parameters: Vec::new(),
             device_names: ebs_device_names(),
+            reads_per_call: READS_PER_CALL,
         }
     }
 
@@ -459,6 +465,10 @@ impl Volumes for SimCloud {
             attributes: [(TYPE_PARAMETER.to_owned(), wanted.volume_type)].into(),
             created_at_ms: now_ms(),
             attaching_until_ms: BTreeMap::new(),
+            creating_until_ms: match self.faults().volume_create_delay {
+                d if d.is_zero() => 0,
+                d => now_ms() + u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            },
         };
         state
             .store
@@ -496,6 +506,22 @@ impl Volumes for SimCloud {
             .state()
             .volume(cluster, volume_id)
             .map(VolumeRecord::to_volume))
+    }
+
+    async fn get_many(&self, cluster: &str, volume_ids: &[String]) -> Result<Vec<Volume>> {
+        if volume_ids.len() > READS_PER_CALL {
+            return Err(CloudError::invalid(
+                "volume_ids",
+                format!("names {}; at most {READS_PER_CALL}", volume_ids.len()),
+            ));
+        }
+        let _call = self.enter(Operation::GetVolume).await?;
+        let state = self.state();
+        Ok(volume_ids
+            .iter()
+            .filter_map(|id| state.volume(cluster, id))
+            .map(VolumeRecord::to_volume)
+            .collect())
     }
 
     async fn list(&self, cluster: &str) -> Result<Vec<Volume>> {
@@ -540,6 +566,12 @@ impl Volumes for SimCloud {
         }
         if let Some(attached) = volume.device_on(&instance.id) {
             return Ok(attachment(&volume, &instance.id, attached));
+        }
+        if now_ms() < volume.creating_until_ms {
+            return Err(CloudError::Provisioning {
+                retry_after: Duration::from_secs(1),
+                message: format!("volume {volume_id} is still being made"),
+            });
         }
         if let Some((other, _)) = volume.attachments.first() {
             return Err(CloudError::VolumeInUse(format!(

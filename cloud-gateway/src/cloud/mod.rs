@@ -22,6 +22,7 @@ pub mod instance_lookups;
 pub mod load_balancer_reads;
 pub mod node_group_snapshots;
 pub mod one_at_a_time;
+pub mod volume_reads;
 
 use self::budget::{Budget, Priority};
 use crate::metrics::{CloudLabels, Metrics, OperationLabels, PriorityLabels};

@@ -215,6 +215,7 @@ fn faults_to_proto(f: &FaultSettings) -> Faults {
         throttle_retry_after: to_proto_duration(f.throttle_retry_after),
         lb_provisioning_delay: to_proto_duration(f.lb_provisioning_delay),
         volume_attach_delay: to_proto_duration(f.volume_attach_delay),
+        volume_create_delay: to_proto_duration(f.volume_create_delay),
         capacity_exhausted_zones: f.capacity_exhausted_zones.iter().cloned().collect(),
     }
 }
@@ -271,6 +272,7 @@ fn faults_from_proto(f: Faults) -> Result<FaultSettings, CloudError> {
     out.throttle_retry_after = duration("throttle_retry_after".into(), f.throttle_retry_after);
     out.lb_provisioning_delay = duration("lb_provisioning_delay".into(), f.lb_provisioning_delay);
     out.volume_attach_delay = duration("volume_attach_delay".into(), f.volume_attach_delay);
+    out.volume_create_delay = duration("volume_create_delay".into(), f.volume_create_delay);
     for (key, d) in latency {
         if key == "*" {
             out.default_latency = d;

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use ccm_proto::v1::volumes_server::Volumes;
 use ccm_proto::v1::{self as wire};
@@ -21,7 +21,9 @@ use tonic::{Request, Response, Status};
 use super::status::answer;
 use super::validate::Violations;
 use crate::cloud::budget::Priority;
+use crate::cloud::instance_lookups::LookupConfig;
 use crate::cloud::one_at_a_time::OneAtATime;
+use crate::cloud::volume_reads::VolumeReads;
 use crate::cloud::{Audit, Cloud};
 use crate::identity::Caller;
 
@@ -32,8 +34,25 @@ use crate::limits::{
 };
 
 /// How soon to ask again about a volume or attachment the cloud is still
-/// making.
+/// making: the caller, once the gateway stops waiting, and the gateway
+/// itself while it waits.
 const STILL_MAKING: Duration = Duration::from_secs(1);
+
+/// How long a create or attach waits for the cloud to finish before it
+/// answers `PROVISIONING`: well inside the callers' deadlines (the
+/// gateway client's 10 s, the external-provisioner's 10 s and the
+/// external-attacher's 15 s `--timeout`), and long enough for most
+/// volumes and attachments, which a cloud makes in seconds.
+const WAIT_AT_MOST: Duration = Duration::from_secs(5);
+
+/// How long until the gateway's next tick of [`STILL_MAKING`]: when
+/// every waiter reads.
+fn next_tick() -> Duration {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let period = STILL_MAKING.as_nanos();
+    let into = START.get_or_init(Instant::now).elapsed().as_nanos() % period;
+    Duration::from_nanos(u64::try_from(period - into).unwrap_or(0))
+}
 
 /// The Volumes service.
 pub struct VolumesService {
@@ -44,6 +63,8 @@ pub struct VolumesService {
     instances: OneAtATime,
     /// The device names known in use on each instance.
     devices: Devices,
+    /// Reads of volumes, gathered.
+    reads: Arc<VolumeReads>,
 }
 
 /// How long the gateway trusts what it knows of an instance's device
@@ -56,27 +77,31 @@ const DEVICE_MEMORY: Duration = Duration::from_secs(30);
 /// The device names known in use, by instance: one allocator per
 /// instance, owned by the gateway.
 #[derive(Debug, Default)]
-struct Devices(std::sync::Mutex<HashMap<String, (std::time::Instant, BTreeSet<String>)>>);
+struct Devices {
+    known: std::sync::Mutex<HashMap<String, (std::time::Instant, BTreeSet<String>)>>,
+    /// [`DEVICE_MEMORY`], or zero to ask the cloud before every attach.
+    memory: Duration,
+}
 
 impl Devices {
     fn map(
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<String, (std::time::Instant, BTreeSet<String>)>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// What is known in use on `instance`, if it is remembered still.
     fn remembered(&self, instance: &str) -> Option<BTreeSet<String>> {
         let map = self.map();
         let (read_at, used) = map.get(instance)?;
-        (read_at.elapsed() < DEVICE_MEMORY).then(|| used.clone())
+        (read_at.elapsed() < self.memory).then(|| used.clone())
     }
 
     /// Remembers the cloud's answer for `instance`, forgetting answers past
     /// their time, so the map holds only instances attached to lately.
     fn remember(&self, instance: &str, used: &[String]) {
         let mut map = self.map();
-        map.retain(|_, (read_at, _)| read_at.elapsed() < DEVICE_MEMORY);
+        map.retain(|_, (read_at, _)| read_at.elapsed() < self.memory);
         map.insert(
             instance.to_owned(),
             (std::time::Instant::now(), used.iter().cloned().collect()),
@@ -97,13 +122,23 @@ impl Devices {
 }
 
 impl VolumesService {
-    /// Serves volumes of `cloud`.
-    pub fn new(cloud: Arc<Cloud>) -> Self {
+    /// Serves volumes of `cloud`. Without a cache (`lookups.cache_ttl`
+    /// zero, the upstream profile) each attach reads its instance's
+    /// devices afresh.
+    pub fn new(cloud: Arc<Cloud>, lookups: LookupConfig) -> Self {
         Self {
+            devices: Devices {
+                known: Default::default(),
+                memory: if lookups.cache_ttl.is_zero() {
+                    Duration::ZERO
+                } else {
+                    DEVICE_MEMORY
+                },
+            },
+            reads: VolumeReads::new(cloud.clone(), lookups),
             cloud,
             names: OneAtATime::default(),
             instances: OneAtATime::default(),
-            devices: Devices::default(),
         }
     }
 
@@ -146,12 +181,39 @@ impl VolumesService {
     }
 
     async fn get(&self, cluster: &str, volume_id: &str) -> Result<Option<Volume>, CloudError> {
-        self.cloud
-            .volumes()?
-            .call(Operation::GetVolume, Priority::Normal, None, |v| {
-                v.get(cluster, volume_id)
-            })
-            .await
+        self.reads.get(cluster, volume_id).await
+    }
+
+    /// Reads the volume every [`STILL_MAKING`] until `done` holds of it,
+    /// for at most [`WAIT_AT_MOST`] from `since`; then `PROVISIONING`,
+    /// for the caller to ask again. Every waiter reads on the same ticks,
+    /// so the reads of all fall in one batch: a thousand waiters cost
+    /// about a read a second.
+    async fn wait_until(
+        &self,
+        since: Instant,
+        cluster: &str,
+        volume_id: &str,
+        done: impl Fn(&Volume) -> bool,
+        still: impl FnOnce() -> String,
+    ) -> Result<Volume, CloudError> {
+        loop {
+            let tick = next_tick();
+            if since.elapsed() + tick > WAIT_AT_MOST {
+                return Err(CloudError::Provisioning {
+                    retry_after: STILL_MAKING,
+                    message: still(),
+                });
+            }
+            tokio::time::sleep(tick).await;
+            let volume = self
+                .get(cluster, volume_id)
+                .await?
+                .ok_or_else(|| CloudError::NotFound(format!("volume {volume_id}")))?;
+            if done(&volume) {
+                return Ok(volume);
+            }
+        }
     }
 
     /// Runs a call that changes the cloud, audit-logged.
@@ -421,9 +483,10 @@ impl Volumes for VolumesService {
                 source_volume_id: req.source_volume_id,
                 mutable_parameters: sorted(req.mutable_parameters),
             };
-            let _name = self.names.hold(&spec.name).await;
+            let since = Instant::now();
+            let name = self.names.hold(&spec.name).await;
             let resource = format!("volume/{}", spec.name);
-            let volume = self
+            let mut volume = self
                 .mutate(
                     Operation::CreateVolume,
                     &caller,
@@ -432,6 +495,19 @@ impl Volumes for VolumesService {
                     |v| v.create(&req.cluster_name, &spec),
                 )
                 .await?;
+            drop(name);
+            if volume.state == VolumeState::Creating {
+                let id = volume.id.clone();
+                volume = self
+                    .wait_until(
+                        since,
+                        &req.cluster_name,
+                        &id,
+                        |v| v.state != VolumeState::Creating,
+                        || format!("volume {id} is still being made"),
+                    )
+                    .await?;
+            }
             Ok(Response::new(wire::CreateVolumeResponse {
                 volume: Some(volume_to_wire(made(volume)?)),
             }))
@@ -525,56 +601,58 @@ impl Volumes for VolumesService {
             id(&mut v, "instance_id", &req.instance_id);
             v.finish()?;
             let cluster = req.cluster_name.as_str();
+            let since = Instant::now();
             // One attach at a time per instance: the device picked below
             // stays free until the cloud has it.
-            let _instance = self.instances.hold(&req.instance_id).await;
-            let volume = self
-                .get(cluster, &req.volume_id)
-                .await?
-                .ok_or_else(|| CloudError::NotFound(format!("volume {}", req.volume_id)))?;
-            let attachment = match volume.attachment_to(&req.instance_id) {
-                Some(attached) => attached.clone(),
-                None => {
-                    if let Some(other) = volume.attachments.first() {
-                        return Err(CloudError::VolumeInUse(format!(
-                            "volume {} is attached to instance {}; detach it there first",
-                            volume.id, other.instance_id
-                        )));
+            let instance = self.instances.hold(&req.instance_id).await;
+            // No read of the volume first: the provider answers an
+            // attachment to this instance that exists already, and
+            // refuses a volume attached elsewhere, from its own read.
+            let resource = format!("volume/{}->{}", req.volume_id, req.instance_id);
+            let mut fresh = false;
+            let attachment = loop {
+                let device = self.free_device(cluster, &req.instance_id, fresh).await?;
+                let attached = self
+                    .mutate(Operation::AttachVolume, &caller, cluster, &resource, |v| {
+                        v.attach(cluster, &req.volume_id, &req.instance_id, &device)
+                    })
+                    .await;
+                match attached {
+                    Ok(attached) => {
+                        self.devices.taken(&req.instance_id, &attached.device);
+                        break attached;
                     }
-                    let resource = format!("volume/{}->{}", req.volume_id, req.instance_id);
-                    let mut fresh = false;
-                    loop {
-                        let device = self.free_device(cluster, &req.instance_id, fresh).await?;
-                        let attached = self
-                            .mutate(Operation::AttachVolume, &caller, cluster, &resource, |v| {
-                                v.attach(cluster, &req.volume_id, &req.instance_id, &device)
-                            })
-                            .await;
-                        match attached {
-                            Ok(attached) => {
-                                self.devices.taken(&req.instance_id, &attached.device);
-                                break attached;
-                            }
-                            // A name the cloud had in use that the gateway
-                            // did not know of (attached by hand): read the
-                            // instance afresh, once.
-                            Err(CloudError::Conflict(_)) if !fresh => {
-                                self.devices.forget(&req.instance_id);
-                                fresh = true;
-                            }
-                            Err(e) => return Err(e),
-                        }
+                    // A name the cloud had in use that the gateway did not
+                    // know of (attached by hand): read the instance
+                    // afresh, once.
+                    Err(CloudError::Conflict(_)) if !fresh => {
+                        self.devices.forget(&req.instance_id);
+                        fresh = true;
                     }
+                    Err(e) => return Err(e),
                 }
             };
+            // The cloud has the device now: the next attach to the
+            // instance need not wait for this one to finish.
+            drop(instance);
             if attachment.state != AttachmentState::Attached {
-                return Err(CloudError::Provisioning {
-                    retry_after: STILL_MAKING,
-                    message: format!(
-                        "volume {} is still being attached to instance {} as {}",
-                        req.volume_id, req.instance_id, attachment.device
-                    ),
-                });
+                let device = attachment.device.clone();
+                self.wait_until(
+                    since,
+                    cluster,
+                    &req.volume_id,
+                    |v| {
+                        v.attachment_to(&req.instance_id)
+                            .is_some_and(|a| a.state == AttachmentState::Attached)
+                    },
+                    || {
+                        format!(
+                            "volume {} is still being attached to instance {} as {device}",
+                            req.volume_id, req.instance_id
+                        )
+                    },
+                )
+                .await?;
             }
             Ok(Response::new(wire::AttachVolumeResponse {
                 device: attachment.device,

@@ -10,6 +10,7 @@
 mod live_targets;
 pub mod plot;
 pub mod targets;
+mod volumes;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -75,6 +76,8 @@ pub struct Sizes {
     pub target_services: usize,
     /// Scenario 12: nodes, one run per size.
     pub live_target_nodes: Vec<usize>,
+    /// Scenario 13: claims provisioned and attached at once.
+    pub volumes: usize,
     /// Longest wait for any one convergence.
     pub limit: Duration,
 }
@@ -109,6 +112,7 @@ impl Sizes {
             target_nodes: vec![1000, 10_000, 100_000],
             target_services: 1000,
             live_target_nodes: vec![1000, 10_000, 100_000],
+            volumes: 1000,
             limit: Duration::from_secs(600),
         }
     }
@@ -138,6 +142,7 @@ impl Sizes {
             target_nodes: vec![60, 300],
             target_services: 20,
             live_target_nodes: vec![60],
+            volumes: 20,
             limit: Duration::from_secs(120),
         }
     }
@@ -279,6 +284,8 @@ pub struct Harness {
     in_clear: bool,
     /// The next sandbox runs this Cluster Autoscaler.
     autoscaler_next: Option<PathBuf>,
+    /// The next sandbox runs the volume controller.
+    volumes_next: bool,
 }
 
 /// Per cluster size, what each process cost: drawn when a scenario ran at
@@ -353,6 +360,7 @@ impl Harness {
             runs: 0,
             in_clear: false,
             autoscaler_next: None,
+            volumes_next: false,
         }
     }
 
@@ -426,6 +434,7 @@ impl Harness {
             replicas,
             gateway_in_clear: std::mem::take(&mut self.in_clear),
             cluster_autoscaler: self.autoscaler_next.take(),
+            volumes: std::mem::take(&mut self.volumes_next),
             ..Options::new(self.run_dir(), self.bin_dir.clone())
         })
         .await?;
@@ -465,6 +474,7 @@ impl Harness {
             ("10 Cluster Autoscaler's loop", 10),
             ("11 load balancer targets by cluster size", 11),
             ("12 load balancer targets through the binaries", 12),
+            ("13 a thousand claims at once", 13),
         ] {
             if !only.is_empty() && !only.contains(&f) {
                 continue;
@@ -518,6 +528,7 @@ impl Harness {
                         let (n, m) = (self.sizes.live_target_nodes[i], self.sizes.target_services);
                         self.live_targets(n, m).await
                     }
+                    13 => self.volumes_at_once(self.sizes.volumes).await,
                     _ => {
                         let (n, m) = self.sizes.takeover[i];
                         self.takeover(n, m).await

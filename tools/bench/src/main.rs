@@ -61,6 +61,9 @@ struct Args {
     /// Scenario 12: nodes, one run per size (default 1000,10000,100000).
     #[arg(long, value_delimiter = ',', value_parser = number_within(3usize, 1_000_000))]
     live_target_nodes: Vec<usize>,
+    /// Scenario 13: claims provisioned and attached at once (default 1000).
+    #[arg(long, value_parser = number_within(1usize, 100_000))]
+    volumes: Option<usize>,
     /// Scenarios 11 and 12: LoadBalancer Services, half Local (default 1000).
     #[arg(long, value_parser = number_within(2usize, 100_000))]
     target_services: Option<usize>,
@@ -169,6 +172,7 @@ impl Args {
         one(self.latency_samples, &mut sizes.latency_samples);
         one(self.aws_services, &mut sizes.aws_services);
         one(self.aws_joining, &mut sizes.aws_joining);
+        one(self.volumes, &mut sizes.volumes);
         if let Some(s) = self.steady_window_s {
             sizes.steady_window = Duration::from_secs(s);
         }

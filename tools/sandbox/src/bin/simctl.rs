@@ -54,6 +54,9 @@ enum Cmd {
         /// enough, a volume stuck attaching).
         #[arg(long)]
         attach_delay: Option<String>,
+        /// How long a new volume stays creating, e.g. 3s.
+        #[arg(long)]
+        create_delay: Option<String>,
         /// A zone out of capacity: node groups' launches there fail
         /// (repeat for more zones).
         #[arg(long = "capacity-exhausted-zone")]
@@ -224,6 +227,7 @@ async fn main() -> anyhow::Result<()> {
             latency,
             provisioning,
             attach_delay,
+            create_delay,
             capacity_exhausted_zones,
         } => {
             let mut faults = Faults {
@@ -231,6 +235,7 @@ async fn main() -> anyhow::Result<()> {
                 throttle_rate,
                 lb_provisioning_delay: duration(&provisioning)?,
                 volume_attach_delay: duration(&attach_delay)?,
+                volume_create_delay: duration(&create_delay)?,
                 capacity_exhausted_zones,
                 ..Default::default()
             };
