@@ -114,8 +114,9 @@ pub fn required(field: &str, value: &str) -> Result<(), Status> {
 
 /// Why a capability cannot be served, if it cannot: a block device or a
 /// filesystem, on one node at a time (a cloud disk attaches to one
-/// instance).
-fn unsupported(capability: &csi::VolumeCapability) -> Option<String> {
+/// instance), read-only or not. The node plugin beside a kubelet serves
+/// the same.
+pub fn unsupported(capability: &csi::VolumeCapability) -> Option<String> {
     use csi::volume_capability::access_mode::Mode;
     if capability.access_type.is_none() {
         return Some("a volume capability needs an access type: block or mount".into());
@@ -126,7 +127,10 @@ fn unsupported(capability: &csi::VolumeCapability) -> Option<String> {
         .map(|m| Mode::try_from(m.mode).unwrap_or(Mode::Unknown));
     match mode {
         Some(
-            Mode::SingleNodeWriter | Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter,
+            Mode::SingleNodeWriter
+            | Mode::SingleNodeReaderOnly
+            | Mode::SingleNodeSingleWriter
+            | Mode::SingleNodeMultiWriter,
         ) => None,
         None => Some("a volume capability needs an access mode".into()),
         Some(other) => Some(format!(
@@ -742,6 +746,7 @@ mod tests {
     #[test]
     fn one_node_at_a_time_is_served_and_many_nodes_are_not() {
         assert_eq!(unsupported(&capability(Mode::SingleNodeWriter)), None);
+        assert_eq!(unsupported(&capability(Mode::SingleNodeReaderOnly)), None);
         let why = unsupported(&capability(Mode::MultiNodeMultiWriter)).unwrap();
         assert!(why.contains("MULTI_NODE_MULTI_WRITER"), "{why}");
         let no_type = csi::VolumeCapability {

@@ -421,9 +421,12 @@ fn zone_for(name: &str, mut zones: Vec<String>) -> Option<String> {
     zones.get(n.checked_rem(zones.len())?).cloned()
 }
 
-/// The instance ID in `instance_id`, an ID or a provider ID.
+/// The instance ID in `instance_id`, an ID or a provider ID. Anything
+/// else names no instance: `NotFound`, as the CSI spec answers a node that
+/// does not exist.
 fn instance_id(instance_id: &str) -> Result<String> {
-    parse_provider_id(instance_id).map_err(|problem| CloudError::invalid("instance_id", problem))
+    parse_provider_id(instance_id)
+        .map_err(|problem| CloudError::NotFound(format!("instance {instance_id:?} ({problem})")))
 }
 
 impl AwsCloud {
@@ -754,7 +757,10 @@ impl Volumes for AwsCloud {
     }
 
     async fn detach(&self, cluster: &str, volume_id: &str, instance_id: &str) -> Result<()> {
-        let id = self::instance_id(instance_id)?;
+        // No such instance: nothing is attached to it.
+        let Ok(id) = self::instance_id(instance_id) else {
+            return Ok(());
+        };
         let Some(volume) = self.cluster_volume(cluster, volume_id).await? else {
             return Ok(());
         };

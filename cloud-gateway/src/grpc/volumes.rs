@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use ccm_proto::v1::volumes_server::Volumes;
 use ccm_proto::v1::{self as wire};
 use ccm_provider::volumes::{
-    AttachmentState, Snapshot, Volume, VolumeOwner, VolumeSpec, VolumeState,
+    AttachmentState, Snapshot, Volume, VolumeAttachment, VolumeOwner, VolumeSpec, VolumeState,
 };
 use ccm_provider::{CloudError, Operation};
 use ccm_runtime::config_checks::quote;
@@ -65,6 +65,47 @@ pub struct VolumesService {
     devices: Devices,
     /// Reads of volumes, gathered.
     reads: Arc<VolumeReads>,
+    /// Volumes made lately, by cluster and name: the spec and the ID.
+    made: Recent<(String, String), (VolumeSpec, String)>,
+    /// Attachments made lately: cluster, volume ID, instance ID.
+    attached: Recent<(String, String, String), ()>,
+}
+
+/// How long the gateway remembers a volume or attachment it made. A
+/// caller that gave up waiting (its deadline passed while the budget was
+/// busy) asks again: the answer is then read, in a gathered read, rather
+/// than made again, which would cost another write against the budget.
+const MADE_MEMORY: Duration = Duration::from_secs(120);
+
+/// What was made lately, for [`MADE_MEMORY`].
+struct Recent<K, V>(std::sync::Mutex<HashMap<K, (Instant, V)>>);
+
+impl<K: std::hash::Hash + Eq, V: Clone> Recent<K, V> {
+    fn new() -> Self {
+        Self(std::sync::Mutex::new(HashMap::new()))
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<K, (Instant, V)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, key: &K) -> Option<V> {
+        self.map()
+            .get(key)
+            .filter(|(at, _)| at.elapsed() < MADE_MEMORY)
+            .map(|(_, v)| v.clone())
+    }
+
+    /// Remembers `key`, forgetting what is past its time.
+    fn remember(&self, key: K, value: V) {
+        let mut map = self.map();
+        map.retain(|_, (at, _)| at.elapsed() < MADE_MEMORY);
+        map.insert(key, (Instant::now(), value));
+    }
+
+    fn forget(&self, key: &K) {
+        self.map().remove(key);
+    }
 }
 
 /// How long the gateway trusts what it knows of an instance's device
@@ -136,6 +177,8 @@ impl VolumesService {
                 },
             },
             reads: VolumeReads::new(cloud.clone(), lookups),
+            made: Recent::new(),
+            attached: Recent::new(),
             cloud,
             names: OneAtATime::default(),
             instances: OneAtATime::default(),
@@ -485,16 +528,32 @@ impl Volumes for VolumesService {
             };
             let since = Instant::now();
             let name = self.names.hold(&spec.name).await;
-            let resource = format!("volume/{}", spec.name);
-            let mut volume = self
-                .mutate(
-                    Operation::CreateVolume,
-                    &caller,
-                    &req.cluster_name,
-                    &resource,
-                    |v| v.create(&req.cluster_name, &spec),
-                )
-                .await?;
+            let key = (req.cluster_name.clone(), spec.name.clone());
+            // Made lately under this name and spec: read, not made again.
+            let known = match self.made.get(&key).filter(|(made, _)| *made == spec) {
+                Some((_, id)) => self
+                    .get(&req.cluster_name, &id)
+                    .await?
+                    .filter(|v| v.state != VolumeState::Deleting),
+                None => None,
+            };
+            let mut volume = match known {
+                Some(volume) => volume,
+                None => {
+                    let resource = format!("volume/{}", spec.name);
+                    let volume = self
+                        .mutate(
+                            Operation::CreateVolume,
+                            &caller,
+                            &req.cluster_name,
+                            &resource,
+                            |v| v.create(&req.cluster_name, &spec),
+                        )
+                        .await?;
+                    self.made.remember(key, (spec, volume.id.clone()));
+                    volume
+                }
+            };
             drop(name);
             if volume.state == VolumeState::Creating {
                 let id = volume.id.clone();
@@ -602,15 +661,34 @@ impl Volumes for VolumesService {
             v.finish()?;
             let cluster = req.cluster_name.as_str();
             let since = Instant::now();
+            let key = (
+                req.cluster_name.clone(),
+                req.volume_id.clone(),
+                req.instance_id.clone(),
+            );
+            // Attached lately: read, not attached again.
+            let known = match self.attached.get(&key) {
+                Some(()) => self
+                    .get(cluster, &req.volume_id)
+                    .await?
+                    .and_then(|v| v.attachment_to(&req.instance_id).cloned()),
+                None => None,
+            };
             // One attach at a time per instance: the device picked below
             // stays free until the cloud has it.
-            let instance = self.instances.hold(&req.instance_id).await;
-            // No read of the volume first: the provider answers an
-            // attachment to this instance that exists already, and
+            let instance = match known {
+                Some(_) => None,
+                None => Some(self.instances.hold(&req.instance_id).await),
+            };
+            // Otherwise no read of the volume first: the provider answers
+            // an attachment to this instance that exists already, and
             // refuses a volume attached elsewhere, from its own read.
             let resource = format!("volume/{}->{}", req.volume_id, req.instance_id);
             let mut fresh = false;
             let attachment = loop {
+                if let Some(known) = &known {
+                    break known.clone();
+                }
                 let device = self.free_device(cluster, &req.instance_id, fresh).await?;
                 let attached = self
                     .mutate(Operation::AttachVolume, &caller, cluster, &resource, |v| {
@@ -620,6 +698,7 @@ impl Volumes for VolumesService {
                 match attached {
                     Ok(attached) => {
                         self.devices.taken(&req.instance_id, &attached.device);
+                        self.attached.remember(key.clone(), ());
                         break attached;
                     }
                     // A name the cloud had in use that the gateway did not
@@ -673,15 +752,52 @@ impl Volumes for VolumesService {
             id(&mut v, "volume_id", &req.volume_id);
             id(&mut v, "instance_id", &req.instance_id);
             v.finish()?;
+            let since = Instant::now();
+            let cluster = req.cluster_name.as_str();
+            self.attached.forget(&(
+                req.cluster_name.clone(),
+                req.volume_id.clone(),
+                req.instance_id.clone(),
+            ));
             let resource = format!("volume/{}-x-{}", req.volume_id, req.instance_id);
-            self.mutate(
-                Operation::DetachVolume,
-                &caller,
-                &req.cluster_name,
-                &resource,
-                |v| v.detach(&req.cluster_name, &req.volume_id, &req.instance_id),
-            )
-            .await?;
+            let detached = self
+                .mutate(Operation::DetachVolume, &caller, cluster, &resource, |v| {
+                    v.detach(cluster, &req.volume_id, &req.instance_id)
+                })
+                .await;
+            match detached {
+                // Still detaching: waited for as an attach is, until the
+                // volume is attached there no more (by ID, or by the
+                // provider ID that ends with it).
+                Err(CloudError::Provisioning { .. }) => {
+                    let here = |a: &VolumeAttachment| {
+                        req.instance_id == a.instance_id
+                            || req
+                                .instance_id
+                                .strip_suffix(a.instance_id.as_str())
+                                .is_some_and(|p| p.ends_with('/'))
+                    };
+                    let gone = self
+                        .wait_until(
+                            since,
+                            cluster,
+                            &req.volume_id,
+                            |v| !v.attachments.iter().any(here),
+                            || {
+                                format!(
+                                    "volume {} is still being detached from instance {}",
+                                    req.volume_id, req.instance_id
+                                )
+                            },
+                        )
+                        .await;
+                    match gone {
+                        Ok(_) | Err(CloudError::NotFound(_)) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                other => other?,
+            }
             Ok(Response::new(wire::DetachVolumeResponse {}))
         })
         .await

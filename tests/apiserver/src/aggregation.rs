@@ -66,26 +66,32 @@ pub(crate) fn remote(store: &Store, group: &str, version: &str) -> Option<Value>
 
 /// Registers an APIService for each group version served here (`v1.` for
 /// the core group, `v1.<group>` for the others), local and available, as
-/// kube-apiserver's autoregister controller does. Those there already are
-/// left as they are.
+/// kube-apiserver's autoregister controller does: for the groups of custom
+/// resources as its CRD registration controller does, with their low
+/// priority. Those there already are left as they are.
 pub(crate) fn register_local(store: &Store) {
-    let mut served: Vec<&str> = RESOURCES.iter().map(|r| r.group).collect();
+    let mut served: Vec<(&str, bool)> = RESOURCES.iter().map(|r| (r.group, r.custom)).collect();
     served.sort_unstable();
     served.dedup();
-    for group in served {
+    for (group, custom) in served {
         let name = format!("v1.{group}");
         if store.get(api_services(), "", &name).is_ok() {
             continue;
         }
+        let (managed, group_priority, version_priority) = match (group, custom) {
+            (_, true) => ("true", 1000, 100),
+            ("", false) => ("onstart", 18000, 15),
+            (_, false) => ("onstart", 17000, 15),
+        };
         let local = json!({
             "apiVersion": format!("{GROUP}/v1"),
             "kind": "APIService",
-            "metadata": {"name": name, "labels": {"kube-aggregator.kubernetes.io/automanaged": "onstart"}},
+            "metadata": {"name": name, "labels": {"kube-aggregator.kubernetes.io/automanaged": managed}},
             "spec": {
                 "group": group,
                 "version": "v1",
-                "groupPriorityMinimum": if group.is_empty() { 18000 } else { 17000 },
-                "versionPriority": 15,
+                "groupPriorityMinimum": group_priority,
+                "versionPriority": version_priority,
             },
             "status": {"conditions": [availability::condition(&availability::Verdict::local(), &super::store::now())]},
         });

@@ -952,6 +952,16 @@ fn patch(
     mode: FieldValidation,
     warnings: &mut Vec<String>,
 ) -> Result<Response, ApiError> {
+    // kube-apiserver knows no strategic merge keys of a custom resource's
+    // lists, so it takes no strategic merge patch of one; kubectl sends
+    // merge patches instead.
+    if resource.custom && content_type == "application/strategic-merge-patch+json" {
+        return Err(ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+        ));
+    }
     let apply = content_type == "application/apply-patch+yaml";
     if apply {
         // Server-side apply creates what does not exist yet.

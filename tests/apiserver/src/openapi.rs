@@ -660,6 +660,37 @@ fn named_schema(name: &str) -> Value {
     }
 }
 
+/// The name and schema of a custom resource's kind (one without a type
+/// here, see `resources::Resource::custom`), as kube-apiserver names a
+/// CRD's (the group reversed: `io.k8s.storage.snapshot.v1.VolumeSnapshot`).
+/// Only the fields every object has are described; the rest is kept as
+/// written, so `kubectl explain` finds the kind and no field is refused.
+pub fn custom_schema(group: &str, version: &str, kind: &str) -> (String, Value) {
+    let reversed: Vec<&str> = group.split('.').rev().collect();
+    let name = format!("{}.{version}.{kind}", reversed.join("."));
+    let field = |field: &str, schema: Value| {
+        let mut schema = schema;
+        if let Some(text) = description(kind, field, true) {
+            schema["description"] = json!(text);
+        }
+        schema
+    };
+    let mut schema = json!({
+        "type": "object",
+        "properties": {
+            "apiVersion": field("apiVersion", json!({"type": "string"})),
+            "kind": field("kind", json!({"type": "string"})),
+            "metadata": field("metadata", json!({"type": "object"})),
+        },
+        "x-kubernetes-preserve-unknown-fields": true,
+        "x-kubernetes-group-version-kind": [{"group": group, "kind": kind, "version": version}],
+    });
+    if let Some(text) = type_description(kind, group) {
+        schema["description"] = json!(text);
+    }
+    (name, schema)
+}
+
 /// The components of a group version's document, for the resources
 /// `kinds` (each a kind and its types) of `group` and `version`.
 pub fn components(group: &str, version: &str, kinds: &[(&str, &Types)]) -> Map<String, Value> {
@@ -783,6 +814,15 @@ fn type_description(name: &str, group: &str) -> Option<&'static str> {
         }
         ("SelfSubjectAccessReview", _) => "Asks whether the caller may do something.",
         ("SelfSubjectRulesReview", _) => "Asks what the caller may do in a namespace.",
+        ("VolumeSnapshot", "snapshot.storage.k8s.io") => {
+            "A user's request for a point-in-time snapshot of a PersistentVolumeClaim's volume, or to use an existing snapshot (a VolumeSnapshotContent)."
+        }
+        ("VolumeSnapshotContent", "snapshot.storage.k8s.io") => {
+            "A snapshot on the storage system, taken through its CSI driver, and the VolumeSnapshot it is bound to."
+        }
+        ("VolumeSnapshotClass", "snapshot.storage.k8s.io") => {
+            "How snapshots are taken: the CSI driver, its parameters, and whether a snapshot is deleted or retained with its VolumeSnapshot."
+        }
         _ => return None,
     })
 }

@@ -7,7 +7,9 @@
 //! `proto/third_party/k8s.io`; see `build.rs`) is decoded, by its
 //! descriptor, into the JSON the store keeps, as kube-apiserver takes every
 //! built-in type in either encoding. A kind outside them is refused with
-//! 415, naming the encodings accepted.
+//! 415, naming the encodings accepted: the custom resources among them
+//! (the CSI snapshots), as kube-apiserver takes custom resources as JSON
+//! or YAML only.
 //!
 //! The protos name most fields as JSON does; the few that differ are
 //! mapped here (Go's embedded structs, whose fields JSON inlines, and
@@ -472,6 +474,18 @@ mod tests {
         );
         let garbage = wrap("v1", "ConfigMap", vec![0xff, 0xff, 0xff]);
         assert!(matches!(decode(&garbage), Err(Refused::Malformed(_))));
+    }
+
+    #[test]
+    fn custom_resources_are_refused_as_kube_apiserver_refuses_them() {
+        for r in crate::resources::RESOURCES.iter().filter(|r| r.custom) {
+            let body = wrap(&r.api_version(), r.kind, Vec::new());
+            assert!(
+                matches!(decode(&body), Err(Refused::Unsupported(m)) if m.contains("JSON or YAML")),
+                "{} is refused",
+                r.kind
+            );
+        }
     }
 
     #[test]

@@ -32,6 +32,14 @@ pub struct Resource {
     pub subresources: &'static [&'static str],
     /// The categories discovery lists it in (`kubectl get all`).
     pub categories: &'static [&'static str],
+    /// Served, in a real cluster, from a CustomResourceDefinition rather
+    /// than built into kube-apiserver: k8s-openapi has no type for it, so
+    /// it is kept as JSON as written (no field is checked or dropped, see
+    /// `schema`), never decoded from protobuf (415, see `protobuf`), and
+    /// patched with JSON patches, merge patches and server-side apply but
+    /// not strategic merge patches (415), as kube-apiserver serves custom
+    /// resources.
+    pub custom: bool,
 }
 
 impl Resource {
@@ -89,6 +97,31 @@ const fn resource(
         create_only: false,
         subresources: &[],
         categories: &[],
+        custom: false,
+    }
+}
+
+/// A custom resource (see [`Resource::custom`]).
+const fn custom(
+    group: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    has_status: bool,
+    short_names: &'static [&'static str],
+) -> Resource {
+    Resource {
+        custom: true,
+        ..resource(
+            group,
+            plural,
+            singular,
+            kind,
+            namespaced,
+            has_status,
+            short_names,
+        )
     }
 }
 
@@ -129,6 +162,10 @@ const fn workload(
 
 const RBAC: &str = "rbac.authorization.k8s.io";
 const STORAGE: &str = "storage.k8s.io";
+/// The CSI snapshot API: external-snapshotter's CustomResourceDefinitions
+/// (`client/config/crd`), which its snapshot-controller and csi-snapshotter
+/// sidecar read and write.
+const SNAPSHOT: &str = "snapshot.storage.k8s.io";
 
 /// Every served resource.
 pub static RESOURCES: &[Resource] = &[
@@ -402,6 +439,37 @@ pub static RESOURCES: &[Resource] = &[
         false,
         true,
         &[],
+    ),
+    // CSI snapshots, as external-snapshotter's CRDs define them (names,
+    // scope, short names, the status subresource). Stored as written; no
+    // controller acts on them. Last, as kube-aggregator lists the groups
+    // of CRDs after the built-in ones.
+    custom(
+        SNAPSHOT,
+        "volumesnapshots",
+        "volumesnapshot",
+        "VolumeSnapshot",
+        true,
+        true,
+        &["vs"],
+    ),
+    custom(
+        SNAPSHOT,
+        "volumesnapshotcontents",
+        "volumesnapshotcontent",
+        "VolumeSnapshotContent",
+        false,
+        true,
+        &["vsc", "vscs"],
+    ),
+    custom(
+        SNAPSHOT,
+        "volumesnapshotclasses",
+        "volumesnapshotclass",
+        "VolumeSnapshotClass",
+        false,
+        false,
+        &["vsclass", "vsclasses"],
     ),
 ];
 

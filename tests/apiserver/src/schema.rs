@@ -7,6 +7,9 @@
 //! An object is decoded into its typed form: a wrong type is an error. With
 //! `fieldValidation=Strict`, a field the typed form does not keep is an
 //! unknown field and an error; with `Warn` (the default) it is a warning.
+//! A custom resource (`resources::Resource::custom`: a CRD's in a real
+//! cluster) has no type here: it is kept as written, and its document
+//! describes only the fields every object has.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -279,7 +282,11 @@ fn document(gv: &str) -> Option<Value> {
         }
     }
     let kinds: Vec<(&str, &openapi::Types)> = traced.iter().map(|(k, t)| (*k, t)).collect();
-    let schemas = openapi::components(first.group, first.version, &kinds);
+    let mut schemas = openapi::components(first.group, first.version, &kinds);
+    for r in served.iter().filter(|r| r.custom) {
+        let (name, schema) = openapi::custom_schema(r.group, r.version, r.kind);
+        schemas.insert(name, schema);
+    }
     Some(json!({
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": "v1.32.0"},
@@ -318,7 +325,7 @@ mod tests {
 
     #[test]
     fn every_served_kind_is_validated_and_explained_by_its_own_type() {
-        for r in RESOURCES {
+        for r in RESOURCES.iter().filter(|r| !r.custom) {
             match for_kind(r.group, r.kind, Trace) {
                 Some(Ok(_)) => {}
                 Some(Err(e)) => panic!("{} does not trace: {e}", r.qualified()),
@@ -384,6 +391,70 @@ mod tests {
                 .as_str()
                 .unwrap()
                 .starts_with("/openapi/v3/apis/authorization.k8s.io/v1?hash=")
+        );
+    }
+
+    #[test]
+    fn custom_resources_are_kept_as_written_and_explained_as_objects_of_their_kind() {
+        let custom: Vec<&Resource> = RESOURCES.iter().filter(|r| r.custom).collect();
+        assert!(!custom.is_empty());
+        for r in custom {
+            assert!(
+                for_kind(r.group, r.kind, Trace).is_none(),
+                "{} is a custom resource but has a type",
+                r.qualified()
+            );
+            let obj = json!({
+                "apiVersion": r.api_version(), "kind": r.kind, "metadata": {"name": "x"},
+                "spec": {"anything": [1, {"nested": true}]}, "driver": "ebs.csi.aws.com",
+            });
+            assert_eq!(
+                validate(r, &obj, FieldValidation::Strict),
+                Ok((obj.clone(), Vec::new())),
+                "{} is kept as written",
+                r.qualified()
+            );
+            let doc = openapi_group_version(&gv_path(r)).unwrap();
+            let operation = format!(
+                "/{}{}/{}/{{name}}",
+                gv_path(r),
+                if r.namespaced {
+                    "/namespaces/{namespace}"
+                } else {
+                    ""
+                },
+                r.plural
+            );
+            let patch = &doc["paths"][&operation]["patch"];
+            assert_eq!(
+                patch["x-kubernetes-group-version-kind"]["kind"], r.kind,
+                "{operation}"
+            );
+            assert!(
+                patch["parameters"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p["name"] == "fieldValidation"),
+                "kubectl leaves the checking of {} to the server",
+                r.kind
+            );
+            let (name, _) = openapi::custom_schema(r.group, r.version, r.kind);
+            let schema = &doc["components"]["schemas"][&name];
+            assert_eq!(
+                schema["x-kubernetes-group-version-kind"],
+                json!([{"group": r.group, "kind": r.kind, "version": r.version}]),
+                "{name}"
+            );
+            assert_eq!(schema["x-kubernetes-preserve-unknown-fields"], true);
+        }
+        let (name, _) = openapi::custom_schema("snapshot.storage.k8s.io", "v1", "VolumeSnapshot");
+        assert_eq!(name, "io.k8s.storage.snapshot.v1.VolumeSnapshot");
+        assert!(
+            openapi_root()["paths"]["apis/snapshot.storage.k8s.io/v1"]["serverRelativeURL"]
+                .as_str()
+                .unwrap()
+                .starts_with("/openapi/v3/apis/snapshot.storage.k8s.io/v1?hash=")
         );
     }
 

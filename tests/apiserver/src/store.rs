@@ -239,6 +239,27 @@ fn finalizers_empty(obj: &Value) -> bool {
     meta(obj)["finalizers"].as_array().is_none_or(Vec::is_empty)
 }
 
+/// Whether an update changes what `metadata.generation` counts: the spec,
+/// or for a custom resource everything but its metadata (and its status,
+/// where it has a status subresource), as kube-apiserver counts a CRD's
+/// (a VolumeSnapshotClass has no spec).
+fn generation_counts(resource: &Resource, old: &Value, new: &Value) -> bool {
+    if !resource.custom {
+        return new.get("spec") != old.get("spec");
+    }
+    let counted = |obj: &Value| {
+        let mut obj = obj.clone();
+        if let Some(fields) = obj.as_object_mut() {
+            fields.remove("metadata");
+            if resource.has_status {
+                fields.remove("status");
+            }
+        }
+        obj
+    };
+    counted(old) != counted(new)
+}
+
 /// A random suffix for `generateName`, from the uid generator.
 fn suffix() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..5].to_owned()
@@ -673,7 +694,7 @@ impl Store {
             );
             m.remove("managedFields");
         }
-        if new.get("spec") != old.get("spec") {
+        if generation_counts(resource, &old, &new) {
             let generation = old_meta["generation"].as_i64().unwrap_or(1) + 1;
             meta_mut(&mut new).insert("generation".into(), json!(generation));
         }
@@ -920,6 +941,35 @@ fn release_service(inner: &mut Inner, obj: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_custom_resource_s_generation_counts_every_change_but_metadata_and_status() {
+        let store = Store::new(100);
+        let find = |plural| super::super::resources::find("snapshot.storage.k8s.io", "v1", plural);
+        let classes = find("volumesnapshotclasses").unwrap();
+        let class = json!({"metadata": {"name": "ebs"}, "driver": "ebs.csi.aws.com", "deletionPolicy": "Delete"});
+        store.create(classes, "", class).unwrap();
+        let retain = store
+            .update(classes, "", "ebs", false, |old| {
+                let mut new = old.clone();
+                new["deletionPolicy"] = json!("Retain");
+                Ok(new)
+            })
+            .unwrap();
+        assert_eq!(retain["metadata"]["generation"], 2);
+        let contents = find("volumesnapshotcontents").unwrap();
+        let content = json!({"metadata": {"name": "c"}, "spec": {"driver": "ebs.csi.aws.com"}});
+        store.create(contents, "", content).unwrap();
+        let ready = store
+            .update(contents, "", "c", true, |old| {
+                let mut new = old.clone();
+                new["status"] = json!({"readyToUse": true});
+                Ok(new)
+            })
+            .unwrap();
+        assert_eq!(ready["status"]["readyToUse"], true);
+        assert_eq!(ready["metadata"]["generation"], 1);
+    }
 
     #[test]
     fn dates_are_rfc3339() {

@@ -1,7 +1,9 @@
 //! Server-side printing: the `meta.k8s.io/v1` Table kubectl asks for
 //! (`Accept: application/json;as=Table;...`), with the columns a real API
 //! server shows for nodes, services, events, certificate signing
-//! requests, ConfigMaps and APIServices, and name and age for the rest.
+//! requests, ConfigMaps and APIServices, those of their CRDs'
+//! `additionalPrinterColumns` for the CSI snapshots, and name and age for
+//! the rest.
 
 use serde_json::{Value, json};
 
@@ -246,6 +248,100 @@ fn config_map_row(o: &Value) -> Vec<Value> {
     ]
 }
 
+/// A column of a CRD's `additionalPrinterColumns`: its name, its type,
+/// and the field it shows (its `jsonPath`, split).
+type PrinterColumn = (&'static str, &'static str, &'static [&'static str]);
+
+/// external-snapshotter's VolumeSnapshot CRD's columns.
+const VOLUME_SNAPSHOT_COLUMNS: &[PrinterColumn] = &[
+    ("ReadyToUse", "boolean", &["status", "readyToUse"]),
+    (
+        "SourcePVC",
+        "string",
+        &["spec", "source", "persistentVolumeClaimName"],
+    ),
+    (
+        "SourceSnapshotContent",
+        "string",
+        &["spec", "source", "volumeSnapshotContentName"],
+    ),
+    ("RestoreSize", "string", &["status", "restoreSize"]),
+    (
+        "SnapshotClass",
+        "string",
+        &["spec", "volumeSnapshotClassName"],
+    ),
+    (
+        "SnapshotContent",
+        "string",
+        &["status", "boundVolumeSnapshotContentName"],
+    ),
+    ("CreationTime", "date", &["status", "creationTime"]),
+    ("Age", "date", &["metadata", "creationTimestamp"]),
+];
+
+/// external-snapshotter's VolumeSnapshotContent CRD's columns.
+const VOLUME_SNAPSHOT_CONTENT_COLUMNS: &[PrinterColumn] = &[
+    ("ReadyToUse", "boolean", &["status", "readyToUse"]),
+    ("RestoreSize", "integer", &["status", "restoreSize"]),
+    ("DeletionPolicy", "string", &["spec", "deletionPolicy"]),
+    ("Driver", "string", &["spec", "driver"]),
+    (
+        "VolumeSnapshotClass",
+        "string",
+        &["spec", "volumeSnapshotClassName"],
+    ),
+    (
+        "VolumeSnapshot",
+        "string",
+        &["spec", "volumeSnapshotRef", "name"],
+    ),
+    (
+        "VolumeSnapshotNamespace",
+        "string",
+        &["spec", "volumeSnapshotRef", "namespace"],
+    ),
+    ("Age", "date", &["metadata", "creationTimestamp"]),
+];
+
+/// external-snapshotter's VolumeSnapshotClass CRD's columns.
+const VOLUME_SNAPSHOT_CLASS_COLUMNS: &[PrinterColumn] = &[
+    ("Driver", "string", &["driver"]),
+    ("DeletionPolicy", "string", &["deletionPolicy"]),
+    ("Age", "date", &["metadata", "creationTimestamp"]),
+];
+
+/// The Name column, then `columns`.
+fn printer_columns(columns: &[PrinterColumn]) -> Vec<Value> {
+    let mut out = vec![column("Name", "string", 0)];
+    out.extend(columns.iter().map(|(name, kind, _)| column(name, kind, 0)));
+    out
+}
+
+/// A custom resource's row as kube-apiserver prints it from its CRD's
+/// columns: the name, then each column's field; `null` where the field is
+/// missing or not of the column's type (kubectl leaves the cell empty),
+/// a date as an age, and any value of a string column as text.
+fn printer_row(o: &Value, columns: &[PrinterColumn]) -> Vec<Value> {
+    let mut cells = vec![o["metadata"]["name"].clone()];
+    for (_, kind, path) in columns {
+        let value = path.iter().fold(o, |v, field| &v[field]);
+        cells.push(match (*kind, value) {
+            (_, Value::Null) => Value::Null,
+            ("string", Value::String(_)) => value.clone(),
+            ("string", other) => json!(other.to_string()),
+            ("date", Value::String(at)) => json!(age(at)),
+            ("boolean", Value::Bool(_)) => value.clone(),
+            ("integer", Value::Number(n)) => n
+                .as_i64()
+                .or_else(|| n.as_f64().map(|f| f as i64))
+                .map_or(Value::Null, |i| json!(i)),
+            _ => Value::Null,
+        });
+    }
+    cells
+}
+
 /// Turns an object into its row's cells.
 type Row = fn(&Value) -> Vec<Value>;
 
@@ -345,6 +441,21 @@ pub fn table(
             ],
             config_map_row,
         ),
+        ("snapshot.storage.k8s.io", "VolumeSnapshot") => {
+            (printer_columns(VOLUME_SNAPSHOT_COLUMNS), |o| {
+                printer_row(o, VOLUME_SNAPSHOT_COLUMNS)
+            })
+        }
+        ("snapshot.storage.k8s.io", "VolumeSnapshotContent") => {
+            (printer_columns(VOLUME_SNAPSHOT_CONTENT_COLUMNS), |o| {
+                printer_row(o, VOLUME_SNAPSHOT_CONTENT_COLUMNS)
+            })
+        }
+        ("snapshot.storage.k8s.io", "VolumeSnapshotClass") => {
+            (printer_columns(VOLUME_SNAPSHOT_CLASS_COLUMNS), |o| {
+                printer_row(o, VOLUME_SNAPSHOT_CLASS_COLUMNS)
+            })
+        }
         _ => (
             vec![column("Name", "string", 0), column("Age", "string", 0)],
             |o| {
@@ -381,4 +492,109 @@ pub fn table(
 /// Whether the client asked for a Table.
 pub fn wants_table(accept: &str) -> bool {
     accept.contains("as=Table")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot_resource(plural: &str) -> &'static Resource {
+        crate::resources::find("snapshot.storage.k8s.io", "v1", plural).unwrap()
+    }
+
+    fn names(table: &Value) -> Vec<&str> {
+        table["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn volume_snapshots_print_the_columns_of_their_crds() {
+        let snapshot = json!({
+            "metadata": {"name": "db", "namespace": "apps", "creationTimestamp": "2020-01-01T00:00:00Z"},
+            "spec": {"source": {"persistentVolumeClaimName": "data"}, "volumeSnapshotClassName": "ebs"},
+            "status": {"readyToUse": true, "restoreSize": "1Gi", "boundVolumeSnapshotContentName": "snapcontent-1"},
+        });
+        let printed = table(
+            snapshot_resource("volumesnapshots"),
+            &[snapshot],
+            "7",
+            Include::Metadata,
+        );
+        assert_eq!(
+            names(&printed),
+            [
+                "Name",
+                "ReadyToUse",
+                "SourcePVC",
+                "SourceSnapshotContent",
+                "RestoreSize",
+                "SnapshotClass",
+                "SnapshotContent",
+                "CreationTime",
+                "Age"
+            ]
+        );
+        let cells = &printed["rows"][0]["cells"];
+        assert_eq!(
+            cells.as_array().unwrap()[..8],
+            [
+                json!("db"),
+                json!(true),
+                json!("data"),
+                Value::Null,
+                json!("1Gi"),
+                json!("ebs"),
+                json!("snapcontent-1"),
+                Value::Null
+            ]
+        );
+        assert!(cells[8].as_str().unwrap().ends_with('d'), "{cells}");
+        assert_eq!(
+            printed["rows"][0]["object"]["metadata"]["namespace"],
+            "apps"
+        );
+
+        let content = json!({
+            "metadata": {"name": "snapcontent-1"},
+            "spec": {"driver": "ebs.csi.aws.com", "deletionPolicy": "Delete",
+                "volumeSnapshotRef": {"name": "db", "namespace": "apps"}},
+            "status": {"restoreSize": 1073741824},
+        });
+        let printed = table(
+            snapshot_resource("volumesnapshotcontents"),
+            &[content],
+            "7",
+            Include::None,
+        );
+        assert_eq!(
+            printed["rows"][0]["cells"].as_array().unwrap()[..8],
+            [
+                json!("snapcontent-1"),
+                Value::Null,
+                json!(1_073_741_824),
+                json!("Delete"),
+                json!("ebs.csi.aws.com"),
+                Value::Null,
+                json!("db"),
+                json!("apps")
+            ]
+        );
+
+        let class = json!({"metadata": {"name": "ebs"}, "driver": "ebs.csi.aws.com", "deletionPolicy": "Delete"});
+        let printed = table(
+            snapshot_resource("volumesnapshotclasses"),
+            &[class],
+            "7",
+            Include::None,
+        );
+        assert_eq!(names(&printed), ["Name", "Driver", "DeletionPolicy", "Age"]);
+        assert_eq!(
+            printed["rows"][0]["cells"].as_array().unwrap()[..3],
+            [json!("ebs"), json!("ebs.csi.aws.com"), json!("Delete")]
+        );
+    }
 }

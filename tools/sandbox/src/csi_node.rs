@@ -370,37 +370,12 @@ fn volume_id(value: &str) -> Result<(), Status> {
 /// one node: a cloud disk attaches to one instance at a time.
 fn access(capability: Option<&csi::VolumeCapability>) -> Result<bool, Status> {
     use csi::volume_capability::AccessType;
-    use csi::volume_capability::access_mode::Mode;
     let capability =
         capability.ok_or_else(|| Status::invalid_argument("volume_capability is required"))?;
-    let block = match capability.access_type {
-        Some(AccessType::Block(_)) => true,
-        Some(AccessType::Mount(_)) => false,
-        None => {
-            return Err(Status::invalid_argument(
-                "volume_capability needs an access type: block or mount",
-            ));
-        }
-    };
-    let mode = capability
-        .access_mode
-        .as_ref()
-        .map(|m| Mode::try_from(m.mode).unwrap_or(Mode::Unknown));
-    match mode {
-        Some(
-            Mode::SingleNodeWriter
-            | Mode::SingleNodeReaderOnly
-            | Mode::SingleNodeSingleWriter
-            | Mode::SingleNodeMultiWriter,
-        ) => Ok(block),
-        None => Err(Status::invalid_argument(
-            "volume_capability needs an access mode",
-        )),
-        Some(other) => Err(Status::invalid_argument(format!(
-            "access mode {} is not served: a volume attaches to one node at a time",
-            other.as_str_name()
-        ))),
+    if let Some(why) = volume_controller::csi::unsupported(capability) {
+        return Err(Status::invalid_argument(why));
     }
+    Ok(matches!(capability.access_type, Some(AccessType::Block(_))))
 }
 
 /// Whether the cloud has `volume` attached to `instance_id` under

@@ -94,8 +94,9 @@ pub struct Options {
     /// node group to scale (see [`autoscaler`]).
     pub cluster_autoscaler: Option<PathBuf>,
     /// Run the volume controller (its CSI socket is `csi_socket` in
-    /// `endpoints.json`) and a simulated CSI node plugin beside each sim
-    /// instance's kubelet (the first one's is `csi_node_socket`).
+    /// `endpoints.json`) and a simulated CSI node plugin beside each
+    /// instance's kubelet, the sim's or moto's (the first one's is
+    /// `csi_node_socket`).
     pub volumes: bool,
 }
 
@@ -669,10 +670,16 @@ impl Sandbox {
                     .display()
                     .to_string(),
             );
-            if sandbox.options.nodes > 0 && sandbox.options.cloud == CloudKind::Sim {
+            // The first Node's: `node-0` on the sim, its instance's
+            // private DNS name on AWS.
+            let first = match &sandbox.aws {
+                Some(aws) => aws.seeded.instances.first().map(|i| i.name.clone()),
+                None => Some("node-0".to_owned()).filter(|_| sandbox.options.nodes > 0),
+            };
+            if let Some(first) = first.filter(|_| sandbox.options.cloud != CloudKind::Toy) {
                 sandbox.endpoints.insert(
                     "csi_node_socket".into(),
-                    node_plugin_socket(&state, "node-0").display().to_string(),
+                    node_plugin_socket(&state, &first).display().to_string(),
                 );
             }
         }
@@ -1130,7 +1137,7 @@ impl Sandbox {
     pub async fn populate(&self) -> anyhow::Result<()> {
         let client = self.client().await?;
         let instances = self.instances().await?;
-        let plugins = if self.options.volumes && self.options.cloud == CloudKind::Sim {
+        let plugins = if self.options.volumes && self.options.cloud != CloudKind::Toy {
             self.start_node_plugins().await?
         } else {
             Vec::new()
@@ -1163,10 +1170,10 @@ impl Sandbox {
         Ok(())
     }
 
-    /// A simulated CSI node plugin for each sim instance, on
-    /// `csi-node/<name>.sock` under the state directory, as the cloud's
-    /// node plugin runs beside each kubelet; each instance's name and its
-    /// plugin's socket.
+    /// A simulated CSI node plugin for each instance (the sim's, or those
+    /// seeded in moto), on `csi-node/<name>.sock` under the state
+    /// directory, as the cloud's node plugin runs beside each kubelet; each
+    /// Node's name and its plugin's socket.
     async fn start_node_plugins(&self) -> anyhow::Result<Vec<(String, PathBuf)>> {
         let admin = self.admin()?;
         let offer = admin
@@ -1174,26 +1181,39 @@ impl Sandbox {
             .await?
             .volume_offer
             .context("the gateway offers no volumes")?;
-        let listed = admin
-            .sim_admin()?
-            .list_instances(ListInstancesRequest::default())
-            .await?
-            .into_inner();
+        // (Node name, instance ID, zone.)
+        let instances: Vec<(String, String, String)> = match &self.aws {
+            Some(aws) => aws
+                .seeded
+                .instances
+                .iter()
+                .map(|i| (i.name.clone(), i.id.clone(), i.zone.clone()))
+                .collect(),
+            None => admin
+                .sim_admin()?
+                .list_instances(ListInstancesRequest::default())
+                .await?
+                .into_inner()
+                .instances
+                .into_iter()
+                .map(|i| (i.name, i.id, i.zone))
+                .collect(),
+        };
         let state = &self.options.state_dir;
         let mut plugins = Vec::new();
-        for instance in listed.instances {
+        for (name, instance_id, zone) in instances {
             let plugin = csi_node::NodePlugin {
                 driver: offer.csi_driver.clone(),
-                instance_id: instance.id.clone(),
-                zone: instance.zone.clone(),
+                instance_id,
+                zone,
                 topology_key: offer.topology_keys.first().cloned().unwrap_or_default(),
                 max_volumes: SIM_VOLUMES_PER_INSTANCE,
-                state_dir: state.join("csi-node").join(&instance.name),
+                state_dir: state.join("csi-node").join(&name),
                 gateway: admin.clone(),
             };
-            let socket = node_plugin_socket(state, &instance.name);
+            let socket = node_plugin_socket(state, &name);
             csi_node::serve(plugin, socket.clone(), self.node_plugins.clone()).await?;
-            plugins.push((instance.name, socket));
+            plugins.push((name, socket));
         }
         Ok(plugins)
     }
