@@ -684,31 +684,33 @@ impl Volumes for VolumesService {
             // an attachment to this instance that exists already, and
             // refuses a volume attached elsewhere, from its own read.
             let resource = format!("volume/{}->{}", req.volume_id, req.instance_id);
-            let mut fresh = false;
-            let attachment = loop {
-                if let Some(known) = &known {
-                    break known.clone();
-                }
-                let device = self.free_device(cluster, &req.instance_id, fresh).await?;
-                let attached = self
-                    .mutate(Operation::AttachVolume, &caller, cluster, &resource, |v| {
-                        v.attach(cluster, &req.volume_id, &req.instance_id, &device)
-                    })
-                    .await;
-                match attached {
-                    Ok(attached) => {
-                        self.devices.taken(&req.instance_id, &attached.device);
-                        self.attached.remember(key.clone(), ());
-                        break attached;
+            let attachment = match known {
+                Some(known) => known,
+                None => {
+                    let mut fresh = false;
+                    loop {
+                        let device = self.free_device(cluster, &req.instance_id, fresh).await?;
+                        let attached = self
+                            .mutate(Operation::AttachVolume, &caller, cluster, &resource, |v| {
+                                v.attach(cluster, &req.volume_id, &req.instance_id, &device)
+                            })
+                            .await;
+                        match attached {
+                            Ok(attached) => {
+                                self.devices.taken(&req.instance_id, &attached.device);
+                                self.attached.remember(key.clone(), ());
+                                break attached;
+                            }
+                            // A name the cloud had in use that the
+                            // gateway did not know of (attached by hand):
+                            // read the instance afresh, once.
+                            Err(CloudError::Conflict(_)) if !fresh => {
+                                self.devices.forget(&req.instance_id);
+                                fresh = true;
+                            }
+                            Err(e) => return Err(e),
+                        }
                     }
-                    // A name the cloud had in use that the gateway did not
-                    // know of (attached by hand): read the instance
-                    // afresh, once.
-                    Err(CloudError::Conflict(_)) if !fresh => {
-                        self.devices.forget(&req.instance_id);
-                        fresh = true;
-                    }
-                    Err(e) => return Err(e),
                 }
             };
             // The cloud has the device now: the next attach to the
