@@ -30,6 +30,10 @@ type Waiters = Vec<(String, oneshot::Sender<Answer>)>;
 pub struct VolumeReads {
     cloud: Arc<Cloud>,
     config: LookupConfig,
+    /// The most volumes one provider call reads: the provider's own limit
+    /// (`--max-batch` is the instance lookups'), read once: the offer is
+    /// fixed, and building it lists every device name.
+    per_call: usize,
     /// Reads waiting for their batch, by cluster.
     pending: Mutex<HashMap<String, Waiters>>,
 }
@@ -37,24 +41,17 @@ pub struct VolumeReads {
 impl VolumeReads {
     /// Gathers reads within `config.batch_window` when `config.coalesce`.
     pub fn new(cloud: Arc<Cloud>, config: LookupConfig) -> Arc<Self> {
+        let per_call = cloud.volume_offer().map_or(1, |o| o.reads_per_call).max(1);
         Arc::new(Self {
             cloud,
             config,
+            per_call,
             pending: Mutex::new(HashMap::new()),
         })
     }
 
-    /// The most volumes one provider call reads: the provider's own
-    /// limit (`--max-batch` is the instance lookups').
-    fn per_call(&self) -> usize {
-        self.cloud
-            .volume_offer()
-            .map_or(1, |o| o.reads_per_call)
-            .max(1)
-    }
-
     fn batching(&self) -> bool {
-        self.config.coalesce && !self.config.batch_window.is_zero() && self.per_call() > 1
+        self.config.coalesce && !self.config.batch_window.is_zero() && self.per_call > 1
     }
 
     /// The cluster's volume `id`, `None` if there is none.
@@ -107,7 +104,7 @@ impl VolumeReads {
     /// The cluster's pending reads of the first `per_call` IDs, and
     /// whether reads of further IDs are left pending.
     fn take(&self, cluster: &str) -> (Waiters, bool) {
-        let per_call = self.per_call();
+        let per_call = self.per_call;
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let waiters = pending.remove(cluster).unwrap_or_default();
         let mut ids = BTreeSet::new();

@@ -65,6 +65,9 @@ pub struct VolumesService {
     devices: Devices,
     /// Reads of volumes, gathered.
     reads: Arc<VolumeReads>,
+    /// The provider's device names, in the order they are handed out
+    /// (its offer is fixed; read once).
+    device_names: Vec<String>,
     /// Volumes made lately, by cluster and name: the spec and the ID.
     made: Recent<(String, String), (VolumeSpec, String)>,
     /// Attachments made lately: cluster, volume ID, instance ID.
@@ -177,6 +180,10 @@ impl VolumesService {
                 },
             },
             reads: VolumeReads::new(cloud.clone(), lookups),
+            device_names: cloud
+                .volume_offer()
+                .map(|o| o.device_names)
+                .unwrap_or_default(),
             made: Recent::new(),
             attached: Recent::new(),
             cloud,
@@ -210,11 +217,10 @@ impl VolumesService {
                 used.into_iter().collect()
             }
         };
-        let offer = self.cloud.volume_offer().unwrap_or_default();
-        offer
-            .device_names
-            .into_iter()
-            .find(|d| !used.contains(d))
+        self.device_names
+            .iter()
+            .find(|d| !used.contains(*d))
+            .cloned()
             .ok_or_else(|| {
                 CloudError::AttachLimit(format!(
                     "instance {instance_id} has no device name left ({} in use)",
