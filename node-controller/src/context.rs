@@ -53,15 +53,25 @@ pub struct Initialised {
 /// Initialised nodes whose addresses and event wait to be written.
 const FINISHING_QUEUED: usize = 8192;
 
+/// How long an initialised node's addresses and event wait at most for
+/// the initialisations in flight to end.
+pub const FINISHING_WAITS_AT_MOST: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The lane of initialised nodes whose addresses and event are still to
 /// write (`reconcile::finish_initialised`), behind the taints: a joining
 /// node is schedulable once its taint is gone, and these two writes per
 /// node, written by the worker that removed the taint, took two thirds of
-/// the API server's writes while nodes kept joining. Bounded: past
-/// [`FINISHING_QUEUED`] nodes the workers wait for room.
+/// the API server's writes while nodes kept joining. The lane also waits
+/// while nodes are being initialised, up to [`FINISHING_WAITS_AT_MOST`]
+/// after each node's taint came off: written beside the taints, the
+/// events of a 1,000-node join took the API server's time the taints of
+/// the same join were waiting for. Bounded: past [`FINISHING_QUEUED`]
+/// nodes the workers wait for room.
 pub struct Finishing {
     tx: tokio::sync::mpsc::Sender<Initialised>,
     rx: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Initialised>>,
+    /// Initialising syncs in flight.
+    initialising: tokio::sync::watch::Sender<usize>,
 }
 
 impl Default for Finishing {
@@ -70,7 +80,17 @@ impl Default for Finishing {
         Self {
             tx,
             rx: tokio::sync::Mutex::new(rx),
+            initialising: tokio::sync::watch::Sender::new(0),
         }
+    }
+}
+
+/// An initialising sync in flight, counted until dropped.
+pub struct InitialisingNow<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl Drop for InitialisingNow<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
     }
 }
 
@@ -86,6 +106,20 @@ impl Finishing {
         &self,
     ) -> tokio::sync::MutexGuard<'_, tokio::sync::mpsc::Receiver<Initialised>> {
         self.rx.lock().await
+    }
+
+    /// Counts an initialising sync until the guard is dropped.
+    pub fn initialising(&self) -> InitialisingNow<'_> {
+        self.initialising.send_modify(|n| *n += 1);
+        InitialisingNow(&self.initialising)
+    }
+
+    /// Waits until no node is being initialised, or until
+    /// [`FINISHING_WAITS_AT_MOST`] after `at`, whichever comes first.
+    pub async fn behind_initialisations(&self, at: tokio::time::Instant) {
+        let mut rx = self.initialising.subscribe();
+        let _ =
+            tokio::time::timeout_at(at + FINISHING_WAITS_AT_MOST, rx.wait_for(|n| *n == 0)).await;
     }
 }
 

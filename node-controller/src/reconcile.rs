@@ -123,6 +123,7 @@ pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
     if waiting.is_empty() {
         return results;
     }
+    let initialising = ctx.finishing.initialising();
     let refs = waiting.iter().map(|(_, node)| node_ref(node)).collect();
     match ctx.lookup(refs, LookupPurpose::Initialize, false).await {
         Ok(found) if found.len() == waiting.len() => {
@@ -142,6 +143,7 @@ pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
                     Err(e) => results[i] = Err(e),
                 }
             }
+            drop(initialising);
             for done in rest {
                 ctx.finishing.send(done).await;
             }
@@ -195,7 +197,12 @@ pub async fn finish_initialised(ctx: std::sync::Arc<Context>, term: tokio::time:
         .filter(|done| std::future::ready(done.at >= term))
         .for_each_concurrent(FINISHING_AT_ONCE, |done| {
             let span = tracing::info_span!("initialize", node = %done.node.name);
-            finish_initialising(&ctx, done).instrument(span)
+            let ctx = &ctx;
+            async move {
+                ctx.finishing.behind_initialisations(done.at).await;
+                finish_initialising(ctx, done).await
+            }
+            .instrument(span)
         })
         .await;
 }

@@ -52,14 +52,9 @@ pub struct Context {
     pub leadership: Leadership,
     pub settings: Settings,
     pub queue: WorkQueue<Key>,
-    /// The digest ([`plan::hosts_digest`]) of the hosts each load balancer
-    /// was last given, stored before the call.
-    pub last_hosts: Mutex<HashMap<Key, u64>>,
-    /// Services a host pass passed over because no hosts were remembered
-    /// for them yet (their first ensure on its way): the ensure may have
-    /// chosen its hosts before the pass's change, so remembering them
-    /// asks for another pass of that Service ([`Self::remember_hosts`]).
-    pub passed_over: Mutex<HashSet<Key>>,
+    /// The hosts each load balancer was last given, and the Services a
+    /// host pass passed over.
+    pub hosts_given: HostsGiven,
     /// Wakes the host pass.
     pub hosts_due: Arc<tokio::sync::Notify>,
     /// The provider's annotations that select hosts by Node label (from
@@ -159,6 +154,59 @@ impl Backing {
 /// Node changes taken in one by one, at least; past this and an eighth of
 /// the nodes, the membership is built again.
 const REBUILD_AFTER: usize = 1024;
+
+/// The digest ([`plan::hosts_digest`]) of the hosts each load balancer
+/// was last given, stored before the call, and the Services a host pass
+/// passed over because none were remembered for them yet: their first
+/// ensure was on its way, and may have chosen its hosts before the pass's
+/// change. Both under one lock, so no ensure's remembering slips between
+/// a pass's look and its passing over.
+#[derive(Default)]
+pub struct HostsGiven(Mutex<(HashMap<Key, u64>, HashSet<Key>)>);
+
+impl HostsGiven {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (HashMap<Key, u64>, HashSet<Key>)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Remembers that `key`'s load balancer is given the hosts of
+    /// `digest`. Whether a host pass passed it over meanwhile: then that
+    /// Service must be passed again, as the hosts it was given may be
+    /// those of before the pass's change.
+    pub fn remember(&self, key: &Key, digest: u64) -> bool {
+        let mut given = self.lock();
+        given.0.insert(key.clone(), digest);
+        given.1.remove(key)
+    }
+
+    /// The hosts remembered for `key`.
+    pub fn get(&self, key: &Key) -> Option<u64> {
+        self.lock().0.get(key).copied()
+    }
+
+    /// The hosts remembered for `key`, as a host pass asks; when there are
+    /// none, the pass passes it over, and that is noted.
+    pub fn get_or_pass_over(&self, key: &Key) -> Option<u64> {
+        let mut given = self.lock();
+        let remembered = given.0.get(key).copied();
+        if remembered.is_none() {
+            given.1.insert(key.clone());
+        }
+        remembered
+    }
+
+    /// Forgets `key`.
+    pub fn forget(&self, key: &Key) {
+        let mut given = self.lock();
+        given.0.remove(key);
+        given.1.remove(key);
+    }
+
+    /// Forgets the hosts given (another replica may have changed them).
+    pub fn clear(&self) {
+        self.lock().0.clear();
+    }
+}
 
 /// What an ensure made of one load balancer.
 #[derive(Clone, Debug, PartialEq)]
@@ -314,41 +362,20 @@ impl Context {
     /// Remembers the hosts `key`'s load balancer is given; if a host pass
     /// passed it over meanwhile, that Service alone is passed again.
     pub fn remember_hosts(&self, key: &Key, digest: u64) {
-        let mut hosts = self.last_hosts.lock().unwrap_or_else(|e| e.into_inner());
-        hosts.insert(key.clone(), digest);
-        let passed_over = self
-            .passed_over
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
-        drop(hosts);
-        if passed_over {
+        if self.hosts_given.remember(key, digest) {
             self.note_serving_change(key.clone());
             self.hosts_due.notify_one();
         }
     }
 
     pub fn remembered_hosts(&self, key: &Key) -> Option<u64> {
-        self.last_hosts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .copied()
+        self.hosts_given.get(key)
     }
 
-    /// The hosts remembered for `key`, as [`Self::remembered_hosts`]; when
-    /// there are none, notes that a host pass passed it over (under the
-    /// same lock as [`Self::remember_hosts`], so no ensure slips between).
+    /// The hosts remembered for `key`; when there are none, notes that a
+    /// host pass passed it over ([`HostsGiven::get_or_pass_over`]).
     pub fn remembered_hosts_or_pass_over(&self, key: &Key) -> Option<u64> {
-        let hosts = self.last_hosts.lock().unwrap_or_else(|e| e.into_inner());
-        let remembered = hosts.get(key).copied();
-        if remembered.is_none() {
-            self.passed_over
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key.clone());
-        }
-        remembered
+        self.hosts_given.get_or_pass_over(key)
     }
 
     /// Notes (`Some`) or forgets (`None`) that `key`'s load balancer is
@@ -380,10 +407,7 @@ impl Context {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clear();
-            self.last_hosts
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clear();
+            self.hosts_given.clear();
         }
     }
 
@@ -416,14 +440,7 @@ impl Context {
     /// made, provisioning, a change waiting).
     pub fn forget(&self, key: &Key) {
         self.set_applied(key, None);
-        self.last_hosts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
-        self.passed_over
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
+        self.hosts_given.forget(key);
         self.set_provisioning(key, None);
         self.take_change(key);
     }
@@ -543,5 +560,63 @@ impl Context {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HostsGiven;
+
+    fn key(name: &str) -> super::Key {
+        ("default".to_owned(), name.to_owned())
+    }
+
+    // The two orders of a Service's first ensure (choose the hosts, then
+    // remember them before the cloud call) and a host pass after a node
+    // change (look at what was remembered), each step in turn.
+
+    #[test]
+    fn a_pass_before_the_first_ensure_remembers_asks_for_another() {
+        let given = HostsGiven::default();
+        let web = key("web");
+        // The ensure chose its hosts; the pass looks before it remembers.
+        assert_eq!(given.get_or_pass_over(&web), None);
+        // Remembering the hosts of before says the pass passed it over.
+        assert!(given.remember(&web, 1));
+        // The pass of that Service alone then compares with them.
+        assert_eq!(given.get_or_pass_over(&web), Some(1));
+        // Once: a later ensure asks for no pass.
+        assert!(!given.remember(&web, 2));
+    }
+
+    #[test]
+    fn a_pass_after_the_ensure_remembers_compares_and_asks_for_none() {
+        let given = HostsGiven::default();
+        let web = key("web");
+        assert!(!given.remember(&web, 1));
+        assert_eq!(given.get_or_pass_over(&web), Some(1));
+        assert!(!given.remember(&web, 2));
+        assert_eq!(given.get(&web), Some(2));
+    }
+
+    #[test]
+    fn a_forgotten_service_is_no_longer_passed_over() {
+        let given = HostsGiven::default();
+        let web = key("web");
+        assert_eq!(given.get_or_pass_over(&web), None);
+        given.forget(&web);
+        assert!(!given.remember(&web, 1));
+    }
+
+    #[test]
+    fn a_new_term_forgets_the_hosts_but_not_a_pass_over() {
+        let given = HostsGiven::default();
+        let (web, api) = (key("web"), key("api"));
+        assert!(!given.remember(&web, 1));
+        assert_eq!(given.get_or_pass_over(&api), None);
+        given.clear();
+        assert_eq!(given.get(&web), None);
+        // The ensure on its way in the new term still brings its pass.
+        assert!(given.remember(&api, 3));
     }
 }

@@ -418,6 +418,66 @@ async fn fifty_nodes_joining_cause_about_one_host_update_per_load_balancer() {
     );
 }
 
+/// A Service's first ensure and a host pass, in a fixed order: the
+/// ensure chooses its hosts and is held in the cloud; a node joins, and its
+/// host pass sends the load balancer's new hosts while the ensure is still
+/// on its way. The update must not be lost behind the ensure, nor undone
+/// by it: the load balancer ends with both nodes. (The other order, a pass
+/// looking before the ensure has remembered its hosts, is
+/// `context::tests`'.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joining_while_the_first_ensure_is_in_the_cloud_reaches_the_load_balancer() {
+    let env = TestEnv::start().await;
+    add_nodes(&env, ["first".to_owned()]).await;
+    let services: Api<Service> = Api::namespaced(env.client().await, "default");
+    let c = start(&env, &["--load-balancer-subset-size", "0"]).await;
+    c.wait_ready().await;
+    let held = |seconds| Faults {
+        latency: [(
+            "ensure_load_balancer".to_owned(),
+            prost_types::Duration { seconds, nanos: 0 },
+        )]
+        .into(),
+        ..Default::default()
+    };
+    env.sim_admin().set_faults(held(3)).await.unwrap();
+    services
+        .create(
+            &PostParams::default(),
+            &load_balancer("default", "web").build(),
+        )
+        .await
+        .unwrap();
+    // The sim counts a call as it comes in: the ensure has its hosts.
+    eventually("the first ensure reaches the cloud", || async {
+        (env.calls(Operation::EnsureLoadBalancer) >= 1).then_some(())
+    })
+    .await;
+    add_nodes(&env, ["second".to_owned()]).await;
+    eventually("the node's host pass sends an update", || async {
+        (c.metric("service_controller_host_updates_total").await >= 1.0).then_some(())
+    })
+    .await;
+    let web = services.get("web").await.unwrap();
+    assert!(
+        web.status
+            .and_then(|s| s.load_balancer?.ingress)
+            .is_none_or(|i| i.is_empty()),
+        "the ensure was to be still in the cloud when the update was sent"
+    );
+    env.sim_admin().set_faults(held(0)).await.unwrap();
+    ingress_ip(&services, "web").await;
+    eventually("the load balancer has both nodes", || async {
+        let lbs = env
+            .gateway_client(Role::Service)
+            .list_load_balancers()
+            .await
+            .ok()?;
+        (lbs.len() == 1 && lbs[0].hosts.len() == 2).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_host_update_falls_back_to_a_full_ensure() {
     let env = TestEnv::start().await;

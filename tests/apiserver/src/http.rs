@@ -1062,9 +1062,13 @@ fn parse_continue(token: &str) -> Option<(u64, String, String)> {
 }
 
 fn event_line(kind: &str, object: &Value) -> Bytes {
-    let mut line = json!({"type": kind, "object": object}).to_string();
-    line.push('\n');
-    Bytes::from(line)
+    object_line(kind, &object.to_string())
+}
+
+/// A watch event around an object already written as JSON: no copy of
+/// the object is made to write it.
+fn object_line(kind: &str, object: &str) -> Bytes {
+    Bytes::from(format!("{{\"type\":\"{kind}\",\"object\":{object}}}\n"))
 }
 
 fn bookmark(resource: &Resource, rv: u64, initial_end: bool) -> Bytes {
@@ -1102,7 +1106,7 @@ fn view(
         (ChangeType::Modified, true, false) => "DELETED",
         _ => return None,
     };
-    Some(event_line(kind, &change.object))
+    Some(object_line(kind, change.json()))
 }
 
 fn watch(

@@ -94,7 +94,10 @@ impl Journal {
     }
 
     fn append(&mut self, entry: &Value) -> std::io::Result<()> {
-        let mut line = entry.to_string();
+        self.append_line(entry.to_string())
+    }
+
+    fn append_line(&mut self, mut line: String) -> std::io::Result<()> {
         line.push('\n');
         // One write per line: a crash loses at most the line being written.
         self.file.write_all(line.as_bytes())?;
@@ -103,8 +106,17 @@ impl Journal {
     }
 
     /// Records that `key` is now `object`, at resourceVersion `rv`.
+    #[cfg(test)]
     pub fn put(&mut self, rv: u64, key: &Key, object: &Value) -> std::io::Result<()> {
-        self.append(&json!({"rv": rv, "put": key_json(key), "object": object}))
+        self.put_json(rv, key, &object.to_string())
+    }
+
+    /// Records that `key` is now `object`, written as JSON (the text a
+    /// change's watchers are sent), at resourceVersion `rv`: no copy of the
+    /// object is made to write it.
+    pub fn put_json(&mut self, rv: u64, key: &Key, object: &str) -> std::io::Result<()> {
+        let key = key_json(key);
+        self.append_line(format!("{{\"rv\":{rv},\"put\":{key},\"object\":{object}}}"))
     }
 
     /// Records that `key` is gone, at resourceVersion `rv`.

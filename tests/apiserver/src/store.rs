@@ -134,6 +134,16 @@ pub struct Change {
     pub object: Value,
     /// The object before the change.
     pub old: Option<Value>,
+    /// `object` as JSON, written once for every watcher that sees it, as
+    /// kube-apiserver's watch cache serialises an event once.
+    pub json: std::sync::OnceLock<String>,
+}
+
+impl Change {
+    /// `object` as JSON.
+    pub fn json(&self) -> &str {
+        self.json.get_or_init(|| self.object.to_string())
+    }
 }
 
 type Key = (&'static str, &'static str, String, String);
@@ -372,7 +382,7 @@ impl Store {
             let k = key(change.resource, &change.namespace, name);
             let written = match change.kind {
                 ChangeType::Deleted => journal.delete(change.rv, &k),
-                _ => journal.put(change.rv, &k, &change.object),
+                _ => journal.put_json(change.rv, &k, change.json()),
             };
             if let Err(e) = written {
                 tracing::error!(error = %e, "could not write a change to the store's journal");
@@ -579,6 +589,7 @@ impl Store {
                 namespace: namespace.to_owned(),
                 object: obj.clone(),
                 old: None,
+                json: Default::default(),
             },
         );
         Ok(obj)
@@ -717,6 +728,7 @@ impl Store {
                     namespace: namespace.to_owned(),
                     object: new.clone(),
                     old: Some(old),
+                    json: Default::default(),
                 },
             );
             return Ok(new);
@@ -738,6 +750,7 @@ impl Store {
                 namespace: namespace.to_owned(),
                 object: new.clone(),
                 old: Some(old),
+                json: Default::default(),
             },
         );
         Ok(new)
@@ -788,6 +801,7 @@ impl Store {
                     namespace: namespace.to_owned(),
                     object: obj.clone(),
                     old: Some(old),
+                    json: Default::default(),
                 },
             );
             return Ok(obj);
@@ -806,6 +820,7 @@ impl Store {
                 namespace: namespace.to_owned(),
                 object: obj.clone(),
                 old: Some(old),
+                json: Default::default(),
             },
         );
         Ok(obj)
