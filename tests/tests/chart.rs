@@ -96,6 +96,7 @@ fn monitoring_queries() -> Vec<String> {
             "gateway.provider=sim".into(),
             "grafanaDashboard.enabled=true".into(),
             "prometheusRule.enabled=true".into(),
+            "volumes.enabled=true".into(),
         ],
     )
     .unwrap();
@@ -125,10 +126,11 @@ fn monitoring_queries() -> Vec<String> {
 /// The names of our metrics a query uses (PromQL functions, labels and
 /// keywords never start with our prefixes).
 fn metric_names(query: &str) -> Vec<String> {
-    const OURS: [&str; 5] = [
+    const OURS: [&str; 6] = [
         "node_controller_",
         "service_controller_",
         "route_controller_",
+        "volume_controller_",
         "cloud_gateway_",
         "ccm_",
     ];
@@ -173,10 +175,11 @@ async fn the_dashboard_and_alerts_use_only_metrics_the_binaries_export() {
     }
 
     let dir = tempfile::tempdir().unwrap();
-    let sandbox = ccm_sandbox::Sandbox::start(ccm_sandbox::Options::new(
-        dir.path().join("state"),
-        ccm_testkit::bin_dir(),
-    ))
+    // The volume controller too, as the chart runs it with volumes on.
+    let sandbox = ccm_sandbox::Sandbox::start(ccm_sandbox::Options {
+        volumes: true,
+        ..ccm_sandbox::Options::new(dir.path().join("state"), ccm_testkit::bin_dir())
+    })
     .await
     .unwrap();
     // Scraped before the processes did any work: nothing is observed yet.

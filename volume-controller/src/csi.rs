@@ -55,13 +55,18 @@ impl Driver {
         self.in_flight.hold(key)
     }
 
-    /// Counts a call's outcome.
-    fn counted<T>(&self, method: &'static str, result: Result<T, Status>) -> Result<T, Status> {
+    /// Counts a call's outcome, and times it from `started`.
+    fn counted<T>(
+        &self,
+        method: &'static str,
+        started: std::time::Instant,
+        result: Result<T, Status>,
+    ) -> Result<T, Status> {
         let code = match &result {
             Ok(_) => Code::Ok,
             Err(status) => status.code(),
         };
-        self.metrics.count(method, code);
+        self.metrics.count(method, code, started.elapsed());
         if let Err(status) = &result {
             tracing::debug!(method, code = ?status.code(), message = status.message(), "CSI call failed");
         }
@@ -533,14 +538,18 @@ impl Controller for ControllerService {
         &self,
         request: Request<csi::CreateVolumeRequest>,
     ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        let started = std::time::Instant::now();
         let result = self.create(request.into_inner()).await;
-        self.0.counted("CreateVolume", result).map(Response::new)
+        self.0
+            .counted("CreateVolume", started, result)
+            .map(Response::new)
     }
 
     async fn delete_volume(
         &self,
         request: Request<csi::DeleteVolumeRequest>,
     ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        let started = std::time::Instant::now();
         let req = request.into_inner();
         let result = async {
             required("volume_id", &req.volume_id)?;
@@ -559,16 +568,19 @@ impl Controller for ControllerService {
             }
         }
         .await;
-        self.0.counted("DeleteVolume", result).map(Response::new)
+        self.0
+            .counted("DeleteVolume", started, result)
+            .map(Response::new)
     }
 
     async fn controller_publish_volume(
         &self,
         request: Request<csi::ControllerPublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerPublishVolumeResponse>, Status> {
+        let started = std::time::Instant::now();
         let result = self.publish(request.into_inner()).await;
         self.0
-            .counted("ControllerPublishVolume", result)
+            .counted("ControllerPublishVolume", started, result)
             .map(Response::new)
     }
 
@@ -576,9 +588,10 @@ impl Controller for ControllerService {
         &self,
         request: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<csi::ControllerUnpublishVolumeResponse>, Status> {
+        let started = std::time::Instant::now();
         let result = self.unpublish(request.into_inner()).await;
         self.0
-            .counted("ControllerUnpublishVolume", result)
+            .counted("ControllerUnpublishVolume", started, result)
             .map(|()| Response::new(csi::ControllerUnpublishVolumeResponse {}))
     }
 
@@ -586,9 +599,10 @@ impl Controller for ControllerService {
         &self,
         request: Request<csi::ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        let started = std::time::Instant::now();
         let result = self.validate(request.into_inner()).await;
         self.0
-            .counted("ValidateVolumeCapabilities", result)
+            .counted("ValidateVolumeCapabilities", started, result)
             .map(Response::new)
     }
 
@@ -636,14 +650,18 @@ impl Controller for ControllerService {
         &self,
         request: Request<csi::CreateSnapshotRequest>,
     ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        let started = std::time::Instant::now();
         let result = self.snapshot(request.into_inner()).await;
-        self.0.counted("CreateSnapshot", result).map(Response::new)
+        self.0
+            .counted("CreateSnapshot", started, result)
+            .map(Response::new)
     }
 
     async fn delete_snapshot(
         &self,
         request: Request<csi::DeleteSnapshotRequest>,
     ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        let started = std::time::Instant::now();
         let req = request.into_inner();
         let result = async {
             self.snapshots_served()?;
@@ -665,15 +683,20 @@ impl Controller for ControllerService {
             }
         }
         .await;
-        self.0.counted("DeleteSnapshot", result).map(Response::new)
+        self.0
+            .counted("DeleteSnapshot", started, result)
+            .map(Response::new)
     }
 
     async fn list_snapshots(
         &self,
         request: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        let started = std::time::Instant::now();
         let result = self.snapshots(request.into_inner()).await;
-        self.0.counted("ListSnapshots", result).map(Response::new)
+        self.0
+            .counted("ListSnapshots", started, result)
+            .map(Response::new)
     }
 
     async fn get_snapshot(
@@ -687,9 +710,10 @@ impl Controller for ControllerService {
         &self,
         request: Request<csi::ControllerExpandVolumeRequest>,
     ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        let started = std::time::Instant::now();
         let result = self.expand(request.into_inner()).await;
         self.0
-            .counted("ControllerExpandVolume", result)
+            .counted("ControllerExpandVolume", started, result)
             .map(Response::new)
     }
 
@@ -704,6 +728,7 @@ impl Controller for ControllerService {
         &self,
         request: Request<csi::ControllerModifyVolumeRequest>,
     ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        let started = std::time::Instant::now();
         let req = request.into_inner();
         let result = async {
             if !self.0.offer.modify {
@@ -726,7 +751,7 @@ impl Controller for ControllerService {
         }
         .await;
         self.0
-            .counted("ControllerModifyVolume", result)
+            .counted("ControllerModifyVolume", started, result)
             .map(Response::new)
     }
 }
