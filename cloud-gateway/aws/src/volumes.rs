@@ -223,14 +223,53 @@ fn parameters(parameters: &BTreeMap<String, String>, problems: &mut Vec<Problem>
     wanted
 }
 
-/// The client token of the create of the volume named `name`: its SHA-256
-/// in hex, upstream's, 64 characters (EC2's longest).
-fn client_token(name: &str) -> String {
-    ring::digest::digest(&ring::digest::SHA256, name.as_bytes())
+/// The client token of the `attempt`th create of the volume named `name`
+/// (from 1): the SHA-256 in hex of the name, upstream's, then of the name
+/// with `-2`, `-3`, …; 64 characters (EC2's longest) each.
+fn client_token(name: &str, attempt: u32) -> String {
+    let input = match attempt {
+        0 | 1 => name.to_owned(),
+        n => format!("{name}-{n}"),
+    };
+    ring::digest::digest(&ring::digest::SHA256, input.as_bytes())
         .as_ref()
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// The most client tokens one create tries.
+const CLIENT_TOKENS: u32 = 5;
+
+/// Calls `create` with the volume `name`'s client token, and with the next
+/// one while EC2 answers that a token was used before with other
+/// parameters (`is_mismatch`), as upstream does: a create that failed, or
+/// a volume of that name deleted since, spent it. Only called once no
+/// volume of that name exists (a live one is found by its tag first), so
+/// the token's earlier volume is not one to answer with. Past
+/// [`CLIENT_TOKENS`] tokens, the last answer.
+async fn with_client_tokens<T, E, Fut>(
+    name: &str,
+    mut create: impl FnMut(String) -> Fut,
+    is_mismatch: impl Fn(&E) -> bool,
+) -> std::result::Result<T, E>
+where
+    Fut: std::future::Future<Output = std::result::Result<T, E>>,
+{
+    let mut attempt = 1;
+    loop {
+        match create(client_token(name, attempt)).await {
+            Err(e) if is_mismatch(&e) && attempt < CLIENT_TOKENS => {
+                tracing::info!(
+                    volume = name,
+                    attempt,
+                    "the volume's client token was used before with other parameters; the next one"
+                );
+                attempt += 1;
+            }
+            answer => return answer,
+        }
+    }
 }
 
 /// The tags of a new volume: its name, upstream's driver tag, the cluster
@@ -583,34 +622,42 @@ impl Volumes for AwsCloud {
                 ))
             })?,
         };
-        let made = self
-            .ec2
-            .create_volume()
-            .client_token(client_token(&spec.name))
-            .availability_zone(&zone)
-            .size(wanted.size_gib)
-            .volume_type(VolumeType::from(wanted.volume_type.as_str()))
-            .set_iops(wanted.iops)
-            .set_throughput(wanted.throughput)
-            .encrypted(wanted.encrypted)
-            .set_kms_key_id(wanted.kms_key_id.clone())
-            .set_snapshot_id(Some(spec.source_snapshot_id.clone()).filter(|s| !s.is_empty()))
-            .tag_specifications(tag_specification(
-                ResourceType::Volume,
-                volume_tags(cluster, spec),
-            ))
-            .send()
-            .await
-            .map_err(|e| match errors::code(&e) {
-                Some("IdempotentParameterMismatch") => CloudError::Conflict(format!(
-                    "a volume named {:?} was made before with other parameters",
-                    spec.name
-                )),
-                Some("InvalidSnapshot.NotFound") => {
-                    CloudError::NotFound(format!("snapshot {}", spec.source_snapshot_id))
-                }
-                _ => errors::cloud_error("CreateVolume", e),
-            })?;
+        let made = with_client_tokens(
+            &spec.name,
+            |token| {
+                self.ec2
+                    .create_volume()
+                    .client_token(token)
+                    .availability_zone(&zone)
+                    .size(wanted.size_gib)
+                    .volume_type(VolumeType::from(wanted.volume_type.as_str()))
+                    .set_iops(wanted.iops)
+                    .set_throughput(wanted.throughput)
+                    .encrypted(wanted.encrypted)
+                    .set_kms_key_id(wanted.kms_key_id.clone())
+                    .set_snapshot_id(
+                        Some(spec.source_snapshot_id.clone()).filter(|s| !s.is_empty()),
+                    )
+                    .tag_specifications(tag_specification(
+                        ResourceType::Volume,
+                        volume_tags(cluster, spec),
+                    ))
+                    .send()
+            },
+            |e| errors::code(e) == Some("IdempotentParameterMismatch"),
+        )
+        .await
+        .map_err(|e| match errors::code(&e) {
+            Some("IdempotentParameterMismatch") => CloudError::Conflict(format!(
+                "a volume named {:?} was made before with other parameters \
+                 ({CLIENT_TOKENS} client tokens tried)",
+                spec.name
+            )),
+            Some("InvalidSnapshot.NotFound") => {
+                CloudError::NotFound(format!("snapshot {}", spec.source_snapshot_id))
+            }
+            _ => errors::cloud_error("CreateVolume", e),
+        })?;
         let volume = Ec2Volume::builder()
             .set_volume_id(made.volume_id().map(str::to_owned))
             .set_size(made.size())
@@ -1015,11 +1062,70 @@ mod tests {
 
     #[test]
     fn the_client_token_is_the_names_sha256_in_hex() {
-        let token = client_token("pvc-1");
+        let token = client_token("pvc-1", 1);
         assert_eq!(token.len(), 64);
         assert_eq!(
-            client_token(""),
+            client_token("", 1),
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        // The next ones: of the name with -2, -3, …, as long.
+        assert_eq!(client_token("pvc-1", 2), client_token("pvc-1-2", 1));
+        assert_eq!(client_token("pvc-1", 3).len(), 64);
+    }
+
+    #[tokio::test]
+    async fn a_client_token_used_before_with_other_parameters_is_followed_by_the_next() {
+        let mismatch = |e: &&str| *e == "mismatch";
+        let tried = std::sync::Mutex::new(Vec::new());
+        // EC2 knows the first two tokens from creates with other parameters.
+        let spent = [client_token("pvc-1", 1), client_token("pvc-1", 2)];
+        let made = with_client_tokens(
+            "pvc-1",
+            |token| {
+                tried.lock().unwrap().push(token.clone());
+                let answer = if spent.contains(&token) {
+                    Err("mismatch")
+                } else {
+                    Ok("vol-1")
+                };
+                async move { answer }
+            },
+            mismatch,
+        )
+        .await;
+        assert_eq!(made, Ok("vol-1"));
+        assert_eq!(
+            *tried.lock().unwrap(),
+            [1, 2, 3].map(|n| client_token("pvc-1", n))
+        );
+        // Another error is answered at once; past the last token, its
+        // mismatch is.
+        let tries = std::sync::atomic::AtomicU32::new(0);
+        let refused: Result<(), &str> = with_client_tokens(
+            "pvc-1",
+            |_| {
+                tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { Err("VolumeLimitExceeded") }
+            },
+            mismatch,
+        )
+        .await;
+        assert_eq!(refused, Err("VolumeLimitExceeded"));
+        assert_eq!(tries.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let tries = std::sync::atomic::AtomicU32::new(0);
+        let spent: Result<(), &str> = with_client_tokens(
+            "pvc-1",
+            |_| {
+                tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { Err("mismatch") }
+            },
+            mismatch,
+        )
+        .await;
+        assert_eq!(spent, Err("mismatch"));
+        assert_eq!(
+            tries.load(std::sync::atomic::Ordering::SeqCst),
+            CLIENT_TOKENS
         );
     }
 
