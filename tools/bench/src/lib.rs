@@ -2202,7 +2202,6 @@ fn all_operations(latency: Duration) -> std::collections::HashMap<String, prost_
     .collect()
 }
 
-/// Milliseconds since `t`.
 /// Whether `node` still carries the uninitialised taint.
 fn is_uninitialised(node: &Node) -> bool {
     node.spec
@@ -2211,6 +2210,7 @@ fn is_uninitialised(node: &Node) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == fixtures::UNINITIALIZED))
 }
 
+/// Milliseconds since `t`.
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
 }
@@ -2532,10 +2532,9 @@ impl Run {
         Ok(())
     }
 
-    /// The Nodes still waiting for initialisation (with `first`, at most
-    /// one, to say whether any is): those without the instance type label
-    /// that initialising writes with the taint's removal, still tainted.
-    /// Whether any Node is still uninitialised, read cheaply enough to ask
+    /// Whether any Node is still waiting for initialisation (without the
+    /// instance type label that initialising writes with the taint's
+    /// removal, still tainted), read cheaply enough to ask
     /// every few milliseconds: `waiting_on`, the last one found, is read
     /// alone while it stays uninitialised, and the Nodes are searched again
     /// only once it is not. A search every poll (the API server scanning
