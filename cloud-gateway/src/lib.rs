@@ -405,8 +405,12 @@ fn serve(
             RoutesServer::new(RoutesService::new(cloud.clone())).max_decoding_message_size(largest),
         )
         .add_service(
-            VolumesServer::new(VolumesService::new(cloud.clone(), settings.lookups.clone()))
-                .max_decoding_message_size(largest),
+            VolumesServer::new(VolumesService::new(
+                cloud.clone(),
+                settings.lookups.clone(),
+                settings.volume_attach_stuck_after,
+            ))
+            .max_decoding_message_size(largest),
         )
         .add_service(
             CloudProviderServer::new(AutoscalerService::new(

@@ -140,6 +140,9 @@ pub struct Args {
     /// Share one provider answer among identical lookups in flight: true or false.
     #[arg(long, env = "CLOUD_GATEWAY_COALESCE", default_value = "true")]
     pub coalesce: String,
+    /// How long a volume attachment may stay attaching before the gateway detaches it, to attach it again under another device name (upstream's EBS driver: 90s).
+    #[arg(long, default_value = "90s")]
+    pub volume_attach_stuck_after: String,
     /// Most gRPC connections at once; more are closed as they arrive.
     #[arg(long, default_value = "128")]
     pub max_connections: String,
@@ -357,6 +360,9 @@ pub struct Settings {
     pub cluster_name: String,
     /// How often the node groups are listed again at most.
     pub node_groups_refresh_interval: Duration,
+    /// How long a volume attachment may stay attaching before it is
+    /// detached, to be attached again under another device name.
+    pub volume_attach_stuck_after: Duration,
     pub sim: SimConfig,
     #[cfg(feature = "aws")]
     pub aws: AwsSettings,
@@ -434,6 +440,11 @@ impl Settings {
             &args.node_groups_refresh_interval,
             duration_within(Duration::ZERO, Duration::from_secs(600)),
         );
+        let volume_attach_stuck_after = p.parse(
+            "volume-attach-stuck-after",
+            &args.volume_attach_stuck_after,
+            duration_within(Duration::from_secs(1), Duration::from_secs(3600)),
+        );
         let sim = sim(&mut p, args);
         #[cfg(feature = "aws")]
         let aws = aws(&mut p, args);
@@ -454,6 +465,7 @@ impl Settings {
             lookups: lookups.expect("checked"),
             cluster_name: args.cluster_name.clone(),
             node_groups_refresh_interval: node_groups_refresh_interval.expect("checked"),
+            volume_attach_stuck_after: volume_attach_stuck_after.expect("checked"),
             sim: sim.expect("checked"),
             #[cfg(feature = "aws")]
             aws: aws.expect("checked"),

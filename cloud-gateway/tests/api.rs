@@ -1155,6 +1155,79 @@ async fn an_attach_past_the_wait_answers_retry_after_and_asked_again_the_same_de
 }
 
 #[tokio::test]
+async fn an_attachment_stuck_attaching_is_detached_and_made_again_under_another_device() {
+    use ccm_proto::v1::{AttachVolumeRequest, CreateVolumeRequest, GetVolumeRequest};
+    // Stuck after 3 s here (90 s by default, upstream's).
+    let gw = TestGateway::start(|s| s.volume_attach_stuck_after = Duration::from_secs(3)).await;
+    let instance = gw.create_instance("node-a").await;
+    // An attach the cloud never finishes, as when the instance's system
+    // already holds the device name.
+    gw.admin()
+        .set_faults(Faults {
+            volume_attach_delay: duration(Duration::from_secs(3600)),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let volumes = gw.client(Role::Volume);
+    let volume = volumes
+        .create_volume(CreateVolumeRequest {
+            name: "pvc-stuck".into(),
+            zones: vec![instance.zone.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .volume
+        .unwrap();
+    let attach = || {
+        volumes.attach_volume(AttachVolumeRequest {
+            volume_id: volume.id.clone(),
+            instance_id: instance.id.clone(),
+            ..Default::default()
+        })
+    };
+    let read = || async {
+        volumes
+            .get_volume(GetVolumeRequest {
+                volume_id: volume.id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .volume
+            .unwrap()
+    };
+    // The first call waits its 5 s and answers PROVISIONING, still
+    // attaching; past 3 s the attachment counts as stuck.
+    let err = attach().await.unwrap_err();
+    assert!(
+        matches!(&err, Error::RetryAfter { reason, .. } if reason == reason::PROVISIONING),
+        "{err:?}"
+    );
+    let stuck = read().await.attachments;
+    assert_eq!(stuck.len(), 1, "{stuck:?}");
+    assert_eq!(stuck[0].state(), AttachmentState::Attaching);
+    // Asked again: detached, and asked to ask again.
+    let err = attach().await.unwrap_err();
+    assert!(
+        matches!(&err, Error::RetryAfter { reason, message, .. }
+            if reason == reason::PROVISIONING && message.contains("stuck attaching")),
+        "{err:?}"
+    );
+    assert!(read().await.attachments.is_empty());
+    // The cloud attaches at once again: the next attach is under another
+    // device name, not the one that got stuck.
+    gw.admin().set_faults(Faults::default()).await.unwrap();
+    let device = attach().await.unwrap().device;
+    assert_ne!(device, stuck[0].device);
+    let attached = read().await.attachments;
+    assert_eq!(attached.len(), 1, "{attached:?}");
+    assert_eq!(attached[0].state(), AttachmentState::Attached);
+    assert_eq!(attached[0].device, device);
+}
+
+#[tokio::test]
 async fn volumes_the_cloud_makes_in_seconds_are_waited_for_with_their_reads_gathered() {
     use ccm_proto::v1::{AttachVolumeRequest, CreateVolumeRequest, GetVolumeRequest};
     let gw = TestGateway::start(|_| {}).await;

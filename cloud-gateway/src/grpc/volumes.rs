@@ -70,9 +70,21 @@ pub struct VolumesService {
     device_names: Vec<String>,
     /// Volumes made lately, by cluster and name: the spec and the ID.
     made: Recent<(String, String), (VolumeSpec, String)>,
-    /// Attachments made lately: cluster, volume ID, instance ID.
-    attached: Recent<(String, String, String), ()>,
+    /// Attachments made lately.
+    attached: Recent<AttachmentKey, ()>,
+    /// Attachments seen still attaching, by cluster, volume ID and
+    /// instance ID: since when, and under which device name.
+    attaching: std::sync::Mutex<HashMap<AttachmentKey, (Instant, String)>>,
+    /// How long an attachment may stay attaching before it is detached.
+    stuck_after: Duration,
+    /// Device names an attachment got stuck under, by instance: not
+    /// handed out there again while this gateway runs, as upstream's
+    /// device allocator marks them.
+    stuck_names: std::sync::Mutex<HashMap<String, BTreeSet<String>>>,
 }
+
+/// An attachment: cluster, volume ID, instance ID.
+type AttachmentKey = (String, String, String);
 
 /// How long the gateway remembers a volume or attachment it made. A
 /// caller that gave up waiting (its deadline passed while the budget was
@@ -169,7 +181,7 @@ impl VolumesService {
     /// Serves volumes of `cloud`. Without a cache (`lookups.cache_ttl`
     /// zero, the upstream profile) each attach reads its instance's
     /// devices afresh.
-    pub fn new(cloud: Arc<Cloud>, lookups: LookupConfig) -> Self {
+    pub fn new(cloud: Arc<Cloud>, lookups: LookupConfig, stuck_after: Duration) -> Self {
         Self {
             devices: Devices {
                 known: Default::default(),
@@ -186,6 +198,9 @@ impl VolumesService {
                 .unwrap_or_default(),
             made: Recent::new(),
             attached: Recent::new(),
+            attaching: Default::default(),
+            stuck_after,
+            stuck_names: Default::default(),
             cloud,
             names: OneAtATime::default(),
             instances: OneAtATime::default(),
@@ -217,9 +232,16 @@ impl VolumesService {
                 used.into_iter().collect()
             }
         };
+        let stuck = self
+            .stuck_names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(instance_id)
+            .cloned()
+            .unwrap_or_default();
         self.device_names
             .iter()
-            .find(|d| !used.contains(*d))
+            .find(|d| !used.contains(*d) && !stuck.contains(*d))
             .cloned()
             .ok_or_else(|| {
                 CloudError::AttachLimit(format!(
@@ -227,6 +249,72 @@ impl VolumesService {
                     used.len()
                 ))
             })
+    }
+
+    /// Whether the attachment `key` (seen attaching under `device`) has
+    /// been attaching longer than `stuck_after` since this gateway first
+    /// saw it so; notes when it first did.
+    fn stuck(&self, key: &AttachmentKey, device: &str) -> bool {
+        let mut attaching = self.attaching.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        // Forget attachments first seen long ago: their caller gave up,
+        // or they finished through another gateway.
+        attaching.retain(|_, (since, _)| now.duration_since(*since) < 10 * self.stuck_after);
+        let (since, seen) = attaching
+            .entry(key.clone())
+            .or_insert_with(|| (now, device.to_owned()));
+        if seen != device {
+            *since = now;
+            device.clone_into(seen);
+        }
+        now.duration_since(*since) >= self.stuck_after
+    }
+
+    /// Detaches the attachment `key`, stuck attaching under `device` (a
+    /// name the instance's system holds, as upstream explains its 90 s
+    /// rule), so that the caller's next attach starts over under another
+    /// name: `device` is not handed out on that instance again. The answer
+    /// for the caller: `PROVISIONING`, to ask again.
+    async fn detach_stuck(&self, caller: &str, key: &AttachmentKey, device: &str) -> CloudError {
+        let (cluster, volume_id, instance_id) = key;
+        tracing::warn!(
+            volume = %volume_id,
+            instance = %instance_id,
+            device,
+            after = ?self.stuck_after,
+            "attachment stuck attaching; detaching it to attach again under another device name"
+        );
+        self.stuck_names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(instance_id.clone())
+            .or_default()
+            .insert(device.to_owned());
+        self.attached.forget(key);
+        let resource = format!("volume/{volume_id}-x-{instance_id}");
+        let detached = self
+            .mutate(Operation::DetachVolume, caller, cluster, &resource, |v| {
+                v.detach(cluster, volume_id, instance_id)
+            })
+            .await;
+        let done = match detached {
+            Ok(()) => "detached",
+            Err(CloudError::Provisioning { .. }) => "being detached",
+            // Still stuck: the next attach asks again at once.
+            Err(e) => return e,
+        };
+        self.attaching
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        CloudError::Provisioning {
+            retry_after: STILL_MAKING,
+            message: format!(
+                "volume {volume_id} was stuck attaching to instance {instance_id} as {device} \
+                 for {:?}; {done}, to be attached again under another device name",
+                self.stuck_after
+            ),
+        }
     }
 
     async fn get(&self, cluster: &str, volume_id: &str) -> Result<Option<Volume>, CloudError> {
@@ -722,6 +810,11 @@ impl Volumes for VolumesService {
             // The cloud has the device now: the next attach to the
             // instance need not wait for this one to finish.
             drop(instance);
+            if attachment.state == AttachmentState::Attaching
+                && self.stuck(&key, &attachment.device)
+            {
+                return Err(self.detach_stuck(&caller, &key, &attachment.device).await);
+            }
             if attachment.state != AttachmentState::Attached {
                 let device = attachment.device.clone();
                 self.wait_until(
@@ -741,6 +834,10 @@ impl Volumes for VolumesService {
                 )
                 .await?;
             }
+            self.attaching
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
             Ok(Response::new(wire::AttachVolumeResponse {
                 device: attachment.device,
             }))
