@@ -1100,23 +1100,29 @@ async fn a_huge_invalid_request_is_invalid_argument_with_a_short_error() {
     );
 }
 
-#[tokio::test]
-async fn an_attach_past_the_wait_answers_retry_after_and_asked_again_the_same_device() {
-    use ccm_proto::v1::{AttachVolumeRequest, CreateVolumeRequest, GetVolumeRequest};
-    let gw = TestGateway::start(|_| {}).await;
+/// A volume made on a new instance's zone, `name`, whose attaches the sim
+/// takes `attach_delay` to finish; with a Volume-role client.
+async fn volume_attaching_slowly(
+    gw: &TestGateway,
+    name: &str,
+    attach_delay: Duration,
+) -> (
+    ccm_proto::GatewayClient,
+    ccm_proto::v1::SimInstance,
+    ccm_proto::v1::Volume,
+) {
     let instance = gw.create_instance("node-a").await;
-    // Longer than the gateway waits in one call (5 s), shorter than two.
     gw.admin()
         .set_faults(Faults {
-            volume_attach_delay: duration(Duration::from_secs(7)),
+            volume_attach_delay: duration(attach_delay),
             ..Default::default()
         })
         .await
         .unwrap();
     let volumes = gw.client(Role::Volume);
     let volume = volumes
-        .create_volume(CreateVolumeRequest {
-            name: "pvc-slow".into(),
+        .create_volume(ccm_proto::v1::CreateVolumeRequest {
+            name: name.into(),
             zones: vec![instance.zone.clone()],
             ..Default::default()
         })
@@ -1124,6 +1130,16 @@ async fn an_attach_past_the_wait_answers_retry_after_and_asked_again_the_same_de
         .unwrap()
         .volume
         .unwrap();
+    (volumes, instance, volume)
+}
+
+#[tokio::test]
+async fn an_attach_past_the_wait_answers_retry_after_and_asked_again_the_same_device() {
+    use ccm_proto::v1::{AttachVolumeRequest, GetVolumeRequest};
+    let gw = TestGateway::start(|_| {}).await;
+    // Longer than the gateway waits in one call (5 s), shorter than two.
+    let (volumes, instance, volume) =
+        volume_attaching_slowly(&gw, "pvc-slow", Duration::from_secs(7)).await;
     let attach = || {
         volumes.attach_volume(AttachVolumeRequest {
             volume_id: volume.id.clone(),
@@ -1156,30 +1172,13 @@ async fn an_attach_past_the_wait_answers_retry_after_and_asked_again_the_same_de
 
 #[tokio::test]
 async fn an_attachment_stuck_attaching_is_detached_and_made_again_under_another_device() {
-    use ccm_proto::v1::{AttachVolumeRequest, CreateVolumeRequest, GetVolumeRequest};
+    use ccm_proto::v1::{AttachVolumeRequest, GetVolumeRequest};
     // Stuck after 3 s here (90 s by default, upstream's).
     let gw = TestGateway::start(|s| s.volume_attach_stuck_after = Duration::from_secs(3)).await;
-    let instance = gw.create_instance("node-a").await;
     // An attach the cloud never finishes, as when the instance's system
     // already holds the device name.
-    gw.admin()
-        .set_faults(Faults {
-            volume_attach_delay: duration(Duration::from_secs(3600)),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let volumes = gw.client(Role::Volume);
-    let volume = volumes
-        .create_volume(CreateVolumeRequest {
-            name: "pvc-stuck".into(),
-            zones: vec![instance.zone.clone()],
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .volume
-        .unwrap();
+    let (volumes, instance, volume) =
+        volume_attaching_slowly(&gw, "pvc-stuck", Duration::from_secs(3600)).await;
     let attach = || {
         volumes.attach_volume(AttachVolumeRequest {
             volume_id: volume.id.clone(),
