@@ -102,9 +102,9 @@ struct Args {
     #[arg(long, value_parser = number_within(1usize, 1000))]
     aws_joining: Option<usize>,
     /// Scenario 2: also run ours with the gateway serving in clear, for
-    /// what TLS costs in the steady state.
-    #[arg(long)]
-    steady_in_clear: bool,
+    /// what TLS costs in the steady state (on in the default run).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    steady_in_clear: Option<bool>,
     /// Scenario 10: a real cluster-autoscaler binary (built with its
     /// externalgrpc provider), whose own loop is counted too.
     #[arg(long, env = "CLUSTER_AUTOSCALER")]
@@ -182,7 +182,9 @@ impl Args {
         if let Some(r) = self.latency_high_rate {
             sizes.latency_high_rate = r;
         }
-        sizes.steady_in_clear = self.steady_in_clear;
+        if let Some(in_clear) = self.steady_in_clear {
+            sizes.steady_in_clear = in_clear;
+        }
         sizes.cluster_autoscaler = self.cluster_autoscaler.clone();
         sizes
     }
