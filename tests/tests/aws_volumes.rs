@@ -8,7 +8,7 @@ use std::time::Duration;
 use ccm_proto::v1::{
     AttachVolumeRequest, CreateSnapshotRequest, CreateVolumeRequest, DeleteSnapshotRequest,
     DeleteVolumeRequest, DetachVolumeRequest, ExpandVolumeRequest, GetVolumeRequest,
-    ListSnapshotsRequest, ListVolumesRequest, VolumeOwner,
+    ListSnapshotsRequest, ListVolumesRequest, ModifyVolumeRequest, VolumeOwner,
 };
 use ccm_proto::{Error, GatewayClient};
 use ccm_sandbox::aws::{self, Moto, Seeded};
@@ -160,14 +160,16 @@ async fn get(c: &GatewayClient, volume_id: &str) -> Result<ccm_proto::v1::Volume
 }
 
 /// The account's tagged volumes (not the instances' untagged root disks)
-/// as boto3 reads them: for each, its ID, size, zone, type, snapshot, tags
+/// as boto3 reads them: for each, its ID, size, zone, type, IOPS,
+/// throughput, snapshot, tags
 /// as an object and attachments as `[instance, device]`, sorted by ID.
 fn volumes_by_boto3(endpoint: &str) -> Vec<Value> {
     let script = "import boto3, json, sys\n\
         ec2 = boto3.client('ec2', endpoint_url=sys.argv[1], region_name=sys.argv[2],\n\
             aws_access_key_id='a', aws_secret_access_key='b')\n\
         out = [{'id': v['VolumeId'], 'size': v['Size'], 'zone': v['AvailabilityZone'],\n\
-            'type': v['VolumeType'], 'snapshot': v.get('SnapshotId', ''),\n\
+            'type': v['VolumeType'], 'iops': v.get('Iops'), 'throughput': v.get('Throughput'),\n\
+            'snapshot': v.get('SnapshotId', ''),\n\
             'tags': {t['Key']: t['Value'] for t in v.get('Tags', [])},\n\
             'attachments': sorted([a['InstanceId'], a['Device']] for a in v['Attachments'])}\n\
             for v in ec2.describe_volumes()['Volumes']]\n\
@@ -498,4 +500,115 @@ async fn volumes_grow_and_snapshots_are_tagged_listed_restored_and_deleted() {
         .unwrap();
     }
     assert_eq!(snapshots_by_boto3(&env.moto.endpoint), Vec::<Value>::new());
+}
+
+/// How many modifications EC2 has of the volume `id`, as boto3 reads them.
+fn modifications_by_boto3(endpoint: &str, id: &str) -> usize {
+    let script = "import boto3, json, sys\n\
+        ec2 = boto3.client('ec2', endpoint_url=sys.argv[1], region_name=sys.argv[2],\n\
+            aws_access_key_id='a', aws_secret_access_key='b')\n\
+        m = ec2.describe_volumes_modifications(VolumeIds=[sys.argv[3]])['VolumesModifications']\n\
+        print(json.dumps(len(m)))\n";
+    ccm_testkit::boto3(script, endpoint, &[id])
+        .as_u64()
+        .unwrap() as usize
+}
+
+#[tokio::test]
+async fn a_volumes_type_iops_and_throughput_change_in_place_and_only_when_they_differ() {
+    let env = env(1).await;
+    let c = env.gateway.client("volume", CLUSTER);
+    let zone = env.seeded.instances[0].zone.clone();
+    let modify = |id: &str, pairs: &[(&str, &str)]| ModifyVolumeRequest {
+        volume_id: id.to_owned(),
+        parameters: pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Default::default()
+    };
+    // Made with a VolumeAttributesClass's parameters over the class's.
+    let id = create_id(
+        &c,
+        CreateVolumeRequest {
+            mutable_parameters: [("iops".to_owned(), "3500".to_owned())].into(),
+            ..create("pvc-modify", 10 * GIB, &zone)
+        },
+    )
+    .await;
+    let made = volume_by_boto3(&env.moto.endpoint, &id).unwrap();
+    assert_eq!(
+        (&made["type"], &made["iops"]),
+        (&"gp3".into(), &3500.into())
+    );
+
+    let faster = modify(&id, &[("iops", "4000"), ("throughput", "250")]);
+    timed(c.modify_volume(faster.clone())).await.unwrap();
+    let seen = volume_by_boto3(&env.moto.endpoint, &id).unwrap();
+    assert_eq!(seen["iops"], 4000);
+    assert_eq!(seen["throughput"], 250);
+    assert_eq!(modifications_by_boto3(&env.moto.endpoint, &id), 1);
+    // Asked again (the resizer's retry): EBS takes few modifications a
+    // day, so none is made for what the volume has.
+    timed(c.modify_volume(faster)).await.unwrap();
+    assert_eq!(modifications_by_boto3(&env.moto.endpoint, &id), 1);
+
+    // What EBS would refuse is named, and nothing is changed.
+    let wrong = timed(c.modify_volume(modify(
+        &id,
+        &[
+            ("type", "gp2"),
+            ("throughput", "300"),
+            ("encrypted", "true"),
+        ],
+    )))
+    .await;
+    match wrong {
+        Err(Error::InvalidArgument { violations, .. }) => {
+            let fields: Vec<&str> = violations.iter().map(|v| v.field.as_str()).collect();
+            assert_eq!(
+                fields,
+                ["parameters[\"encrypted\"]", "parameters[\"throughput\"]"]
+            );
+        }
+        other => panic!("not invalid: {other:?}"),
+    }
+    // Made io2, the volume takes no throughput: its own type is checked.
+    timed(c.modify_volume(modify(&id, &[("type", "io2"), ("iops", "6000")])))
+        .await
+        .unwrap();
+    let wrong = timed(c.modify_volume(modify(&id, &[("throughput", "300")]))).await;
+    assert!(
+        matches!(wrong, Err(Error::InvalidArgument { .. })),
+        "{wrong:?}"
+    );
+    assert_eq!(modifications_by_boto3(&env.moto.endpoint, &id), 2);
+    let seen = volume_by_boto3(&env.moto.endpoint, &id).unwrap();
+    assert_eq!(
+        (&seen["type"], &seen["iops"]),
+        (&"io2".into(), &6000.into())
+    );
+
+    // Another cluster's volume is not found, and stays as it was.
+    let theirs = foreign_volume(
+        &env,
+        &[
+            ("CSIVolumeName", "pvc-theirs"),
+            ("kubernetes.io/cluster/other", "owned"),
+        ],
+    )
+    .await;
+    let refused = timed(c.modify_volume(modify(&theirs, &[("type", "gp3")]))).await;
+    assert!(
+        matches!(refused, Err(Error::NotFound { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(modifications_by_boto3(&env.moto.endpoint, &theirs), 0);
+    // Asked to change nothing, it is still not found, as CSI asks.
+    let nothing = timed(c.modify_volume(modify(&theirs, &[]))).await;
+    assert!(
+        matches!(nothing, Err(Error::NotFound { .. })),
+        "{nothing:?}"
+    );
+    timed(c.modify_volume(modify(&id, &[]))).await.unwrap();
 }

@@ -107,14 +107,19 @@ fn check_spec(spec: &VolumeSpec) -> Result<Wanted> {
             0
         }
     };
-    let mut wanted = parameters(&spec.parameters, &mut problems);
-    wanted.size_gib = size_gib;
-    if !spec.mutable_parameters.is_empty() {
-        problems.push((
-            "mutable_parameters".to_owned(),
-            "volume modification is not offered on AWS yet".to_owned(),
-        ));
+    // Mutable parameters (a VolumeAttributesClass's) are made with the
+    // volume, over the StorageClass's, as upstream does.
+    let mut merged = spec.parameters.clone();
+    for (key, value) in &spec.mutable_parameters {
+        if MUTABLE.contains(&key.to_ascii_lowercase().as_str()) {
+            merged.retain(|k, _| !k.eq_ignore_ascii_case(key));
+            merged.insert(key.clone(), value.clone());
+        } else {
+            problems.push((format!("mutable_parameters[\"{key}\"]"), not_mutable()));
+        }
     }
+    let mut wanted = parameters(&merged, &mut problems);
+    wanted.size_gib = size_gib;
     if !spec.source_volume_id.is_empty() {
         problems.push((
             "source_volume_id".to_owned(),
@@ -157,27 +162,14 @@ fn parameters(parameters: &BTreeMap<String, String>, problems: &mut Vec<Problem>
         volume_type: VOLUME_TYPES[0].to_owned(),
         ..Wanted::default()
     };
-    let number =
-        |field: String, value: &str, problems: &mut Vec<Problem>| match value.parse::<i32>() {
-            Ok(n) if n > 0 => Some(n),
-            _ => {
-                problems.push((field, format!("{value:?} is not a whole number above 0")));
-                None
-            }
-        };
     for (key, value) in parameters {
         let field = format!("parameters[\"{key}\"]");
         match key.to_ascii_lowercase().as_str() {
-            TYPE => match VOLUME_TYPES.iter().find(|t| **t == value.to_ascii_lowercase()) {
-                Some(known) => wanted.volume_type = (*known).to_owned(),
-                None => problems.push((
-                    field,
-                    format!(
-                        "{value:?} is not an EBS volume type: one of {}",
-                        VOLUME_TYPES.join(", ")
-                    ),
-                )),
-            },
+            TYPE => {
+                if let Some(known) = volume_type(field, value, problems) {
+                    wanted.volume_type = known;
+                }
+            }
             IOPS => wanted.iops = number(field, value, problems),
             THROUGHPUT => wanted.throughput = number(field, value, problems),
             ENCRYPTED => match value.to_ascii_lowercase().as_str() {
@@ -195,23 +187,17 @@ fn parameters(parameters: &BTreeMap<String, String>, problems: &mut Vec<Problem>
             )),
         }
     }
-    let of_type = |types: &[&str]| types.contains(&wanted.volume_type.as_str());
-    if wanted.iops.is_some() && !of_type(&["gp3", "io1", "io2"]) {
-        problems.push((
-            "parameters[\"iops\"]".to_owned(),
-            format!("volumes of type {} take no IOPS", wanted.volume_type),
-        ));
-    }
-    if wanted.iops.is_none() && of_type(&["io1", "io2"]) {
+    fits(
+        "parameters",
+        &wanted.volume_type,
+        wanted.iops,
+        wanted.throughput,
+        problems,
+    );
+    if wanted.iops.is_none() && ["io1", "io2"].contains(&wanted.volume_type.as_str()) {
         problems.push((
             "parameters[\"iops\"]".to_owned(),
             format!("volumes of type {} need IOPS", wanted.volume_type),
-        ));
-    }
-    if wanted.throughput.is_some() && !of_type(&["gp3"]) {
-        problems.push((
-            "parameters[\"throughput\"]".to_owned(),
-            format!("volumes of type {} take no throughput", wanted.volume_type),
         ));
     }
     if wanted.kms_key_id.is_some() && !wanted.encrypted {
@@ -221,6 +207,119 @@ fn parameters(parameters: &BTreeMap<String, String>, problems: &mut Vec<Problem>
         ));
     }
     wanted
+}
+
+/// An EBS volume type named in `value` (any case), or a problem.
+fn volume_type(field: String, value: &str, problems: &mut Vec<Problem>) -> Option<String> {
+    let known = VOLUME_TYPES
+        .iter()
+        .find(|t| **t == value.to_ascii_lowercase());
+    if known.is_none() {
+        problems.push((
+            field,
+            format!(
+                "{value:?} is not an EBS volume type: one of {}",
+                VOLUME_TYPES.join(", ")
+            ),
+        ));
+    }
+    known.map(|t| (*t).to_owned())
+}
+
+/// A whole number above 0 in `value`, or a problem.
+fn number(field: String, value: &str, problems: &mut Vec<Problem>) -> Option<i32> {
+    match value.parse::<i32>() {
+        Ok(n) if n > 0 => Some(n),
+        _ => {
+            problems.push((field, format!("{value:?} is not a whole number above 0")));
+            None
+        }
+    }
+}
+
+/// What a volume of `volume_type` cannot take of `iops` and `throughput`
+/// (under the map `at`), as problems.
+fn fits(
+    at: &str,
+    volume_type: &str,
+    iops: Option<i32>,
+    throughput: Option<i32>,
+    problems: &mut Vec<Problem>,
+) {
+    if iops.is_some() && !["gp3", "io1", "io2"].contains(&volume_type) {
+        problems.push((
+            format!("{at}[\"iops\"]"),
+            format!("volumes of type {volume_type} take no IOPS"),
+        ));
+    }
+    if throughput.is_some() && volume_type != "gp3" {
+        problems.push((
+            format!("{at}[\"throughput\"]"),
+            format!("volumes of type {volume_type} take no throughput"),
+        ));
+    }
+}
+
+/// What a refused ModifyVolume (a resize or a change) means: the volume
+/// gone, or one modification still being made, which the resizer asks
+/// again after (EBS makes one at a time).
+fn modification_error<E, R>(volume_id: &str, e: aws_sdk_ec2::error::SdkError<E, R>) -> CloudError
+where
+    E: aws_sdk_ec2::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + 'static,
+{
+    match errors::code(&e) {
+        Some("InvalidVolume.NotFound") => CloudError::NotFound(format!("volume {volume_id}")),
+        Some("IncorrectModificationState") => {
+            errors::provisioning(format!("volume {volume_id} is still being modified"))
+        }
+        _ => errors::cloud_error("ModifyVolume", e),
+    }
+}
+
+/// The parameters a volume's modification may change, upstream's.
+const MUTABLE: [&str; 3] = [TYPE, IOPS, THROUGHPUT];
+
+fn not_mutable() -> String {
+    format!(
+        "not a mutable parameter of EBS volumes: one of {}",
+        MUTABLE.join(", ")
+    )
+}
+
+/// What a modification asks of EC2, once checked; `None` keeps a value.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Change {
+    volume_type: Option<String>,
+    iops: Option<i32>,
+    throughput: Option<i32>,
+}
+
+impl Change {
+    /// The change `parameters` ask for; every key not mutable is a problem.
+    fn of(parameters: &BTreeMap<String, String>, problems: &mut Vec<Problem>) -> Self {
+        let mut change = Self::default();
+        for (key, value) in parameters {
+            let field = format!("parameters[\"{key}\"]");
+            match key.to_ascii_lowercase().as_str() {
+                TYPE => change.volume_type = volume_type(field, value, problems),
+                IOPS => change.iops = number(field, value, problems),
+                THROUGHPUT => change.throughput = number(field, value, problems),
+                _ => problems.push((field, not_mutable())),
+            }
+        }
+        change
+    }
+
+    /// Whether `volume` has every value asked already.
+    fn made_in(&self, volume: &Volume) -> bool {
+        let has = |key: &str, wanted: Option<String>| {
+            wanted.is_none_or(|w| volume.attributes.get(key) == Some(&w))
+        };
+        has(TYPE, self.volume_type.clone())
+            && has(IOPS, self.iops.map(|n| n.to_string()))
+            && has(THROUGHPUT, self.throughput.map(|n| n.to_string()))
+    }
 }
 
 /// The client token of the `attempt`th create of the volume named `name`
@@ -568,7 +667,7 @@ impl Volumes for AwsCloud {
             topology_keys: vec![TOPOLOGY_ZONE_KEY.to_owned(), WELL_KNOWN_ZONE_KEY.to_owned()],
             clones: false,
             snapshots: true,
-            modify: false,
+            modify: true,
             default_size_bytes: DEFAULT_SIZE_GIB * GIB,
             node_parameters: NODE_PARAMETERS.iter().map(|p| (*p).to_owned()).collect(),
             device_names: ebs_device_names(),
@@ -857,17 +956,61 @@ impl Volumes for AwsCloud {
             .size(gib)
             .send()
             .await
-            .map_err(|e| match errors::code(&e) {
-                Some("InvalidVolume.NotFound") => {
-                    CloudError::NotFound(format!("volume {volume_id}"))
-                }
-                _ => errors::cloud_error("ModifyVolume", e),
-            })?;
+            .map_err(|e| modification_error(volume_id, e))?;
         let target = answer
             .volume_modification()
             .and_then(|m| m.target_size())
             .unwrap_or(gib);
         Ok(i64::from(target) * GIB)
+    }
+
+    /// Changes a volume's type, IOPS or throughput with one ModifyVolume,
+    /// none when it has them already (EBS takes one modification at a
+    /// time, and few a day).
+    async fn modify(
+        &self,
+        cluster: &str,
+        volume_id: &str,
+        parameters: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let mut problems = Vec::new();
+        let change = Change::of(parameters, &mut problems);
+        let fit = |volume_type: &str, problems: &mut Vec<Problem>| {
+            fits(
+                "parameters",
+                volume_type,
+                change.iops,
+                change.throughput,
+                problems,
+            )
+        };
+        if let Some(volume_type) = &change.volume_type {
+            fit(volume_type, &mut problems);
+        }
+        CloudError::none_of(problems)?;
+        let volume = self
+            .cluster_volume(cluster, volume_id)
+            .await?
+            .ok_or_else(|| CloudError::NotFound(format!("volume {volume_id}")))?;
+        if change.volume_type.is_none() {
+            let mut problems = Vec::new();
+            let had = volume.attributes.get(TYPE).map(String::as_str);
+            fit(had.unwrap_or_default(), &mut problems);
+            CloudError::none_of(problems)?;
+        }
+        if change.made_in(&volume) {
+            return Ok(());
+        }
+        self.ec2
+            .modify_volume()
+            .volume_id(volume_id)
+            .set_volume_type(change.volume_type.as_deref().map(VolumeType::from))
+            .set_iops(change.iops)
+            .set_throughput(change.throughput)
+            .send()
+            .await
+            .map_err(|e| modification_error(volume_id, e))?;
+        Ok(())
     }
 
     async fn create_snapshot(
@@ -1058,6 +1201,73 @@ mod tests {
             invalid_fields(check_spec(&s).unwrap_err()),
             ["parameters[\"iops\"]"]
         );
+    }
+
+    #[test]
+    fn mutable_parameters_are_made_with_the_volume_over_the_storage_classs() {
+        let mut s = with(spec("a", GIB), "type", "gp2");
+        s.mutable_parameters.insert("Type".into(), "gp3".into());
+        s.mutable_parameters.insert("iops".into(), "4000".into());
+        let wanted = check_spec(&s).unwrap();
+        assert_eq!(
+            (wanted.volume_type.as_str(), wanted.iops),
+            ("gp3", Some(4000))
+        );
+        // Only type, IOPS and throughput change after; encryption is made once.
+        s.mutable_parameters
+            .insert("encrypted".into(), "true".into());
+        assert_eq!(
+            invalid_fields(check_spec(&s).unwrap_err()),
+            ["mutable_parameters[\"encrypted\"]"]
+        );
+    }
+
+    #[test]
+    fn a_modification_is_checked_and_made_only_where_the_volume_differs() {
+        let asked = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let mut problems = Vec::new();
+        let change = Change::of(
+            &asked(&[("TYPE", "GP3"), ("iops", "5000"), ("throughput", "250")]),
+            &mut problems,
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(
+            change,
+            Change {
+                volume_type: Some("gp3".into()),
+                iops: Some(5000),
+                throughput: Some(250),
+            }
+        );
+        Change::of(
+            &asked(&[("encrypted", "true"), ("iops", "0"), ("type", "gp9")]),
+            &mut problems,
+        );
+        let fields: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "parameters[\"encrypted\"]",
+                "parameters[\"iops\"]",
+                "parameters[\"type\"]"
+            ]
+        );
+        let mut volume = Volume::default();
+        for (k, v) in [(TYPE, "gp3"), (IOPS, "5000"), (THROUGHPUT, "250")] {
+            volume.attributes.insert(k.to_owned(), v.to_owned());
+        }
+        assert!(change.made_in(&volume));
+        assert!(Change::default().made_in(&volume));
+        volume.attributes.insert(IOPS.to_owned(), "3000".to_owned());
+        assert!(!change.made_in(&volume));
+        let mut problems = Vec::new();
+        fits("parameters", "gp2", Some(3000), Some(125), &mut problems);
+        assert_eq!(problems.len(), 2, "{problems:?}");
     }
 
     #[test]

@@ -966,6 +966,11 @@ impl Volumes for VolumesService {
             parameters(&mut v, "parameters", &req.parameters);
             v.finish()?;
             if req.parameters.is_empty() {
+                // Nothing to change, but a volume that is not there is
+                // NOT_FOUND, as CSI asks: a read, not a write.
+                self.get(&req.cluster_name, &req.volume_id)
+                    .await?
+                    .ok_or_else(|| CloudError::NotFound(format!("volume {}", req.volume_id)))?;
                 return Ok(Response::new(wire::ModifyVolumeResponse {}));
             }
             let cluster = req.cluster_name.as_str();

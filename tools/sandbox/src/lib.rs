@@ -17,6 +17,7 @@ pub mod gateway;
 pub mod pki;
 pub mod ports;
 pub mod toy;
+pub mod volume_roles;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -98,6 +99,18 @@ pub struct Options {
     /// instance's kubelet, the sim's or moto's (the first one's is
     /// `csi_node_socket`).
     pub volumes: bool,
+    /// With `volumes`: upstream's external-provisioner and
+    /// external-attacher to run beside the volume controller, on its
+    /// socket and with its ServiceAccount, as the chart runs them (see
+    /// [`volume_roles`] for the rest of the cluster's part).
+    pub csi_sidecars: Option<CsiSidecars>,
+}
+
+/// The binaries of upstream's CSI sidecars the sandbox runs.
+#[derive(Clone, Debug)]
+pub struct CsiSidecars {
+    pub provisioner: PathBuf,
+    pub attacher: PathBuf,
 }
 
 impl Options {
@@ -119,6 +132,7 @@ impl Options {
             gateway_in_clear: false,
             cluster_autoscaler: None,
             volumes: false,
+            csi_sidecars: None,
         }
     }
 }
@@ -777,6 +791,9 @@ impl Sandbox {
         if let Some(binary) = sandbox.options.cluster_autoscaler.clone() {
             sandbox.start_autoscaler(&binary).await?;
         }
+        if let Some(sidecars) = sandbox.options.csi_sidecars.clone() {
+            sandbox.start_csi_sidecars(&sidecars)?;
+        }
         std::fs::write(
             state.join("endpoints.json"),
             serde_json::to_string_pretty(&sandbox.endpoints)?,
@@ -1168,6 +1185,74 @@ impl Sandbox {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Starts upstream's external-provisioner and external-attacher as
+    /// the volume controller's pod runs them: on the first replica's
+    /// socket, under its ServiceAccount, one replica each (their own
+    /// leader election off); their logs beside the others.
+    fn start_csi_sidecars(&mut self, sidecars: &CsiSidecars) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.options.volumes,
+            "the CSI sidecars need the volume controller (--volumes)"
+        );
+        let state = self.options.state_dir.clone();
+        let kubeconfig = state.join("kubeconfig-volume-controller");
+        let socket = csi_socket(&state, "volume-controller-0");
+        for (name, binary, extra) in [
+            (
+                "csi-provisioner",
+                &sidecars.provisioner,
+                &["--extra-create-metadata"][..],
+            ),
+            ("csi-attacher", &sidecars.attacher, &[][..]),
+        ] {
+            anyhow::ensure!(binary.is_file(), "no {name} binary at {}", binary.display());
+            let mut args = vec![
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--csi-address={}", socket.display()),
+                "--leader-election=false".to_owned(),
+            ];
+            args.extend(extra.iter().map(|a| (*a).to_owned()));
+            args.extend(self.extra_args(name));
+            let binary = binary.canonicalize()?.display().to_string();
+            self.spawn(name, &binary, &args, &[])?;
+            self.endpoints.insert(
+                format!("{}_log", name.replace('-', "_")),
+                state.join(format!("{name}.log")).display().to_string(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The cluster's part of volumes, played here (see [`volume_roles`]):
+    /// for the gateway's CSI driver, on every node with a simulated plugin.
+    pub async fn volume_roles(&self) -> anyhow::Result<volume_roles::VolumeRoles> {
+        let driver = self
+            .admin()?
+            .provider_info()
+            .await?
+            .volume_offer
+            .context("the gateway offers no volumes")?
+            .csi_driver;
+        let state = &self.options.state_dir;
+        let mut plugins = BTreeMap::new();
+        let sockets = state.join("csi-node");
+        for entry in
+            std::fs::read_dir(&sockets).with_context(|| format!("read {}", sockets.display()))?
+        {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "sock")
+                && let Some(node) = path.file_stem().and_then(|n| n.to_str())
+            {
+                plugins.insert(node.to_owned(), path.clone());
+            }
+        }
+        Ok(volume_roles::VolumeRoles {
+            driver,
+            plugins,
+            kubelet_dir: state.join("kubelet"),
+        })
     }
 
     /// A simulated CSI node plugin for each instance (the sim's, or those

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ccm_runtime::config_checks::number_within;
-use ccm_sandbox::{CloudKind, Options, Sandbox};
+use ccm_sandbox::{CloudKind, CsiSidecars, Options, Sandbox};
 use clap::Parser;
 
 /// Runs the cloud controller manager locally: API server, gateway on the
@@ -60,6 +60,18 @@ struct Args {
     /// each sim node's kubelet (the first one's csi_node_socket).
     #[arg(long)]
     volumes: bool,
+    /// With --volumes: also run upstream's external-provisioner (e.g.
+    /// ../shared/bin/csi-provisioner-v6.3.0-56) beside the volume
+    /// controller; with --csi-attacher, the sandbox plays the rest of the
+    /// cluster's part (claims bound, Pods' volumes attached, staged and
+    /// published on the node a Pod names), so a Pod's claim goes the whole
+    /// way.
+    #[arg(long, requires_all = ["volumes", "csi_attacher"])]
+    csi_provisioner: Option<PathBuf>,
+    /// With --csi-provisioner: upstream's external-attacher (e.g.
+    /// ../shared/bin/csi-attacher-v4.12.0-39).
+    #[arg(long, requires_all = ["volumes", "csi_provisioner"])]
+    csi_attacher: Option<PathBuf>,
 }
 
 fn cluster_name(value: &str) -> Result<String, String> {
@@ -96,6 +108,14 @@ async fn main() -> anyhow::Result<()> {
         gateway_in_clear: false,
         cluster_autoscaler: args.cluster_autoscaler,
         volumes: args.volumes,
+        csi_sidecars: args
+            .csi_provisioner
+            .clone()
+            .zip(args.csi_attacher.clone())
+            .map(|(provisioner, attacher)| CsiSidecars {
+                provisioner,
+                attacher,
+            }),
     };
     let sandbox = Sandbox::start(options.clone()).await?;
     println!(
@@ -103,12 +123,22 @@ async fn main() -> anyhow::Result<()> {
         sandbox.options.state_dir.display()
     );
     sandbox.populate().await?;
+    // The cluster's part of volumes, where the sidecars run.
+    let volume_roles = match &options.csi_sidecars {
+        Some(_) => Some((sandbox.volume_roles().await?, sandbox.client().await?)),
+        None => None,
+    };
     let shutdown = ccm_runtime::shutdown::on_signals()?;
     let started = std::time::Instant::now();
     let mut last = String::new();
     let mut announced = false;
     loop {
         let _ = sandbox.heartbeat().await;
+        if let Some((roles, client)) = &volume_roles
+            && let Err(e) = roles.pass(client).await
+        {
+            eprintln!("volumes: {e:#}");
+        }
         if let Ok(progress) = sandbox.progress().await {
             let line = progress.to_string();
             if line != last {
