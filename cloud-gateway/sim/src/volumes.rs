@@ -88,13 +88,20 @@ fn check_spec(spec: &VolumeSpec, sim_zones: &[String]) -> Result<Wanted> {
             ),
         ));
     }
-    let volume_type = volume_type(&spec.parameters, &mut problems);
-    if !spec.mutable_parameters.is_empty() {
-        problems.push((
-            "mutable_parameters".to_owned(),
-            "the sim cannot modify volumes".to_owned(),
-        ));
+    // Mutable parameters (the type) are made with the volume, over the
+    // class's.
+    let mut parameters = spec.parameters.clone();
+    for (key, value) in &spec.mutable_parameters {
+        if key == TYPE_PARAMETER {
+            parameters.insert(key.clone(), value.clone());
+        } else {
+            problems.push((
+                format!("mutable_parameters[\"{key}\"]"),
+                format!("the sim changes only {TYPE_PARAMETER:?}"),
+            ));
+        }
     }
+    let volume_type = volume_type(&parameters, &mut problems);
     if !spec.source_snapshot_id.is_empty() && !spec.source_volume_id.is_empty() {
         problems.push((
             "source_volume_id".to_owned(),
@@ -423,7 +430,7 @@ impl Volumes for SimCloud {
             topology_keys: vec![TOPOLOGY_ZONE_KEY.to_owned(), WELL_KNOWN_ZONE_KEY.to_owned()],
             clones: true,
             snapshots: true,
-            modify: false,
+            modify: true,
             default_size_bytes: GIB,
             node_parameters: Vec::new(),
             device_names: ebs_device_names(),
@@ -653,6 +660,32 @@ impl Volumes for SimCloud {
         state.store.put_volume(&volume, &[])?;
         state.volumes.insert(volume.id.clone(), volume);
         Ok(rounded)
+    }
+
+    /// Changes a volume's type; none when it has it already.
+    async fn modify(
+        &self,
+        cluster: &str,
+        volume_id: &str,
+        parameters: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let _call = self.enter(Operation::ModifyVolume).await?;
+        let mut problems = Vec::new();
+        let volume_type = volume_type(parameters, &mut problems);
+        CloudError::none_of(problems)?;
+        let mut state = self.state();
+        let mut volume = state.existing_volume(cluster, volume_id)?;
+        if !parameters.contains_key(TYPE_PARAMETER)
+            || volume.attributes.get(TYPE_PARAMETER) == Some(&volume_type)
+        {
+            return Ok(());
+        }
+        volume
+            .attributes
+            .insert(TYPE_PARAMETER.to_owned(), volume_type);
+        state.store.put_volume(&volume, &[])?;
+        state.volumes.insert(volume.id.clone(), volume);
+        Ok(())
     }
 
     async fn create_snapshot(
@@ -968,10 +1001,10 @@ mod tests {
                 invalid_fields(err),
                 [
                     "zones",
+                    "mutable_parameters[\"iops\"]",
                     "parameters[\"encrypted\"]",
                     "parameters[\"iops\"]",
                     "parameters[\"type\"]",
-                    "mutable_parameters",
                 ]
             );
             assert!(cloud.list("c").await.unwrap().is_empty());
@@ -1219,6 +1252,33 @@ mod tests {
             assert_eq!(now.state, VolumeState::Available);
             cloud.detach("c", &data.id, &node).await.unwrap();
             cloud.delete("c", &data.id).await.unwrap();
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_volumes_type_changes_in_place_and_is_made_with_it() {
+        within(async {
+            let dir = tempfile::tempdir().unwrap();
+            let sim = open(dir.path());
+            let cloud: &dyn Volumes = &sim;
+            let type_of = |v: &Volume| v.attributes.get("type").cloned();
+            let mut spec = volume("data").with_parameter("type", "standard");
+            spec.mutable_parameters
+                .insert("type".to_owned(), "fast".to_owned());
+            let data = cloud.create("c", &spec).await.unwrap();
+            assert_eq!(type_of(&data).as_deref(), Some("fast"));
+            let to = |t: &str| [("type".to_owned(), t.to_owned())].into();
+            cloud.modify("c", &data.id, &to("standard")).await.unwrap();
+            let now = cloud.get("c", &data.id).await.unwrap().unwrap();
+            assert_eq!(type_of(&now).as_deref(), Some("standard"));
+            let wrong = cloud.modify("c", &data.id, &to("slow")).await.unwrap_err();
+            assert_eq!(invalid_fields(wrong), ["parameters[\"type\"]"]);
+            let elsewhere = cloud.modify("other", &data.id, &to("fast")).await;
+            assert!(
+                matches!(elsewhere, Err(CloudError::NotFound(_))),
+                "{elsewhere:?}"
+            );
         })
         .await;
     }
@@ -1509,6 +1569,6 @@ mod tests {
             offer.device_names.first().map(String::as_str),
             Some("/dev/xvdaa")
         );
-        assert!(offer.clones && offer.snapshots && !offer.modify);
+        assert!(offer.clones && offer.snapshots && offer.modify);
     }
 }

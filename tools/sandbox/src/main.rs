@@ -60,6 +60,11 @@ struct Args {
     /// each sim node's kubelet (the first one's csi_node_socket).
     #[arg(long)]
     volumes: bool,
+    /// The sim's zones, comma-separated (the gateway's --sim-zones; three
+    /// by default). One zone suits csi-sanity, which asks for volumes
+    /// without a zone and publishes them to one node.
+    #[arg(long)]
+    sim_zones: Option<String>,
     /// With --volumes: also run upstream's external-provisioner (e.g.
     /// ../shared/bin/csi-provisioner-v6.3.0-56) beside the volume
     /// controller; with --csi-attacher, the sandbox plays the rest of the
@@ -102,7 +107,14 @@ async fn main() -> anyhow::Result<()> {
         bin_dir,
         components_dir: None,
         rbac: args.rbac.map(|p| p.canonicalize()).transpose()?,
-        extra_args: Default::default(),
+        extra_args: args
+            .sim_zones
+            .iter()
+            .map(|zones| {
+                let flags = vec!["--sim-zones".to_owned(), zones.clone()];
+                ("cloud-gateway".to_owned(), flags)
+            })
+            .collect(),
         cluster: args.cluster_name,
         legacy_cluster_tag: args.legacy_cluster_tag,
         gateway_in_clear: false,
