@@ -284,27 +284,6 @@ where
     }
 }
 
-/// A sidecar as its pod runs it: on the volume controller's socket, with
-/// its own leader election off (one replica).
-fn sidecar(
-    binary: &Path,
-    kubeconfig: &Path,
-    socket: &Path,
-    log: &Path,
-    extra: &[&str],
-) -> tokio::process::Child {
-    tokio::process::Command::new(binary)
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg(format!("--csi-address={}", socket.display()))
-        .arg("--leader-election=false")
-        .args(extra)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_provisioner_and_attacher_make_attach_detach_and_delete_a_cloud_volume() {
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -316,33 +295,20 @@ async fn the_real_provisioner_and_attacher_make_attach_detach_and_delete_a_cloud
     let Some((provisioner, attacher)) = ccm_testkit::csi_sidecars(test) else {
         return;
     };
-    // Under the chart's RBAC (volumes on).
-    let (sandbox, kubelets, dir) =
+    // Under the chart's RBAC (volumes on). The sidecars share the volume
+    // controller's pod, and so its ServiceAccount: they may do what the
+    // chart grants it. This test plays the cluster's part itself.
+    let (sandbox, kubelets, _dir) =
         scenario::start_adjusted(CloudKind::Sim, 1, 0, Default::default(), |o| {
             o.volumes = true;
             o.replicas = 1;
+            o.csi_sidecars = Some(ccm_sandbox::CsiSidecars {
+                provisioner,
+                attacher,
+            });
         })
         .await;
-    let socket = PathBuf::from(&sandbox.endpoints["csi_socket"]);
-    serving(&socket).await;
-    let logs = dir.path();
-    // The sidecars share the volume controller's pod, and so its
-    // ServiceAccount: they may do what the chart grants it.
-    let account = dir.path().join("state/kubeconfig-volume-controller");
-    let _provisioner = sidecar(
-        &provisioner,
-        &account,
-        &socket,
-        &logs.join("csi-provisioner.log"),
-        &["--extra-create-metadata"],
-    );
-    let _attacher = sidecar(
-        &attacher,
-        &account,
-        &socket,
-        &logs.join("csi-attacher.log"),
-        &[],
-    );
+    serving(&PathBuf::from(&sandbox.endpoints["csi_socket"])).await;
     let client = sandbox.client().await.unwrap();
     let admin = sandbox.admin().unwrap();
     let driver = admin

@@ -188,7 +188,6 @@ fn parameters(parameters: &BTreeMap<String, String>, problems: &mut Vec<Problem>
         }
     }
     fits(
-        "parameters",
         &wanted.volume_type,
         wanted.iops,
         wanted.throughput,
@@ -238,9 +237,8 @@ fn number(field: String, value: &str, problems: &mut Vec<Problem>) -> Option<i32
 }
 
 /// What a volume of `volume_type` cannot take of `iops` and `throughput`
-/// (under the map `at`), as problems.
+/// (each a key of `parameters`), as problems.
 fn fits(
-    at: &str,
     volume_type: &str,
     iops: Option<i32>,
     throughput: Option<i32>,
@@ -248,13 +246,13 @@ fn fits(
 ) {
     if iops.is_some() && !["gp3", "io1", "io2"].contains(&volume_type) {
         problems.push((
-            format!("{at}[\"iops\"]"),
+            "parameters[\"iops\"]".to_owned(),
             format!("volumes of type {volume_type} take no IOPS"),
         ));
     }
     if throughput.is_some() && volume_type != "gp3" {
         problems.push((
-            format!("{at}[\"throughput\"]"),
+            "parameters[\"throughput\"]".to_owned(),
             format!("volumes of type {volume_type} take no throughput"),
         ));
     }
@@ -976,13 +974,7 @@ impl Volumes for AwsCloud {
         let mut problems = Vec::new();
         let change = Change::of(parameters, &mut problems);
         let fit = |volume_type: &str, problems: &mut Vec<Problem>| {
-            fits(
-                "parameters",
-                volume_type,
-                change.iops,
-                change.throughput,
-                problems,
-            )
+            fits(volume_type, change.iops, change.throughput, problems)
         };
         if let Some(volume_type) = &change.volume_type {
             fit(volume_type, &mut problems);
@@ -1266,7 +1258,7 @@ mod tests {
         volume.attributes.insert(IOPS.to_owned(), "3000".to_owned());
         assert!(!change.made_in(&volume));
         let mut problems = Vec::new();
-        fits("parameters", "gp2", Some(3000), Some(125), &mut problems);
+        fits("gp2", Some(3000), Some(125), &mut problems);
         assert_eq!(problems.len(), 2, "{problems:?}");
     }
 
