@@ -71,6 +71,34 @@ pub fn csi_sidecars(test: &str) -> Option<(PathBuf, PathBuf)> {
     ))
 }
 
+/// Kubernetes CSI's external-resizer, and external-snapshotter's
+/// csi-snapshotter sidecar and snapshot-controller: `CSI_RESIZER`,
+/// `CSI_SNAPSHOTTER` and `SNAPSHOT_CONTROLLER`, else builds of the same
+/// names in `../shared/bin` (the README says how to build them); `None` as
+/// [`cluster_autoscaler`] where any is missing.
+pub fn csi_more_sidecars(test: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    Some((
+        shared_binary(
+            test,
+            "CSI_RESIZER",
+            "csi-resizer-v2.1.0-41",
+            "external-resizer",
+        )?,
+        shared_binary(
+            test,
+            "CSI_SNAPSHOTTER",
+            "csi-snapshotter-v8.6.0-56",
+            "external-snapshotter's csi-snapshotter",
+        )?,
+        shared_binary(
+            test,
+            "SNAPSHOT_CONTROLLER",
+            "snapshot-controller-v8.6.0-56",
+            "external-snapshotter's snapshot-controller",
+        )?,
+    ))
+}
+
 /// A third-party binary a test runs: the file `env` names, else `file` in
 /// `../shared/bin` beside the repository, else `None` with a message.
 fn shared_binary(test: &str, env: &str, file: &str, what: &str) -> Option<PathBuf> {

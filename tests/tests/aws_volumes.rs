@@ -612,3 +612,60 @@ async fn a_volumes_type_iops_and_throughput_change_in_place_and_only_when_they_d
     );
     timed(c.modify_volume(modify(&id, &[]))).await.unwrap();
 }
+
+/// A claim's size and its VolumeAttributesClass edited at once: the
+/// resizer's two controllers ask for a resize and a change each on its
+/// own. EBS makes one modification of a volume at a time (and no other
+/// for six hours), so the gateway makes both with one ModifyVolume, and
+/// refuses, for now, a change that contradicts one being made.
+#[tokio::test]
+async fn a_resize_and_a_change_asked_together_are_one_ebs_modification() {
+    let env = env(1).await;
+    let c = env.gateway.client("volume", CLUSTER);
+    let zone = env.seeded.instances[0].zone.clone();
+    let id = create_id(&c, create("pvc-together", 10 * GIB, &zone)).await;
+    let modify = |pairs: &[(&str, &str)]| ModifyVolumeRequest {
+        volume_id: id.clone(),
+        parameters: pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        ..Default::default()
+    };
+    let expand = ExpandVolumeRequest {
+        volume_id: id.clone(),
+        size_bytes: 20 * GIB,
+        ..Default::default()
+    };
+    let (grown, changed) = timed(async {
+        tokio::join!(
+            c.expand_volume(expand.clone()),
+            c.modify_volume(modify(&[("type", "io2"), ("iops", "6000")])),
+        )
+    })
+    .await;
+    assert_eq!(grown.unwrap().size_bytes, 20 * GIB);
+    changed.unwrap();
+    assert_eq!(modifications_by_boto3(&env.moto.endpoint, &id), 1);
+    let seen = volume_by_boto3(&env.moto.endpoint, &id).unwrap();
+    assert_eq!(
+        (&seen["size"], &seen["type"], &seen["iops"]),
+        (&20.into(), &"io2".into(), &6000.into())
+    );
+
+    // Two changes at once that contradict each other: one is made, the
+    // other is asked again later (the resizer retries).
+    let (first, second) = timed(async {
+        tokio::join!(
+            c.modify_volume(modify(&[("iops", "7000")])),
+            c.modify_volume(modify(&[("iops", "8000")])),
+        )
+    })
+    .await;
+    let refused = [&first, &second]
+        .iter()
+        .filter(|r| matches!(r, Err(Error::RetryAfter { .. })))
+        .count();
+    assert_eq!(refused, 1, "{first:?} {second:?}");
+    assert_eq!(modifications_by_boto3(&env.moto.endpoint, &id), 2);
+}

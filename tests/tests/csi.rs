@@ -267,6 +267,23 @@ async fn volume_of(
         .await
 }
 
+/// The EBS volume `id` as boto3 reads it from moto at `endpoint`: its
+/// size in GiB, type, IOPS, snapshot, tags, and attachments as
+/// `[instance, device]`; `None` when EC2 has no such volume.
+fn ebs_volume(endpoint: &str, id: &str) -> Option<serde_json::Value> {
+    let script = "import boto3, json, sys\n\
+        ec2 = boto3.client('ec2', endpoint_url=sys.argv[1], region_name=sys.argv[2],\n\
+            aws_access_key_id='a', aws_secret_access_key='b')\n\
+        out = [{'size': v['Size'], 'type': v['VolumeType'], 'iops': v.get('Iops'),\n\
+            'snapshot': v.get('SnapshotId', ''),\n\
+            'tags': {t['Key']: t['Value'] for t in v.get('Tags', [])},\n\
+            'attachments': [[a['InstanceId'], a['Device']] for a in v['Attachments']]}\n\
+            for v in ec2.describe_volumes()['Volumes'] if v['VolumeId'] == sys.argv[3]]\n\
+        print(json.dumps(out[0] if out else None))\n";
+    let found = ccm_testkit::boto3(script, endpoint, &[id]);
+    (!found.is_null()).then_some(found)
+}
+
 /// Waits until `check` answers something, failing after the scenario's
 /// limit with `what`.
 async fn until<T, F, Fut>(what: &str, mut check: F) -> T
@@ -302,10 +319,7 @@ async fn the_real_provisioner_and_attacher_make_attach_detach_and_delete_a_cloud
         scenario::start_adjusted(CloudKind::Sim, 1, 0, Default::default(), |o| {
             o.volumes = true;
             o.replicas = 1;
-            o.csi_sidecars = Some(ccm_sandbox::CsiSidecars {
-                provisioner,
-                attacher,
-            });
+            o.csi_sidecars = Some(ccm_sandbox::CsiSidecars::new(provisioner, attacher));
         })
         .await;
     serving(&PathBuf::from(&sandbox.endpoints["csi_socket"])).await;
@@ -449,6 +463,31 @@ async fn the_real_provisioner_and_attacher_make_attach_detach_and_delete_a_cloud
     scenario::finish(sandbox, kubelets).await;
 }
 
+/// The cluster's part of volumes (the PV and attach-detach controllers,
+/// the kubelet's volume manager and its expansions), played every 300 ms
+/// as the sandbox plays it, until the task is aborted.
+async fn play_volume_roles(
+    sandbox: &ccm_sandbox::Sandbox,
+) -> (
+    ccm_sandbox::volume_roles::VolumeRoles,
+    tokio::task::JoinHandle<()>,
+) {
+    let roles = sandbox.volume_roles().await.unwrap();
+    let client = sandbox.client().await.unwrap();
+    let playing = tokio::spawn({
+        let roles = roles.clone();
+        async move {
+            loop {
+                if let Err(e) = roles.pass(&client).await {
+                    eprintln!("volumes: {e:#}");
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    });
+    (roles, playing)
+}
+
 /// kubectl, as a user runs it, against the sandbox: stdout, trimmed; the
 /// test fails with stderr when kubectl does.
 async fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> String {
@@ -479,39 +518,48 @@ async fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pods_claim_goes_the_whole_way_and_back_with_the_real_sidecars() {
     let test = "a_pods_claim_goes_the_whole_way_and_back_with_the_real_sidecars";
+    whole_way(test, CloudKind::Sim).await;
+}
+
+/// As [`a_pods_claim_goes_the_whole_way_and_back_with_the_real_sidecars`],
+/// on AWS: EBS volumes in moto, read back with boto3 (upstream's tags, the
+/// attachment under the device the VolumeAttachment names, gone at the
+/// end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_claim_goes_the_whole_way_and_back_on_aws_with_the_real_sidecars() {
+    let test = "a_pods_claim_goes_the_whole_way_and_back_on_aws_with_the_real_sidecars";
+    whole_way(test, CloudKind::Aws).await;
+}
+
+/// A Pod's claim provisioned, bound, attached, staged and published on
+/// `cloud`, with upstream's provisioner and attacher, then back.
+async fn whole_way(test: &str, cloud: CloudKind) {
+    use serde_json::json;
+
     let Some((provisioner, attacher)) = ccm_testkit::csi_sidecars(test) else {
         return;
     };
     // Under the chart's RBAC (volumes on), the sidecars run by the sandbox
     // as by `sandbox --volumes --csi-provisioner … --csi-attacher …`.
-    let (sandbox, kubelets, dir) =
-        scenario::start_adjusted(CloudKind::Sim, 1, 0, Default::default(), |o| {
-            o.volumes = true;
-            o.replicas = 1;
-            o.csi_sidecars = Some(ccm_sandbox::CsiSidecars {
-                provisioner,
-                attacher,
-            });
-        })
-        .await;
+    let (sandbox, kubelets, dir) = scenario::start_adjusted(cloud, 1, 0, Default::default(), |o| {
+        o.volumes = true;
+        o.replicas = 1;
+        o.csi_sidecars = Some(ccm_sandbox::CsiSidecars::new(provisioner, attacher));
+    })
+    .await;
     serving(&PathBuf::from(&sandbox.endpoints["csi_socket"])).await;
-    // The cluster's part (the PV and attach-detach controllers, the
-    // kubelet's volume manager), each second as the sandbox plays it.
-    let roles = sandbox.volume_roles().await.unwrap();
-    let playing = tokio::spawn({
-        let roles = roles.clone();
-        let client = sandbox.client().await.unwrap();
-        async move {
-            loop {
-                if let Err(e) = roles.pass(&client).await {
-                    eprintln!("volumes: {e:#}");
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        }
-    });
+    let (roles, playing) = play_volume_roles(&sandbox).await;
     let kubeconfig = sandbox.kubeconfig.clone();
     let k = |args: &'static [&'static str]| kubectl(&kubeconfig, args, None);
+    // moto's endpoint, and the first node's name (an instance's private
+    // DNS name on AWS).
+    let (moto, node) = match &sandbox.aws {
+        Some(aws) => (
+            Some(aws.moto.endpoint.clone()),
+            aws.seeded.instances[0].name.clone(),
+        ),
+        None => (None, "node-0".to_owned()),
+    };
     let manifest = format!(
         "apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -532,7 +580,7 @@ apiVersion: v1
 kind: Pod
 metadata: {{name: app, namespace: default}}
 spec:
-  nodeName: node-0
+  nodeName: {node}
   containers: [{{name: app, image: registry.k8s.io/pause:3.10}}]
   volumes: [{{name: data, persistentVolumeClaim: {{claimName: data}}}}]
 ",
@@ -564,14 +612,14 @@ spec:
     )
     .await;
 
-    // The cloud has it, of the size claimed, attached to node-0's instance
-    // under the device the attachment reports.
+    // The cloud has it, of the size claimed, attached to the node's
+    // instance under the device the attachment reports.
     let admin = sandbox.admin().unwrap();
     let get = |id: String| volume_of(admin.clone(), id);
     let volume = get(handle.clone()).await.unwrap().volume.unwrap();
     assert_eq!(volume.size_bytes, 3 << 30);
     assert_eq!(volume.attachments.len(), 1, "{volume:?}");
-    let attachment = ccm_sandbox::volume_roles::attachment_name(&handle, &roles.driver, "node-0");
+    let attachment = ccm_sandbox::volume_roles::attachment_name(&handle, &roles.driver, &node);
     let device = kubectl(
         &kubeconfig,
         &[
@@ -585,15 +633,32 @@ spec:
     )
     .await;
     assert_eq!(volume.attachments[0].device, device);
-    let provider_id = k(&["get", "node", "node-0", "-o", "jsonpath={.spec.providerID}"]).await;
+    let provider_id = kubectl(
+        &kubeconfig,
+        &["get", "node", &node, "-o", "jsonpath={.spec.providerID}"],
+        None,
+    )
+    .await;
     assert!(
         provider_id.ends_with(&volume.attachments[0].instance_id),
         "{provider_id} is not {:?}",
         volume.attachments[0]
     );
-    // Staged and published by node-0's plugin at the kubelet's paths.
+    // EC2 itself, as boto3 reads it: upstream's tags, the one attachment.
+    if let Some(moto) = &moto {
+        let ec2 = ebs_volume(moto, &handle).unwrap_or_else(|| panic!("no EBS volume {handle}"));
+        assert_eq!(ec2["size"], 3, "{ec2}");
+        assert_eq!(ec2["tags"]["CSIVolumeName"], pv.as_str(), "{ec2}");
+        assert_eq!(
+            ec2["tags"]["kubernetes.io/created-for/pvc/name"], "data",
+            "{ec2}"
+        );
+        let instance = &volume.attachments[0].instance_id;
+        assert_eq!(ec2["attachments"], json!([[instance, device]]), "{ec2}");
+    }
+    // Staged and published by the node's plugin at the kubelet's paths.
     let uid = k(&["get", "pod", "app", "-o", "jsonpath={.metadata.uid}"]).await;
-    let kubelet = dir.path().join("state/kubelet/node-0");
+    let kubelet = dir.path().join("state/kubelet").join(&node);
     let target = kubelet
         .join("pods")
         .join(&uid)
@@ -612,6 +677,10 @@ spec:
     .await;
     let volume = get(handle.clone()).await.unwrap().volume.unwrap();
     assert!(volume.attachments.is_empty(), "{volume:?}");
+    if let Some(moto) = &moto {
+        let ec2 = ebs_volume(moto, &handle).unwrap();
+        assert_eq!(ec2["attachments"], json!([]), "{ec2}");
+    }
     assert!(!target.exists(), "{} stayed", target.display());
     assert_eq!(
         k(&["get", "pvc", "data", "-o", "jsonpath={.status.phase}"]).await,
@@ -635,6 +704,349 @@ spec:
             .then_some(())
     })
     .await;
+    if let Some(moto) = &moto {
+        assert_eq!(ebs_volume(moto, &handle), None);
+    }
     playing.abort();
+    scenario::finish(sandbox, kubelets).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_grows_changes_class_and_is_restored_from_a_snapshot_with_the_real_sidecars() {
+    let test = "a_claim_grows_changes_class_and_is_restored_from_a_snapshot_with_the_real_sidecars";
+    grow_change_and_restore(test, CloudKind::Sim).await;
+}
+
+/// As [`a_claim_grows_changes_class_and_is_restored_from_a_snapshot_with_the_real_sidecars`],
+/// on AWS: EBS volumes and snapshots in moto, the class's change a type
+/// and IOPS, EBS's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_aws_a_claim_grows_changes_class_and_is_restored_from_a_snapshot_with_the_real_sidecars()
+{
+    let test =
+        "on_aws_a_claim_grows_changes_class_and_is_restored_from_a_snapshot_with_the_real_sidecars";
+    grow_change_and_restore(test, CloudKind::Aws).await;
+}
+
+/// With all four of upstream's sidecars and the snapshot-controller on
+/// `cloud`: a claim grows, changes its VolumeAttributesClass, is
+/// snapshotted and restored, and everything goes.
+async fn grow_change_and_restore(test: &str, cloud: CloudKind) {
+    let Some((provisioner, attacher)) = ccm_testkit::csi_sidecars(test) else {
+        return;
+    };
+    let Some((resizer, snapshotter, snapshot_controller)) = ccm_testkit::csi_more_sidecars(test)
+    else {
+        return;
+    };
+    // Under the chart's RBAC (volumes on), all four sidecars on the
+    // volume controller's socket, and the cluster's snapshot-controller,
+    // as `sandbox --volumes --csi-provisioner … --csi-attacher …
+    // --csi-resizer … --csi-snapshotter … --snapshot-controller …` runs
+    // them.
+    let (sandbox, kubelets, _dir) =
+        scenario::start_adjusted(cloud, 1, 0, Default::default(), |o| {
+            o.volumes = true;
+            o.replicas = 1;
+            o.csi_sidecars = Some(ccm_sandbox::CsiSidecars {
+                resizer: Some(resizer),
+                snapshotter: Some(snapshotter),
+                snapshot_controller: Some(snapshot_controller),
+                ..ccm_sandbox::CsiSidecars::new(provisioner, attacher)
+            });
+        })
+        .await;
+    serving(&PathBuf::from(&sandbox.endpoints["csi_socket"])).await;
+    let (roles, playing) = play_volume_roles(&sandbox).await;
+    let kubeconfig = sandbox.kubeconfig.clone();
+    let k = |args: Vec<String>| {
+        let kubeconfig = kubeconfig.clone();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            kubectl(&kubeconfig, &args, None).await
+        }
+    };
+    let args = |text: &str| text.split(' ').map(str::to_owned).collect::<Vec<_>>();
+    let apply = |manifest: String| {
+        let kubeconfig = kubeconfig.clone();
+        async move { kubectl(&kubeconfig, &["apply", "-f", "-"], Some(&manifest)).await }
+    };
+    // The first node (an instance's private DNS name on AWS), and a change
+    // of class the cloud makes in place: its type (EBS: with IOPS).
+    let (node, class, changed) = match &sandbox.aws {
+        Some(aws) => (
+            aws.seeded.instances[0].name.clone(),
+            "{type: io2, iops: \"6000\"}",
+            "io2",
+        ),
+        None => ("node-0".to_owned(), "{type: fast}", "fast"),
+    };
+    let pod = |name: &str, claim: &str| {
+        format!(
+            "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeName: {node}
+  containers: [{{name: app, image: registry.k8s.io/pause:3.10}}]
+  volumes: [{{name: data, persistentVolumeClaim: {{claimName: {claim}}}}}]
+"
+        )
+    };
+    apply(format!(
+        "apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {{name: cloud}}
+provisioner: {driver}
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+reclaimPolicy: Delete
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {{name: cloud}}
+driver: {driver}
+deletionPolicy: Delete
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: data, namespace: default}}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: cloud
+  resources: {{requests: {{storage: 3Gi}}}}
+---
+{}",
+        pod("app", "data"),
+        driver = roles.driver
+    ))
+    .await;
+    k(args(
+        "wait --for=jsonpath={.status.phase}=Running pod/app --timeout=120s",
+    ))
+    .await;
+    let pv = k(args("get pvc data -o jsonpath={.spec.volumeName}")).await;
+    let handle = k(vec![
+        "get".into(),
+        "pv".into(),
+        pv.clone(),
+        "-o".into(),
+        "jsonpath={.spec.csi.volumeHandle}".into(),
+    ])
+    .await;
+    let admin = sandbox.admin().unwrap();
+    let get = |id: String| volume_of(admin.clone(), id);
+    assert_eq!(
+        get(handle.clone())
+            .await
+            .unwrap()
+            .volume
+            .unwrap()
+            .size_bytes,
+        3 << 30
+    );
+
+    // The claim asks for more: the resizer grows the cloud volume and the
+    // volume, the node's plugin the filesystem (the kubelet's part), and
+    // the claim reads its new capacity.
+    k(vec![
+        "patch".into(),
+        "pvc".into(),
+        "data".into(),
+        "-p".into(),
+        r#"{"spec":{"resources":{"requests":{"storage":"5Gi"}}}}"#.into(),
+    ])
+    .await;
+    k(args(
+        "wait --for=jsonpath={.status.capacity.storage}=5Gi pvc/data --timeout=120s",
+    ))
+    .await;
+    assert_eq!(
+        get(handle.clone())
+            .await
+            .unwrap()
+            .volume
+            .unwrap()
+            .size_bytes,
+        5 << 30
+    );
+    assert_eq!(
+        k(vec![
+            "get".into(),
+            "pv".into(),
+            pv.clone(),
+            "-o".into(),
+            "jsonpath={.spec.capacity.storage}".into(),
+        ])
+        .await,
+        "5Gi"
+    );
+    let conditions = k(args("get pvc data -o jsonpath={.status.conditions}")).await;
+    assert!(!conditions.contains("Resiz"), "{conditions}");
+
+    // The claim names a VolumeAttributesClass: the resizer's modify
+    // controller changes the cloud volume's type in place.
+    apply(format!(
+        "apiVersion: storage.k8s.io/v1
+kind: VolumeAttributesClass
+metadata: {{name: fast}}
+driverName: {}
+parameters: {class}
+",
+        roles.driver
+    ))
+    .await;
+    k(vec![
+        "patch".into(),
+        "pvc".into(),
+        "data".into(),
+        "-p".into(),
+        r#"{"spec":{"volumeAttributesClassName":"fast"}}"#.into(),
+    ])
+    .await;
+    k(args(
+        "wait --for=jsonpath={.status.currentVolumeAttributesClassName}=fast pvc/data --timeout=120s",
+    ))
+    .await;
+    let volume = get(handle.clone()).await.unwrap().volume.unwrap();
+    assert_eq!(volume.attributes["type"], changed, "{volume:?}");
+    assert_eq!(volume.size_bytes, 5 << 30);
+    // EC2 itself, as boto3 reads it.
+    let moto = sandbox.aws.as_ref().map(|aws| aws.moto.endpoint.clone());
+    if let Some(moto) = &moto {
+        let ec2 = ebs_volume(moto, &handle).unwrap();
+        assert_eq!(
+            (&ec2["size"], &ec2["type"], &ec2["iops"]),
+            (&5.into(), &"io2".into(), &6000.into()),
+            "{ec2}"
+        );
+    }
+
+    // A VolumeSnapshot of it: the snapshot-controller makes its content,
+    // the snapshotter the cloud's snapshot.
+    apply(
+        "apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: backup, namespace: default}
+spec:
+  volumeSnapshotClassName: cloud
+  source: {persistentVolumeClaimName: data}
+"
+        .to_owned(),
+    )
+    .await;
+    k(args(
+        "wait --for=jsonpath={.status.readyToUse}=true volumesnapshot/backup --timeout=120s",
+    ))
+    .await;
+    let content = k(args(
+        "get volumesnapshot backup -o jsonpath={.status.boundVolumeSnapshotContentName}",
+    ))
+    .await;
+    let snapshot_id = k(vec![
+        "get".into(),
+        "volumesnapshotcontent".into(),
+        content.clone(),
+        "-o".into(),
+        "jsonpath={.status.snapshotHandle}".into(),
+    ])
+    .await;
+    let snapshots = |id: String| {
+        let admin = admin.clone();
+        async move {
+            admin
+                .list_snapshots(ccm_proto::v1::ListSnapshotsRequest {
+                    snapshot_id: id,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .snapshots
+        }
+    };
+    let taken = snapshots(snapshot_id.clone()).await;
+    assert_eq!(taken.len(), 1, "{taken:?}");
+    assert_eq!(taken[0].source_volume_id, handle);
+    assert_eq!(taken[0].size_bytes, 5 << 30);
+
+    // A claim restored from it, used by a second Pod: the provisioner
+    // makes its cloud volume from the snapshot.
+    apply(format!(
+        "apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: restored, namespace: default}}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: cloud
+  resources: {{requests: {{storage: 5Gi}}}}
+  dataSource: {{apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: backup}}
+---
+{}",
+        pod("restore", "restored")
+    ))
+    .await;
+    k(args(
+        "wait --for=jsonpath={.status.phase}=Running pod/restore --timeout=120s",
+    ))
+    .await;
+    let restored_pv = k(args("get pvc restored -o jsonpath={.spec.volumeName}")).await;
+    let restored = k(vec![
+        "get".into(),
+        "pv".into(),
+        restored_pv,
+        "-o".into(),
+        "jsonpath={.spec.csi.volumeHandle}".into(),
+    ])
+    .await;
+    let volume = get(restored.clone()).await.unwrap().volume.unwrap();
+    assert_eq!(volume.source_snapshot_id, snapshot_id, "{volume:?}");
+    if let Some(moto) = &moto {
+        let ec2 = ebs_volume(moto, &restored).unwrap();
+        assert_eq!(ec2["snapshot"], snapshot_id.as_str(), "{ec2}");
+    }
+    assert_eq!(volume.size_bytes, 5 << 30);
+    assert_eq!(volume.attachments.len(), 1, "{volume:?}");
+
+    // The VolumeSnapshot goes: its content and the cloud's snapshot go.
+    k(args("delete volumesnapshot backup")).await;
+    until("the cloud snapshot stayed", || async {
+        snapshots(snapshot_id.clone())
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    until("the VolumeSnapshotContent stayed", || async {
+        k(args("get volumesnapshotcontents -o name"))
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+
+    // Pods and claims go: both cloud volumes go.
+    k(args("delete pod app restore --wait=true")).await;
+    k(args("delete pvc data restored")).await;
+    for id in [handle, restored] {
+        until("a cloud volume stayed", || async {
+            matches!(
+                get(id.clone()).await,
+                Err(ccm_proto::Error::NotFound { .. })
+            )
+            .then_some(())
+        })
+        .await;
+        if let Some(moto) = &moto {
+            assert_eq!(ebs_volume(moto, &id), None);
+        }
+    }
+    playing.abort();
+    // The chart's grants were enough for all four sidecars.
+    let report = sandbox.rbac_report().await.unwrap().expect("RBAC is on");
+    assert_eq!(
+        report["denied"],
+        serde_json::json!([]),
+        "refused: {report:#}"
+    );
     scenario::finish(sandbox, kubelets).await;
 }

@@ -17,6 +17,7 @@ mod client;
 mod errors;
 mod instances;
 mod load_balancers;
+mod modifications;
 mod node_groups;
 mod routes;
 pub mod settings;
@@ -86,6 +87,7 @@ pub struct AwsCloud {
     zones: Mutex<Zones>,
     groups: Mutex<node_groups::GroupCache>,
     topologies: topology::Topologies,
+    modifications: modifications::Modifications,
 }
 
 impl std::fmt::Debug for AwsCloud {
@@ -127,6 +129,7 @@ impl AwsCloud {
             zones: Mutex::new(Zones::default()),
             groups: Mutex::new(node_groups::GroupCache::default()),
             topologies: topology::Topologies::default(),
+            modifications: modifications::Modifications::default(),
         })
     }
 

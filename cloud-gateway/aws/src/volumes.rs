@@ -22,6 +22,7 @@ use ccm_provider::volumes::{
 use ccm_provider::{CloudError, Result, Volumes};
 
 use super::instances::{is_alive, parse_provider_id};
+use super::modifications::Target;
 use super::{AwsCloud, errors, every_page, tags};
 
 /// The upstream CSI driver's name. Never change it: PersistentVolumes name
@@ -255,23 +256,6 @@ fn fits(
             "parameters[\"throughput\"]".to_owned(),
             format!("volumes of type {volume_type} take no throughput"),
         ));
-    }
-}
-
-/// What a refused ModifyVolume (a resize or a change) means: the volume
-/// gone, or one modification still being made, which the resizer asks
-/// again after (EBS makes one at a time).
-fn modification_error<E, R>(volume_id: &str, e: aws_sdk_ec2::error::SdkError<E, R>) -> CloudError
-where
-    E: aws_sdk_ec2::error::ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    R: std::fmt::Debug + 'static,
-{
-    match errors::code(&e) {
-        Some("InvalidVolume.NotFound") => CloudError::NotFound(format!("volume {volume_id}")),
-        Some("IncorrectModificationState") => {
-            errors::provisioning(format!("volume {volume_id} is still being modified"))
-        }
-        _ => errors::cloud_error("ModifyVolume", e),
     }
 }
 
@@ -947,24 +931,18 @@ impl Volumes for AwsCloud {
         if volume.size_bytes >= i64::from(gib) * GIB {
             return Ok(volume.size_bytes);
         }
-        let answer = self
-            .ec2
-            .modify_volume()
-            .volume_id(volume_id)
-            .size(gib)
-            .send()
-            .await
-            .map_err(|e| modification_error(volume_id, e))?;
-        let target = answer
-            .volume_modification()
-            .and_then(|m| m.target_size())
-            .unwrap_or(gib);
-        Ok(i64::from(target) * GIB)
+        let resize = Target {
+            size_gib: Some(gib),
+            ..Target::default()
+        };
+        let target = self.modifications.ask(&self.ec2, volume_id, resize).await?;
+        Ok(i64::from(target.unwrap_or(gib)) * GIB)
     }
 
-    /// Changes a volume's type, IOPS or throughput with one ModifyVolume,
-    /// none when it has them already (EBS takes one modification at a
-    /// time, and few a day).
+    /// Changes a volume's type, IOPS or throughput with one ModifyVolume
+    /// (with a resize asked at once, see `modifications`), none when it has
+    /// them already (EBS takes one modification at a time, and few a
+    /// day).
     async fn modify(
         &self,
         cluster: &str,
@@ -993,15 +971,18 @@ impl Volumes for AwsCloud {
         if change.made_in(&volume) {
             return Ok(());
         }
-        self.ec2
-            .modify_volume()
-            .volume_id(volume_id)
-            .set_volume_type(change.volume_type.as_deref().map(VolumeType::from))
-            .set_iops(change.iops)
-            .set_throughput(change.throughput)
-            .send()
-            .await
-            .map_err(|e| modification_error(volume_id, e))?;
+        let Change {
+            volume_type,
+            iops,
+            throughput,
+        } = change;
+        let target = Target {
+            size_gib: None,
+            volume_type,
+            iops,
+            throughput,
+        };
+        self.modifications.ask(&self.ec2, volume_id, target).await?;
         Ok(())
     }
 

@@ -981,7 +981,7 @@ fn patch(
             "application/json-patch+json" => {
                 let ops: json_patch::Patch = serde_json::from_slice(body)
                     .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
-                json_patch::patch(&mut doc, &ops).map_err(|e| ApiError::invalid(resource, name, e.to_string()))?;
+                super::patch::json_patch(&mut doc, &ops).map_err(|e| ApiError::invalid(resource, name, e))?;
             }
             "application/merge-patch+json" => json_patch::merge(&mut doc, &parse_body(body)?),
             "application/strategic-merge-patch+json" | "application/apply-patch+yaml" => {

@@ -2,8 +2,10 @@
 //! maps merge recursively (null deletes a key), lists follow the field's
 //! strategy ([`ListStrategy`]), and the directives `$patch` (replace,
 //! delete, merge), `$deleteFromPrimitiveList/<field>`, `$retainKeys` and
-//! `$setElementOrder/<field>` are honoured.
+//! `$setElementOrder/<field>` are honoured. JSON patches as kube-apiserver
+//! applies them ([`json_patch`]).
 
+use json_patch::{AddOperation, PatchOperation};
 use serde_json::{Map, Value};
 
 use super::resources::{ListStrategy, list_strategy};
@@ -153,6 +155,32 @@ fn merge_list(
     Ok(())
 }
 
+/// A JSON patch as kube-apiserver applies it (with evanphx/json-patch
+/// v4): RFC 6902, but for a `replace` of a member its object lacks, which
+/// sets it as `add` would. external-snapshotter's sidecar relies on it: it
+/// replaces `/metadata/annotations` of objects that have none. On error,
+/// `doc` is left part-patched (the caller patches a copy).
+pub fn json_patch(doc: &mut Value, ops: &json_patch::Patch) -> Result<(), String> {
+    for (i, op) in ops.0.iter().enumerate() {
+        let op = match op {
+            PatchOperation::Replace(r) if doc.pointer(r.path.as_str()).is_none() => {
+                let parent = r.path.as_str().rsplit_once('/').map(|(p, _)| p);
+                match parent.and_then(|p| doc.pointer(p)) {
+                    Some(Value::Object(_)) => PatchOperation::Add(AddOperation {
+                        path: r.path.clone(),
+                        value: r.value.clone(),
+                    }),
+                    _ => op.clone(),
+                }
+            }
+            _ => op.clone(),
+        };
+        json_patch::patch_unsafe(doc, std::slice::from_ref(&op))
+            .map_err(|e| format!("operation '/{i}' failed at path '{}': {}", e.path, e.kind))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -162,6 +190,30 @@ mod tests {
     fn patched(kind: &str, mut doc: Value, patch: Value) -> Value {
         strategic_merge(kind, &mut doc, &patch).unwrap();
         doc
+    }
+
+    #[test]
+    fn a_json_patch_replaces_a_missing_member_as_kube_apiserver_does() {
+        let patch =
+            |doc: &mut Value, ops: Value| json_patch(doc, &serde_json::from_value(ops).unwrap());
+        let mut doc = json!({"metadata": {"name": "c"}});
+        patch(
+            &mut doc,
+            json!([{"op": "replace", "path": "/metadata/annotations", "value": {"a": "yes"}}]),
+        )
+        .unwrap();
+        assert_eq!(doc["metadata"]["annotations"], json!({"a": "yes"}));
+        // A missing parent, an index past the end and a failed test stay
+        // errors, naming the operation.
+        for ops in [
+            json!([{"op": "replace", "path": "/spec/size", "value": 1}]),
+            json!([{"op": "add", "path": "/list", "value": []}, {"op": "replace", "path": "/list/0", "value": 1}]),
+            json!([{"op": "test", "path": "/metadata/name", "value": "d"}]),
+        ] {
+            let mut copy = doc.clone();
+            let err = patch(&mut copy, ops.clone()).unwrap_err();
+            assert!(err.starts_with("operation '/"), "{ops}: {err}");
+        }
     }
 
     #[test]

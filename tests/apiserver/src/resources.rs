@@ -340,6 +340,21 @@ pub static RESOURCES: &[Resource] = &[
         true,
         &[],
     ),
+    // What a claim's `volumeAttributesClassName` names: the parameters
+    // external-resizer's modify controller hands the driver
+    // (ControllerModifyVolume). storage.k8s.io/v1 since Kubernetes 1.34,
+    // which the resizer looks for in discovery; the k8s-openapi types this
+    // server checks objects with (1.32's) have it only as v1beta1, so it
+    // is kept as written (see `schema`).
+    resource(
+        STORAGE,
+        "volumeattributesclasses",
+        "volumeattributesclass",
+        "VolumeAttributesClass",
+        false,
+        false,
+        &["vac"],
+    ),
     // Access rules, enforced as soon as they are written once RBAC is on
     // (see `rbac`).
     resource(

@@ -111,6 +111,31 @@ pub struct Options {
 pub struct CsiSidecars {
     pub provisioner: PathBuf,
     pub attacher: PathBuf,
+    /// external-resizer: expands a volume when its claim asks for more
+    /// (the kubelet's part, growing the filesystem, is played in
+    /// [`volume_roles`]).
+    pub resizer: Option<PathBuf>,
+    /// external-snapshotter's csi-snapshotter sidecar: takes and deletes
+    /// the snapshots of VolumeSnapshotContents.
+    pub snapshotter: Option<PathBuf>,
+    /// external-snapshotter's snapshot-controller, which the cluster runs
+    /// once (not beside the driver): it makes a VolumeSnapshot's content
+    /// for the sidecar and binds the two. Run with the admin's kubeconfig,
+    /// as its own RBAC is the cluster's, not the chart's.
+    pub snapshot_controller: Option<PathBuf>,
+}
+
+impl CsiSidecars {
+    /// The provisioner and the attacher, nothing else.
+    pub fn new(provisioner: PathBuf, attacher: PathBuf) -> Self {
+        Self {
+            provisioner,
+            attacher,
+            resizer: None,
+            snapshotter: None,
+            snapshot_controller: None,
+        }
+    }
 }
 
 impl Options {
@@ -1187,10 +1212,11 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Starts upstream's external-provisioner and external-attacher as
-    /// the volume controller's pod runs them: on the first replica's
-    /// socket, under its ServiceAccount, one replica each (their own
-    /// leader election off); their logs beside the others.
+    /// Starts upstream's sidecars as the volume controller's pod runs
+    /// them: on the first replica's socket, under its ServiceAccount, one
+    /// replica each (their own leader election off); their logs beside the
+    /// others. The snapshot-controller, a cluster component, runs as the
+    /// admin.
     fn start_csi_sidecars(&mut self, sidecars: &CsiSidecars) -> anyhow::Result<()> {
         anyhow::ensure!(
             self.options.volumes,
@@ -1199,21 +1225,46 @@ impl Sandbox {
         let state = self.options.state_dir.clone();
         let kubeconfig = state.join("kubeconfig-volume-controller");
         let socket = csi_socket(&state, "volume-controller-0");
-        for (name, binary, extra) in [
-            (
-                "csi-provisioner",
-                &sidecars.provisioner,
-                &["--extra-create-metadata"][..],
-            ),
-            ("csi-attacher", &sidecars.attacher, &[][..]),
-        ] {
-            anyhow::ensure!(binary.is_file(), "no {name} binary at {}", binary.display());
+        // No VolumeGroupSnapshot CRDs here, and no group controller in the
+        // driver: the gate off, as in v8.6.0 (the chart's release), where
+        // it is off by default; in later commits it is on, and both
+        // snapshot components look for the CRDs for 30 seconds before going
+        // on without.
+        let no_groups = "--feature-gates=CSIVolumeGroupSnapshot=false";
+        let on_socket = |extra: &[&str]| {
             let mut args = vec![
                 format!("--kubeconfig={}", kubeconfig.display()),
                 format!("--csi-address={}", socket.display()),
                 "--leader-election=false".to_owned(),
             ];
             args.extend(extra.iter().map(|a| (*a).to_owned()));
+            args
+        };
+        let mut run = vec![
+            (
+                "csi-provisioner",
+                &sidecars.provisioner,
+                on_socket(&["--extra-create-metadata"]),
+            ),
+            ("csi-attacher", &sidecars.attacher, on_socket(&[])),
+        ];
+        if let Some(resizer) = &sidecars.resizer {
+            run.push(("csi-resizer", resizer, on_socket(&[])));
+        }
+        if let Some(snapshotter) = &sidecars.snapshotter {
+            run.push((
+                "csi-snapshotter",
+                snapshotter,
+                on_socket(&["--extra-create-metadata", no_groups]),
+            ));
+        }
+        if let Some(controller) = &sidecars.snapshot_controller {
+            let admin = format!("--kubeconfig={}", self.kubeconfig.display());
+            let args = vec![admin, "--leader-election=false".into(), no_groups.into()];
+            run.push(("snapshot-controller", controller, args));
+        }
+        for (name, binary, mut args) in run {
+            anyhow::ensure!(binary.is_file(), "no {name} binary at {}", binary.display());
             args.extend(self.extra_args(name));
             let binary = binary.canonicalize()?.display().to_string();
             self.spawn(name, &binary, &args, &[])?;

@@ -77,6 +77,21 @@ struct Args {
     /// ../shared/bin/csi-attacher-v4.12.0-39).
     #[arg(long, requires_all = ["volumes", "csi_provisioner"])]
     csi_attacher: Option<PathBuf>,
+    /// With --csi-provisioner: also upstream's external-resizer (built
+    /// from kubernetes-csi/external-resizer, see the README): a claim that
+    /// asks for more grows its cloud volume, and its filesystem on the node
+    /// of a Pod that uses it.
+    #[arg(long, requires = "csi_provisioner")]
+    csi_resizer: Option<PathBuf>,
+    /// With --csi-provisioner: also external-snapshotter's csi-snapshotter
+    /// sidecar; with --snapshot-controller, VolumeSnapshots become cloud
+    /// snapshots, and claims can be restored from them.
+    #[arg(long, requires_all = ["csi_provisioner", "snapshot_controller"])]
+    csi_snapshotter: Option<PathBuf>,
+    /// With --csi-snapshotter: external-snapshotter's snapshot-controller,
+    /// the cluster's part of snapshots (run as the admin).
+    #[arg(long, requires = "csi_snapshotter")]
+    snapshot_controller: Option<PathBuf>,
 }
 
 fn cluster_name(value: &str) -> Result<String, String> {
@@ -125,8 +140,10 @@ async fn main() -> anyhow::Result<()> {
             .clone()
             .zip(args.csi_attacher.clone())
             .map(|(provisioner, attacher)| CsiSidecars {
-                provisioner,
-                attacher,
+                resizer: args.csi_resizer.clone(),
+                snapshotter: args.csi_snapshotter.clone(),
+                snapshot_controller: args.snapshot_controller.clone(),
+                ..CsiSidecars::new(provisioner, attacher)
             }),
     };
     let sandbox = Sandbox::start(options.clone()).await?;

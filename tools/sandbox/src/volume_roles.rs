@@ -26,6 +26,11 @@
 //!   its volumes are unpublished and, with no Pod left using them on that
 //!   node, unstaged.
 //!
+//! - the kubelet's volume expansion: a claim the resizer left waiting for
+//!   the node (`FileSystemResizePending`) has its filesystem grown through
+//!   the plugin of the node of a Pod that has it published, and its
+//!   capacity then reads as its volume's.
+//!
 //! There is no scheduler: a Pod names its node (`spec.nodeName`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -94,6 +99,7 @@ impl VolumeRoles {
         let uses = self.uses(&cluster);
         self.attach(client, &cluster, &uses).await?;
         self.mount(client, &cluster, &uses).await?;
+        self.grow(client, &cluster, &uses).await?;
         let held = self.unmount(&cluster).await?;
         self.detach(client, &cluster, &uses, &held).await
     }
@@ -430,6 +436,101 @@ impl VolumeRoles {
         Ok(())
     }
 
+    /// The kubelet's part of an expansion: for each claim whose volume the
+    /// controller grew and left to the node (`FileSystemResizePending`, or
+    /// `NodeResizePending` in its resize status), NodeExpandVolume on the
+    /// node of a Pod that has it published, then the claim's capacity is its
+    /// volume's, the resize conditions and status gone.
+    async fn grow(
+        &self,
+        client: &kube::Client,
+        cluster: &Cluster,
+        uses: &[Use],
+    ) -> anyhow::Result<()> {
+        for claim in &cluster.claims {
+            let Some(status) = &claim.status else {
+                continue;
+            };
+            let pending = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "FileSystemResizePending" && c.status == "True")
+                || status
+                    .allocated_resource_statuses
+                    .as_ref()
+                    .and_then(|s| s.get("storage"))
+                    .is_some_and(|s| s == "NodeResizePending");
+            if !pending {
+                continue;
+            }
+            let Some(pv_name) = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) else {
+                continue;
+            };
+            let Some(u) = uses
+                .iter()
+                .find(|u| u.pv == pv_name && exists(&self.target(u)))
+            else {
+                continue;
+            };
+            let Some(size) = cluster
+                .volumes
+                .iter()
+                .find(|v| v.metadata.name.as_deref() == Some(pv_name))
+                .and_then(|v| v.spec.as_ref()?.capacity.as_ref()?.get("storage").cloned())
+            else {
+                continue;
+            };
+            let required = storage_bytes(&size.0)
+                .with_context(|| format!("the volume {pv_name}'s capacity {}", size.0))?;
+            let socket = self
+                .plugins
+                .get(&u.node)
+                .with_context(|| format!("no plugin on {}", u.node))?;
+            let mut plugin = NodeClient::new(csi_node::channel(socket).await?);
+            plugin
+                .node_expand_volume(csi::NodeExpandVolumeRequest {
+                    volume_id: u.handle.clone(),
+                    volume_path: self.target(u).display().to_string(),
+                    staging_target_path: self
+                        .staging(&u.node, &u.handle)
+                        .join("globalmount")
+                        .display()
+                        .to_string(),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: required,
+                        limit_bytes: 0,
+                    }),
+                    volume_capability: Some(capability(u)),
+                    ..Default::default()
+                })
+                .await
+                .with_context(|| format!("NodeExpandVolume of {pv_name} on {}", u.node))?;
+            // The kubelet drops both resize conditions: the resizer keeps
+            // `Resizing` beside `FileSystemResizePending`.
+            let conditions: Vec<_> = status
+                .conditions
+                .iter()
+                .flatten()
+                .filter(|c| !matches!(c.type_.as_str(), "Resizing" | "FileSystemResizePending"))
+                .collect();
+            let (ns, name) = names(&claim.metadata);
+            Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+                .patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {
+                        "capacity": {"storage": size},
+                        "conditions": conditions,
+                        "allocatedResourceStatuses": {"storage": null},
+                    }})),
+                )
+                .await
+                .with_context(|| format!("mark the claim {ns}/{name} grown"))?;
+        }
+        Ok(())
+    }
+
     /// Stages (where it is not yet) and publishes one use, writing the
     /// kubelet's records first, so that a Pod gone mid-way is still
     /// cleaned up.
@@ -669,6 +770,34 @@ fn sha256_hex(text: &str) -> String {
         .collect()
 }
 
+/// The bytes of a storage quantity: digits and an optional suffix, binary
+/// (`Ki` to `Pi`) or decimal (`k` to `P`), as volumes' sizes are written.
+fn storage_bytes(quantity: &str) -> anyhow::Result<i64> {
+    let split = quantity
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(quantity.len());
+    let (digits, suffix) = quantity.split_at(split);
+    let scale: i64 = match suffix {
+        "" => 1,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        _ => anyhow::bail!("not a whole number of bytes with a known suffix"),
+    };
+    digits
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .context("not a whole number of bytes within 2^63")
+}
+
 /// The kubelet's directory of a driver's staged volumes, under its node's.
 fn staging_root(driver: &str) -> PathBuf {
     Path::new("plugins/kubernetes.io/csi").join(driver)
@@ -790,6 +919,16 @@ mod tests {
             format!("csi-{}", sha256_hex("vol-1ebs.csi.aws.comnode-0"))
         );
         assert_ne!(name, attachment_name("vol-1", "ebs.csi.aws.com", "node-1"));
+    }
+
+    #[test]
+    fn storage_quantities_read_as_bytes() {
+        assert_eq!(super::storage_bytes("5Gi").unwrap(), 5 << 30);
+        assert_eq!(super::storage_bytes("2G").unwrap(), 2_000_000_000);
+        assert_eq!(super::storage_bytes("1048576").unwrap(), 1 << 20);
+        for bad in ["", "1.5Gi", "5Xi", "Gi", "99999999999Pi"] {
+            assert!(super::storage_bytes(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
