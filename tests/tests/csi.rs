@@ -666,6 +666,34 @@ spec:
         .join(&pv)
         .join("mount");
     assert!(target.is_dir(), "{} is not published", target.display());
+    // kubectl prints the columns a real API server serves.
+    let printed = k(&["get", "pod,pvc,pv,volumeattachments", "--no-headers"]).await;
+    let rows: Vec<Vec<&str>> = printed
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(
+        rows.iter()
+            .any(|r| r.starts_with(&["pod/app", "1/1", "Running"])),
+        "{printed}"
+    );
+    let claim = "persistentvolumeclaim/data";
+    let pv_row = format!("persistentvolume/{pv}");
+    assert!(
+        rows.iter()
+            .any(|r| r.starts_with(&[claim, "Bound", &pv, "3Gi", "RWO", "cloud"])),
+        "{printed}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r.starts_with(&[&pv_row, "3Gi", "RWO", "Delete", "Bound"])),
+        "{printed}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r.len() > 4 && r[2] == pv && r[4] == "true"),
+        "{printed}"
+    );
 
     // The Pod goes: its volume is unpublished, unstaged and detached; the
     // claim stays bound.

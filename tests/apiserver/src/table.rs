@@ -1,9 +1,9 @@
 //! Server-side printing: the `meta.k8s.io/v1` Table kubectl asks for
 //! (`Accept: application/json;as=Table;...`), with the columns a real API
 //! server shows for nodes, services, events, certificate signing
-//! requests, ConfigMaps and APIServices, those of their CRDs'
-//! `additionalPrinterColumns` for the CSI snapshots, and name and age for
-//! the rest.
+//! requests, ConfigMaps, APIServices, Pods, claims, PersistentVolumes and
+//! VolumeAttachments, those of their CRDs' `additionalPrinterColumns` for
+//! the CSI snapshots, and name and age for the rest.
 
 use serde_json::{Value, json};
 
@@ -248,6 +248,133 @@ fn config_map_row(o: &Value) -> Vec<Value> {
     ]
 }
 
+/// The short names kubectl prints access modes by, comma-separated.
+fn access_modes(modes: &Value) -> String {
+    let short: Vec<&str> = modes
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| match m.as_str()? {
+            "ReadWriteOnce" => Some("RWO"),
+            "ReadOnlyMany" => Some("ROX"),
+            "ReadWriteMany" => Some("RWX"),
+            "ReadWriteOncePod" => Some("RWOP"),
+            _ => None,
+        })
+        .collect();
+    short.join(",")
+}
+
+/// `status.phase`, or `Terminating` once the object is being deleted.
+fn phase(o: &Value) -> String {
+    if o["metadata"]["deletionTimestamp"].is_string() {
+        "Terminating".into()
+    } else {
+        text(&o["status"]["phase"])
+    }
+}
+
+/// `text`, or `<unset>` where empty.
+fn or_unset(v: &Value) -> String {
+    Some(text(v))
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| "<unset>".into())
+}
+
+/// A Pod's row: ready containers of all, status, restarts; wide, its IP
+/// and node.
+fn pod_row(o: &Value) -> Vec<Value> {
+    let statuses = o["status"]["containerStatuses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let total = o["spec"]["containers"].as_array().map_or(0, Vec::len);
+    let ready = statuses.iter().filter(|c| c["ready"] == true).count();
+    let restarts: u64 = statuses
+        .iter()
+        .filter_map(|c| c["restartCount"].as_u64())
+        .sum();
+    let none = |v: &Value| {
+        Some(text(v))
+            .filter(|t| !t.is_empty())
+            .unwrap_or_else(|| "<none>".into())
+    };
+    let status = match text(&o["status"]["reason"]) {
+        reason if !reason.is_empty() && !o["metadata"]["deletionTimestamp"].is_string() => reason,
+        _ => phase(o),
+    };
+    vec![
+        o["metadata"]["name"].clone(),
+        json!(format!("{ready}/{total}")),
+        json!(status),
+        json!(restarts.to_string()),
+        json!(age(&text(&o["metadata"]["creationTimestamp"]))),
+        json!(none(&o["status"]["podIP"])),
+        json!(none(&o["spec"]["nodeName"])),
+        json!("<none>"),
+        json!("<none>"),
+    ]
+}
+
+/// A claim's row: its volume's capacity and access modes once bound.
+fn claim_row(o: &Value) -> Vec<Value> {
+    let bound = !text(&o["spec"]["volumeName"]).is_empty();
+    let (capacity, modes) = if bound {
+        (
+            text(&o["status"]["capacity"]["storage"]),
+            access_modes(&o["status"]["accessModes"]),
+        )
+    } else {
+        (String::new(), String::new())
+    };
+    vec![
+        o["metadata"]["name"].clone(),
+        json!(phase(o)),
+        o["spec"]["volumeName"].clone(),
+        json!(capacity),
+        json!(modes),
+        o["spec"]["storageClassName"].clone(),
+        json!(or_unset(&o["status"]["currentVolumeAttributesClassName"])),
+        json!(age(&text(&o["metadata"]["creationTimestamp"]))),
+        json!(or_unset(&o["spec"]["volumeMode"])),
+    ]
+}
+
+/// A PersistentVolume's row: its claim as `namespace/name`.
+fn volume_row(o: &Value) -> Vec<Value> {
+    let claim = &o["spec"]["claimRef"];
+    let claim = if claim.is_object() {
+        format!("{}/{}", text(&claim["namespace"]), text(&claim["name"]))
+    } else {
+        String::new()
+    };
+    vec![
+        o["metadata"]["name"].clone(),
+        json!(text(&o["spec"]["capacity"]["storage"])),
+        json!(access_modes(&o["spec"]["accessModes"])),
+        json!(text(&o["spec"]["persistentVolumeReclaimPolicy"])),
+        json!(phase(o)),
+        json!(claim),
+        json!(text(&o["spec"]["storageClassName"])),
+        json!(or_unset(&o["spec"]["volumeAttributesClassName"])),
+        json!(text(&o["status"]["reason"])),
+        json!(age(&text(&o["metadata"]["creationTimestamp"]))),
+        json!(or_unset(&o["spec"]["volumeMode"])),
+    ]
+}
+
+/// A VolumeAttachment's row.
+fn attachment_row(o: &Value) -> Vec<Value> {
+    vec![
+        o["metadata"]["name"].clone(),
+        json!(text(&o["spec"]["attacher"])),
+        json!(text(&o["spec"]["source"]["persistentVolumeName"])),
+        json!(text(&o["spec"]["nodeName"])),
+        json!(o["status"]["attached"] == true),
+        json!(age(&text(&o["metadata"]["creationTimestamp"]))),
+    ]
+}
+
 /// A column of a CRD's `additionalPrinterColumns`: its name, its type,
 /// and the field it shows (its `jsonPath`, split).
 type PrinterColumn = (&'static str, &'static str, &'static [&'static str]);
@@ -440,6 +567,61 @@ pub fn table(
                 column("Age", "string", 0),
             ],
             config_map_row,
+        ),
+        ("", "Pod") => (
+            vec![
+                column("Name", "string", 0),
+                column("Ready", "string", 0),
+                column("Status", "string", 0),
+                column("Restarts", "string", 0),
+                column("Age", "string", 0),
+                column("IP", "string", 1),
+                column("Node", "string", 1),
+                column("Nominated Node", "string", 1),
+                column("Readiness Gates", "string", 1),
+            ],
+            pod_row,
+        ),
+        ("", "PersistentVolumeClaim") => (
+            vec![
+                column("Name", "string", 0),
+                column("Status", "string", 0),
+                column("Volume", "string", 0),
+                column("Capacity", "string", 0),
+                column("Access Modes", "string", 0),
+                column("StorageClass", "string", 0),
+                column("VolumeAttributesClass", "string", 0),
+                column("Age", "string", 0),
+                column("VolumeMode", "string", 1),
+            ],
+            claim_row,
+        ),
+        ("", "PersistentVolume") => (
+            vec![
+                column("Name", "string", 0),
+                column("Capacity", "string", 0),
+                column("Access Modes", "string", 0),
+                column("Reclaim Policy", "string", 0),
+                column("Status", "string", 0),
+                column("Claim", "string", 0),
+                column("StorageClass", "string", 0),
+                column("VolumeAttributesClass", "string", 0),
+                column("Reason", "string", 0),
+                column("Age", "string", 0),
+                column("VolumeMode", "string", 1),
+            ],
+            volume_row,
+        ),
+        ("storage.k8s.io", "VolumeAttachment") => (
+            vec![
+                column("Name", "string", 0),
+                column("Attacher", "string", 0),
+                column("PV", "string", 0),
+                column("Node", "string", 0),
+                column("Attached", "boolean", 0),
+                column("Age", "string", 0),
+            ],
+            attachment_row,
         ),
         ("snapshot.storage.k8s.io", "VolumeSnapshot") => {
             (printer_columns(VOLUME_SNAPSHOT_COLUMNS), |o| {

@@ -415,6 +415,24 @@ impl VolumeRoles {
                 .to_string();
             let condition =
                 |kind: &str| json!({"type": kind, "status": "True", "lastTransitionTime": now});
+            // Every container running and ready, as the kubelet reports
+            // them (`kubectl get pod` counts them).
+            let containers: Vec<Value> = pod
+                .spec
+                .iter()
+                .flat_map(|s| &s.containers)
+                .map(|c| {
+                    json!({
+                        "name": c.name,
+                        "image": c.image,
+                        "imageID": "",
+                        "ready": true,
+                        "started": true,
+                        "restartCount": 0,
+                        "state": {"running": {"startedAt": now}},
+                    })
+                })
+                .collect();
             Api::<Pod>::namespaced(client.clone(), ns)
                 .patch_status(
                     name,
@@ -422,6 +440,7 @@ impl VolumeRoles {
                     &Patch::Merge(json!({"status": {
                         "phase": "Running",
                         "startTime": now,
+                        "containerStatuses": containers,
                         "conditions": [
                             condition("PodScheduled"),
                             condition("Initialized"),
