@@ -24,8 +24,7 @@
 //!   `kubelet/<node>/` in the state directory, each with the kubelet's
 //!   `vol_data.json`), and the Pod is marked Running; once the Pod is gone,
 //!   its volumes are unpublished and, with no Pod left using them on that
-//!   node, unstaged.
-//!
+//!   node, unstaged;
 //! - the kubelet's volume expansion: a claim the resizer left waiting for
 //!   the node (`FileSystemResizePending`) has its filesystem grown through
 //!   the plugin of the node of a Pod that has it published, and its
