@@ -284,6 +284,19 @@ fn ebs_volume(endpoint: &str, id: &str) -> Option<serde_json::Value> {
     (!found.is_null()).then_some(found)
 }
 
+/// How many modifications EC2 (moto at `endpoint`) has made of the EBS
+/// volume `id`, as boto3 reads them.
+fn ebs_modifications(endpoint: &str, id: &str) -> u64 {
+    let script = "import boto3, json, sys\n\
+        ec2 = boto3.client('ec2', endpoint_url=sys.argv[1], region_name=sys.argv[2],\n\
+            aws_access_key_id='a', aws_secret_access_key='b')\n\
+        m = ec2.describe_volumes_modifications(VolumeIds=[sys.argv[3]])['VolumesModifications']\n\
+        print(json.dumps(len(m)))\n";
+    ccm_testkit::boto3(script, endpoint, &[id])
+        .as_u64()
+        .unwrap()
+}
+
 /// Waits until `check` answers something, failing after the scenario's
 /// limit with `what`.
 async fn until<T, F, Fut>(what: &str, mut check: F) -> T
@@ -1034,6 +1047,47 @@ spec:
     }
     assert_eq!(volume.size_bytes, 5 << 30);
     assert_eq!(volume.attachments.len(), 1, "{volume:?}");
+
+    // On AWS, size and class edited at once: the resizer's two
+    // controllers ask each on its own, and EBS, which makes one
+    // modification of a volume at a time, gets one ModifyVolume for both.
+    if let Some(moto) = &moto {
+        let before = ebs_modifications(moto, &handle);
+        apply(format!(
+            "apiVersion: storage.k8s.io/v1
+kind: VolumeAttributesClass
+metadata: {{name: faster}}
+driverName: {}
+parameters: {{type: io2, iops: \"7000\"}}
+",
+            roles.driver
+        ))
+        .await;
+        k(vec![
+            "patch".into(),
+            "pvc".into(),
+            "data".into(),
+            "-p".into(),
+            r#"{"spec":{"resources":{"requests":{"storage":"8Gi"}},"volumeAttributesClassName":"faster"}}"#
+                .into(),
+        ])
+        .await;
+        k(args(
+            "wait --for=jsonpath={.status.currentVolumeAttributesClassName}=faster pvc/data --timeout=120s",
+        ))
+        .await;
+        k(args(
+            "wait --for=jsonpath={.status.capacity.storage}=8Gi pvc/data --timeout=120s",
+        ))
+        .await;
+        let ec2 = ebs_volume(moto, &handle).unwrap();
+        assert_eq!(
+            (&ec2["size"], &ec2["iops"]),
+            (&8.into(), &7000.into()),
+            "{ec2}"
+        );
+        assert_eq!(ebs_modifications(moto, &handle), before + 1);
+    }
 
     // The VolumeSnapshot goes: its content and the cloud's snapshot go.
     k(args("delete volumesnapshot backup")).await;

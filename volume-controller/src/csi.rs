@@ -3,7 +3,8 @@
 //! gateway's Volumes service, and its answer (or error) told back in CSI's
 //! terms. Nothing is kept here but which volumes have a call in flight:
 //! a second call for one of them is `ABORTED`, as the spec asks, so the
-//! sidecar retries it once the first is done.
+//! sidecar retries it once the first is done. A resize and a modification
+//! of one volume go together ([`Driver::one_change`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -53,6 +54,18 @@ impl Driver {
     /// call holds it.
     fn one_call(&self, key: &str) -> Result<Held<'_>, Status> {
         self.in_flight.hold(key)
+    }
+
+    /// Holds the volume `volume_id` for one change of `kind` (`expand`,
+    /// `modify`); `ABORTED` while another of that kind holds it. A resize
+    /// and a modification asked at once (a claim's size and its
+    /// VolumeAttributesClass edited together, the resizer's two
+    /// controllers each calling) both reach the gateway, which makes them
+    /// one cloud modification where the cloud takes one at a time (EBS);
+    /// held as one, the second would wait for the first and be made
+    /// apart.
+    fn one_change(&self, kind: &str, volume_id: &str) -> Result<Held<'_>, Status> {
+        self.in_flight.hold(&format!("{kind}/{volume_id}"))
     }
 
     /// Counts a call's outcome, and times it from `started`.
@@ -436,7 +449,7 @@ impl ControllerService {
         let range = req
             .capacity_range
             .ok_or_else(|| Status::invalid_argument("capacity_range is required"))?;
-        let _one = d.one_call(&req.volume_id)?;
+        let _one = d.one_change("expand", &req.volume_id)?;
         let answer = d
             .gateway
             .expand_volume(gw::ExpandVolumeRequest {
@@ -737,7 +750,7 @@ impl Controller for ControllerService {
                 ));
             }
             required("volume_id", &req.volume_id)?;
-            let _one = self.0.one_call(&req.volume_id)?;
+            let _one = self.0.one_change("modify", &req.volume_id)?;
             self.0
                 .gateway
                 .modify_volume(gw::ModifyVolumeRequest {
