@@ -131,6 +131,17 @@ pub fn boto3(script: &str, endpoint: &str, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("boto3's script prints JSON")
 }
 
+/// How many modifications EC2 (moto at `endpoint`) has made of the EBS
+/// volume `id`, as boto3 reads them (`describe_volumes_modifications`).
+pub fn ebs_modifications(endpoint: &str, id: &str) -> u64 {
+    let script = "import boto3, json, sys\n\
+        ec2 = boto3.client('ec2', endpoint_url=sys.argv[1], region_name=sys.argv[2],\n\
+            aws_access_key_id='a', aws_secret_access_key='b')\n\
+        m = ec2.describe_volumes_modifications(VolumeIds=[sys.argv[3]])['VolumesModifications']\n\
+        print(json.dumps(len(m)))\n";
+    boto3(script, endpoint, &[id]).as_u64().expect("a count")
+}
+
 /// What `kubectl ccm` answered: its exit code, stdout and stderr.
 #[derive(Debug)]
 pub struct PluginAnswer {

@@ -502,18 +502,6 @@ async fn volumes_grow_and_snapshots_are_tagged_listed_restored_and_deleted() {
     assert_eq!(snapshots_by_boto3(&env.moto.endpoint), Vec::<Value>::new());
 }
 
-/// How many modifications EC2 has of the volume `id`, as boto3 reads them.
-fn modifications_by_boto3(endpoint: &str, id: &str) -> usize {
-    let script = "import boto3, json, sys\n\
-        ec2 = boto3.client('ec2', endpoint_url=sys.argv[1], region_name=sys.argv[2],\n\
-            aws_access_key_id='a', aws_secret_access_key='b')\n\
-        m = ec2.describe_volumes_modifications(VolumeIds=[sys.argv[3]])['VolumesModifications']\n\
-        print(json.dumps(len(m)))\n";
-    ccm_testkit::boto3(script, endpoint, &[id])
-        .as_u64()
-        .unwrap() as usize
-}
-
 #[tokio::test]
 async fn a_volumes_type_iops_and_throughput_change_in_place_and_only_when_they_differ() {
     let env = env(1).await;
@@ -547,11 +535,11 @@ async fn a_volumes_type_iops_and_throughput_change_in_place_and_only_when_they_d
     let seen = volume_by_boto3(&env.moto.endpoint, &id).unwrap();
     assert_eq!(seen["iops"], 4000);
     assert_eq!(seen["throughput"], 250);
-    assert_eq!(modifications_by_boto3(&env.moto.endpoint, &id), 1);
+    assert_eq!(ccm_testkit::ebs_modifications(&env.moto.endpoint, &id), 1);
     // Asked again (the resizer's retry): EBS takes few modifications a
     // day, so none is made for what the volume has.
     timed(c.modify_volume(faster)).await.unwrap();
-    assert_eq!(modifications_by_boto3(&env.moto.endpoint, &id), 1);
+    assert_eq!(ccm_testkit::ebs_modifications(&env.moto.endpoint, &id), 1);
 
     // What EBS would refuse is named, and nothing is changed.
     let wrong = timed(c.modify_volume(modify(
@@ -582,7 +570,7 @@ async fn a_volumes_type_iops_and_throughput_change_in_place_and_only_when_they_d
         matches!(wrong, Err(Error::InvalidArgument { .. })),
         "{wrong:?}"
     );
-    assert_eq!(modifications_by_boto3(&env.moto.endpoint, &id), 2);
+    assert_eq!(ccm_testkit::ebs_modifications(&env.moto.endpoint, &id), 2);
     let seen = volume_by_boto3(&env.moto.endpoint, &id).unwrap();
     assert_eq!(
         (&seen["type"], &seen["iops"]),
@@ -603,7 +591,10 @@ async fn a_volumes_type_iops_and_throughput_change_in_place_and_only_when_they_d
         matches!(refused, Err(Error::NotFound { .. })),
         "{refused:?}"
     );
-    assert_eq!(modifications_by_boto3(&env.moto.endpoint, &theirs), 0);
+    assert_eq!(
+        ccm_testkit::ebs_modifications(&env.moto.endpoint, &theirs),
+        0
+    );
     // Asked to change nothing, it is still not found, as CSI asks.
     let nothing = timed(c.modify_volume(modify(&theirs, &[]))).await;
     assert!(
@@ -646,7 +637,7 @@ async fn a_resize_and_a_change_asked_together_are_one_ebs_modification() {
     .await;
     assert_eq!(grown.unwrap().size_bytes, 20 * GIB);
     changed.unwrap();
-    assert_eq!(modifications_by_boto3(&env.moto.endpoint, &id), 1);
+    assert_eq!(ccm_testkit::ebs_modifications(&env.moto.endpoint, &id), 1);
     let seen = volume_by_boto3(&env.moto.endpoint, &id).unwrap();
     assert_eq!(
         (&seen["size"], &seen["type"], &seen["iops"]),
@@ -667,5 +658,5 @@ async fn a_resize_and_a_change_asked_together_are_one_ebs_modification() {
         .filter(|r| matches!(r, Err(Error::RetryAfter { .. })))
         .count();
     assert_eq!(refused, 1, "{first:?} {second:?}");
-    assert_eq!(modifications_by_boto3(&env.moto.endpoint, &id), 2);
+    assert_eq!(ccm_testkit::ebs_modifications(&env.moto.endpoint, &id), 2);
 }

@@ -284,19 +284,6 @@ fn ebs_volume(endpoint: &str, id: &str) -> Option<serde_json::Value> {
     (!found.is_null()).then_some(found)
 }
 
-/// How many modifications EC2 (moto at `endpoint`) has made of the EBS
-/// volume `id`, as boto3 reads them.
-fn ebs_modifications(endpoint: &str, id: &str) -> u64 {
-    let script = "import boto3, json, sys\n\
-        ec2 = boto3.client('ec2', endpoint_url=sys.argv[1], region_name=sys.argv[2],\n\
-            aws_access_key_id='a', aws_secret_access_key='b')\n\
-        m = ec2.describe_volumes_modifications(VolumeIds=[sys.argv[3]])['VolumesModifications']\n\
-        print(json.dumps(len(m)))\n";
-    ccm_testkit::boto3(script, endpoint, &[id])
-        .as_u64()
-        .unwrap()
-}
-
 /// Waits until `check` answers something, failing after the scenario's
 /// limit with `what`.
 async fn until<T, F, Fut>(what: &str, mut check: F) -> T
@@ -1052,7 +1039,7 @@ spec:
     // controllers ask each on its own, and EBS, which makes one
     // modification of a volume at a time, gets one ModifyVolume for both.
     if let Some(moto) = &moto {
-        let before = ebs_modifications(moto, &handle);
+        let before = ccm_testkit::ebs_modifications(moto, &handle);
         apply(format!(
             "apiVersion: storage.k8s.io/v1
 kind: VolumeAttributesClass
@@ -1086,7 +1073,7 @@ parameters: {{type: io2, iops: \"7000\"}}
             (&8.into(), &7000.into()),
             "{ec2}"
         );
-        assert_eq!(ebs_modifications(moto, &handle), before + 1);
+        assert_eq!(ccm_testkit::ebs_modifications(moto, &handle), before + 1);
     }
 
     // The VolumeSnapshot goes: its content and the cloud's snapshot go.
