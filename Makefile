@@ -3,10 +3,19 @@
 
 .PHONY: run test docs-check proto-compat proto-baseline chart-baseline previous-release bench bench-large bench-autoscaler bench-targets bench-xl soak
 
-# The whole system on loopback on the simulated cloud (see README).
+# The whole system on loopback on the simulated cloud (see README), the
+# volume controller and the simulated node plugins included. Upstream's
+# CSI sidecars are third-party builds: named by the variables the tests
+# read (e.g. CSI_PROVISIONER=../shared/bin/csi-provisioner-v6.3.0-56 and
+# CSI_ATTACHER=...), they run too, and a Pod's claim goes the whole way.
+SIDECAR_FLAGS := $(if $(CSI_PROVISIONER),--csi-provisioner $(CSI_PROVISIONER)) \
+	$(if $(CSI_ATTACHER),--csi-attacher $(CSI_ATTACHER)) \
+	$(if $(CSI_RESIZER),--csi-resizer $(CSI_RESIZER)) \
+	$(if $(CSI_SNAPSHOTTER),--csi-snapshotter $(CSI_SNAPSHOTTER)) \
+	$(if $(SNAPSHOT_CONTROLLER),--snapshot-controller $(SNAPSHOT_CONTROLLER))
 run:
 	cargo build --bins
-	cargo run --bin sandbox
+	cargo run --bin sandbox -- --volumes $(strip $(SIDECAR_FLAGS))
 
 # The buf CLI, at the version tools/buf pins (npm carries its binary).
 BUF := tools/buf/node_modules/.bin/buf

@@ -560,11 +560,18 @@ async fn whole_way(test: &str, cloud: CloudKind) {
         ),
         None => (None, "node-0".to_owned()),
     };
+    // On AWS, a StorageClass as upstream's documentation writes one: the
+    // node plugin's formatting parameter in upstream's camel case.
+    let parameters = match moto {
+        Some(_) => "{type: gp3, blockSize: \"4096\"}",
+        None => "{}",
+    };
     let manifest = format!(
         "apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata: {{name: cloud}}
 provisioner: {}
+parameters: {parameters}
 volumeBindingMode: WaitForFirstConsumer
 reclaimPolicy: Delete
 ---
@@ -646,8 +653,31 @@ spec:
     );
     // EC2 itself, as boto3 reads it: upstream's tags, the one attachment.
     if let Some(moto) = &moto {
+        // The PV is what upstream's node plugin, run unchanged, reads: its
+        // driver, a raw EBS ID, its zone key first in the node affinity,
+        // and the formatting parameter under the key it looks up.
+        let written = kubectl(
+            &kubeconfig,
+            &[
+                "get",
+                "pv",
+                &pv,
+                "-o",
+                "jsonpath={.spec.csi.driver} {.spec.csi.volumeAttributes.blocksize} \
+                 {.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].key}",
+            ],
+            None,
+        )
+        .await;
+        let written: Vec<&str> = written.split_whitespace().collect();
+        assert_eq!(
+            written,
+            ["ebs.csi.aws.com", "4096", "topology.ebs.csi.aws.com/zone"]
+        );
+        assert!(handle.starts_with("vol-"), "{handle}");
         let ec2 = ebs_volume(moto, &handle).unwrap_or_else(|| panic!("no EBS volume {handle}"));
         assert_eq!(ec2["size"], 3, "{ec2}");
+        assert_eq!(ec2["type"], "gp3", "{ec2}");
         assert_eq!(ec2["tags"]["CSIVolumeName"], pv.as_str(), "{ec2}");
         assert_eq!(
             ec2["tags"]["kubernetes.io/created-for/pvc/name"], "data",

@@ -267,23 +267,8 @@ impl ControllerService {
         required("name", &req.name)?;
         capabilities(&req.volume_capabilities)?;
         let range = req.capacity_range.unwrap_or_default();
-        let mut owner = gw::VolumeOwner::default();
-        let mut parameters = HashMap::new();
-        let mut context = HashMap::new();
-        for (key, value) in req.parameters {
-            match key.as_str() {
-                PVC_NAME => owner.pvc_name = value,
-                PVC_NAMESPACE => owner.pvc_namespace = value,
-                PV_NAME => owner.pv_name = value,
-                k if k.starts_with(SIDECAR_PREFIX) => {}
-                k if d.offer.node_parameters.iter().any(|n| n == k) => {
-                    context.insert(key, value);
-                }
-                _ => {
-                    parameters.insert(key, value);
-                }
-            }
-        }
+        let (owner, parameters, context) =
+            split_parameters(req.parameters, &d.offer.node_parameters);
         let (source_snapshot_id, source_volume_id) = match req
             .volume_content_source
             .as_ref()
@@ -769,6 +754,42 @@ impl Controller for ControllerService {
     }
 }
 
+/// A StorageClass's parameters, split: the claim and volume names the
+/// provisioner adds, what the gateway takes, and what the node plugin
+/// reads when it formats the volume (`node_parameters`, named in any case
+/// as upstream's drivers take them, and passed on in the volume's context
+/// under the offer's lowercase name, where upstream's node plugin reads
+/// them). The provisioner's own `csi.storage.k8s.io/` keys are dropped.
+fn split_parameters(
+    given: HashMap<String, String>,
+    node_parameters: &[String],
+) -> (
+    gw::VolumeOwner,
+    HashMap<String, String>,
+    HashMap<String, String>,
+) {
+    let mut owner = gw::VolumeOwner::default();
+    let mut parameters = HashMap::new();
+    let mut context = HashMap::new();
+    for (key, value) in given {
+        match key.as_str() {
+            PVC_NAME => owner.pvc_name = value,
+            PVC_NAMESPACE => owner.pvc_namespace = value,
+            PV_NAME => owner.pv_name = value,
+            k if k.starts_with(SIDECAR_PREFIX) => {}
+            k => match node_parameters.iter().find(|n| n.eq_ignore_ascii_case(k)) {
+                Some(name) => {
+                    context.insert(name.clone(), value);
+                }
+                None => {
+                    parameters.insert(key, value);
+                }
+            },
+        }
+    }
+    (owner, parameters, context)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -837,5 +858,33 @@ mod tests {
             message: "m".into(),
         };
         assert_eq!(csi_status(refused).code(), Code::Internal);
+    }
+
+    #[test]
+    fn node_parameters_are_taken_in_any_case_and_passed_on_lowercase() {
+        let given = HashMap::from(
+            [
+                ("blockSize", "4096"),
+                ("INODESIZE", "512"),
+                ("type", "gp3"),
+                (PVC_NAME, "data"),
+                ("csi.storage.k8s.io/fstype", "ext4"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+        );
+        let node = ["blocksize".to_owned(), "inodesize".to_owned()];
+        let (owner, parameters, context) = split_parameters(given, &node);
+        assert_eq!(owner.pvc_name, "data");
+        assert_eq!(
+            parameters,
+            HashMap::from([("type".to_owned(), "gp3".to_owned())])
+        );
+        assert_eq!(
+            context,
+            HashMap::from([
+                ("blocksize".to_owned(), "4096".to_owned()),
+                ("inodesize".to_owned(), "512".to_owned()),
+            ])
+        );
     }
 }

@@ -109,6 +109,11 @@ struct Args {
     /// externalgrpc provider), whose own loop is counted too.
     #[arg(long, env = "CLUSTER_AUTOSCALER")]
     cluster_autoscaler: Option<PathBuf>,
+    /// Scenarios 1, 2 and 9: run our profile only, not the upstream
+    /// profile's run too (quicker; its column stays empty), for measuring
+    /// a change.
+    #[arg(long)]
+    ours_only: bool,
 }
 
 /// A section's name: lower-case letters, digits and dashes.
@@ -186,6 +191,7 @@ impl Args {
             sizes.steady_in_clear = in_clear;
         }
         sizes.cluster_autoscaler = self.cluster_autoscaler.clone();
+        sizes.ours_only = self.ours_only;
         sizes
     }
 }
