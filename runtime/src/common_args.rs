@@ -38,6 +38,14 @@ pub struct CommonArgs {
     /// File holding the bearer token for the gateway; read again when it rotates.
     #[arg(long, env = "CCM_GATEWAY_TOKEN_FILE")]
     pub gateway_token_file: Option<String>,
+    /// PEM client certificate shown to the gateway instead of a token
+    /// (mutual TLS: the gateway maps its identity to a role); with
+    /// --gateway-client-key-file and an https:// address. Read at start.
+    #[arg(long, env = "CCM_GATEWAY_CLIENT_CERT_FILE")]
+    pub gateway_client_cert_file: Option<String>,
+    /// The PEM key of --gateway-client-cert-file.
+    #[arg(long, env = "CCM_GATEWAY_CLIENT_KEY_FILE")]
+    pub gateway_client_key_file: Option<String>,
     /// PEM CA bundle the gateway's certificate is verified against; required with https://, read again when it changes.
     #[arg(long, env = "CCM_GATEWAY_CA_FILE")]
     pub gateway_ca_file: Option<String>,
@@ -177,21 +185,61 @@ impl CommonArgs {
                 "gateway-server-name",
                 "only with an https:// gateway address",
             ),
+            Ok(false) if self.gateway_client_cert_file.is_some() => p.push(
+                "gateway-client-cert-file",
+                "only with an https:// gateway address: a client certificate is shown in the TLS handshake",
+            ),
             Ok(_) => {}
             Err(problem) => p.push("gateway-address", problem),
         }
-        let token = match &self.gateway_token_file {
-            Some(path) => match check_file(path) {
-                Ok(()) => Some(PathBuf::from(path)),
-                Err(problem) => {
-                    p.push("gateway-token-file", problem);
-                    None
-                }
-            },
-            None => {
+        let file = |p: &mut Problems, key: &str, path: &str| match check_file(path) {
+            Ok(()) => Some(PathBuf::from(path)),
+            Err(problem) => {
+                p.push(key, problem);
+                None
+            }
+        };
+        let client_cert = match (
+            &self.gateway_client_cert_file,
+            &self.gateway_client_key_file,
+        ) {
+            (Some(cert), Some(key)) => {
+                let cert = file(p, "gateway-client-cert-file", cert);
+                let key = file(p, "gateway-client-key-file", key);
+                Some(cert.zip(key))
+            }
+            (Some(_), None) => {
+                p.push(
+                    "gateway-client-key-file",
+                    "is required with --gateway-client-cert-file",
+                );
+                Some(None)
+            }
+            (None, Some(_)) => {
+                p.push(
+                    "gateway-client-cert-file",
+                    "is required with --gateway-client-key-file",
+                );
+                Some(None)
+            }
+            (None, None) => None,
+        };
+        let token = match (&self.gateway_token_file, &client_cert) {
+            (Some(_), Some(_)) => {
                 p.push(
                     "gateway-token-file",
-                    "is required: the gateway refuses calls without a token",
+                    "not with --gateway-client-cert-file: the gateway knows a caller by its token or by its certificate, not both",
+                );
+                None
+            }
+            (Some(path), None) => {
+                file(p, "gateway-token-file", path).map(ccm_proto::TokenSource::File)
+            }
+            (None, Some(_)) => Some(ccm_proto::TokenSource::None),
+            (None, None) => {
+                p.push(
+                    "gateway-token-file",
+                    "is required (or --gateway-client-cert-file): the gateway refuses calls without a token or a client certificate",
                 );
                 None
             }
@@ -259,8 +307,9 @@ impl CommonArgs {
         let mut gateway = ccm_proto::ClientConfig::new(
             self.gateway_address.clone(),
             self.cluster_name.clone(),
-            ccm_proto::TokenSource::File(token?),
+            token?,
         );
+        gateway.client_cert = client_cert.flatten();
         gateway.timeout = timeout?;
         gateway.tls_ca = self.gateway_ca_file.as_ref().map(PathBuf::from);
         gateway.tls_server_name = self.gateway_server_name.clone();
@@ -508,6 +557,74 @@ mod tests {
             ]),
             None
         );
+    }
+
+    #[test]
+    fn a_client_certificate_stands_for_the_token_and_never_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, "x").unwrap();
+            path.to_str().unwrap().to_owned()
+        };
+        let (ca, cert, key, token) = (file("ca"), file("cert"), file("key"), file("token"));
+        let tls = [
+            "--gateway-address",
+            "https://gateway:7400",
+            "--gateway-ca-file",
+            &ca,
+        ];
+        let with = |more: &[&str]| {
+            let mut all = tls.to_vec();
+            all.extend(more);
+            resolve(&all)
+        };
+        let common = with(&[
+            "--gateway-client-cert-file",
+            &cert,
+            "--gateway-client-key-file",
+            &key,
+        ])
+        .unwrap();
+        assert_eq!(
+            common.gateway.client_cert,
+            Some((cert.clone().into(), key.clone().into()))
+        );
+        assert!(matches!(common.gateway.token, ccm_proto::TokenSource::None));
+        let problem = |more: &[&str]| with(more).err().map(|p| p.to_string()).unwrap_or_default();
+        let both = problem(&[
+            "--gateway-token-file",
+            &token,
+            "--gateway-client-cert-file",
+            &cert,
+            "--gateway-client-key-file",
+            &key,
+        ]);
+        assert!(both.contains("not both"), "{both}");
+        let alone = problem(&["--gateway-client-cert-file", &cert]);
+        assert!(alone.contains("gateway-client-key-file"), "{alone}");
+        let missing = problem(&[
+            "--gateway-client-cert-file",
+            "/nonexistent/cert",
+            "--gateway-client-key-file",
+            &key,
+        ]);
+        assert!(missing.contains("no such file"), "{missing}");
+        let clear = resolve(&[
+            "--gateway-client-cert-file",
+            &cert,
+            "--gateway-client-key-file",
+            &key,
+        ])
+        .err()
+        .map(|p| p.to_string())
+        .unwrap_or_default();
+        assert!(clear.contains("only with an https://"), "{clear}");
+        let neither = resolve(&[])
+            .err()
+            .map(|p| p.to_string())
+            .unwrap_or_default();
+        assert!(neither.contains("gateway-client-cert-file"), "{neither}");
     }
 
     #[test]

@@ -175,6 +175,10 @@ pub use ccm_runtime::admin::access::PEER_AUDIENCE;
 /// SAN, a SPIFFE ID of the ServiceAccount it would run as), which the
 /// gateway maps to the `autoscaler` role.
 pub const AUTOSCALER_ID: &str = "spiffe://cluster.local/ns/kube-system/sa/cluster-autoscaler";
+/// The identity of the volume controller's client certificate, which the
+/// gateway maps to the role `volume`.
+pub const VOLUME_CONTROLLER_ID: &str =
+    "spiffe://cluster.local/ns/kube-system/sa/ccm-volume-controller";
 /// The process name (and log) of the toy gateway.
 const TOY_GATEWAY: &str = "toy-gateway";
 /// The components, each with its gateway role.
@@ -526,6 +530,9 @@ impl Sandbox {
         let pki =
             kube_test_apiserver::ClusterPki::load_or_generate(Some(&state.join("apiserver")))?;
         let tokens = sandbox.identities(&api_url, &pki.ca_pem)?;
+        // The volume controller's client certificate, where the gateway
+        // knows it by one (below).
+        let mut volume_cert: Option<pki::Issued> = None;
         // On disk, so the API server killed and started again (the soak,
         // the outage tests) has every object it had.
         let mut api_args = vec![
@@ -614,6 +621,16 @@ impl Sandbox {
                             pki::Pki::create(&state.join("client-pki"), "ccm sandbox client CA")?;
                         let autoscaler =
                             clients.client_naming("autoscaler", &[AUTOSCALER_ID], None, false)?;
+                        // The volume controller is known by a client
+                        // certificate too (mutual TLS), where the other
+                        // controllers show their tokens: both ways are
+                        // run.
+                        volume_cert = Some(clients.client_naming(
+                            "volume-controller",
+                            &[VOLUME_CONTROLLER_ID],
+                            None,
+                            false,
+                        )?);
                         let config = state.join("autoscaler-cloud-config.yaml");
                         std::fs::write(
                             &config,
@@ -633,7 +650,7 @@ impl Sandbox {
                             "--tls-client-ca".into(),
                             clients.ca_file().display().to_string(),
                             "--client-cert-roles".into(),
-                            format!("{AUTOSCALER_ID}=autoscaler"),
+                            format!("{AUTOSCALER_ID}=autoscaler,{VOLUME_CONTROLLER_ID}=volume"),
                         ]);
                         transport
                     }
@@ -784,6 +801,22 @@ impl Sandbox {
                     args.extend(["--approve-kubelet-serving-csrs".into(), "true".into()]);
                 }
                 let mut diagnostics_port = Some(diagnostics_port);
+                if binary == "volume-controller"
+                    && let Some(cert) = &volume_cert
+                {
+                    // Its certificate instead of its token.
+                    let token = args
+                        .iter()
+                        .position(|a| a == "--gateway-token-file")
+                        .expect("every controller is given a token");
+                    args.drain(token..token + 2);
+                    args.extend([
+                        "--gateway-client-cert-file".into(),
+                        cert.cert.display().to_string(),
+                        "--gateway-client-key-file".into(),
+                        cert.key.display().to_string(),
+                    ]);
+                }
                 if binary == "volume-controller" {
                     // The socket the sidecars of its pod would share; and,
                     // as the chart runs it, no diagnostics API.
