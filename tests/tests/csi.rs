@@ -829,6 +829,24 @@ async fn grow_change_and_restore(test: &str, cloud: CloudKind) {
         let kubeconfig = kubeconfig.clone();
         async move { kubectl(&kubeconfig, &["apply", "-f", "-"], Some(&manifest)).await }
     };
+    // The claim `data` patched (its size, its class), as a user would.
+    let patch_claim = |patch: &str| {
+        k(["patch", "pvc", "data", "-p", patch]
+            .map(str::to_owned)
+            .to_vec())
+    };
+    // A VolumeAttributesClass of the driver's.
+    let attributes_class = |name: &str, parameters: &str| {
+        format!(
+            "apiVersion: storage.k8s.io/v1
+kind: VolumeAttributesClass
+metadata: {{name: {name}}}
+driverName: {}
+parameters: {parameters}
+",
+            roles.driver
+        )
+    };
     // The first node (an instance's private DNS name on AWS), and a change
     // of class the cloud makes in place: its type (EBS: with IOPS).
     let (node, class, changed) = match &sandbox.aws {
@@ -907,14 +925,7 @@ spec:
     // The claim asks for more: the resizer grows the cloud volume and the
     // volume, the node's plugin the filesystem (the kubelet's part), and
     // the claim reads its new capacity.
-    k(vec![
-        "patch".into(),
-        "pvc".into(),
-        "data".into(),
-        "-p".into(),
-        r#"{"spec":{"resources":{"requests":{"storage":"5Gi"}}}}"#.into(),
-    ])
-    .await;
+    patch_claim(r#"{"spec":{"resources":{"requests":{"storage":"5Gi"}}}}"#).await;
     k(args(
         "wait --for=jsonpath={.status.capacity.storage}=5Gi pvc/data --timeout=120s",
     ))
@@ -944,24 +955,8 @@ spec:
 
     // The claim names a VolumeAttributesClass: the resizer's modify
     // controller changes the cloud volume's type in place.
-    apply(format!(
-        "apiVersion: storage.k8s.io/v1
-kind: VolumeAttributesClass
-metadata: {{name: fast}}
-driverName: {}
-parameters: {class}
-",
-        roles.driver
-    ))
-    .await;
-    k(vec![
-        "patch".into(),
-        "pvc".into(),
-        "data".into(),
-        "-p".into(),
-        r#"{"spec":{"volumeAttributesClassName":"fast"}}"#.into(),
-    ])
-    .await;
+    apply(attributes_class("fast", class)).await;
+    patch_claim(r#"{"spec":{"volumeAttributesClassName":"fast"}}"#).await;
     k(args(
         "wait --for=jsonpath={.status.currentVolumeAttributesClassName}=fast pvc/data --timeout=120s",
     ))
@@ -1070,24 +1065,10 @@ spec:
     // modification of a volume at a time, gets one ModifyVolume for both.
     if let Some(moto) = &moto {
         let before = ccm_testkit::ebs_modifications(moto, &handle);
-        apply(format!(
-            "apiVersion: storage.k8s.io/v1
-kind: VolumeAttributesClass
-metadata: {{name: faster}}
-driverName: {}
-parameters: {{type: io2, iops: \"7000\"}}
-",
-            roles.driver
-        ))
-        .await;
-        k(vec![
-            "patch".into(),
-            "pvc".into(),
-            "data".into(),
-            "-p".into(),
-            r#"{"spec":{"resources":{"requests":{"storage":"8Gi"}},"volumeAttributesClassName":"faster"}}"#
-                .into(),
-        ])
+        apply(attributes_class("faster", "{type: io2, iops: \"7000\"}")).await;
+        patch_claim(
+            r#"{"spec":{"resources":{"requests":{"storage":"8Gi"}},"volumeAttributesClassName":"faster"}}"#,
+        )
         .await;
         k(args(
             "wait --for=jsonpath={.status.currentVolumeAttributesClassName}=faster pvc/data --timeout=120s",

@@ -59,17 +59,15 @@ fn node_row(o: &Value) -> Vec<Value> {
             .map(|a| text(&a["address"]))
             .unwrap_or_else(|| "<none>".into())
     };
-    let version = text(&o["status"]["nodeInfo"]["kubeletVersion"]);
     vec![
         o["metadata"]["name"].clone(),
         json!(status),
         json!("<none>"),
         json!(age(&text(&o["metadata"]["creationTimestamp"]))),
-        json!(if version.is_empty() {
-            "<none>".to_owned()
-        } else {
-            version
-        }),
+        json!(text_or(
+            &o["status"]["nodeInfo"]["kubeletVersion"],
+            "<none>"
+        )),
         json!(address("InternalIP")),
         json!(address("ExternalIP")),
     ]
@@ -274,11 +272,11 @@ fn phase(o: &Value) -> String {
     }
 }
 
-/// `text`, or `<unset>` where empty.
-fn or_unset(v: &Value) -> String {
+/// `text`, or `placeholder` (`<none>`, `<unset>`) where empty.
+fn text_or(v: &Value, placeholder: &str) -> String {
     Some(text(v))
         .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| "<unset>".into())
+        .unwrap_or_else(|| placeholder.into())
 }
 
 /// A Pod's row: ready containers of all, status, restarts; wide, its IP
@@ -294,11 +292,6 @@ fn pod_row(o: &Value) -> Vec<Value> {
         .iter()
         .filter_map(|c| c["restartCount"].as_u64())
         .sum();
-    let none = |v: &Value| {
-        Some(text(v))
-            .filter(|t| !t.is_empty())
-            .unwrap_or_else(|| "<none>".into())
-    };
     let status = match text(&o["status"]["reason"]) {
         reason if !reason.is_empty() && !o["metadata"]["deletionTimestamp"].is_string() => reason,
         _ => phase(o),
@@ -309,8 +302,8 @@ fn pod_row(o: &Value) -> Vec<Value> {
         json!(status),
         json!(restarts.to_string()),
         json!(age(&text(&o["metadata"]["creationTimestamp"]))),
-        json!(none(&o["status"]["podIP"])),
-        json!(none(&o["spec"]["nodeName"])),
+        json!(text_or(&o["status"]["podIP"], "<none>")),
+        json!(text_or(&o["spec"]["nodeName"], "<none>")),
         json!("<none>"),
         json!("<none>"),
     ]
@@ -334,9 +327,12 @@ fn claim_row(o: &Value) -> Vec<Value> {
         json!(capacity),
         json!(modes),
         o["spec"]["storageClassName"].clone(),
-        json!(or_unset(&o["status"]["currentVolumeAttributesClassName"])),
+        json!(text_or(
+            &o["status"]["currentVolumeAttributesClassName"],
+            "<unset>"
+        )),
         json!(age(&text(&o["metadata"]["creationTimestamp"]))),
-        json!(or_unset(&o["spec"]["volumeMode"])),
+        json!(text_or(&o["spec"]["volumeMode"], "<unset>")),
     ]
 }
 
@@ -356,10 +352,10 @@ fn volume_row(o: &Value) -> Vec<Value> {
         json!(phase(o)),
         json!(claim),
         json!(text(&o["spec"]["storageClassName"])),
-        json!(or_unset(&o["spec"]["volumeAttributesClassName"])),
+        json!(text_or(&o["spec"]["volumeAttributesClassName"], "<unset>")),
         json!(text(&o["status"]["reason"])),
         json!(age(&text(&o["metadata"]["creationTimestamp"]))),
-        json!(or_unset(&o["spec"]["volumeMode"])),
+        json!(text_or(&o["spec"]["volumeMode"], "<unset>")),
     ]
 }
 
