@@ -136,7 +136,11 @@ impl Journal {
     }
 
     /// Replaces the file with one line per live object, atomically.
-    pub fn rewrite(&mut self, rv: u64, objects: &BTreeMap<Key, Value>) -> std::io::Result<()> {
+    pub fn rewrite(
+        &mut self,
+        rv: u64,
+        objects: &BTreeMap<Key, std::sync::Arc<Value>>,
+    ) -> std::io::Result<()> {
         let tmp = self.path.with_extension("jsonl.tmp");
         {
             let mut out = std::io::BufWriter::new(File::create(&tmp)?);
@@ -145,7 +149,7 @@ impl Journal {
                 writeln!(
                     out,
                     "{}",
-                    json!({"rv": rv, "put": key_json(key), "object": object})
+                    json!({"rv": rv, "put": key_json(key), "object": **object})
                 )?;
             }
             out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
@@ -203,7 +207,11 @@ mod tests {
         objects.retain(|k, _| k.3 != "n3");
         j.delete(12, &node_key("n3")).unwrap();
         j.resource_version(1_000_012).unwrap();
-        j.rewrite(1_000_012, &objects).unwrap();
+        let shared = objects
+            .iter()
+            .map(|(k, v)| (k.clone(), std::sync::Arc::new(v.clone())))
+            .collect();
+        j.rewrite(1_000_012, &shared).unwrap();
         let (_, loaded) = Journal::open(dir.path()).unwrap();
         assert_eq!(loaded.rv, 1_000_012);
         assert_eq!(loaded.objects, objects);

@@ -97,7 +97,8 @@ impl WithType for RoundTrip<'_> {
     type Out = Result<Value, String>;
 
     fn with<T: DeserializeOwned + Serialize + k8s_openapi::Resource>(self) -> Self::Out {
-        let typed: T = serde_json::from_value(self.0.clone()).map_err(|e| e.to_string())?;
+        // From the borrowed value: no copy of the whole object per write.
+        let typed = T::deserialize(self.0).map_err(|e| e.to_string())?;
         serde_json::to_value(typed).map_err(|e| e.to_string())
     }
 }

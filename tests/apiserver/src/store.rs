@@ -130,10 +130,11 @@ pub struct Change {
     pub kind: ChangeType,
     pub resource: &'static Resource,
     pub namespace: String,
-    /// The object after the change (its last state for a delete).
-    pub object: Value,
+    /// The object after the change (its last state for a delete), shared
+    /// with the store.
+    pub object: Arc<Value>,
     /// The object before the change.
-    pub old: Option<Value>,
+    pub old: Option<Arc<Value>>,
     /// `object` as JSON, written once for every watcher that sees it, as
     /// kube-apiserver's watch cache serialises an event once.
     pub json: std::sync::OnceLock<String>,
@@ -173,7 +174,10 @@ fn key(resource: &'static Resource, namespace: &str, name: &str) -> Key {
 
 struct Inner {
     rv: u64,
-    objects: BTreeMap<Key, Value>,
+    /// Shared with the changes that wrote them, so a write copies the
+    /// object once, for its answer, not three times (copying objects took
+    /// about a fifth of the server's CPU in a 10,000-node join).
+    objects: BTreeMap<Key, Arc<Value>>,
     history: VecDeque<Arc<Change>>,
     /// Watches from a resourceVersion below this get 410 Gone.
     floor: u64,
@@ -319,7 +323,7 @@ impl Store {
                     inner.next_cluster_ip = inner.next_cluster_ip.max(n + 1);
                 }
             }
-            inner.objects = objects;
+            inner.objects = objects.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
             inner.journal = Some(journal);
         }
         Ok((store, loaded))
@@ -413,7 +417,7 @@ impl Store {
         self.lock()
             .objects
             .get(&key(resource, namespace, name))
-            .cloned()
+            .map(|obj| Value::clone(obj))
             .ok_or_else(|| ApiError::not_found(resource, name))
     }
 
@@ -466,7 +470,7 @@ impl Store {
                 more = true;
                 break;
             }
-            items.push(obj.clone());
+            items.push(Value::clone(obj));
             last = Some((ns.clone(), name.clone()));
         }
         Page {
@@ -579,7 +583,9 @@ impl Store {
         m.remove("deletionTimestamp");
         m.remove("deletionGracePeriodSeconds");
         m.remove("managedFields");
-        inner.objects.insert(k, obj.clone());
+        let object = Arc::new(obj);
+        inner.objects.insert(k, object.clone());
+        let obj = Value::clone(&object);
         self.record(
             &mut inner,
             Change {
@@ -587,7 +593,7 @@ impl Store {
                 kind: ChangeType::Added,
                 resource,
                 namespace: namespace.to_owned(),
-                object: obj.clone(),
+                object,
                 old: None,
                 json: Default::default(),
             },
@@ -666,7 +672,7 @@ impl Store {
         }
         if status {
             // The status subresource changes status only.
-            let mut merged = old.clone();
+            let mut merged = Value::clone(&old);
             merged["status"] = new.get("status").cloned().unwrap_or(Value::Null);
             new = merged;
         } else if resource.has_status {
@@ -719,6 +725,8 @@ impl Store {
             inner.rv += 1;
             let rv = inner.rv;
             meta_mut(&mut new).insert("resourceVersion".into(), json!(rv.to_string()));
+            let object = Arc::new(new);
+            let new = Value::clone(&object);
             self.record(
                 &mut inner,
                 Change {
@@ -726,21 +734,23 @@ impl Store {
                     kind: ChangeType::Deleted,
                     resource,
                     namespace: namespace.to_owned(),
-                    object: new.clone(),
+                    object,
                     old: Some(old),
                     json: Default::default(),
                 },
             );
             return Ok(new);
         }
-        if new == old {
+        if new == *old {
             // No change, no new resourceVersion and no event.
-            return Ok(old);
+            return Ok(new);
         }
         inner.rv += 1;
         let rv = inner.rv;
         meta_mut(&mut new).insert("resourceVersion".into(), json!(rv.to_string()));
-        inner.objects.insert(k, new.clone());
+        let object = Arc::new(new);
+        inner.objects.insert(k, object.clone());
+        let new = Value::clone(&object);
         self.record(
             &mut inner,
             Change {
@@ -748,7 +758,7 @@ impl Store {
                 kind: ChangeType::Modified,
                 resource,
                 namespace: namespace.to_owned(),
-                object: new.clone(),
+                object,
                 old: Some(old),
                 json: Default::default(),
             },
@@ -781,17 +791,19 @@ impl Store {
         }
         inner.rv += 1;
         let rv = inner.rv;
-        let mut obj = old.clone();
+        let mut obj = Value::clone(&old);
         if !finalizers_empty(&old) {
             if !meta(&old)["deletionTimestamp"].is_null() {
                 inner.rv -= 1;
-                return Ok(old);
+                return Ok(obj);
             }
             let m = meta_mut(&mut obj);
             m.insert("deletionTimestamp".into(), json!(now()));
             m.insert("deletionGracePeriodSeconds".into(), json!(0));
             m.insert("resourceVersion".into(), json!(rv.to_string()));
-            inner.objects.insert(k, obj.clone());
+            let object = Arc::new(obj);
+            inner.objects.insert(k, object.clone());
+            let obj = Value::clone(&object);
             self.record(
                 &mut inner,
                 Change {
@@ -799,7 +811,7 @@ impl Store {
                     kind: ChangeType::Modified,
                     resource,
                     namespace: namespace.to_owned(),
-                    object: obj.clone(),
+                    object,
                     old: Some(old),
                     json: Default::default(),
                 },
@@ -811,6 +823,8 @@ impl Store {
             release_service(&mut inner, &old);
         }
         meta_mut(&mut obj).insert("resourceVersion".into(), json!(rv.to_string()));
+        let object = Arc::new(obj);
+        let obj = Value::clone(&object);
         self.record(
             &mut inner,
             Change {
@@ -818,7 +832,7 @@ impl Store {
                 kind: ChangeType::Deleted,
                 resource,
                 namespace: namespace.to_owned(),
-                object: obj.clone(),
+                object,
                 old: Some(old),
                 json: Default::default(),
             },
