@@ -751,11 +751,6 @@ impl Sandbox {
                         .to_string(),
                     "--gateway-address".into(),
                     sandbox.gateway.clone(),
-                    "--gateway-token-file".into(),
-                    state
-                        .join(format!("tokens/{role}.token"))
-                        .display()
-                        .to_string(),
                     "--admin-listen".into(),
                     addr(admin).to_string(),
                     "--leader-elect-lease-duration".into(),
@@ -801,21 +796,22 @@ impl Sandbox {
                     args.extend(["--approve-kubelet-serving-csrs".into(), "true".into()]);
                 }
                 let mut diagnostics_port = Some(diagnostics_port);
-                if binary == "volume-controller"
-                    && let Some(cert) = &volume_cert
-                {
-                    // Its certificate instead of its token.
-                    let token = args
-                        .iter()
-                        .position(|a| a == "--gateway-token-file")
-                        .expect("every controller is given a token");
-                    args.drain(token..token + 2);
-                    args.extend([
+                // Known to the gateway by its role's token, or the volume
+                // controller by its certificate instead, where it has one.
+                match &volume_cert {
+                    Some(cert) if binary == "volume-controller" => args.extend([
                         "--gateway-client-cert-file".into(),
                         cert.cert.display().to_string(),
                         "--gateway-client-key-file".into(),
                         cert.key.display().to_string(),
-                    ]);
+                    ]),
+                    _ => args.extend([
+                        "--gateway-token-file".into(),
+                        state
+                            .join(format!("tokens/{role}.token"))
+                            .display()
+                            .to_string(),
+                    ]),
                 }
                 if binary == "volume-controller" {
                     // The socket the sidecars of its pod would share; and,
