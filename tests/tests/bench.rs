@@ -75,12 +75,14 @@ fn the_benchmark_harness_runs_every_scenario_for_both_profiles() {
         );
     }
     // Scenario 11's limits are what an even random spread costs on
-    // average, which one sample may beat.
+    // average, which one sample may beat; a join's time is measured
+    // against the API server's floor, measured in a run of its own.
     for row in &table[2..] {
         if row[6] == "—"
             || ["2.", "5.", "6.", "9.", "11."]
                 .iter()
                 .any(|s| row[1].starts_with(s))
+            || (row[1].starts_with("1.") && row[2] == "time until all initialised")
         {
             continue;
         }
