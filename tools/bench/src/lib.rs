@@ -822,10 +822,11 @@ impl Harness {
                 series: line(pick),
             });
         }
-        // No node is initialised before it is registered, and the last one
-        // needs a lookup after that; the lookups, in batches of the
-        // gateway's size, within the budget, whose bucket refills while the
-        // Nodes register: it binds only where its calls take longer.
+        // No node is initialised before it is registered and written, and
+        // the last one needs a lookup after that; the lookups, in batches
+        // of the gateway's size, within the budget, whose bucket refills
+        // while the Nodes register: it binds only where its calls take
+        // longer. The server's floor is measured (`writes_floor`).
         let fewest = Self::batches(n);
         let floor = self.writes_floor(n).await?;
         let limit = floor.max(registered[0]).max(self.budget_secs(fewest))
