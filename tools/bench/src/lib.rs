@@ -665,12 +665,7 @@ impl Harness {
         let mut sandbox = self.start(Profile::Ours, 1, &[]).await?;
         sandbox.sandbox.kill("node-controller-0").await?;
         let run = &sandbox;
-        let ips = run.instances("join", n).await?;
-        let named: Vec<(String, String)> = ips
-            .into_iter()
-            .enumerate()
-            .map(|(i, ip)| (format!("join-{i}"), ip))
-            .collect();
+        let named = Run::named("join", &run.instances("join", n).await?);
         let nodes = Api::<Node>::all(run.kube.clone());
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let started = Instant::now();
@@ -2514,12 +2509,17 @@ impl Run {
         uninitialized: bool,
         full_status: bool,
     ) -> anyhow::Result<()> {
-        let named: Vec<(String, String)> = ips
-            .iter()
+        self.create_nodes(&Self::named(prefix, ips), uninitialized, full_status)
+            .await
+    }
+
+    /// The Nodes `(name, internal IP)` of instances `ips` made by
+    /// [`Self::instances`] with `prefix`: each named as its instance.
+    fn named(prefix: &str, ips: &[String]) -> Vec<(String, String)> {
+        ips.iter()
             .enumerate()
             .map(|(i, ip)| (format!("{prefix}-{i}"), ip.clone()))
-            .collect();
-        self.create_nodes(&named, uninitialized, full_status).await
+            .collect()
     }
 
     /// Uninitialised nodes `(name, internal IP)`, as kubelets register them.
