@@ -139,8 +139,8 @@ pub fn max_request_bytes(path: &str) -> Option<usize> {
     let p = &*PARTS;
     Some(match method {
         "Provider/GetProviderInfo" => 0,
-        // cluster, nodes, fresh, purpose
-        "Instances/GetInstances" => p.cluster + MAX_NODES * p.node + 2 + 2,
+        // cluster, nodes, fresh, purpose, queue_drained
+        "Instances/GetInstances" => p.cluster + MAX_NODES * p.node + 2 + 2 + 2,
         // cluster, nodes, tags (each entry: its framing, and UTF-8 at up
         // to four bytes a character), remove
         "Instances/TagInstances" => {

@@ -131,7 +131,7 @@ pub struct Args {
     /// How long instance lookups are cached; 0s disables the cache.
     #[arg(long, env = "CLOUD_GATEWAY_CACHE_TTL", default_value = "10s")]
     pub cache_ttl: String,
-    /// How long a batch of instance lookups waits for one more: full batches go at once, the rest after a window with none unless lookups are coming fast enough to fill it or the next wave of requests is due, and no lookup waits more than 20 windows (100 ms at 5ms); 0s sends at once.
+    /// How long a batch of instance lookups waits for one more: full batches go at once, the rest after a window with none unless lookups are coming fast enough to fill it or the next wave of requests is due (and a request saying its caller's queue is drained has not come), and no lookup waits more than 20 windows (100 ms at 5ms); 0s sends at once.
     #[arg(long, env = "CLOUD_GATEWAY_BATCH_WINDOW", default_value = "5ms")]
     pub batch_window: String,
     /// Most nodes in one provider lookup call.

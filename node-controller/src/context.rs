@@ -194,7 +194,22 @@ impl Context {
         purpose: LookupPurpose,
         fresh: bool,
     ) -> Result<Vec<InstanceResult>, ccm_proto::Error> {
-        let result = self.gateway.get_instances(nodes, purpose, fresh).await;
+        self.lookup_drained(nodes, purpose, fresh, false).await
+    }
+
+    /// [`Self::lookup`], telling the gateway whether nothing more waits
+    /// behind `nodes` (`drained`), so that it need not wait for more.
+    pub async fn lookup_drained(
+        &self,
+        nodes: Vec<NodeRef>,
+        purpose: LookupPurpose,
+        fresh: bool,
+        drained: bool,
+    ) -> Result<Vec<InstanceResult>, ccm_proto::Error> {
+        let result = self
+            .gateway
+            .get_instances_drained(nodes, purpose, fresh, drained)
+            .await;
         self.metrics
             .gateway_calls
             .get_or_create(&GatewayLabels {

@@ -259,6 +259,8 @@ async fn worker(ctx: Arc<Context>) {
     while let Some(name) = ctx.queue.next().await {
         let started = std::time::Instant::now();
         let mut names = vec![name];
+        // Whether no other node waits for initialisation behind these.
+        let mut drained = false;
         if reconcile::waits_for_initialisation(&ctx, &names[0]) {
             let waiting = ctx.queue.len();
             let per_call = ctx
@@ -268,11 +270,14 @@ async fn worker(ctx: Arc<Context>) {
                 .div_ceil(ctx.settings.workers)
                 .min(ctx.settings.batch_size.saturating_sub(1));
             let share = in_whole_calls(share + 1, per_call) - 1;
-            names.extend(ctx.queue.take(share, |name| {
+            let taken = ctx.queue.take(share, |name| {
                 reconcile::waits_for_initialisation(&ctx, name)
-            }));
+            });
+            // Fewer than asked: the queue holds no other such node.
+            drained = taken.len() < share || ctx.queue.is_empty();
+            names.extend(taken);
         }
-        let results = reconcile::sync_nodes(&ctx, &names).await;
+        let results = reconcile::sync_nodes(&ctx, &names, drained).await;
         for (name, result) in names.iter().zip(results) {
             ctx.metrics.reconciles.inc();
             let errors = &ctx.metrics.reconcile_errors;

@@ -104,9 +104,11 @@ const WRITES_AT_ONCE: usize = 4;
 /// initialised, [`WRITES_AT_ONCE`] at a time, their addresses and events
 /// left to the [`Finishing`](crate::context::Finishing) lane (a node is
 /// schedulable once its taint is gone); the others get their topology
-/// labels reconciled.
+/// labels reconciled. `drained`: no other node waits for initialisation
+/// behind these, which the gateway is told so that it sends their lookup
+/// without waiting for more.
 #[tracing::instrument(skip_all, fields(nodes = names.len()))]
-pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
+pub async fn sync_nodes(ctx: &Context, names: &[String], drained: bool) -> Vec<Result<()>> {
     let mut results: Vec<Result<()>> = Vec::with_capacity(names.len());
     let mut waiting = Vec::new();
     for name in names {
@@ -125,7 +127,10 @@ pub async fn sync_nodes(ctx: &Context, names: &[String]) -> Vec<Result<()>> {
     }
     let initialising = ctx.finishing.initialising();
     let refs = waiting.iter().map(|(_, node)| node_ref(node)).collect();
-    match ctx.lookup(refs, LookupPurpose::Initialize, false).await {
+    match ctx
+        .lookup_drained(refs, LookupPurpose::Initialize, false, drained)
+        .await
+    {
         Ok(found) if found.len() == waiting.len() => {
             let initialised: Vec<_> = futures::stream::iter(waiting.into_iter().zip(found))
                 .map(|((i, node), result)| async move {

@@ -496,11 +496,26 @@ impl GatewayClient {
         purpose: LookupPurpose,
         fresh: bool,
     ) -> Result<Vec<InstanceResult>> {
+        self.get_instances_drained(nodes, purpose, fresh, false)
+            .await
+    }
+
+    /// [`Self::get_instances`], saying with `queue_drained` that nothing
+    /// more waits behind these nodes: the gateway sends their batch
+    /// without waiting for more.
+    pub async fn get_instances_drained(
+        &self,
+        nodes: Vec<NodeRef>,
+        purpose: LookupPurpose,
+        fresh: bool,
+        queue_drained: bool,
+    ) -> Result<Vec<InstanceResult>> {
         let req = GetInstancesRequest {
             cluster_name: self.cluster_name.clone(),
             nodes,
             fresh,
             purpose: purpose.into(),
+            queue_drained,
         };
         let resp = self
             .call(rpc!("GetInstances"), req, |ch, r| async move {

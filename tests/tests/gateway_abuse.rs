@@ -187,6 +187,7 @@ async fn thousands_of_lookups_whose_answers_are_never_read_hold_little_memory() 
         nodes,
         fresh: false,
         purpose: LookupPurpose::Refresh as i32,
+        ..Default::default()
     }
     .encode_to_vec();
     let body = grpc_frame(&message);

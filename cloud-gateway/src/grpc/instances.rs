@@ -64,7 +64,10 @@ impl Instances for InstancesService {
             }
             v.finish()?;
             let nodes: Vec<_> = req.nodes.into_iter().map(convert::node).collect();
-            let answers = self.lookups.lookup(&nodes, req.fresh, priority).await?;
+            let answers = self
+                .lookups
+                .lookup_drained(&nodes, req.fresh, priority, req.queue_drained)
+                .await?;
             let results = nodes
                 .into_iter()
                 .zip(answers)

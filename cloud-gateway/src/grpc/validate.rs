@@ -575,6 +575,7 @@ mod tests {
             nodes,
             fresh: true,
             purpose: 3,
+            queue_drained: true,
         };
         let limit = max_request_bytes("/cloudgateway.v1.Instances/GetInstances").unwrap();
         assert!(request.encoded_len() <= limit);

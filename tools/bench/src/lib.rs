@@ -23,7 +23,7 @@ use ccm_proto::v1::{
     CreateInstanceRequest, CreateNodeGroupRequest, Faults, GetInstancesRequest, GetStatsRequest,
     LookupPurpose, NodeRef,
 };
-use futures::{StreamExt, TryStreamExt};
+use futures::{StreamExt, TryFutureExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -656,7 +656,10 @@ impl Harness {
     /// patch (the taint gone, a provider ID and the six topology labels) as
     /// soon as its list of 100 is registered, [`FLOOR_WRITERS`] at once: a
     /// controller that knew every answer in advance and read nothing.
-    /// Seconds from the first Node created to the last write answered.
+    /// Seconds from the first Node created until the join's stopwatch
+    /// ([`Run::until_joined`]) sees none left uninitialised, as for the
+    /// node controller's join: the same observer, with the same cost to
+    /// the API server and the same delay in noticing the end.
     async fn writes_floor(&mut self, n: usize) -> anyhow::Result<f64> {
         use ccm_runtime::names::{
             LABEL_INSTANCE_TYPE, LABEL_INSTANCE_TYPE_BETA, LABEL_REGION, LABEL_REGION_BETA,
@@ -669,7 +672,10 @@ impl Harness {
         let nodes = Api::<Node>::all(run.kube.clone());
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let started = Instant::now();
-        let register = async move {
+        let limit = self.sizes.limit;
+        // Timed as the node controller's join is: from the end of the
+        // registration, polled until no Node is left uninitialised.
+        let register_and_time = async move {
             let registered = run
                 .create_nodes_then(&named, true, false, |chunk| {
                     for (name, _) in chunk {
@@ -679,7 +685,8 @@ impl Harness {
                 })
                 .await;
             drop(tx);
-            registered
+            registered?;
+            run.until_joined(n, started, limit).await
         };
         let write = futures::stream::poll_fn(|cx| rx.poll_recv(cx))
             .map(|name| {
@@ -700,11 +707,11 @@ impl Harness {
                 }
             })
             .buffer_unordered(FLOOR_WRITERS)
-            .try_collect::<()>();
-        let (registered, written) = tokio::join!(register, write);
-        let floor = started.elapsed().as_secs_f64();
-        registered?;
-        written?;
+            .try_collect::<()>()
+            .map_err(anyhow::Error::from);
+        // A failed write ends the wait at once.
+        let (samples, ()) = tokio::try_join!(register_and_time, write)?;
+        let floor = samples.last().map_or(0.0, |s| s.0);
         anyhow::ensure!(
             !run.any_uninitialised(&mut None).await?,
             "a Node still uninitialised after the floor's writes"
@@ -729,42 +736,9 @@ impl Harness {
             let ips = run.instances("join", n).await?;
             run.stats(true).await?;
             let started = Instant::now();
-            let mut samples = vec![(0.0, 0.0, 0.0)];
             run.nodes("join", &ips, true, false).await?;
             registered.push(started.elapsed().as_secs_f64());
-            // The end is read often and cheaply (is any Node left?); the
-            // progress, for the charts, less often: a list of 10,000 Nodes
-            // read every few milliseconds would slow the join it measures.
-            // The progress lists whichever side was smaller last time.
-            let mut polls = 0u32;
-            let mut sampled = Instant::now();
-            let mut waiting_on = None;
-            run.until(
-                self.sizes.limit,
-                JOIN_POLL,
-                "every node initialised",
-                async |r| {
-                    polls += 1;
-                    let done = !r.any_uninitialised(&mut waiting_on).await?;
-                    if done || polls == 1 || sampled.elapsed() >= POLL {
-                        sampled = Instant::now();
-                        let last = samples.last().map_or(0, |s| s.1 as usize);
-                        let initialised = if done {
-                            n
-                        } else {
-                            r.initialised_of(n, last < n / 2).await?
-                        };
-                        let lookups = r.stats(false).await?.get("get_instances").copied();
-                        samples.push((
-                            started.elapsed().as_secs_f64(),
-                            initialised as f64,
-                            lookups.unwrap_or(0) as f64,
-                        ));
-                    }
-                    Ok(done)
-                },
-            )
-            .await?;
+            let samples = run.until_joined(n, started, self.sizes.limit).await?;
             time.push(samples.last().map_or(0.0, |s| s.0));
             over_time.push((profile.name(), samples));
             calls.push(
@@ -861,7 +835,7 @@ impl Harness {
                 limit: Some(limit),
                 target: Some(target),
                 note: format!(
-                    "from the first Node created to the last taint removed; the harness took {registering} to register the Nodes, and {floor:.2} s to register them and write each one's initialisation itself, {FLOOR_WRITERS} writes at once, with the node controller stopped (the API server's floor){upstream_not_run}; the limit: that floor, the registration or the budget's time for the fewest calls, whichever is longest, and one call's latency"
+                    "from the first Node created to the last taint removed; the harness took {registering} to register the Nodes, and {floor:.2} s to register them and write each one's initialisation itself, {FLOOR_WRITERS} writes at once, with the node controller stopped, timed by the same poll (the API server's floor){upstream_not_run}; the limit: that floor, the registration or the budget's time for the fewest calls, whichever is longest, and one call's latency"
                 ),
             },
             Row {
@@ -2203,7 +2177,7 @@ impl Caller {
                         cluster_name: ccm_sandbox::CLUSTER.into(),
                         nodes: vec![node],
                         purpose: LookupPurpose::Refresh as i32,
-                        fresh: false,
+                        ..Default::default()
                     })
                     .await?;
             }
@@ -2424,6 +2398,43 @@ impl Run {
                 }
             }
         }
+        self.wait_leading().await
+    }
+
+    /// Waits until each controller that tells has a replica that leads: a
+    /// scenario measures a running cluster, and ready (caches synced) comes
+    /// before leading. Without it, 1,000 Nodes began to join while the node
+    /// controller still settled its lease, and a tenth of a second of its
+    /// start-up counted as the join's.
+    async fn wait_leading(&self) -> anyhow::Result<()> {
+        let mut controllers: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (key, url) in &self.sandbox.endpoints {
+            let Some(process) = key.strip_suffix("_admin") else {
+                continue;
+            };
+            if let Some((controller, _replica)) = process.rsplit_once('-') {
+                controllers.entry(controller).or_default().push(url);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        for (controller, urls) in controllers {
+            loop {
+                let mut statuses = Vec::new();
+                for url in &urls {
+                    statuses.extend(debug_status(url).await);
+                }
+                // No status at all: one without the API (the volume
+                // controller, as the chart runs it) cannot tell.
+                if statuses.is_empty() || statuses.iter().any(|s| s["leading"] == true) {
+                    break;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "no replica of {controller} leads within 120 s"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         Ok(())
     }
 
@@ -2628,6 +2639,48 @@ impl Run {
             .try_collect::<Vec<_>>()
             .await?;
         Ok(())
+    }
+
+    /// The stopwatch of a join of `n` Nodes whose registration began at
+    /// `started` and has ended: polls until none is left uninitialised.
+    /// Samples `(seconds since started, Nodes initialised, lookup calls so
+    /// far)` for the charts, the last one at the end. The end is read
+    /// often and cheaply (is any Node left?); the progress less often: a
+    /// list of 10,000 Nodes read every few milliseconds would slow the
+    /// join it measures. The progress lists whichever side was smaller
+    /// last time.
+    async fn until_joined(
+        &self,
+        n: usize,
+        started: Instant,
+        limit: Duration,
+    ) -> anyhow::Result<Vec<(f64, f64, f64)>> {
+        let mut samples = vec![(0.0, 0.0, 0.0)];
+        let mut polls = 0u32;
+        let mut sampled = Instant::now();
+        let mut waiting_on = None;
+        self.until(limit, JOIN_POLL, "every node initialised", async |r| {
+            polls += 1;
+            let done = !r.any_uninitialised(&mut waiting_on).await?;
+            if done || polls == 1 || sampled.elapsed() >= POLL {
+                sampled = Instant::now();
+                let last = samples.last().map_or(0, |s| s.1 as usize);
+                let initialised = if done {
+                    n
+                } else {
+                    r.initialised_of(n, last < n / 2).await?
+                };
+                let lookups = r.stats(false).await?.get("get_instances").copied();
+                samples.push((
+                    started.elapsed().as_secs_f64(),
+                    initialised as f64,
+                    lookups.unwrap_or(0) as f64,
+                ));
+            }
+            Ok(done)
+        })
+        .await?;
+        Ok(samples)
     }
 
     /// Whether any Node is still waiting for initialisation (without the

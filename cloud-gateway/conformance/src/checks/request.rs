@@ -89,6 +89,7 @@ pub(crate) async fn deadline(cx: &Context) -> Result<Outcome, String> {
         }],
         fresh: true,
         purpose: LookupPurpose::Lifecycle as i32,
+        ..Default::default()
     };
     let deadline = Duration::from_millis(500);
     let answer = call_with_deadline(
