@@ -255,6 +255,8 @@ fn in_whole_calls(nodes: usize, per_call: usize) -> usize {
 /// the gateway's), which are looked up in one gateway call. With one node
 /// per worker, at most as many lookups as workers ever waited to be
 /// batched (BENCHMARKS.md, scenario 1, has the figures before and after).
+/// A worker that leaves no such node waiting says so to the gateway, which
+/// then sends the lookup without waiting for more (round seven).
 async fn worker(ctx: Arc<Context>) {
     while let Some(name) = ctx.queue.next().await {
         let started = std::time::Instant::now();
