@@ -187,19 +187,10 @@ impl Context {
         })
     }
 
-    /// Looks up instances through the gateway, counting the call.
+    /// Looks up instances through the gateway, counting the call;
+    /// `drained` tells it that nothing more waits behind `nodes`, so that
+    /// it need not wait for more.
     pub async fn lookup(
-        &self,
-        nodes: Vec<NodeRef>,
-        purpose: LookupPurpose,
-        fresh: bool,
-    ) -> Result<Vec<InstanceResult>, ccm_proto::Error> {
-        self.lookup_drained(nodes, purpose, fresh, false).await
-    }
-
-    /// [`Self::lookup`], telling the gateway whether nothing more waits
-    /// behind `nodes` (`drained`), so that it need not wait for more.
-    pub async fn lookup_drained(
         &self,
         nodes: Vec<NodeRef>,
         purpose: LookupPurpose,

@@ -128,7 +128,7 @@ pub async fn sync_nodes(ctx: &Context, names: &[String], drained: bool) -> Vec<R
     let initialising = ctx.finishing.initialising();
     let refs = waiting.iter().map(|(_, node)| node_ref(node)).collect();
     match ctx
-        .lookup_drained(refs, LookupPurpose::Initialize, false, drained)
+        .lookup(refs, LookupPurpose::Initialize, false, drained)
         .await
     {
         Ok(found) if found.len() == waiting.len() => {
@@ -366,7 +366,7 @@ async fn lookup_batches<N: std::borrow::Borrow<NodeView>>(
     futures::stream::iter(chunks)
         .map(|chunk| async move {
             let refs = chunk.iter().map(|n| node_ref(n.borrow())).collect();
-            match ctx.lookup(refs, purpose, fresh).await {
+            match ctx.lookup(refs, purpose, fresh, false).await {
                 Ok(results) => chunk.into_iter().zip(results).collect(),
                 Err(e) => {
                     tracing::warn!(error = %e, nodes = chunk.len(), ?purpose, "lookup failed; these nodes are left alone this round");

@@ -76,7 +76,10 @@ async fn decide(ctx: &Context, c: &ServingCsrs, pending: &[Arc<CertificateSignin
     if !asking.is_empty() {
         let refs: Vec<NodeRef> = asking.iter().map(|(_, _, n)| node_ref(n)).collect();
         // A fresh answer: the cache must never approve a certificate.
-        match ctx.lookup(refs, LookupPurpose::Initialize, true).await {
+        match ctx
+            .lookup(refs, LookupPurpose::Initialize, true, false)
+            .await
+        {
             Ok(results) => {
                 for ((name, request, node), result) in asking.into_iter().zip(results) {
                     let state =
