@@ -32,9 +32,6 @@ pub struct Context {
     /// The most instances one of the gateway's cloud calls looks up (0:
     /// it did not say); read at start.
     pub instance_batch: std::sync::atomic::AtomicUsize,
-    /// How many times the cache has seen an uninitialised node change
-    /// (a Node registered, mostly): whether nodes are still joining.
-    pub uninitialised_seen: std::sync::atomic::AtomicU64,
     /// The tagging controller, when `--instance-tags` names tags.
     pub tagging: Option<crate::tagging::Tagging>,
     /// The serving CSR approver, when `--approve-kubelet-serving-csrs`.

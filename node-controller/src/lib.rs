@@ -83,7 +83,6 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
         queue: WorkQueue::new(BACKOFF).with_metrics(base.metrics.queue.clone()),
         finishing: Default::default(),
         instance_batch: Default::default(),
-        uninitialised_seen: Default::default(),
         held_back: std::sync::Mutex::new(None),
     });
     base.inspect(
@@ -116,10 +115,6 @@ pub async fn start(settings: Settings, shutdown: CancellationToken) -> anyhow::R
             move |node| plan::NodeView::of(node, &strings),
             move |seen| match seen {
                 Seen::Changed { view: node, .. } | Seen::Unchanged(node) => {
-                    if plan::is_uninitialized(node) {
-                        ctx.uninitialised_seen
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
                     if ctx.leadership.is_leader() {
                         ctx.queue.add(node.name.clone());
                         if let Some(t) = ctx.tagging.as_ref().filter(|t| t.needs_tags(node)) {
@@ -243,11 +238,6 @@ async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> anyhow::Result<(
     led
 }
 
-/// How long a worker whose share left no uninitialised node waiting
-/// waits for more before it looks its nodes up; when no node joined
-/// meanwhile, it tells the gateway its queue is drained.
-const QUIET: Duration = Duration::from_millis(5);
-
 /// `nodes` cut down to whole cloud calls of `per_call` nodes, when it is
 /// more than one call (`per_call` 0: unknown, left as it is). A worker's
 /// share of 188 nodes was a full call and one of 88 that went alone more
@@ -265,91 +255,42 @@ fn in_whole_calls(nodes: usize, per_call: usize) -> usize {
 /// the gateway's), which are looked up in one gateway call. With one node
 /// per worker, at most as many lookups as workers ever waited to be
 /// batched (BENCHMARKS.md, scenario 1, has the figures before and after).
-/// A worker that leaves no such node waiting waits [`QUIET`] for more;
-/// when none joined meanwhile, it says so to the gateway, which then sends
-/// the lookup without waiting for more (round seven; said at once, the
-/// hint cut batches short while Nodes still registered).
-///
-/// A worker looks up its next batch while it writes the one before, one
-/// batch ahead at most: when it looked up only once its writes were done,
-/// its lookups came in waves set by the writes, and the gateway sent the
-/// leftovers of each wave alone just before the next (round eight).
+/// A worker that leaves no such node waiting says so to the gateway, which
+/// then sends the lookup without waiting for more (round seven).
 async fn worker(ctx: Arc<Context>) {
-    let (ahead, mut looked_up) = tokio::sync::mpsc::channel(1);
-    let ctx = &ctx;
-    let looking = async move {
-        while let Some(name) = ctx.queue.next().await {
-            let started = std::time::Instant::now();
-            if !reconcile::waits_for_initialisation(ctx, &name) {
-                // No lookup, rarely a write: not queued behind a batch.
-                let names = vec![name];
-                let looked = reconcile::look_up(ctx, &names, false).await;
-                let results = reconcile::write_looked_up(ctx, looked).await;
-                settle_all(ctx, &names, results, started);
-                continue;
+    while let Some(name) = ctx.queue.next().await {
+        let started = std::time::Instant::now();
+        let mut names = vec![name];
+        // Whether no other node waits for initialisation behind these.
+        let mut drained = false;
+        if reconcile::waits_for_initialisation(&ctx, &names[0]) {
+            let waiting = ctx.queue.len();
+            let per_call = ctx
+                .instance_batch
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let share = waiting
+                .div_ceil(ctx.settings.workers)
+                .min(ctx.settings.batch_size.saturating_sub(1));
+            let share = in_whole_calls(share + 1, per_call) - 1;
+            let taken = ctx.queue.take(share, |name| {
+                reconcile::waits_for_initialisation(&ctx, name)
+            });
+            // Fewer than asked: the queue holds no other such node.
+            drained = taken.len() < share || ctx.queue.is_empty();
+            names.extend(taken);
+        }
+        let results = reconcile::sync_nodes(&ctx, &names, drained).await;
+        for (name, result) in names.iter().zip(results) {
+            ctx.metrics.reconciles.inc();
+            let errors = &ctx.metrics.reconcile_errors;
+            if let Some((e, retry_in)) = settle(&ctx.queue, name, result, errors) {
+                tracing::warn!(node = %name, error = %e, ?retry_in, "node sync failed");
             }
-            let (names, drained) = initialising_share(ctx, name).await;
-            let looked = reconcile::look_up(ctx, &names, drained).await;
-            if ahead.send((names, started, looked)).await.is_err() {
-                break;
-            }
+            ctx.metrics
+                .reconcile_duration
+                .observe(started.elapsed().as_secs_f64());
+            ctx.queue.done(name);
         }
-    };
-    let writing = async move {
-        while let Some((names, started, looked)) = looked_up.recv().await {
-            let results = reconcile::write_looked_up(ctx, looked).await;
-            settle_all(ctx, &names, results, started);
-        }
-    };
-    tokio::join!(looking, writing);
-}
-
-/// The uninitialised node `first` and a fair share of the others waiting,
-/// and whether no other waits or joined meanwhile: when the share leaves
-/// none waiting, the worker waits [`QUIET`] for more first.
-async fn initialising_share(ctx: &Context, first: String) -> (Vec<String>, bool) {
-    let waiting = ctx.queue.len();
-    let per_call = ctx
-        .instance_batch
-        .load(std::sync::atomic::Ordering::Relaxed);
-    let share = waiting
-        .div_ceil(ctx.settings.workers)
-        .min(ctx.settings.batch_size.saturating_sub(1));
-    let share = in_whole_calls(share + 1, per_call) - 1;
-    let wanted = |name: &String| reconcile::waits_for_initialisation(ctx, name);
-    let mut names = vec![first];
-    names.extend(ctx.queue.take(share, wanted));
-    // A whole share with more behind it goes at once.
-    if names.len() > share && !ctx.queue.is_empty() {
-        return (names, false);
-    }
-    let seen = || {
-        ctx.uninitialised_seen
-            .load(std::sync::atomic::Ordering::Relaxed)
-    };
-    let before = seen();
-    tokio::time::sleep(QUIET).await;
-    names.extend(ctx.queue.take(share + 1 - names.len(), wanted));
-    (names, seen() == before)
-}
-
-/// Settles each of `names` with its result and marks it done.
-fn settle_all(
-    ctx: &Context,
-    names: &[String],
-    results: Vec<error::Result<()>>,
-    started: std::time::Instant,
-) {
-    for (name, result) in names.iter().zip(results) {
-        ctx.metrics.reconciles.inc();
-        let errors = &ctx.metrics.reconcile_errors;
-        if let Some((e, retry_in)) = settle(&ctx.queue, name, result, errors) {
-            tracing::warn!(node = %name, error = %e, ?retry_in, "node sync failed");
-        }
-        ctx.metrics
-            .reconcile_duration
-            .observe(started.elapsed().as_secs_f64());
-        ctx.queue.done(name);
     }
 }
 

@@ -1,6 +1,6 @@
 //! Reads state, asks the gateway, calls `plan`, writes. Three entry points:
-//! [`look_up`] and [`write_looked_up`] (a batch of nodes from the work queue:
-//! initialisation or label reconciliation), [`sync_addresses`] (periodic, batched) and [`monitor`]
+//! [`sync_nodes`] (a batch of nodes from the work queue: initialisation or label
+//! reconciliation), [`sync_addresses`] (periodic, batched) and [`monitor`]
 //! (the lifecycle pass, batched).
 
 use std::time::Duration;
@@ -99,55 +99,59 @@ pub fn waits_for_initialisation(ctx: &Context, name: &str) -> bool {
 /// Writes of one batch's initialisations sent at once.
 const WRITES_AT_ONCE: usize = 4;
 
-/// A batch of nodes from the work queue, looked up and still to write
-/// ([`look_up`], then [`write_looked_up`]).
-pub struct LookedUp {
-    steps: Vec<Step>,
-}
-
-/// What one node of a [`LookedUp`] batch still needs.
-enum Step {
-    /// Gone from the cache: nothing.
-    Gone,
-    /// Initialised: its topology labels reconciled.
-    Labels(std::sync::Arc<NodeView>),
-    /// Uninitialised: initialised with what the gateway answered.
-    Initialise(std::sync::Arc<NodeView>, InstanceResult),
-    /// The lookup failed.
-    Failed(Error),
-}
-
-/// Looks up the named nodes that carry the uninitialized taint, in one
-/// gateway call; writes nothing. `drained`: no other node waits for
-/// initialisation behind these, which the gateway is told so that it
-/// sends their lookup without waiting for more.
+/// Syncs the named nodes, answering for each in order: those that carry
+/// the uninitialized taint are looked up in one gateway call and
+/// initialised, [`WRITES_AT_ONCE`] at a time, their addresses and events
+/// left to the [`Finishing`](crate::context::Finishing) lane (a node is
+/// schedulable once its taint is gone); the others get their topology
+/// labels reconciled. `drained`: no other node waits for initialisation
+/// behind these, which the gateway is told so that it sends their lookup
+/// without waiting for more.
 #[tracing::instrument(skip_all, fields(nodes = names.len()))]
-pub async fn look_up(ctx: &Context, names: &[String], drained: bool) -> LookedUp {
-    let mut steps = Vec::with_capacity(names.len());
+pub async fn sync_nodes(ctx: &Context, names: &[String], drained: bool) -> Vec<Result<()>> {
+    let mut results: Vec<Result<()>> = Vec::with_capacity(names.len());
     let mut waiting = Vec::new();
     for name in names {
-        steps.push(match ctx.store.get(name) {
-            None => Step::Gone,
+        let node = ctx.store.get(name);
+        results.push(match node {
+            None => Ok(()),
             Some(node) if plan::is_uninitialized(&node) => {
-                waiting.push((steps.len(), node));
-                Step::Gone
+                waiting.push((results.len(), node));
+                Ok(())
             }
-            Some(node) => Step::Labels(node),
+            Some(node) => reconcile_labels(ctx, &node).await,
         });
     }
     if waiting.is_empty() {
-        return LookedUp { steps };
+        return results;
     }
+    let initialising = ctx.finishing.initialising();
     let refs = waiting.iter().map(|(_, node)| node_ref(node)).collect();
-    let failed: Box<dyn Fn() -> Error> = match ctx
+    match ctx
         .lookup(refs, LookupPurpose::Initialize, false, drained)
         .await
     {
         Ok(found) if found.len() == waiting.len() => {
-            for ((i, node), result) in waiting.into_iter().zip(found) {
-                steps[i] = Step::Initialise(node, result);
+            let initialised: Vec<_> = futures::stream::iter(waiting.into_iter().zip(found))
+                .map(|((i, node), result)| async move {
+                    let span = tracing::info_span!("initialize", node = %node.name);
+                    (i, initialize(ctx, &node, result).instrument(span).await)
+                })
+                .buffer_unordered(WRITES_AT_ONCE)
+                .collect()
+                .await;
+            let mut rest = Vec::new();
+            for (i, result) in initialised {
+                match result {
+                    Ok(Some(done)) => rest.push(done),
+                    Ok(None) => {}
+                    Err(e) => results[i] = Err(e),
+                }
             }
-            return LookedUp { steps };
+            drop(initialising);
+            for done in rest {
+                ctx.finishing.send(done).await;
+            }
         }
         Ok(found) => {
             let e = format!(
@@ -155,56 +159,15 @@ pub async fn look_up(ctx: &Context, names: &[String], drained: bool) -> LookedUp
                 found.len(),
                 waiting.len()
             );
-            Box::new(move || NodeError::Invalid(e.clone()).into())
+            for (i, _) in waiting {
+                results[i] = Err(NodeError::Invalid(e.clone()).into());
+            }
         }
-        Err(e) => Box::new(move || Error::Gateway(e.clone())),
-    };
-    for (i, _) in waiting {
-        steps[i] = Step::Failed(failed());
-    }
-    LookedUp { steps }
-}
-
-/// Writes what a [`look_up`] left to do, answering for each node in
-/// order: uninitialised nodes are initialised, [`WRITES_AT_ONCE`] at a
-/// time, their addresses and events left to the
-/// [`Finishing`](crate::context::Finishing) lane (a node is schedulable
-/// once its taint is gone); initialised ones get their topology labels
-/// reconciled.
-pub async fn write_looked_up(ctx: &Context, looked: LookedUp) -> Vec<Result<()>> {
-    let LookedUp { steps } = looked;
-    let initialising = steps
-        .iter()
-        .any(|step| matches!(step, Step::Initialise(..)))
-        .then(|| ctx.finishing.initialising());
-    let written: Vec<_> = futures::stream::iter(steps.into_iter().enumerate())
-        .map(|(i, step)| async move {
-            let result = match step {
-                Step::Gone => Ok(None),
-                Step::Labels(node) => reconcile_labels(ctx, &node).await.map(|()| None),
-                Step::Initialise(node, result) => {
-                    let span = tracing::info_span!("initialize", node = %node.name);
-                    initialize(ctx, &node, result).instrument(span).await
-                }
-                Step::Failed(e) => Err(e),
-            };
-            (i, result)
-        })
-        .buffer_unordered(WRITES_AT_ONCE)
-        .collect()
-        .await;
-    drop(initialising);
-    let mut results: Vec<Result<()>> = (0..written.len()).map(|_| Ok(())).collect();
-    let mut rest = Vec::new();
-    for (i, result) in written {
-        match result {
-            Ok(Some(done)) => rest.push(done),
-            Ok(None) => {}
-            Err(e) => results[i] = Err(e),
+        Err(e) => {
+            for (i, _) in waiting {
+                results[i] = Err(Error::Gateway(e.clone()));
+            }
         }
-    }
-    for done in rest {
-        ctx.finishing.send(done).await;
     }
     results
 }
