@@ -165,9 +165,18 @@ pub async fn handle(
             .rbac_report()
             .map(|report| json_response(200, &report))
             .ok_or_else(|| ApiError::new(404, "NotFound", "RBAC is not enforced")),
-        ["debug", "objects"] if method == Method::POST => {
-            parse_body(&body).map(|list| json_response(200, &create_many(&shared.store, &list)))
-        }
+        ["debug", "objects"] if method == Method::POST => match parse_body(&body) {
+            // Thousands at a time: off the async threads, as a list is.
+            Ok(list) => {
+                let shared = shared.clone();
+                let created =
+                    tokio::task::spawn_blocking(move || create_many(&shared.store, &list))
+                        .await
+                        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+                Ok(json_response(200, &created))
+            }
+            Err(e) => Err(e),
+        },
         ["debug", "faults"] if method == Method::POST => {
             parse_body(&body).and_then(|faults| apply_faults(&shared, &faults))
         }
@@ -578,7 +587,7 @@ async fn dispatch(
     }
     let writes = method != Method::GET;
     let answer = match (method, t.name) {
-        (Method::GET, None) => get_collection(shared, resource, t.namespace, &q, accept),
+        (Method::GET, None) => get_collection(shared, resource, t.namespace, &q, accept).await,
         (Method::GET, Some(name)) => {
             let obj = store.get(resource, &ns, &name)?;
             if table::wants_table(accept) {
@@ -857,7 +866,7 @@ fn authorized_target(
 }
 
 /// A list, a Table of it, or a watch.
-fn get_collection(
+async fn get_collection(
     shared: &Arc<Shared>,
     resource: &'static Resource,
     namespace: Option<String>,
@@ -873,18 +882,15 @@ fn get_collection(
         return watch(shared, resource, namespace, selector, q);
     }
     let listed = list(&shared.store, resource, namespace.as_deref(), &selector, q)?;
-    if table::wants_table(accept) {
-        let items = listed["items"].as_array().cloned().unwrap_or_default();
-        let rv = listed["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap_or_default();
-        let include = table::Include::parse(q.get("includeObject").map(String::as_str));
-        return Ok(json_response(
-            200,
-            &table::table(resource, &items, rv, include),
-        ));
-    }
-    Ok(json_response(200, &listed))
+    let table = table::wants_table(accept)
+        .then(|| table::Include::parse(q.get("includeObject").map(String::as_str)));
+    // Writing 10,000 Nodes takes a good part of a second. kube-apiserver's
+    // goroutines are preempted; a task is not, and watches waiting on this
+    // thread would stall behind it (a 10,000-node join's progress reads
+    // held them half a second), so it is written off the async threads.
+    Ok(tokio::task::spawn_blocking(move || listed.response(table))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())))
 }
 
 /// Checks an object against its type, handling unknown fields per `mode`;
@@ -1008,7 +1014,7 @@ fn list(
     namespace: Option<&str>,
     selector: &Selector,
     q: &HashMap<String, String>,
-) -> Result<Value, ApiError> {
+) -> Result<Listed, ApiError> {
     let token = q.get("continue").filter(|c| !c.is_empty());
     let (first_rv, after) = match token {
         Some(token) => {
@@ -1045,12 +1051,51 @@ fn list(
     if let Some((ns, name)) = &page.next {
         metadata["continue"] = json!(format!("{rv}/{ns}/{name}"));
     }
-    Ok(json!({
-        "kind": format!("{}List", resource.kind),
-        "apiVersion": resource.api_version(),
-        "metadata": metadata,
-        "items": page.items,
-    }))
+    Ok(Listed {
+        resource,
+        rv: rv.to_string(),
+        metadata,
+        items: page.items,
+    })
+}
+
+/// A page of a list, read and not yet written.
+struct Listed {
+    resource: &'static Resource,
+    rv: String,
+    metadata: Value,
+    items: Vec<Arc<Value>>,
+}
+
+impl Listed {
+    /// The list as JSON, or as a Table with `table`'s rows.
+    fn response(self, table: Option<table::Include>) -> Response {
+        if let Some(include) = table {
+            let items: Vec<Value> = self.items.iter().map(|o| Value::clone(o)).collect();
+            return json_response(200, &table::table(self.resource, &items, &self.rv, include));
+        }
+        #[derive(serde::Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct List<'a> {
+            kind: String,
+            api_version: String,
+            metadata: &'a Value,
+            items: Vec<&'a Value>,
+        }
+        let list = List {
+            kind: format!("{}List", self.resource.kind),
+            api_version: self.resource.api_version(),
+            metadata: &self.metadata,
+            items: self.items.iter().map(|o| &**o).collect(),
+        };
+        let body = serde_json::to_string(&list).expect("a list is JSON");
+        (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response()
+    }
 }
 
 /// A continue token: the first page's resourceVersion and the namespace

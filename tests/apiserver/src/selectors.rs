@@ -1,7 +1,5 @@
 //! Label and field selectors, as list and watch requests carry them.
 
-use std::collections::BTreeMap;
-
 use serde_json::Value;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -94,25 +92,17 @@ impl Selector {
 
     /// Whether `object` matches.
     pub fn matches(&self, object: &Value) -> bool {
-        let labels: BTreeMap<&str, &str> = object["metadata"]["labels"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        // Read in place: this runs for every object a list or a watch
+        // passes, 10,000 times for a list of Nodes.
+        let labels = object["metadata"]["labels"].as_object();
+        let get = |k: &str| labels.and_then(|m| m.get(k)).and_then(Value::as_str);
         let label_ok = self.labels.iter().all(|term| match term {
-            Term::Exists(k) => labels.contains_key(k.as_str()),
-            Term::NotExists(k) => !labels.contains_key(k.as_str()),
-            Term::Equals(k, v) => labels.get(k.as_str()) == Some(&v.as_str()),
-            Term::NotEquals(k, v) => labels.get(k.as_str()) != Some(&v.as_str()),
-            Term::In(k, vs) => labels
-                .get(k.as_str())
-                .is_some_and(|l| vs.iter().any(|v| v == l)),
-            Term::NotIn(k, vs) => labels
-                .get(k.as_str())
-                .is_none_or(|l| vs.iter().all(|v| v != l)),
+            Term::Exists(k) => get(k).is_some(),
+            Term::NotExists(k) => get(k).is_none(),
+            Term::Equals(k, v) => get(k) == Some(v.as_str()),
+            Term::NotEquals(k, v) => get(k) != Some(v.as_str()),
+            Term::In(k, vs) => get(k).is_some_and(|l| vs.iter().any(|v| v == l)),
+            Term::NotIn(k, vs) => get(k).is_none_or(|l| vs.iter().all(|v| v != l)),
         });
         label_ok
             && self.fields.iter().all(|(path, equal, want)| {

@@ -152,7 +152,9 @@ type Key = (&'static str, &'static str, String, String);
 /// One page of a list.
 #[derive(Debug)]
 pub struct Page {
-    pub items: Vec<Value>,
+    /// Shared with the store: a page is read under its lock, so no object
+    /// is copied there.
+    pub items: Vec<Arc<Value>>,
     /// The store's resourceVersion when the page was read.
     pub rv: u64,
     /// Where the next page starts (after this namespace and name), if
@@ -425,14 +427,16 @@ impl Store {
     /// namespace and name, with the resourceVersion of the snapshot.
     pub fn list(&self, resource: &'static Resource, namespace: Option<&str>) -> (Vec<Value>, u64) {
         let page = self.page(resource, namespace, None, usize::MAX, |_| true);
-        (page.items, page.rv)
+        let items = page.items.iter().map(|o| Value::clone(o)).collect();
+        (items, page.rv)
     }
 
     /// One page of a list: up to `limit` objects of `resource` (in
     /// `namespace`, if given) that `keep`, in namespace and name order,
     /// after `after` (the namespace and name the last page ended with).
-    /// Only the page's objects are visited and copied, so listing 100,000
-    /// Nodes 500 at a time costs what one list of them costs.
+    /// Only the page's objects are visited, so listing 100,000 Nodes 500 at
+    /// a time costs what one list of them costs; none is copied under the
+    /// lock, which every write waits for.
     pub fn page(
         &self,
         resource: &'static Resource,
@@ -470,7 +474,7 @@ impl Store {
                 more = true;
                 break;
             }
-            items.push(Value::clone(obj));
+            items.push(obj.clone());
             last = Some((ns.clone(), name.clone()));
         }
         Page {
