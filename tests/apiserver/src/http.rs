@@ -31,13 +31,23 @@ use super::tokens;
 use super::{Shared, TokenUser};
 use ccm_runtime::https::Peer;
 
-fn json_response(code: u16, body: &Value) -> Response {
+fn json_response(code: u16, body: &impl serde::Serialize) -> Response {
     (
         StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
+        serde_json::to_string(body).expect("a response is JSON"),
     )
         .into_response()
+}
+
+/// `work` on a blocking thread. kube-apiserver's goroutines are preempted;
+/// a task is not, and watches waiting on its thread stall behind it (a
+/// 10,000-node join's progress list held them half a second), so work
+/// that grows with the store (a list, a bulk create) is done here.
+async fn off_async<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 impl IntoResponse for ApiError {
@@ -166,13 +176,9 @@ pub async fn handle(
             .map(|report| json_response(200, &report))
             .ok_or_else(|| ApiError::new(404, "NotFound", "RBAC is not enforced")),
         ["debug", "objects"] if method == Method::POST => match parse_body(&body) {
-            // Thousands at a time: off the async threads, as a list is.
             Ok(list) => {
-                let shared = shared.clone();
-                let created =
-                    tokio::task::spawn_blocking(move || create_many(&shared.store, &list))
-                        .await
-                        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+                let store = shared.store.clone();
+                let created = off_async(move || create_many(&store, &list)).await;
                 Ok(json_response(200, &created))
             }
             Err(e) => Err(e),
@@ -884,13 +890,7 @@ async fn get_collection(
     let listed = list(&shared.store, resource, namespace.as_deref(), &selector, q)?;
     let table = table::wants_table(accept)
         .then(|| table::Include::parse(q.get("includeObject").map(String::as_str)));
-    // Writing 10,000 Nodes takes a good part of a second. kube-apiserver's
-    // goroutines are preempted; a task is not, and watches waiting on this
-    // thread would stall behind it (a 10,000-node join's progress reads
-    // held them half a second), so it is written off the async threads.
-    Ok(tokio::task::spawn_blocking(move || listed.response(table))
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())))
+    Ok(off_async(move || listed.response(table)).await)
 }
 
 /// Checks an object against its type, handling unknown fields per `mode`;
@@ -1053,7 +1053,6 @@ fn list(
     }
     Ok(Listed {
         resource,
-        rv: rv.to_string(),
         metadata,
         items: page.items,
     })
@@ -1062,7 +1061,6 @@ fn list(
 /// A page of a list, read and not yet written.
 struct Listed {
     resource: &'static Resource,
-    rv: String,
     metadata: Value,
     items: Vec<Arc<Value>>,
 }
@@ -1072,7 +1070,10 @@ impl Listed {
     fn response(self, table: Option<table::Include>) -> Response {
         if let Some(include) = table {
             let items: Vec<Value> = self.items.iter().map(|o| Value::clone(o)).collect();
-            return json_response(200, &table::table(self.resource, &items, &self.rv, include));
+            let rv = self.metadata["resourceVersion"]
+                .as_str()
+                .unwrap_or_default();
+            return json_response(200, &table::table(self.resource, &items, rv, include));
         }
         #[derive(serde::Serialize)]
         #[serde(rename_all = "camelCase")]
@@ -1088,13 +1089,7 @@ impl Listed {
             metadata: &self.metadata,
             items: self.items.iter().map(|o| &**o).collect(),
         };
-        let body = serde_json::to_string(&list).expect("a list is JSON");
-        (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/json")],
-            body,
-        )
-            .into_response()
+        json_response(200, &list)
     }
 }
 
